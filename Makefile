@@ -1,0 +1,43 @@
+# The two commands: `make demo` runs the main job, `make test` runs the whole suite.
+# Both start with `make setup`, so each works alone on a fresh machine.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-stamp
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps demo test test-unit lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@test -x $(BIN)/uv || $(BIN)/pip install -q "$$(grep -E '^uv==' requirements.lock)"
+	$(BIN)/uv pip sync -q --python $(BIN)/python requirements.lock
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
+	@touch $(STAMP)
+
+# Debian packages the integration tests start for real (Slurm, Prometheus, PostgreSQL, sshd, Chromium...).
+# Installs only what is missing, and only when run as root; otherwise those tests skip with a reason.
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+demo: setup
+	$(BIN)/gpu-cost demo
+
+test: setup system-deps
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(BIN)/python -m pytest tests/unit tests/dags $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check plugins dags tests bench
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) .demo .gpu_cost

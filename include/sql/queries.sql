@@ -1,0 +1,140 @@
+-- Named, parameterised statements of the audit store (SQLite and PostgreSQL alike).
+-- Each block starts with "-- name: <name>"; parameters are :named.
+
+-- name: insert_run
+INSERT INTO gpu_cost_runs (run_id, dag_id, started_at, data_ts, source, mode, status)
+VALUES (:run_id, :dag_id, :started_at, :data_ts, :source, :mode, 'running')
+ON CONFLICT (run_id) DO NOTHING;
+
+-- name: finish_run
+UPDATE gpu_cost_runs SET finished_at = :finished_at, status = :status, problems = :problems, counts = :counts
+WHERE run_id = :run_id;
+
+-- name: get_run
+SELECT * FROM gpu_cost_runs WHERE run_id = :run_id;
+
+-- name: running_runs
+SELECT * FROM gpu_cost_runs WHERE dag_id = :dag_id AND status = 'running' AND run_id <> :run_id AND started_at >= :since;
+
+-- name: save_snapshot
+INSERT INTO gpu_cost_snapshots (run_id, ts, payload) VALUES (:run_id, :ts, :payload)
+ON CONFLICT (run_id) DO UPDATE SET ts = excluded.ts, payload = excluded.payload;
+
+-- name: load_snapshot
+SELECT payload FROM gpu_cost_snapshots WHERE run_id = :run_id;
+
+-- name: insert_decision
+INSERT INTO gpu_cost_decisions (
+    decision_id, run_id, ts, rule, target_kind, target, action, mode, rung, episode, job_id, user_name,
+    account, partition_name, host, gpus, reason, protection, requires_approval, approval_status, status,
+    gpu_hours_at_risk, gpu_hours_saved, evidence)
+VALUES (
+    :decision_id, :run_id, :ts, :rule, :target_kind, :target, :action, :mode, :rung, :episode, :job_id, :user_name,
+    :account, :partition_name, :host, :gpus, :reason, :protection, :requires_approval, :approval_status, :status,
+    :gpu_hours_at_risk, :gpu_hours_saved, :evidence)
+ON CONFLICT (decision_id) DO NOTHING;
+
+-- name: get_decision
+SELECT * FROM gpu_cost_decisions WHERE decision_id = :decision_id;
+
+-- name: decisions_of_run
+SELECT * FROM gpu_cost_decisions WHERE run_id = :run_id ORDER BY ts, decision_id;
+
+-- name: decisions_between
+SELECT * FROM gpu_cost_decisions WHERE ts >= :since AND ts < :until ORDER BY ts, decision_id;
+
+-- name: set_decision_status
+UPDATE gpu_cost_decisions SET status = :status WHERE decision_id = :decision_id;
+
+-- name: set_approval
+UPDATE gpu_cost_decisions SET approval_status = :approval_status, approved_by = :approved_by, approved_at = :approved_at
+WHERE decision_id = :decision_id;
+
+-- name: action_started
+INSERT INTO gpu_cost_actions (action_id, decision_id, run_id, action, target, executor, dry_run, status, started_at, attempt, command)
+VALUES (:action_id, :decision_id, :run_id, :action, :target, :executor, :dry_run, 'started', :started_at, :attempt, :command)
+ON CONFLICT (action_id) DO NOTHING;
+
+-- name: action_finished
+UPDATE gpu_cost_actions SET status = :status, finished_at = :finished_at, output = :output, error = :error
+WHERE action_id = :action_id AND status = 'started';
+
+-- name: action_retry
+UPDATE gpu_cost_actions SET attempt = attempt + 1 WHERE action_id = :action_id;
+
+-- name: get_action
+SELECT * FROM gpu_cost_actions WHERE action_id = :action_id;
+
+-- name: actions_of_decision
+SELECT * FROM gpu_cost_actions WHERE decision_id = :decision_id ORDER BY started_at, action_id;
+
+-- name: actions_between
+SELECT * FROM gpu_cost_actions WHERE started_at >= :since AND started_at < :until ORDER BY started_at, action_id;
+
+-- name: get_escalation
+SELECT * FROM gpu_cost_escalations WHERE rule = :rule AND target = :target AND track = :track;
+
+-- name: open_escalations
+SELECT * FROM gpu_cost_escalations WHERE track = :track AND state = 'open';
+
+-- name: insert_escalation
+INSERT INTO gpu_cost_escalations (rule, target, track, episode, rung, state, first_seen, last_seen, job_id, user_name)
+VALUES (:rule, :target, :track, :episode, -1, 'open', :now, :now, :job_id, :user_name)
+ON CONFLICT (rule, target, track) DO UPDATE SET
+    episode = excluded.episode, rung = -1, state = 'open', first_seen = excluded.first_seen,
+    last_seen = excluded.last_seen, last_action_at = NULL, closed_at = NULL,
+    job_id = excluded.job_id, user_name = excluded.user_name;
+
+-- name: touch_escalation
+UPDATE gpu_cost_escalations SET last_seen = :now WHERE rule = :rule AND target = :target AND track = :track;
+
+-- name: advance_escalation
+UPDATE gpu_cost_escalations SET rung = :rung, last_action_at = :now
+WHERE rule = :rule AND target = :target AND track = :track AND episode = :episode AND rung < :rung;
+
+-- name: close_escalation
+UPDATE gpu_cost_escalations SET state = 'closed', closed_at = :now
+WHERE rule = :rule AND target = :target AND track = :track AND state = 'open';
+
+-- name: snooze_escalations
+UPDATE gpu_cost_escalations SET snoozed_until = :until_ts, snooze_reason = :reason, snoozed_by = :created_by
+WHERE target = :target;
+
+-- name: insert_snooze
+INSERT INTO gpu_cost_snoozes (snooze_id, target, until_ts, reason, created_by, created_at)
+VALUES (:snooze_id, :target, :until_ts, :reason, :created_by, :created_at)
+ON CONFLICT (snooze_id) DO NOTHING;
+
+-- name: active_snoozes
+SELECT * FROM gpu_cost_snoozes WHERE until_ts > :now ORDER BY until_ts DESC;
+
+-- name: upsert_usage
+INSERT INTO gpu_cost_usage (ts, interval_s, host, gpu_model, user_name, account, partition_name, gpus, total_gpu_s,
+    allocated_gpu_s, busy_gpu_s, idle_alloc_gpu_s, zombie_gpu_s, util_sum)
+VALUES (:ts, :interval_s, :host, :gpu_model, :user_name, :account, :partition_name, :gpus, :total_gpu_s,
+    :allocated_gpu_s, :busy_gpu_s, :idle_alloc_gpu_s, :zombie_gpu_s, :util_sum)
+ON CONFLICT (ts, host, user_name, account, partition_name, gpu_model) DO UPDATE SET
+    interval_s = excluded.interval_s, gpus = excluded.gpus, total_gpu_s = excluded.total_gpu_s,
+    allocated_gpu_s = excluded.allocated_gpu_s, busy_gpu_s = excluded.busy_gpu_s,
+    idle_alloc_gpu_s = excluded.idle_alloc_gpu_s, zombie_gpu_s = excluded.zombie_gpu_s, util_sum = excluded.util_sum;
+
+-- name: usage_between
+SELECT * FROM gpu_cost_usage WHERE ts > :since AND ts <= :until;
+
+-- name: insert_saving
+INSERT INTO gpu_cost_savings (saving_id, decision_id, ts, kind, target, user_name, account, gpu_model, gpus, gpu_hours, kwh, usd, basis)
+VALUES (:saving_id, :decision_id, :ts, :kind, :target, :user_name, :account, :gpu_model, :gpus, :gpu_hours, :kwh, :usd, :basis)
+ON CONFLICT (saving_id) DO NOTHING;
+
+-- name: savings_between
+SELECT * FROM gpu_cost_savings WHERE ts >= :since AND ts < :until ORDER BY ts;
+
+-- name: upsert_forecast
+INSERT INTO gpu_cost_forecasts (series, horizon_ts, kind, yhat, yhat_lower, yhat_upper, model, created_at, extra)
+VALUES (:series, :horizon_ts, :kind, :yhat, :yhat_lower, :yhat_upper, :model, :created_at, :extra)
+ON CONFLICT (series, horizon_ts) DO UPDATE SET
+    kind = excluded.kind, yhat = excluded.yhat, yhat_lower = excluded.yhat_lower, yhat_upper = excluded.yhat_upper,
+    model = excluded.model, created_at = excluded.created_at, extra = excluded.extra;
+
+-- name: forecasts_of
+SELECT * FROM gpu_cost_forecasts WHERE series LIKE :pattern AND horizon_ts >= :since ORDER BY series, horizon_ts;

@@ -1,0 +1,9 @@
+"""GPU Cost Agent: find and reclaim wasted GPU time on Slurm clusters, from Apache Airflow.
+
+The library is importable without Airflow running; DAG files in ``dags/`` and the ``gpu-cost``
+command line call the same functions.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

@@ -1,0 +1,69 @@
+"""The executor interface every action implements, and the registry keyed by action name.
+
+An executor receives a :class:`~gpu_cost.model.Decision` and an :class:`ActionContext` and returns
+an :class:`Outcome`; it never decides. The audit rows before and after are written by the caller
+(:mod:`gpu_cost.actions.dispatch`), not by executors. In dry-run an executor must not touch
+anything: it returns ``skipped`` with the command it would have run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpu_cost.model import Decision
+from gpu_cost.policy.schema import Policy
+from gpu_cost.runner import Runner
+
+Status = Literal["succeeded", "failed", "skipped"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an executor did.
+
+    :param status: ``succeeded`` (the effect happened or was already there: a job already gone
+        counts as done), ``failed``, or ``skipped`` (dry-run, nothing to do, not allowed).
+    :param command: the command line run (or that would have run), for the audit row.
+    """
+
+    status: Status
+    output: str = ""
+    error: str | None = None
+    command: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ActionContext:
+    """Everything an executor may use.
+
+    :param slurm: runs Slurm commands (local, or on a login node over SSH).
+    :param node_runner: returns a runner for a node name (SSH through the node wrapper).
+    :param sleep: injectable for grace periods (tests pass a fast one; production time.sleep).
+    """
+
+    policy: Policy
+    dry_run: bool
+    now: float
+    run_id: str | None = None
+    slurm: Runner | None = None
+    node_runner: Callable[[str], Runner] | None = None
+    sleep: Callable[[float], None] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+Executor = Callable[[Decision, ActionContext], Outcome]
+REGISTRY: dict[str, Executor] = {}
+
+
+def register(*actions: str) -> Callable[[Executor], Executor]:
+    """Register an executor for one or more action names."""
+
+    def wrap(fn: Executor) -> Executor:
+        for a in actions:
+            REGISTRY[a] = fn
+        return fn
+
+    return wrap

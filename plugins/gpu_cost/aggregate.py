@@ -1,0 +1,182 @@
+"""Turn raw GPU samples into the per-GPU window aggregates the rules read.
+
+One implementation for every source that has raw samples (simulator, trace files, replays): a
+dense GPU × time matrix reduced with NumPy. The Prometheus source computes the same columns in
+PromQL. Invalid samples (negative, above 100 %, NaN) are dropped, never read as idle.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from gpu_cost.model import GPU_COLUMNS
+
+
+def window_stats(
+    times: np.ndarray,
+    util: np.ndarray,
+    mem: np.ndarray,
+    now: float,
+    window_s: float,
+    sample_interval_s: float,
+    min_sample_ratio: float,
+    max_staleness_s: float,
+    power: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Return window aggregates (one value per GPU row) for samples in ``(now - window, now]``."""
+    sel = (times > now - window_s) & (times <= now)
+    u = util[:, sel]
+    m = mem[:, sel]
+    valid = ~np.isnan(u)
+    n = valid.sum(axis=1)
+    expected = max(1, int(round(window_s / sample_interval_s)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = {
+            "util_mean": np.nanmean(u, axis=1) if u.shape[1] else np.full(len(u), np.nan),
+            "util_max": np.nanmax(u, axis=1) if u.shape[1] else np.full(len(u), np.nan),
+            "mem_min_mib": np.nanmin(m, axis=1) if m.shape[1] else np.full(len(m), np.nan),
+            "mem_max_mib": np.nanmax(m, axis=1) if m.shape[1] else np.full(len(m), np.nan),
+            "power_w": (np.nanmean(power[:, sel], axis=1) if power is not None and sel.any() else np.full(len(u), np.nan)),
+        }
+    upto = times <= now
+    any_valid = ~np.isnan(util[:, upto])
+    if any_valid.shape[1]:
+        last_idx = any_valid.shape[1] - 1 - np.argmax(any_valid[:, ::-1], axis=1)
+        last_ts = np.where(any_valid.any(axis=1), times[upto][last_idx], np.nan)
+    else:
+        last_ts = np.full(len(util), np.nan)
+    out["n_samples"] = n.astype(np.int64)
+    out["expected_samples"] = np.full(len(u), expected, dtype=np.int64)
+    out["last_ts"] = last_ts
+    out["stale"] = (n < min_sample_ratio * expected) | ~(now - np.nan_to_num(last_ts, nan=-np.inf) <= max_staleness_s)
+    return out
+
+
+def lookback_stats(times: np.ndarray, util: np.ndarray, now: float, lookback_s: float, busy_util: float) -> dict[str, np.ndarray]:
+    """Return lookback aggregates: mean/max utilisation, busy share and idle→busy transitions."""
+    sel = (times > now - lookback_s) & (times <= now)
+    u = util[:, sel]
+    valid = ~np.isnan(u)
+    busy = np.where(valid, u > busy_util, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(u, axis=1) if u.shape[1] else np.full(len(u), np.nan)
+        mx = np.nanmax(u, axis=1) if u.shape[1] else np.full(len(u), np.nan)
+        n = valid.sum(axis=1)
+        share = np.where(n > 0, busy.sum(axis=1) / np.maximum(n, 1), np.nan)
+    if u.shape[1] > 1:
+        # a burst starts where a quiet sample (under a quarter of the busy level) is followed by a
+        # busy one: a service waking up, not an input-bound job hovering around the busy level
+        idle = np.where(valid, u < busy_util / 4.0, False)
+        bursts = (idle[:, :-1] & busy[:, 1:]).sum(axis=1)
+    else:
+        bursts = np.zeros(len(u), dtype=np.int64)
+    return {"util_mean_lb": mean, "util_max_lb": mx, "busy_share_lb": share, "bursts_lb": bursts.astype(np.int64), "n_lb": n.astype(np.int64)}
+
+
+def clean(util: np.ndarray, mem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return copies with impossible values (negative, > 100 %, inf) replaced by NaN."""
+    u = np.array(util, dtype=float, copy=True)
+    m = np.array(mem, dtype=float, copy=True)
+    u[~np.isfinite(u) | (u < 0) | (u > 100)] = np.nan
+    m[~np.isfinite(m) | (m < 0)] = np.nan
+    return u, m
+
+
+def gpu_frame(
+    *,
+    hosts: np.ndarray,
+    gpus: np.ndarray,
+    uuids: np.ndarray,
+    models: np.ndarray,
+    mem_total: np.ndarray,
+    label_job: np.ndarray,
+    times: np.ndarray,
+    util: np.ndarray,
+    mem: np.ndarray,
+    power: np.ndarray | None,
+    now: float,
+    window_s: float,
+    lookback_s: float,
+    sample_interval_s: float,
+    min_sample_ratio: float,
+    max_staleness_s: float,
+    busy_util: float,
+) -> pd.DataFrame:
+    """Return the :data:`~gpu_cost.model.GPU_COLUMNS` frame from a dense sample matrix."""
+    util, mem = clean(util, mem)
+    w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s, power)
+    lb = lookback_stats(times, util, now, lookback_s, busy_util)
+    frame = pd.DataFrame(
+        {
+            "host": hosts.astype(object),
+            "gpu": gpus.astype(np.int64),
+            "uuid": uuids.astype(object),
+            "model": models.astype(object),
+            "label_job_id": label_job.astype(object),
+            "mem_total_mib": mem_total.astype(float),
+            **w,
+            **lb,
+        }
+    )
+    return frame[list(GPU_COLUMNS)]
+
+
+def extra_window(
+    times: np.ndarray, util: np.ndarray, mem: np.ndarray, now: float, window_s: float, sample_interval_s: float,
+    min_sample_ratio: float, max_staleness_s: float,
+) -> pd.DataFrame:
+    """Return the window columns for another window length (rules with their own window)."""
+    util, mem = clean(util, mem)
+    w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s)
+    return pd.DataFrame(w)
+
+
+def to_dense(samples: pd.DataFrame, start: float, end: float) -> tuple[pd.DataFrame, np.ndarray, dict[str, np.ndarray]]:
+    """Pivot long trace samples in ``(start, end]`` to a dense matrix.
+
+    Return ``(gpu_index, times, arrays)`` where ``gpu_index`` has ``host, gpu`` (and ``uuid``,
+    ``mem_total_mib``, ``job_id`` when the samples carry them) per row, ``times`` the sorted
+    distinct sample times, and ``arrays`` ``util``, ``mem``, ``power``, ``job`` (GPU × time).
+    """
+    s = samples[(samples["ts"] > start) & (samples["ts"] <= end)]
+    keys = s[["host", "gpu"]].drop_duplicates().sort_values(["host", "gpu"]).reset_index(drop=True)
+    if s.empty:
+        empty = np.zeros((len(keys), 0))
+        return keys, np.zeros(0), {"util": empty, "mem": empty, "power": empty, "job": empty.astype(object)}
+    row_of = pd.MultiIndex.from_frame(keys).get_indexer(pd.MultiIndex.from_frame(s[["host", "gpu"]]))
+    times, col_of = np.unique(s["ts"].to_numpy(dtype=float), return_inverse=True)
+    shape = (len(keys), len(times))
+
+    def fill(col: str, default: float = np.nan) -> np.ndarray:
+        out = np.full(shape, default)
+        if col in s.columns:
+            out[row_of, col_of] = pd.to_numeric(s[col], errors="coerce").to_numpy(dtype=float)
+        return out
+
+    arrays = {"util": fill("util"), "mem": fill("mem_used_mib"), "power": fill("power_w")}
+    job = np.full(shape, "", dtype=object)
+    if "job_id" in s.columns:
+        job[row_of, col_of] = s["job_id"].fillna("").astype(str).to_numpy()
+    arrays["job"] = job
+    last = s.sort_values("ts").groupby(["host", "gpu"], sort=True).last().reset_index()
+    for col in ("uuid", "mem_total_mib", "model"):
+        if col in last.columns:
+            keys[col] = last[col].to_numpy()
+    return keys, times, arrays
+
+
+def last_label(job: np.ndarray) -> np.ndarray:
+    """Return, per GPU row, the job label of its newest sample ("" when none)."""
+    if job.shape[1] == 0:
+        return np.full(job.shape[0], "", dtype=object)
+    return job[:, -1]
+
+
+def windows_needed(windows: Iterable[float]) -> list[float]:
+    return sorted({float(w) for w in windows})

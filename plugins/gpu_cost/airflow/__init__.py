@@ -1,0 +1,1 @@
+"""The thin layer between DAG files and the library: task bodies, operators, notifiers."""

@@ -1,0 +1,274 @@
+"""The audit store: decisions, actions, escalations, usage, savings, forecasts.
+
+SQLAlchemy Core over the ``gpu_cost_db`` connection; the schema and every statement live in
+``include/sql/``. Writes are idempotent (``ON CONFLICT``): writing the same decision twice keeps
+one row, and an action row exists before its effect starts. Nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from gpu_cost import paths
+from gpu_cost.audit.connection import audit_url, redact
+from gpu_cost.errors import AuditError
+from gpu_cost.model import Decision
+from gpu_cost.timeutil import epoch, iso
+
+logger = logging.getLogger(__name__)
+
+_TIME_COLUMNS = {
+    "started_at", "finished_at", "data_ts", "ts", "approved_at", "first_seen", "last_seen", "last_action_at",
+    "closed_at", "snoozed_until", "until_ts", "created_at", "horizon_ts",
+}
+
+
+@functools.cache
+def queries() -> dict[str, str]:
+    """Return the named statements of ``include/sql/queries.sql``."""
+    text = (paths.include_dir() / "sql" / "queries.sql").read_text(encoding="utf-8")
+    out: dict[str, str] = {}
+    for block in re.split(r"^-- name: ", text, flags=re.M)[1:]:
+        name, _, body = block.partition("\n")
+        out[name.strip()] = body.strip().rstrip(";")
+    return out
+
+
+def schema_statements(dialect: str) -> list[str]:
+    """Return the DDL statements for ``sqlite`` or ``postgresql``."""
+    path = paths.include_dir() / "sql" / f"schema.{dialect}.sql"
+    text = "\n".join(line.split("--", 1)[0] for line in Path(path).read_text(encoding="utf-8").splitlines())
+    return [s.strip() for s in text.split(";") if s.strip()]
+
+
+_ENGINES: dict[str, Engine] = {}
+_LOCK = threading.Lock()
+
+
+def _engine(url: str) -> Engine:
+    with _LOCK:
+        eng = _ENGINES.get(url)
+        if eng is None:
+            if url.startswith("sqlite"):
+                Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
+                eng = sa.create_engine(url, connect_args={"timeout": 30})
+
+                @sa.event.listens_for(eng, "connect")
+                def _pragmas(dbapi_conn: Any, _rec: Any) -> None:
+                    cur = dbapi_conn.cursor()
+                    cur.execute("PRAGMA journal_mode=WAL")
+                    cur.execute("PRAGMA busy_timeout=30000")
+                    cur.close()
+            else:
+                eng = sa.create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+            _ENGINES[url] = eng
+        return eng
+
+
+class AuditStore:
+    """Read and write the audit tables.
+
+    :param url: SQLAlchemy URL; default: resolved from the ``gpu_cost_db`` connection.
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or audit_url()
+        self.engine = _engine(self.url)
+        self.dialect = "sqlite" if self.engine.dialect.name == "sqlite" else "postgresql"
+        self._ready = False
+
+    def __repr__(self) -> str:
+        return f"AuditStore({redact(self.url)})"
+
+    @property
+    def path(self) -> str | None:
+        """Return the SQLite file path, or None for a server database."""
+        return self.url.split("///", 1)[1] if self.dialect == "sqlite" else None
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def ensure_schema(self) -> AuditStore:
+        """Create the tables from ``include/sql/`` if they do not exist (idempotent)."""
+        if self._ready:
+            return self
+        try:
+            with self.engine.begin() as conn:
+                for stmt in schema_statements(self.dialect):
+                    conn.exec_driver_sql(stmt)
+        except sa.exc.SQLAlchemyError as exc:
+            raise AuditError(f"audit store {redact(self.url)} unavailable: {_short(exc)}") from exc
+        self._ready = True
+        return self
+
+    def ping(self) -> None:
+        """Raise AuditError unless the store answers."""
+        try:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+        except sa.exc.SQLAlchemyError as exc:
+            raise AuditError(f"audit store {redact(self.url)} unavailable: {_short(exc)}") from exc
+
+    def execute(self, name: str, params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> int:
+        """Run a named write statement; return the affected row count."""
+        self.ensure_schema()
+        stmt = sa.text(queries()[name])
+        try:
+            with self.engine.begin() as conn:
+                if isinstance(params, Sequence) and not isinstance(params, Mapping):
+                    if not params:
+                        return 0
+                    res = conn.execute(stmt, [_bind(p) for p in params])
+                else:
+                    res = conn.execute(stmt, _bind(params or {}))
+                return int(res.rowcount or 0)
+        except sa.exc.SQLAlchemyError as exc:
+            raise AuditError(f"audit write {name} failed on {redact(self.url)}: {_short(exc)}") from exc
+
+    def fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Run a named query; return rows as dicts with times as epoch seconds."""
+        self.ensure_schema()
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(sa.text(queries()[name]), _bind(params or {})).mappings().all()
+        except sa.exc.SQLAlchemyError as exc:
+            raise AuditError(f"audit read {name} failed on {redact(self.url)}: {_short(exc)}") from exc
+        return [_row(r) for r in rows]
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Run ad-hoc read-only SQL (reports, tests)."""
+        self.ensure_schema()
+        with self.engine.connect() as conn:
+            return [_row(r) for r in conn.execute(sa.text(sql), _bind(params or {})).mappings().all()]
+
+    # -- runs and snapshots -----------------------------------------------------------------
+    def begin_run(self, run_id: str, *, dag_id: str, started_at: float, data_ts: float, source: str, mode: str) -> None:
+        self.execute("insert_run", {"run_id": run_id, "dag_id": dag_id, "started_at": started_at, "data_ts": data_ts,
+                                    "source": source, "mode": mode})
+
+    def finish_run(self, run_id: str, *, status: str, finished_at: float, problems: Iterable[str] = (),
+                   counts: Mapping[str, Any] | None = None) -> None:
+        self.execute("finish_run", {"run_id": run_id, "status": status, "finished_at": finished_at,
+                                    "problems": json.dumps(list(problems)), "counts": json.dumps(dict(counts or {}))})
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        rows = self.fetch("get_run", {"run_id": run_id})
+        return rows[0] if rows else None
+
+    def save_snapshot(self, run_id: str, ts: float, payload: str) -> None:
+        self.execute("save_snapshot", {"run_id": run_id, "ts": ts, "payload": payload})
+
+    def load_snapshot(self, run_id: str) -> str:
+        rows = self.fetch("load_snapshot", {"run_id": run_id})
+        if not rows:
+            raise AuditError(f"no snapshot stored for run {run_id!r}")
+        return str(rows[0]["payload"])
+
+    # -- decisions ----------------------------------------------------------------------------
+    def record_decisions(self, decisions: Iterable[Decision], run_id: str, status: str = "decided") -> int:
+        """Insert decisions; ones already present (same id) are kept as they are. Return rows inserted."""
+        rows = [decision_row(d, run_id, status) for d in decisions]
+        return self.execute("insert_decision", rows) if rows else 0
+
+    def get_decision(self, decision_id: str) -> dict[str, Any] | None:
+        rows = self.fetch("get_decision", {"decision_id": decision_id})
+        return rows[0] if rows else None
+
+    def decisions_of_run(self, run_id: str) -> list[dict[str, Any]]:
+        return self.fetch("decisions_of_run", {"run_id": run_id})
+
+    def set_decision_status(self, decision_id: str, status: str) -> None:
+        self.execute("set_decision_status", {"decision_id": decision_id, "status": status})
+
+    def set_approval(self, decision_id: str, status: str, by: str | None, at: float | None) -> None:
+        self.execute("set_approval", {"decision_id": decision_id, "approval_status": status, "approved_by": by,
+                                      "approved_at": at})
+
+    # -- actions ------------------------------------------------------------------------------
+    def action_started(self, *, action_id: str, decision_id: str, run_id: str | None, action: str, target: str,
+                       executor: str, dry_run: bool, started_at: float, command: str | None = None) -> bool:
+        """Write the ``started`` row. Return False when a row for this action already exists."""
+        n = self.execute("action_started", {
+            "action_id": action_id, "decision_id": decision_id, "run_id": run_id, "action": action, "target": target,
+            "executor": executor, "dry_run": int(dry_run), "started_at": started_at, "attempt": 1, "command": command,
+        })
+        return n > 0
+
+    def action_finished(self, action_id: str, status: str, finished_at: float, output: str | None = None,
+                        error: str | None = None) -> None:
+        self.execute("action_finished", {"action_id": action_id, "status": status, "finished_at": finished_at,
+                                         "output": _clip(output), "error": _clip(error)})
+
+    def get_action(self, action_id: str) -> dict[str, Any] | None:
+        rows = self.fetch("get_action", {"action_id": action_id})
+        return rows[0] if rows else None
+
+    def actions_of_decision(self, decision_id: str) -> list[dict[str, Any]]:
+        return self.fetch("actions_of_decision", {"decision_id": decision_id})
+
+    # -- escalations --------------------------------------------------------------------------
+    def escalation(self, rule: str, target: str, track: str) -> dict[str, Any] | None:
+        rows = self.fetch("get_escalation", {"rule": rule, "target": target, "track": track})
+        return rows[0] if rows else None
+
+    def open_escalations(self, track: str) -> list[dict[str, Any]]:
+        return self.fetch("open_escalations", {"track": track})
+
+    def active_snoozes(self, now: float) -> list[dict[str, Any]]:
+        return self.fetch("active_snoozes", {"now": now})
+
+    def table_counts(self) -> dict[str, int]:
+        out = {}
+        for t in ("gpu_cost_runs", "gpu_cost_decisions", "gpu_cost_actions", "gpu_cost_escalations", "gpu_cost_usage",
+                  "gpu_cost_savings", "gpu_cost_forecasts", "gpu_cost_snapshots"):
+            out[t] = int(self.query(f"SELECT COUNT(*) AS n FROM {t}")[0]["n"])  # noqa: S608 - fixed table names
+        return out
+
+
+def decision_row(d: Decision, run_id: str, status: str = "decided") -> dict[str, Any]:
+    return {
+        "decision_id": d.decision_id, "run_id": run_id, "ts": d.ts, "rule": d.rule, "target_kind": d.target_kind,
+        "target": d.target, "action": d.action, "mode": d.mode, "rung": d.rung, "episode": d.episode, "job_id": d.job_id,
+        "user_name": d.user, "account": d.account, "partition_name": d.partition, "host": d.host, "gpus": d.gpus,
+        "reason": d.reason, "protection": d.protection, "requires_approval": int(d.requires_approval),
+        "approval_status": "pending" if d.requires_approval and d.acts else None, "status": status,
+        "gpu_hours_at_risk": round(d.gpu_hours_at_risk, 4), "gpu_hours_saved": round(d.gpu_hours_saved, 4),
+        "evidence": json.dumps(dict(d.evidence), default=str),
+    }
+
+
+def _bind(params: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in params.items():
+        if k in _TIME_COLUMNS or k in ("now", "since", "until", "until_ts"):
+            out[k] = None if v is None else iso(v)
+        else:
+            out[k] = v
+    return out
+
+
+def _row(r: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(r)
+    for k, v in out.items():
+        if k in _TIME_COLUMNS and v is not None:
+            out[k] = epoch(v)
+    return out
+
+
+def _clip(text: str | None, limit: int = 8000) -> str | None:
+    if text is None:
+        return None
+    return text if len(text) <= limit else text[: limit - 20] + "\n...[truncated]"
+
+
+def _short(exc: Exception) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    return text[:300]

@@ -1,0 +1,494 @@
+"""The records that flow through the loop: perceive → analyse → decide → act → record.
+
+Every arrow of the design is one of these plain values. GPU-level data is a DataFrame with the
+columns listed in :data:`GPU_COLUMNS` (one row per GPU, aggregated over the rule window and the
+lookback), because a 50,000-GPU cluster must not become 50,000 Python objects per sweep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+#: Columns of :attr:`Snapshot.gpus`, one row per GPU.
+#: Window aggregates describe the rule window ending at the snapshot time; ``*_lb`` the lookback.
+GPU_COLUMNS: dict[str, str] = {
+    "host": "node name",
+    "gpu": "GPU index on the node",
+    "uuid": "GPU UUID (may be empty)",
+    "model": "GPU model, e.g. a100",
+    "label_job_id": "job id the exporter attached to the GPU (dcgm-exporter hpc_job), or empty",
+    "util_mean": "mean utilisation % in the rule window",
+    "util_max": "max utilisation % in the rule window",
+    "mem_min_mib": "min framebuffer used (MiB) in the window",
+    "mem_max_mib": "max framebuffer used (MiB) in the window",
+    "mem_total_mib": "framebuffer size (MiB), NaN when unknown",
+    "power_w": "mean power draw (W) in the window, NaN when unknown",
+    "n_samples": "samples seen in the window",
+    "expected_samples": "samples expected in the window at the sample interval",
+    "last_ts": "epoch seconds of the newest sample",
+    "util_mean_lb": "mean utilisation % over the lookback",
+    "util_max_lb": "max utilisation % over the lookback",
+    "busy_share_lb": "share of lookback samples above the busy threshold",
+    "bursts_lb": "idle→busy transitions in the lookback (bursty services have several)",
+    "n_lb": "samples seen in the lookback",
+    "stale": "True when too few or too old samples: such a GPU never counts as idle",
+}
+
+RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"})
+PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
+
+
+def empty_gpu_frame() -> pd.DataFrame:
+    """Return an empty GPU frame with the documented columns."""
+    return pd.DataFrame({c: pd.Series(dtype=_GPU_DTYPES.get(c, "float64")) for c in GPU_COLUMNS})
+
+
+_GPU_DTYPES = {
+    "host": "object",
+    "gpu": "int64",
+    "uuid": "object",
+    "model": "object",
+    "label_job_id": "object",
+    "n_samples": "int64",
+    "expected_samples": "int64",
+    "n_lb": "int64",
+    "bursts_lb": "int64",
+    "stale": "bool",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A scheduler job as the agent sees it.
+
+    :param job_id: scheduler id (array tasks as ``123_4``).
+    :param user: owner's user name.
+    :param state: scheduler state, upper case (``RUNNING``, ``PENDING``, ``COMPLETED``...).
+    :param gpu_alloc: per node, the GPU indices the job holds there.
+    :param labels: agent labels taken from the comment (``gpu-cost:no-interrupt`` → ``no-interrupt``).
+    """
+
+    job_id: str
+    user: str
+    state: str = "RUNNING"
+    start_ts: float | None = None
+    account: str = ""
+    partition: str = ""
+    qos: str = ""
+    name: str = ""
+    comment: str = ""
+    submit_ts: float | None = None
+    end_ts: float | None = None
+    time_limit_s: float | None = None
+    nodes: tuple[str, ...] = ()
+    gpu_alloc: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    gpus_requested: int = 0
+    labels: tuple[str, ...] = ()
+    priority: int | None = None
+    nice: int | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.state in RUNNING_STATES
+
+    @property
+    def pending(self) -> bool:
+        return self.state in PENDING_STATES
+
+    @property
+    def gpu_count(self) -> int:
+        allocated = sum(len(idx) for _, idx in self.gpu_alloc)
+        return allocated or self.gpus_requested
+
+    def gpu_keys(self) -> list[tuple[str, int]]:
+        """Return ``(host, index)`` for every GPU the job holds."""
+        return [(host, i) for host, idx in self.gpu_alloc for i in idx]
+
+    def runtime_s(self, now: float) -> float:
+        if self.start_ts is None:
+            return 0.0
+        end = self.end_ts if self.end_ts is not None and not self.running else now
+        return max(0.0, min(end, now) - self.start_ts)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["gpu_alloc"] = {h: list(i) for h, i in self.gpu_alloc}
+        d["nodes"] = list(self.nodes)
+        d["labels"] = list(self.labels)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Job:
+        data = dict(d)
+        alloc = data.get("gpu_alloc") or {}
+        if isinstance(alloc, Mapping):
+            data["gpu_alloc"] = tuple((h, tuple(int(i) for i in idx)) for h, idx in alloc.items())
+        else:
+            data["gpu_alloc"] = tuple((h, tuple(int(i) for i in idx)) for h, idx in alloc)
+        data["nodes"] = tuple(data.get("nodes") or ())
+        data["labels"] = tuple(data.get("labels") or ())
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def labels_from_comment(comment: str, prefix: str = "gpu-cost:") -> tuple[str, ...]:
+    """Return agent labels found in a job comment: ``"gpu-cost:no-interrupt x"`` → ``("no-interrupt",)``."""
+    out = []
+    for token in comment.replace(",", " ").split():
+        if token.startswith(prefix) and len(token) > len(prefix):
+            out.append(token[len(prefix):])
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process holding memory on a GPU, as ``nvidia-smi`` and ``/proc`` on the node show it.
+
+    :param start_ts: process start time (epoch seconds); with ``pid`` it identifies the process
+        across PID reuse.
+    :param job_id: the Slurm job owning the process (from its cgroup), or ``None`` for an orphan.
+    """
+
+    host: str
+    pid: int
+    gpu_uuid: str = ""
+    gpu: int | None = None
+    used_mib: float = 0.0
+    start_ts: float | None = None
+    job_id: str | None = None
+    container: str | None = None
+    user: str = ""
+    name: str = ""
+
+    @property
+    def key(self) -> str:
+        start = "" if self.start_ts is None else str(int(self.start_ts))
+        return f"proc:{self.host}:{self.pid}:{start}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GpuProcess:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A compute node.
+
+    :param state: scheduler state, lower case with flags (``idle``, ``mixed``, ``allocated``,
+        ``idle~`` for powered down, ``down``, ``drained``...).
+    """
+
+    name: str
+    state: str = "idle"
+    gpus_total: int = 0
+    gpus_alloc: int = 0
+    gpu_model: str = ""
+    partitions: tuple[str, ...] = ()
+    cpu_util: float | None = None
+    power_w: float | None = None
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["partitions"] = list(self.partitions)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Node:
+        data = dict(d)
+        data["partitions"] = tuple(data.get("partitions") or ())
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, slots=True)
+class Disagreement:
+    """Two sources tell different stories about one GPU; the snapshot says so instead of guessing."""
+
+    host: str
+    gpu: int
+    what: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """What the agent sees at one instant: GPUs (aggregated), jobs, processes, nodes.
+
+    :param ts: the instant (epoch seconds, end of the rule window).
+    :param gpus: one row per GPU, columns :data:`GPU_COLUMNS` plus ``job_id`` and ``attribution``
+        once :func:`gpu_cost.correlate.attribute` has run.
+    :param problems: reasons the data is incomplete; a snapshot with problems is *degraded* and
+        nothing destructive is decided from it.
+    """
+
+    ts: float
+    window_s: float
+    lookback_s: float
+    source: str
+    gpus: pd.DataFrame
+    jobs: tuple[Job, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()
+    nodes: tuple[Node, ...] = ()
+    problems: tuple[str, ...] = ()
+    disagreements: tuple[Disagreement, ...] = ()
+    sample_interval_s: float = 60.0
+    #: window columns for other window lengths (seconds → frame aligned with ``gpus``)
+    windows: dict[float, pd.DataFrame] = field(default_factory=dict)
+
+    def view(self, window_s: float) -> pd.DataFrame:
+        """Return ``gpus`` with its window columns computed over ``window_s`` instead."""
+        if abs(window_s - self.window_s) < 1e-6 or window_s not in self.windows:
+            if abs(window_s - self.window_s) >= 1e-6:
+                raise KeyError(f"snapshot has no aggregates for a {window_s:g}s window")
+            return self.gpus
+        out = self.gpus.copy()
+        extra = self.windows[window_s]
+        for col in extra.columns:
+            out[col] = extra[col].to_numpy()
+        return out
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self.problems)
+
+    def running_jobs(self) -> list[Job]:
+        return [j for j in self.jobs if j.running]
+
+    def pending_jobs(self) -> list[Job]:
+        return [j for j in self.jobs if j.pending]
+
+    def job(self, job_id: str) -> Job | None:
+        for j in self.jobs:
+            if j.job_id == job_id:
+                return j
+        return None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "ts": self.ts,
+                "window_s": self.window_s,
+                "lookback_s": self.lookback_s,
+                "source": self.source,
+                "sample_interval_s": self.sample_interval_s,
+                "gpus": json.loads(self.gpus.to_json(orient="split", index=False)),
+                "jobs": [j.to_dict() for j in self.jobs],
+                "processes": [p.to_dict() for p in self.processes],
+                "nodes": [n.to_dict() for n in self.nodes],
+                "problems": list(self.problems),
+                "disagreements": [d.to_dict() for d in self.disagreements],
+                "windows": {
+                    str(k): json.loads(v.to_json(orient="split", index=False)) for k, v in self.windows.items()
+                },
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Snapshot:
+        d = json.loads(text)
+        g = d["gpus"]
+        gpus = _typed(pd.DataFrame(g["data"], columns=g["columns"]))
+        if gpus.empty and not len(gpus.columns):
+            gpus = empty_gpu_frame()
+        return cls(
+            ts=d["ts"],
+            window_s=d["window_s"],
+            lookback_s=d["lookback_s"],
+            source=d["source"],
+            sample_interval_s=d.get("sample_interval_s", 60.0),
+            gpus=gpus,
+            jobs=tuple(Job.from_dict(j) for j in d["jobs"]),
+            processes=tuple(GpuProcess.from_dict(p) for p in d["processes"]),
+            nodes=tuple(Node.from_dict(n) for n in d["nodes"]),
+            problems=tuple(d["problems"]),
+            disagreements=tuple(Disagreement(**x) for x in d["disagreements"]),
+            windows={
+                float(k): _typed(pd.DataFrame(v["data"], columns=v["columns"])) for k, v in d.get("windows", {}).items()
+            },
+        )
+
+
+def _typed(frame: pd.DataFrame) -> pd.DataFrame:
+    for col in frame.columns:
+        dtype = _GPU_DTYPES.get(col)
+        if dtype is not None and dtype != "object":
+            frame[col] = frame[col].astype(dtype)
+        elif dtype == "object" or col in ("job_id", "attribution"):
+            values = frame[col].astype(object)
+            frame[col] = values.where(values.notna(), None)
+    if "label_job_id" in frame.columns:
+        frame["label_job_id"] = frame["label_job_id"].fillna("")
+    return frame
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One piece of waste a rule found.
+
+    :param target: stable key of what is wasteful: ``job:<id>``, ``proc:<host>:<pid>:<start>``,
+        ``gpu:<host>:<index>`` or ``node:<name>``.
+    :param gpus: number of GPUs the waste holds.
+    :param action: what the rule suggests; the policy decides what is actually done.
+    :param inference: the target looks like (or is declared as) an inference service.
+    """
+
+    rule: str
+    target_kind: str
+    target: str
+    action: str
+    gpus: int
+    job_id: str | None = None
+    user: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    qos: str | None = None
+    name: str | None = None
+    host: str | None = None
+    gpu_ids: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+    inference: bool = False
+    job_start_ts: float | None = None
+    time_limit_s: float | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["gpu_ids"] = list(self.gpu_ids)
+        d["labels"] = list(self.labels)
+        d["nodes"] = list(self.nodes)
+        d["evidence"] = dict(self.evidence)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Finding:
+        data = dict(d)
+        for k in ("gpu_ids", "labels", "nodes"):
+            data[k] = tuple(data.get(k) or ())
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+#: Actions a decision may carry, mildest first.
+ACTIONS = (
+    "none",
+    "advise",
+    "notify",
+    "notify_manager",
+    "demote",
+    "hold",
+    "requeue",
+    "terminate",
+    "kill",
+    "cancel",
+    "kill_process",
+    "power_down",
+    "power_up",
+)
+#: Actions that take resources away from someone.
+DESTRUCTIVE_ACTIONS = frozenset({"demote", "hold", "requeue", "terminate", "kill", "cancel", "kill_process", "power_down"})
+#: Actions that end a job or a process.
+KILL_ACTIONS = frozenset({"terminate", "kill", "cancel", "kill_process"})
+MODES = ("dry-run", "notify", "enforce")
+
+
+def decision_id(rule: str, target: str, episode: int, rung: int, track: str = "live") -> str:
+    """Return the deterministic id of a decision: the same inputs always give the same id.
+
+    ``track`` separates what is really done (``live``) from what is only recorded (``dry-run``,
+    or ``shadow`` for a rung held back by the mode or by degraded data), so switching modes never
+    makes a recorded-only decision collide with a real one.
+    """
+    raw = f"{rule}|{target}|{episode}|{rung}|{track}".encode()
+    return hashlib.sha256(raw).hexdigest()[:20]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the policy decided for one finding in one run.
+
+    :param mode: the mode the decision was taken in; ``dry-run`` decisions are recorded, never acted on.
+    :param rung: the escalation rung (0 = first warning); ``episode`` counts idle periods of the target.
+    :param requires_approval: a human must approve before the action runs.
+    :param gpu_hours_at_risk: work lost if the decision is wrong (GPUs × time the job has run).
+    :param gpu_hours_saved: GPU time freed if it is right (GPUs × time until predicted end or limit).
+    """
+
+    decision_id: str
+    ts: float
+    rule: str
+    target_kind: str
+    target: str
+    action: str
+    mode: str
+    rung: int = 0
+    episode: int = 1
+    job_id: str | None = None
+    user: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    host: str | None = None
+    gpus: int = 0
+    reason: str = ""
+    protection: str | None = None
+    requires_approval: bool = False
+    gpu_hours_at_risk: float = 0.0
+    gpu_hours_saved: float = 0.0
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def acts(self) -> bool:
+        """True when the decision leads to an effect (not dry-run, not ``none``)."""
+        return self.mode != "dry-run" and self.action != "none"
+
+    @property
+    def destructive(self) -> bool:
+        return self.action in DESTRUCTIVE_ACTIONS
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["evidence"] = dict(self.evidence)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Decision:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def summary(self) -> dict[str, Any]:
+        """Return the small dict the CLI and XCom carry."""
+        return {
+            "decision_id": self.decision_id,
+            "rule": self.rule,
+            "target": self.target,
+            "job_id": self.job_id,
+            "user": self.user,
+            "action": self.action,
+            "mode": self.mode,
+            "rung": self.rung,
+            "requires_approval": self.requires_approval,
+            "reason": self.reason,
+        }
+
+
+def as_findings(items: Iterable[Mapping[str, Any] | Finding]) -> list[Finding]:
+    return [i if isinstance(i, Finding) else Finding.from_dict(i) for i in items]
+
+
+def as_decisions(items: Iterable[Mapping[str, Any] | Decision]) -> list[Decision]:
+    return [i if isinstance(i, Decision) else Decision.from_dict(i) for i in items]

@@ -1,0 +1,44 @@
+"""The cost of being wrong, and the value of being right, for one decision."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpu_cost.model import Finding
+
+#: when neither a forecast nor a time limit bounds the waste, count this much ahead
+DEFAULT_HORIZON_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class Stakes:
+    """GPU-hours a decision puts at risk and GPU-hours it frees."""
+
+    at_risk: float
+    saved: float
+    basis: str
+
+
+def stakes(f: Finding, now: float, predicted_end: float | None = None) -> Stakes:
+    """Return the stakes of acting on ``f`` at ``now``.
+
+    At risk: GPUs × how long the job (or process) has run — the work lost if it was not waste.
+    Saved: GPUs × time until it would end anyway — the forecast p90 end when known, else the
+    time limit, else :data:`DEFAULT_HORIZON_S`.
+    """
+    started = f.job_start_ts
+    if f.target_kind == "process":
+        started = f.evidence.get("process_start_ts") or started
+    ran = max(0.0, now - float(started)) if started else 0.0
+    ends = []
+    basis = "default horizon"
+    if predicted_end is not None and predicted_end > now:
+        ends.append(predicted_end)
+        basis = "forecast p90"
+    if f.time_limit_s and f.job_start_ts and f.target_kind == "job":
+        ends.append(f.job_start_ts + f.time_limit_s)
+        if basis == "default horizon":
+            basis = "time limit"
+    end = min(ends) if ends else now + DEFAULT_HORIZON_S
+    remaining = max(0.0, end - now)
+    return Stakes(at_risk=f.gpus * ran / 3600.0, saved=f.gpus * remaining / 3600.0, basis=basis)

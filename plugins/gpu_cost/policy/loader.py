@@ -1,0 +1,160 @@
+"""Load and check a policy file; every fault names the file, the path inside it and the reason."""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import re
+import zoneinfo
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpu_cost import paths
+from gpu_cost.errors import PolicyError
+from gpu_cost.policy.schema import Policy, Window
+from gpu_cost.policy.typed import build
+
+_HHMM = re.compile(r"^([01]\d|2[0-4]):([0-5]\d)$")
+
+#: ladder actions each rule may use (a zombie is a process: no job to demote or cancel)
+RULE_ACTIONS = {
+    "zombie": {"advise", "notify", "notify_manager", "kill_process"},
+    "idle_allocation": {"advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel"},
+    "low_efficiency": {"advise", "notify", "notify_manager"},
+}
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    """Load the policy at ``path`` (default: ``GPU_COST_POLICY`` or the shipped ``default.yaml``)."""
+    p = Path(path) if path is not None else paths.default_policy()
+    source = str(p)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PolicyError(source, "", "file not found") from None
+    except OSError as exc:
+        raise PolicyError(source, "", f"cannot read: {exc.strerror or exc}") from None
+    return parse_policy(text, source)
+
+
+def parse_policy(text: str, source: str = "<string>") -> Policy:
+    """Parse policy YAML text; ``source`` names it in errors."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise PolicyError(source, where, f"not valid YAML: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(source, "(top)", f"must be a mapping of sections, got {type(data).__name__}")
+    policy = build(Policy, data, source)
+    object.__setattr__(policy, "source", source)
+    check_policy(policy, data)
+    return policy
+
+
+def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
+    """Check what types cannot: contradictions and absurd values. Raise PolicyError on the first."""
+    src = policy.source
+    sweep = policy.sweep
+    if sweep.max_staleness >= sweep.lookback:
+        raise PolicyError(src, "sweep.max_staleness", "must be shorter than sweep.lookback")
+    for name in ("zombie", "idle_allocation", "low_efficiency"):
+        rule = policy.rule(name)
+        base = f"rules.{name}"
+        window = getattr(rule, "window", None)
+        if window is not None:
+            if window < 2 * sweep.sample_interval:
+                raise PolicyError(
+                    src, f"{base}.window",
+                    f"{window:g}s holds fewer than two samples at sweep.sample_interval={sweep.sample_interval:g}s",
+                )
+            if window > sweep.lookback:
+                raise PolicyError(src, f"{base}.window", "must not be longer than sweep.lookback")
+        util_max = getattr(rule, "util_max", None)
+        if util_max is not None and util_max >= sweep.busy_util:
+            raise PolicyError(
+                src, f"{base}.util_max",
+                f"idle threshold {util_max:g}% is not below the busy threshold sweep.busy_util={sweep.busy_util:g}%",
+            )
+        if rule.enabled and not rule.ladder:
+            raise PolicyError(src, f"{base}.ladder", "an enabled rule needs at least one rung")
+        allowed = RULE_ACTIONS[name]
+        for i, rung in enumerate(rule.ladder):
+            if rung.action not in allowed:
+                raise PolicyError(
+                    src, f"{base}.ladder[{i}].action",
+                    f"{rung.action!r} is not possible for {name} (allowed: {', '.join(sorted(allowed))})",
+                )
+        actions = [r.action for r in rule.ladder]
+        if "kill" in actions and "terminate" in actions and actions.index("kill") < actions.index("terminate"):
+            raise PolicyError(src, f"{base}.ladder", "'kill' comes before 'terminate': SIGKILL before SIGTERM")
+    if policy.mode == "enforce" and policy.caps.max_actions_per_run == 0:
+        raise PolicyError(src, "caps.max_actions_per_run", "is 0 while mode is enforce: nothing could ever act")
+    names: set[str] = set()
+    for i, prot in enumerate(policy.protections):
+        base = f"protections[{i}]"
+        if prot.name in names:
+            raise PolicyError(src, f"{base}.name", f"duplicate protection name {prot.name!r}")
+        names.add(prot.name)
+        if prot.match.empty:
+            raise PolicyError(src, f"{base}.match", "matches nothing: give at least one of users, accounts, ...")
+        for key in ("name_patterns", "nodes"):
+            for j, pat in enumerate(getattr(prot.match, key)):
+                try:
+                    re.compile(fnmatch.translate(pat))
+                except re.error as exc:
+                    raise PolicyError(src, f"{base}.match.{key}[{j}]", f"bad pattern: {exc}") from None
+    _check_tz(src, "notifications.timezone", policy.notifications.timezone)
+    _check_tz(src, "offhours.timezone", policy.offhours.timezone)
+    _check_tz(src, "report.timezone", policy.report.timezone)
+    wh = policy.notifications.working_hours
+    parts = wh.split("-")
+    if len(parts) != 2 or not all(_HHMM.match(p.strip()) for p in parts):
+        raise PolicyError(src, "notifications.working_hours", f"must look like 09:00-18:00, got {wh!r}")
+    if _minutes(parts[0]) >= _minutes(parts[1]):
+        raise PolicyError(src, "notifications.working_hours", f"start must be before end, got {wh!r}")
+    for i, day in enumerate(policy.notifications.holidays):
+        try:
+            dt.date.fromisoformat(day)
+        except ValueError:
+            raise PolicyError(src, f"notifications.holidays[{i}]", f"not a date (YYYY-MM-DD): {day!r}") from None
+    for i, w in enumerate(policy.offhours.windows):
+        _check_window(src, f"offhours.windows[{i}]", w)
+    oh = policy.offhours
+    if oh.approval_over_nodes and oh.max_nodes_per_run and oh.approval_over_nodes > oh.max_nodes_per_run:
+        # harmless but tells the operator approval can never trigger
+        pass
+    for user, person in policy.people.items():
+        if person.manager == user:
+            raise PolicyError(src, f"people.{user}.manager", "a user cannot be their own manager")
+
+
+def _check_tz(src: str, path: str, name: str) -> None:
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise PolicyError(src, path, f"unknown time zone {name!r} (use an IANA name such as Europe/Berlin)") from None
+
+
+def _minutes(hhmm: str) -> int:
+    h, m = hhmm.strip().split(":")
+    return int(h) * 60 + int(m)
+
+
+def _check_window(src: str, path: str, w: Window) -> None:
+    for key in ("start", "end"):
+        val = getattr(w, key)
+        if not _HHMM.match(val):
+            raise PolicyError(src, f"{path}.{key}", f"must be HH:MM (00:00-24:00), got {val!r}")
+        if _minutes(val) > 24 * 60:
+            raise PolicyError(src, f"{path}.{key}", f"past 24:00: {val!r}")
+    if w.start == w.end:
+        raise PolicyError(src, path, f"start and end are both {w.start}: an empty window")
+    if not w.days:
+        raise PolicyError(src, f"{path}.days", "no days: the window never opens")

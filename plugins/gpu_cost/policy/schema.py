@@ -1,0 +1,305 @@
+"""The policy: a human-edited YAML file, loaded at task run time into frozen typed objects.
+
+Every section below is a frozen dataclass; its fields are the YAML keys (``snake_case``, or the
+same with dashes). The annotated reference is ``include/policy/default.yaml`` and the README.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from gpu_cost.policy.typed import Dur, Range
+
+Mode = Literal["dry-run", "notify", "enforce"]
+Level = Literal["never", "notify_only", "approval"]
+Percent = Annotated[float, Range(0, 100)]
+Seconds = Annotated[float, Dur(), Range(0, 366 * 86400)]
+Share = Annotated[float, Range(0, 1)]
+Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+
+LADDER_ACTIONS = ("advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel", "kill_process")
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One step of an escalation ladder: ``action`` once the previous rung is ``after`` old."""
+
+    action: Literal[
+        "advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel", "kill_process"
+    ]
+    after: Seconds = 0.0
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """How the sweep sees the cluster."""
+
+    interval: Annotated[float, Dur(), Range(30, 86400)] = 300.0
+    source: Literal["sim", "prometheus", "trace"] = "sim"
+    sample_interval: Annotated[float, Dur(), Range(1, 3600)] = 60.0
+    lookback: Annotated[float, Dur(), Range(300, 7 * 86400)] = 6 * 3600.0
+    #: share of the expected samples a GPU must have in the window to count as seen
+    min_sample_ratio: Annotated[float, Range(0.05, 1)] = 0.6
+    #: the newest sample must be at most this old, or the GPU (and a whole source) is stale
+    max_staleness: Annotated[float, Dur(), Range(1, 86400)] = 180.0
+    #: utilisation % above which a sample counts as busy (bursts, busy share)
+    busy_util: Percent = 20.0
+
+
+@dataclass(frozen=True)
+class ZombieRule:
+    """GPU memory held with ~0 % utilisation by processes of no running job."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    util_max: Percent = 5.0
+    mem_min_mib: Annotated[float, Range(0, 10_000_000)] = 1024.0
+    window: Annotated[float, Dur(), Range(60, 86400)] = 900.0
+    ladder: tuple[Rung, ...] = (Rung("notify", 0.0), Rung("kill_process", 900.0))
+
+
+@dataclass(frozen=True)
+class IdleAllocationRule:
+    """A running job whose allocated GPUs are all idle."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    util_max: Percent = 5.0
+    window: Annotated[float, Dur(), Range(60, 86400)] = 900.0
+    #: a job must have run this long before its GPUs can count as idle (start-up, data loading)
+    min_runtime: Seconds = 900.0
+    ladder: tuple[Rung, ...] = (
+        Rung("notify", 0.0),
+        Rung("notify_manager", 3600.0),
+        Rung("demote", 3600.0),
+        Rung("terminate", 3600.0),
+        Rung("kill", 600.0),
+    )
+
+
+@dataclass(frozen=True)
+class LowEfficiencyRule:
+    """A job using its GPUs poorly for a long time: advice to the owner, never a kill."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    util_mean_max: Percent = 20.0
+    min_runtime: Seconds = 3600.0
+    ladder: tuple[Rung, ...] = (Rung("advise", 0.0),)
+
+
+@dataclass(frozen=True)
+class Rules:
+    zombie: ZombieRule = field(default_factory=ZombieRule)
+    idle_allocation: IdleAllocationRule = field(default_factory=IdleAllocationRule)
+    low_efficiency: LowEfficiencyRule = field(default_factory=LowEfficiencyRule)
+
+
+@dataclass(frozen=True)
+class Match:
+    """What a protection covers. Lists are alternatives; different keys must all match.
+
+    Patterns (names, nodes) are shell globs (``serve-*``, ``gpu0[1-4]``).
+    """
+
+    users: tuple[str, ...] = ()
+    accounts: tuple[str, ...] = ()
+    partitions: tuple[str, ...] = ()
+    qos: tuple[str, ...] = ()
+    name_patterns: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not any((self.users, self.accounts, self.partitions, self.qos, self.name_patterns, self.labels, self.nodes))
+
+
+@dataclass(frozen=True)
+class Protection:
+    """A group of targets the agent treats gently: ``never`` touch, ``notify_only``, or needs ``approval``."""
+
+    name: str
+    level: Level
+    match: Match = field(default_factory=Match)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    """How inference services are recognised: declared (partition, name, label) or by behaviour."""
+
+    partitions: tuple[str, ...] = ()
+    name_patterns: tuple[str, ...] = ("*serve*", "*inference*", "*vllm*", "*triton*", "*tgi*")
+    labels: tuple[str, ...] = ("inference",)
+    #: idle→busy transitions within the lookback that mark a bursty service
+    min_bursts: Annotated[int, Range(1, 1000)] = 2
+
+
+@dataclass(frozen=True)
+class ApprovalConfig:
+    """When a human must approve, and how long the agent waits for an answer."""
+
+    #: kill/demote decisions putting more GPU-hours of work at risk than this need approval
+    gpu_hours_at_risk: Annotated[float, Range(0, 1e9)] = 24.0
+    timeout: Annotated[float, Dur(), Range(60, 7 * 86400)] = 4 * 3600.0
+    #: what a timed-out request means; only "reject" is allowed, so silence never kills
+    on_timeout: Literal["reject"] = "reject"
+    assigned_users: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Brakes against a bad policy or bad data: exceeding one aborts the acting part of a run."""
+
+    max_actions_per_run: Annotated[int, Range(0, 100_000)] = 20
+    #: share of the cluster's GPUs that destructive actions of one run may touch
+    max_gpu_share: Share = 0.10
+
+
+@dataclass(frozen=True)
+class DemoteConfig:
+    """How ``demote`` lowers a job: a nice value, and/or a move to a preemptible QOS or partition."""
+
+    nice: Annotated[int, Range(0, 2_147_483_645)] = 10000
+    qos: str | None = None
+    partition: str | None = None
+
+
+@dataclass(frozen=True)
+class Person:
+    manager: str | None = None
+    slack: str | None = None
+    email: str | None = None
+
+
+@dataclass(frozen=True)
+class NotificationConfig:
+    """When and how people are told."""
+
+    timezone: str = "UTC"
+    working_hours: str = "09:00-18:00"
+    working_days: tuple[Weekday, ...] = ("mon", "tue", "wed", "thu", "fri")
+    holidays: tuple[str, ...] = ()
+    #: notices to one user per hour, beyond which they are batched into the next message
+    max_per_user_per_hour: Annotated[int, Range(1, 1000)] = 4
+    #: send e-mail when Slack fails or the user has no Slack handle
+    email_fallback: bool = True
+    #: the escalation clock only runs in working hours for notify rungs
+    only_in_working_hours: bool = False
+    slack_channel: str | None = None
+    snooze_hint: str = "gpu-cost snooze --target {target} --for 4h --reason '...'"
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """Money: what a GPU-hour and a kWh cost."""
+
+    gpu_hour_usd: dict[str, Annotated[float, Range(0, 1000)]] = field(
+        default_factory=lambda: {"default": 2.0, "a100": 2.0, "h100": 4.0}
+    )
+    kwh_usd: Annotated[float, Range(0, 100)] = 0.15
+    currency: str = "USD"
+
+    def gpu_hour(self, model: str | None) -> float:
+        key = (model or "").lower()
+        return float(self.gpu_hour_usd.get(key, self.gpu_hour_usd.get("default", 0.0)))
+
+
+@dataclass(frozen=True)
+class Window:
+    """A recurring time window in the policy's time zone; ``end`` before ``start`` wraps midnight."""
+
+    days: tuple[Weekday, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+    start: str = "22:00"
+    end: str = "08:00"
+
+
+@dataclass(frozen=True)
+class OffhoursConfig:
+    """Powering idle nodes down at night and on weekends, through Slurm's power saving."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    timezone: str = "UTC"
+    windows: tuple[Window, ...] = (
+        Window(days=("mon", "tue", "wed", "thu", "fri"), start="22:00", end="08:00"),
+        Window(days=("sat", "sun"), start="00:00", end="24:00"),
+    )
+    util_max: Percent = 10.0
+    window: Annotated[float, Dur(), Range(300, 86400)] = 3600.0
+    warm_reserve_nodes: Annotated[int, Range(0, 100_000)] = 1
+    warm_reserve_share: Share = 0.0
+    max_nodes_per_run: Annotated[int, Range(0, 100_000)] = 4
+    approval_over_nodes: Annotated[int, Range(0, 100_000)] = 8
+    exclude_nodes: tuple[str, ...] = ()
+    exclude_partitions: tuple[str, ...] = ()
+    high_priority_partitions: tuple[str, ...] = ()
+    high_priority_qos: tuple[str, ...] = ("high", "urgent")
+    #: wake nodes this long before forecast demand returns (Slurm's ResumeTimeout plus margin)
+    wake_lead: Seconds = 1800.0
+    idle_power_w: Annotated[float, Range(0, 100_000)] = 400.0
+    reason: str = "gpu-cost: off-hours"
+
+
+@dataclass(frozen=True)
+class ForecastConfig:
+    """Nightly forecasting."""
+
+    enabled: bool = True
+    horizon: Annotated[float, Dur(), Range(3600, 30 * 86400)] = 48 * 3600.0
+    history: Annotated[float, Dur(), Range(86400, 3 * 366 * 86400)] = 60 * 86400.0
+    min_class_jobs: Annotated[int, Range(3, 100_000)] = 30
+    series_per_task: Annotated[int, Range(1, 10_000)] = 25
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """The weekly report."""
+
+    out_dir: str = "reports"
+    timezone: str = "UTC"
+    slack: bool = True
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The whole policy document. ``mode`` is global; a rule's ``mode`` may only be milder."""
+
+    version: Literal[1] = 1
+    mode: Mode = "dry-run"
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    rules: Rules = field(default_factory=Rules)
+    protections: tuple[Protection, ...] = (
+        Protection(name="no-interrupt label", level="never", match=Match(labels=("no-interrupt",))),
+    )
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    approval: ApprovalConfig = field(default_factory=ApprovalConfig)
+    caps: Caps = field(default_factory=Caps)
+    demote: DemoteConfig = field(default_factory=DemoteConfig)
+    people: dict[str, Person] = field(default_factory=dict)
+    notifications: NotificationConfig = field(default_factory=NotificationConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    offhours: OffhoursConfig = field(default_factory=OffhoursConfig)
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+    #: where the policy came from (set by the loader, not a YAML key)
+    source: str = field(default="<defaults>", init=False, compare=False)
+
+    def rule_mode(self, rule: str) -> str:
+        """Return the effective mode of a rule: the milder of the global and the rule's own."""
+        cfg = getattr(self.rules, rule, None)
+        own = getattr(cfg, "mode", None) if cfg is not None else None
+        return milder(self.mode, own) if own else self.mode
+
+    def rule(self, name: str) -> ZombieRule | IdleAllocationRule | LowEfficiencyRule:
+        return getattr(self.rules, name)  # type: ignore[no-any-return]
+
+
+_MODE_ORDER = {"dry-run": 0, "notify": 1, "enforce": 2}
+
+
+def milder(a: str, b: str) -> str:
+    """Return the milder of two modes (dry-run < notify < enforce)."""
+    return a if _MODE_ORDER[a] <= _MODE_ORDER[b] else b

@@ -1,0 +1,61 @@
+"""Low efficiency: a job that has run a while with low mean utilisation — advice, never a kill.
+
+Policy (``rules.low_efficiency``)::
+
+    low_efficiency:
+      util_mean_max: 20   # % mean over the last min_runtime across the job's GPUs
+      min_runtime: 1h
+      ladder: [{action: advise}]
+
+Jobs already idle (caught by ``idle_allocation``) are left to that rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpu_cost.model import Finding, Snapshot
+from gpu_cost.policy.schema import LowEfficiencyRule, Policy
+from gpu_cost.rules import register
+from gpu_cost.rules.common import behaves_like_inference, declared_inference, job_fields, job_rows, r
+
+
+@register("low_efficiency")
+def low_efficiency(snapshot: Snapshot, cfg: LowEfficiencyRule, policy: Policy) -> list[Finding]:
+    """Return one advisory finding per running job with low mean utilisation."""
+    window = min(cfg.min_runtime, snapshot.lookback_s)
+    g = snapshot.view(window)
+    if g.empty:
+        return []
+    rows = job_rows(g)
+    stale = g["stale"].to_numpy(dtype=bool)
+    umean = g["util_mean"].to_numpy(dtype=float)
+    umax = g["util_max"].to_numpy(dtype=float)
+    idle_max = policy.rules.idle_allocation.util_max
+    findings = []
+    for job in snapshot.running_jobs():
+        keys = job.gpu_keys()
+        if not keys or job.start_ts is None or snapshot.ts - job.start_ts < cfg.min_runtime:
+            continue
+        pos = rows.get(job.job_id)
+        if pos is None or len(pos) < len(keys) or stale[pos].any():
+            continue
+        mean = float(np.nanmean(umean[pos]))
+        if np.isnan(mean) or mean >= cfg.util_mean_max:
+            continue
+        if (umax[pos] < idle_max).all():
+            continue  # fully idle: idle_allocation's business
+        busy_gpus = int((umean[pos] >= cfg.util_mean_max).sum())
+        evidence = {
+            "util_mean": r(mean), "window_s": window, "gpus_busy": busy_gpus, "gpus": len(keys),
+            "per_gpu_util_mean": [r(float(x)) for x in umean[pos]],
+        }
+        inference = bool(declared_inference(job, policy.inference) or behaves_like_inference(g["bursts_lb"].to_numpy()[pos], policy.inference))
+        findings.append(
+            Finding(
+                rule="low_efficiency", target_kind="job", target=f"job:{job.job_id}", action="advise", gpus=len(keys),
+                gpu_ids=tuple(f"{h}:{i}" for h, i in keys), inference=inference, evidence=evidence,
+                **job_fields(job),  # type: ignore[arg-type]
+            )
+        )
+    return findings

@@ -1,0 +1,92 @@
+"""Build a :class:`~gpu_cost.model.Snapshot` from dense samples (simulator, traces, replays)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from gpu_cost.aggregate import extra_window, gpu_frame
+from gpu_cost.correlate import attribute
+from gpu_cost.model import GpuProcess, Job, Node, Snapshot
+from gpu_cost.policy.schema import Policy
+
+
+def rule_windows(policy: Policy) -> tuple[float, list[float]]:
+    """Return the primary window (zombie's) and the other windows the rules need."""
+    primary = policy.rules.zombie.window
+    others = {policy.rules.idle_allocation.window, min(policy.rules.low_efficiency.min_runtime, policy.sweep.lookback)}
+    return primary, sorted(w for w in others if abs(w - primary) > 1e-6 and w > 0)
+
+
+def from_matrix(
+    *,
+    policy: Policy,
+    now: float,
+    source: str,
+    hosts: np.ndarray,
+    gpus: np.ndarray,
+    uuids: np.ndarray,
+    models: np.ndarray,
+    mem_total: np.ndarray,
+    times: np.ndarray,
+    util: np.ndarray,
+    mem: np.ndarray,
+    power: np.ndarray | None,
+    job: np.ndarray,
+    jobs: Sequence[Job],
+    processes: Sequence[GpuProcess],
+    nodes: Sequence[Node],
+    problems: Sequence[str] = (),
+) -> Snapshot:
+    """Aggregate a GPU × time matrix and join it with jobs and processes."""
+    sw = policy.sweep
+    primary, others = rule_windows(policy)
+    label = job[:, -1] if job.shape[1] else np.full(len(hosts), "", dtype=object)
+    frame = gpu_frame(
+        hosts=hosts, gpus=gpus, uuids=uuids, models=models, mem_total=mem_total, label_job=label, times=times,
+        util=util, mem=mem, power=power, now=now, window_s=primary, lookback_s=sw.lookback,
+        sample_interval_s=sw.sample_interval, min_sample_ratio=sw.min_sample_ratio,
+        max_staleness_s=sw.max_staleness, busy_util=sw.busy_util,
+    )
+    windows = {
+        w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness)
+        for w in others
+    }
+    frame, disagreements = attribute(frame, jobs, processes)
+    found = list(problems)
+    if len(frame) and frame["stale"].all():
+        found.append("every GPU series is stale or missing")
+    return Snapshot(
+        ts=now, window_s=primary, lookback_s=sw.lookback, source=source, gpus=frame, jobs=tuple(jobs),
+        processes=tuple(processes), nodes=tuple(nodes), problems=tuple(found), disagreements=tuple(disagreements),
+        sample_interval_s=sw.sample_interval, windows=windows,
+    )
+
+
+def from_samples(
+    *,
+    policy: Policy,
+    now: float,
+    source: str,
+    samples: pd.DataFrame,
+    jobs: Sequence[Job],
+    processes: Sequence[GpuProcess] = (),
+    nodes: Sequence[Node] = (),
+    problems: Sequence[str] = (),
+) -> Snapshot:
+    """Aggregate long trace-format samples (the lookback before ``now``) into a snapshot."""
+    from gpu_cost.aggregate import to_dense
+
+    keys, times, arrays = to_dense(samples, now - policy.sweep.lookback, now)
+    n = len(keys)
+    return from_matrix(
+        policy=policy, now=now, source=source,
+        hosts=keys["host"].to_numpy(dtype=object), gpus=keys["gpu"].to_numpy(dtype=np.int64),
+        uuids=keys["uuid"].fillna("").to_numpy(dtype=object) if "uuid" in keys else np.full(n, "", dtype=object),
+        models=keys["model"].fillna("").to_numpy(dtype=object) if "model" in keys else np.full(n, "", dtype=object),
+        mem_total=keys["mem_total_mib"].to_numpy(dtype=float) if "mem_total_mib" in keys else np.full(n, np.nan),
+        times=times, util=arrays["util"], mem=arrays["mem"], power=arrays["power"], job=arrays["job"],
+        jobs=jobs, processes=processes, nodes=nodes, problems=problems,
+    )

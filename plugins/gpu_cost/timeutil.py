@@ -1,0 +1,76 @@
+"""Durations and timestamps: one parser for the whole package, UTC everywhere."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_COMPOUND = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_duration(value: object) -> float:
+    """Return seconds for ``90``, ``"90s"``, ``"15m"``, ``"1h30m"``, ``"2d"``.
+
+    Raises ``ValueError`` naming the value when it cannot be read.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"negative duration: {value!r}")
+        return float(value)
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if re.fullmatch(r"\d+(?:\.\d+)?", text):
+            return float(text)
+        m = _DURATION.match(text)
+        if m:
+            return float(m.group(1)) * _UNITS[m.group(2)]
+        parts = _COMPOUND.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text.replace(" ", ""):
+            return sum(float(n) * _UNITS[u] for n, u in parts)
+    raise ValueError(f"not a duration (use e.g. 90s, 15m, 1h, 2d): {value!r}")
+
+
+def format_duration(seconds: float) -> str:
+    """Return a short human form: ``1h30m``, ``15m``, ``45s``."""
+    seconds = int(round(seconds))
+    if seconds <= 0:
+        return "0s"
+    out = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        n, seconds = divmod(seconds, size)
+        if n:
+            out.append(f"{n}{unit}")
+    return "".join(out[:2])
+
+
+def utc(ts: object) -> dt.datetime:
+    """Return an aware UTC datetime from a datetime, epoch seconds or ISO 8601 text."""
+    if isinstance(ts, dt.datetime):
+        return ts.replace(tzinfo=dt.UTC) if ts.tzinfo is None else ts.astimezone(dt.UTC)
+    if isinstance(ts, int | float):
+        return dt.datetime.fromtimestamp(float(ts), tz=dt.UTC)
+    if isinstance(ts, str):
+        text = ts.strip()
+        if re.fullmatch(r"-?\d+(?:\.\d+)?", text):
+            return dt.datetime.fromtimestamp(float(text), tz=dt.UTC)
+        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
+    if hasattr(ts, "to_pydatetime"):
+        return utc(ts.to_pydatetime())
+    raise ValueError(f"not a timestamp: {ts!r}")
+
+
+def epoch(ts: object) -> float:
+    """Return epoch seconds for anything :func:`utc` reads."""
+    return utc(ts).timestamp()
+
+
+def iso(ts: object) -> str:
+    """Return ISO 8601 UTC text with a ``Z``, second precision."""
+    return utc(ts).replace(microsecond=0).isoformat().replace("+00:00", "Z")

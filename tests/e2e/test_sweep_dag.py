@@ -1,0 +1,31 @@
+"""The sweep DAG runs through Airflow (``dag.test()``) on the simulator and fills the audit table."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_cost.audit.store import AuditStore
+
+pytestmark = pytest.mark.e2e
+
+
+def test_sweep_dag_records_expected_decisions(airflow_db, dagbag) -> None:  # type: ignore[no-untyped-def]
+    dag = dagbag.dags["gpu_zombie_sweep"]
+    dr = dag.test()
+    states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    assert dr.state == "success", states
+    store = AuditStore()
+    runs = store.query("SELECT * FROM gpu_cost_runs WHERE dag_id = 'gpu_zombie_sweep' ORDER BY started_at DESC")
+    assert runs and runs[0]["status"] == "ok" and runs[0]["mode"] == "dry-run"
+    rows = store.decisions_of_run(runs[0]["run_id"])
+    got = {(r["rule"], r["job_id"] or r["user_name"], r["action"]) for r in rows}
+    assert ("zombie", "bob", "notify") in got
+    assert ("idle_allocation", "1003", "notify") in got
+    assert ("low_efficiency", "1004", "advise") in got
+    assert ("idle_allocation", "1007", "none") in got  # protected by its no-interrupt label
+    assert all(r["mode"] == "dry-run" for r in rows)
+    assert not any(r["rule"] == "zombie" and r["job_id"] == "1005" for r in rows)
+    inference = [r for r in rows if r["job_id"] == "1005"]
+    assert inference and all(r["action"] == "advise" for r in inference)
+    assert store.table_counts()["gpu_cost_actions"] == 0  # dry-run touches nothing
+    assert store.query("SELECT COUNT(*) AS n FROM gpu_cost_usage")[0]["n"] > 0
