@@ -1,0 +1,121 @@
+"""Carry out decisions: audit row before, executor, audit row after — once per decision.
+
+For each acting decision: write the ``gpu_cost_actions`` row (status ``started``) *before* any
+effect; if the store cannot be written, nothing is done. If a row for this action already
+exists, a previous attempt got that far: a finished row means done (never again); a ``started``
+row without an end means a worker died mid-action, and the executor is asked to finish it
+idempotently (every executor re-checks the target before acting: a job already gone counts as
+done). Then the executor runs and the row is updated (``succeeded`` / ``failed`` / ``skipped``),
+the live escalation ladder advances on success, and a saving is written for effects that free GPUs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gpu_cost.actions.base import REGISTRY, ActionContext, Outcome
+from gpu_cost.audit.store import AuditStore
+from gpu_cost.errors import AuditError
+from gpu_cost.model import Decision
+
+logger = logging.getLogger(__name__)
+
+#: modules that register executors when imported
+EXECUTOR_MODULES = ("gpu_cost.actions.slurm", "gpu_cost.actions.node", "gpu_cost.actions.notify", "gpu_cost.actions.power")
+
+#: called after a successful action to write its saving (set by the savings ledger)
+SAVINGS_HOOKS: list[Callable[[AuditStore, Decision, Outcome, ActionContext], None]] = []
+
+
+def load_executors() -> dict[str, Any]:
+    """Import the executor modules that exist in this build and return the registry."""
+    import importlib
+
+    for name in EXECUTOR_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+    return REGISTRY
+
+
+def action_id(d: Decision) -> str:
+    return f"{d.decision_id}:{d.action}"
+
+
+def execute(decisions: Iterable[Decision], ctx: ActionContext, store: AuditStore) -> list[dict[str, Any]]:
+    """Execute acting decisions in order; return one result dict per decision."""
+    load_executors()
+    store.ping()
+    results = []
+    for d in decisions:
+        if not d.acts and not ctx.dry_run:
+            results.append({"decision_id": d.decision_id, "status": "not-acting", "action": d.action})
+            continue
+        results.append(execute_one(d, ctx, store))
+    return results
+
+
+def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str, Any]:
+    """Execute one decision with the audit trail around it."""
+    aid = action_id(d)
+    dry_run = ctx.dry_run or d.mode == "dry-run"
+    executor = REGISTRY.get(d.action)
+    existing = store.get_action(aid)
+    if existing is not None and existing["status"] != "started":
+        logger.info("action %s already %s: not repeated", aid, existing["status"])
+        return {"decision_id": d.decision_id, "action_id": aid, "status": existing["status"], "repeated": False}
+    resumed = existing is not None
+    if not resumed:
+        created = store.action_started(action_id=aid, decision_id=d.decision_id, run_id=ctx.run_id, action=d.action,
+                                       target=d.target, executor=getattr(executor, "__module__", "none"),
+                                       dry_run=dry_run, started_at=time.time())
+        if not created:
+            # another worker wrote the row between our read and our write: it owns the action
+            return {"decision_id": d.decision_id, "action_id": aid, "status": "owned-elsewhere"}
+    else:
+        store.execute("action_retry", {"action_id": aid})
+        logger.warning("action %s was started before without an end: finishing it (executors re-check first)", aid)
+    if executor is None:
+        outcome = Outcome("skipped", error=f"no executor for action {d.action!r} in this deployment")
+    else:
+        try:
+            outcome = executor(d, _ctx_for(ctx, dry_run))
+        except AuditError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an executor bug must still close the audit row
+            logger.exception("executor for %s failed", aid)
+            outcome = Outcome("failed", error=f"{type(exc).__name__}: {exc}")
+    store.action_finished(aid, outcome.status, time.time(), output=_with_command(outcome), error=outcome.error)
+    if outcome.status == "succeeded" and not dry_run:
+        store.execute("advance_escalation", {"rule": d.rule, "target": d.target, "track": "live", "episode": d.episode,
+                                             "rung": d.rung, "now": ctx.now})
+        store.set_decision_status(d.decision_id, "acted")
+        for hook in SAVINGS_HOOKS:
+            hook(store, d, outcome, ctx)
+    elif outcome.status == "failed":
+        store.set_decision_status(d.decision_id, "failed")
+    logger.info("action %s %s → %s%s", d.action, d.target, outcome.status, f" ({outcome.error})" if outcome.error else "")
+    return {"decision_id": d.decision_id, "action_id": aid, "status": outcome.status, "error": outcome.error,
+            "command": outcome.command, "resumed": resumed}
+
+
+def _ctx_for(ctx: ActionContext, dry_run: bool) -> ActionContext:
+    if ctx.dry_run == dry_run:
+        return ctx
+    import dataclasses
+
+    return dataclasses.replace(ctx, dry_run=dry_run)
+
+
+def _with_command(o: Outcome) -> str:
+    parts = []
+    if o.command:
+        parts.append(f"$ {o.command}")
+    if o.output:
+        parts.append(o.output)
+    return "\n".join(parts)
