@@ -235,7 +235,7 @@ def generate_scenario(
                 jid += 1
                 beh = names[rng.choice(len(names), p=probs)]
                 start = -float(rng.uniform(1800, 12 * 3600))
-                end = -float(rng.uniform(1800, -start - 600)) if beh == "zombie" else None
+                end = -float(rng.uniform(1200, max(1300.0, -start - 600))) if beh == "zombie" else None
                 jobs.append(_gen_job(jid, beh, n.name, tuple(range(g0, g0 + size)), start, end, rng, users, accounts))
                 g0 += size
             continue

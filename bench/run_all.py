@@ -1,0 +1,38 @@
+"""``make bench``: every benchmark, each printing a table and one JSON line."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHES = [
+    ("bench.sweep", []),
+    ("bench.queries", []),
+    ("bench.replay", []),
+    ("bench.parse", []),
+    ("bench.forecast", []),
+    ("bench.soak", []),
+]
+
+
+def main() -> int:
+    failed = []
+    for module, args in BENCHES:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name == module:
+                print(f"\n## {module.split('.')[-1]}: not available in this build", flush=True)
+                continue
+            raise
+        print(f"\n# {module}", flush=True)
+        try:
+            mod.main(args)
+        except Exception as exc:  # noqa: BLE001 - report and go on with the other benches
+            print(f"{module} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            failed.append(module)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
