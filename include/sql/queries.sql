@@ -121,6 +121,24 @@ ON CONFLICT (ts, host, user_name, account, partition_name, gpu_model) DO UPDATE 
 -- name: usage_between
 SELECT * FROM gpu_cost_usage WHERE ts > :since AND ts <= :until;
 
+-- name: upsert_job_usage
+INSERT INTO gpu_cost_jobs_usage (ts, job_id, interval_s, user_name, account, partition_name, gpu_model, job_name, gpus,
+    gpus_requested, gpus_busy, gpus_active, gpus_stale, work_gpus, time_limit_s, start_ts)
+VALUES (:ts, :job_id, :interval_s, :user_name, :account, :partition_name, :gpu_model, :job_name, :gpus,
+    :gpus_requested, :gpus_busy, :gpus_active, :gpus_stale, :work_gpus, :time_limit_s, :start_ts)
+ON CONFLICT (ts, job_id) DO UPDATE SET
+    interval_s = excluded.interval_s, user_name = excluded.user_name, account = excluded.account,
+    partition_name = excluded.partition_name, gpu_model = excluded.gpu_model, job_name = excluded.job_name,
+    gpus = excluded.gpus, gpus_requested = excluded.gpus_requested, gpus_busy = excluded.gpus_busy,
+    gpus_active = excluded.gpus_active, gpus_stale = excluded.gpus_stale, work_gpus = excluded.work_gpus,
+    time_limit_s = excluded.time_limit_s, start_ts = excluded.start_ts;
+
+-- name: job_usage_between
+SELECT * FROM gpu_cost_jobs_usage WHERE ts > :since AND ts <= :until AND gpus >= :min_gpus ORDER BY ts, job_id;
+
+-- name: job_usage_of
+SELECT * FROM gpu_cost_jobs_usage WHERE job_id = :job_id AND ts <= :until ORDER BY ts DESC LIMIT 1;
+
 -- name: insert_saving
 INSERT INTO gpu_cost_savings (saving_id, decision_id, ts, kind, target, user_name, account, gpu_model, gpus, gpu_hours, kwh, usd, basis)
 VALUES (:saving_id, :decision_id, :ts, :kind, :target, :user_name, :account, :gpu_model, :gpus, :gpu_hours, :kwh, :usd, :basis)

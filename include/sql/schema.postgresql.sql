@@ -144,3 +144,23 @@ CREATE TABLE IF NOT EXISTS gpu_cost_savings (
     usd             DOUBLE PRECISION NOT NULL DEFAULT 0,
     basis           TEXT                               -- how the saving was computed
 );
+
+CREATE TABLE IF NOT EXISTS gpu_cost_jobs_usage (
+    ts              TIMESTAMPTZ NOT NULL,                     -- end of the interval (sweep instant)
+    job_id          TEXT NOT NULL,
+    interval_s      DOUBLE PRECISION NOT NULL,
+    user_name       TEXT NOT NULL DEFAULT '',
+    account         TEXT NOT NULL DEFAULT '',
+    partition_name  TEXT NOT NULL DEFAULT '',
+    gpu_model       TEXT NOT NULL DEFAULT '',
+    job_name        TEXT,
+    gpus            INTEGER NOT NULL DEFAULT 0,        -- GPUs the job holds
+    gpus_requested  INTEGER NOT NULL DEFAULT 0,
+    gpus_busy       INTEGER NOT NULL DEFAULT 0,        -- mean utilisation >= sweep.busy_util in the window
+    gpus_active     INTEGER NOT NULL DEFAULT 0,        -- above the idle threshold
+    gpus_stale      INTEGER NOT NULL DEFAULT 0,
+    work_gpus       DOUBLE PRECISION NOT NULL DEFAULT 0,           -- sum of utilisation / 100
+    time_limit_s    DOUBLE PRECISION,
+    start_ts        DOUBLE PRECISION,                              -- epoch seconds
+    PRIMARY KEY (ts, job_id)
+);

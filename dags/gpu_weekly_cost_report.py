@@ -1,0 +1,80 @@
+"""
+### gpu_weekly_cost_report — what the GPUs cost last week, what was wasted, what the agent saved
+
+**What it does.** Every Monday at 08:00 (time zone `GPU_COST_REPORT_TZ`, default UTC; keep it
+equal to the policy's `report.timezone`, which defines the week) it reports on the previous
+Monday-to-Monday week, from the audit store alone: KPIs (utilisation of all and of allocated GPUs,
+waste ratio, idle GPU-hours by team and user, zombie time, automated events, realized savings in
+GPU-hours, kWh and money, change against the previous weeks, right-sizing suggestions) → charts
+(PNG) → an HTML report with the charts embedded and a Markdown summary → Slack (summary and main
+chart). The last task returns the report's location (XCom `return_value` of `files`).
+
+**Where.** `policy.report.out_dir`, overridden by `GPU_COST_REPORT_DIR` or the `out_dir` param: a
+folder, or an object-storage URL (`s3://...`) written through `ObjectStoragePath`.
+
+**Knobs.** Params `since` / `until` (ISO 8601; both or neither), `policy`, `out_dir`, `slack`.
+
+**Owner / triage.** GPU platform team. An empty report means no sweep wrote usage that week
+(check `gpu_zombie_sweep`). `slack` logs "not configured" when connection `gpu_cost_slack` is
+missing: the report is still written. Figures are explained in the report's footer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import pendulum
+from airflow.sdk import CronTriggerTimetable, Param, dag, task
+
+from gpu_cost.airflow import report_tasks
+
+DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 2, "retry_delay": dt.timedelta(minutes=2)}
+REPORT_TZ = os.environ.get("GPU_COST_REPORT_TZ", "UTC")
+
+
+@dag(
+    dag_id="gpu_weekly_cost_report",
+    schedule=CronTriggerTimetable("0 8 * * 1", timezone=REPORT_TZ),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["gpu-cost", "report"],
+    doc_md=__doc__,
+    params={
+        "since": Param(None, type=["null", "string"], description="Start (ISO 8601); empty: the previous week"),
+        "until": Param(None, type=["null", "string"], description="End, exclusive (ISO 8601); empty: the previous week"),
+        "policy": Param(None, type=["null", "string"], description="Policy file; empty: GPU_COST_POLICY or the default"),
+        "out_dir": Param(None, type=["null", "string"], description="Folder or URL; empty: GPU_COST_REPORT_DIR or the policy's"),
+        "slack": Param(True, type="boolean", description="Post the summary and the main chart to Slack"),
+    },
+)
+def gpu_weekly_cost_report() -> None:
+    @task
+    def period(params=None, **context):  # type: ignore[no-untyped-def]
+        return report_tasks.period(params or {}, context)
+
+    @task
+    def kpis(cfg):  # type: ignore[no-untyped-def]
+        return report_tasks.kpis(cfg)
+
+    @task
+    def charts(ref):  # type: ignore[no-untyped-def]
+        return report_tasks.charts(ref)
+
+    @task
+    def files(ref):  # type: ignore[no-untyped-def]
+        return report_tasks.files(ref)
+
+    @task
+    def slack(result, params=None):  # type: ignore[no-untyped-def]
+        return report_tasks.slack(result, params or {})
+
+    slack(files(charts(kpis(period()))))
+
+
+dag_object = gpu_weekly_cost_report()
+
+if __name__ == "__main__":
+    dag_object.test()

@@ -1,0 +1,166 @@
+"""The savings ledger: what an action really freed, written once, apart from the waste observed.
+
+Registered in :data:`gpu_cost.actions.dispatch.SAVINGS_HOOKS` when this module is imported (the
+dispatcher imports it with the executors), so it runs after every *successful, live* action —
+never for dry-run, skipped or failed ones. Only actions that give GPUs back count:
+
+``cancel``, ``terminate``, ``kill`` (a job ends) and ``kill_process`` (a zombie process ends).
+
+Saving = GPUs freed x time until the job would otherwise have ended:
+
+1. the forecast p90 end, from ``decision.evidence`` (``predicted_end`` / ``p90_end``) or from the
+   forecasts table (series ``runtime:job:<id>``: ``extra.p90_end`` or ``yhat_upper`` as an epoch);
+2. else the end the decision engine used when it priced the decision (its time limit, or its
+   default horizon for processes: ``gpu_hours_saved`` and ``evidence.stakes_basis``);
+
+never later than the job's time limit, and capped at the end of the week of the action (in the
+report's time zone), so one action never claims more than the week it happened in. Money is
+GPU-hours x ``cost.gpu_hour_usd`` of the GPU model. Freed GPUs stay powered (another job gets
+them), so a GPU saving carries no kWh; energy savings are the power DAG's (kind ``power``).
+
+One saving per target and escalation episode (``saving_id = gpu:<target>:<episode>``): a
+``terminate`` followed by a ``kill`` of the same job is one saving, not two.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from gpu_cost.actions.base import ActionContext, Outcome
+from gpu_cost.actions.dispatch import SAVINGS_HOOKS
+from gpu_cost.audit.store import AuditStore
+from gpu_cost.model import Decision
+from gpu_cost.policy.schema import Policy
+from gpu_cost.timeutil import utc
+
+logger = logging.getLogger(__name__)
+
+#: actions whose success gives GPUs back
+FREEING_ACTIONS = frozenset({"cancel", "terminate", "kill", "kill_process"})
+
+
+def week_end(ts: float, timezone: str = "UTC") -> float:
+    """Return the end of the week (next Monday 00:00 in ``timezone``) containing ``ts``."""
+    tz = ZoneInfo(timezone)
+    local = utc(ts).astimezone(tz)
+    monday = (local - dt.timedelta(days=local.weekday())).date()
+    end = dt.datetime.combine(monday + dt.timedelta(days=7), dt.time(0, 0), tzinfo=tz)
+    return end.timestamp()
+
+
+def _forecast_end(store: AuditStore, job_id: str | None, now: float) -> float | None:
+    if not job_id:
+        return None
+    try:
+        rows = store.fetch("forecasts_of", {"pattern": f"runtime:job:{job_id}", "since": 0})
+    except Exception as exc:  # a forecasts table in another shape must not lose the saving
+        logger.debug("no forecast for job %s: %s", job_id, exc)
+        return None
+    for row in rows:
+        extra = row.get("extra")
+        try:
+            data = json.loads(extra) if isinstance(extra, str) and extra else {}
+        except json.JSONDecodeError:
+            data = {}
+        for value in (data.get("p90_end"), data.get("p90_end_ts"), row.get("yhat_upper")):
+            if isinstance(value, int | float) and value > now - 366 * 86400:
+                return float(value)
+    return None
+
+
+def _job_row(store: AuditStore, job_id: str | None, now: float) -> dict[str, Any] | None:
+    if not job_id:
+        return None
+    rows = store.fetch("job_usage_of", {"job_id": job_id, "until": now + 1})
+    return rows[0] if rows else None
+
+
+def expected_end(decision: Decision, store: AuditStore, now: float) -> tuple[float | None, str]:
+    """Return when the target would have ended without the action, and the basis of that figure."""
+    ev = dict(decision.evidence or {})
+    limit_end = None
+    job = _job_row(store, decision.job_id, now)
+    start = ev.get("job_start_ts") or (job or {}).get("start_ts")
+    limit = ev.get("time_limit_s") or (job or {}).get("time_limit_s")
+    if start is None and ev.get("runtime_s") is not None:
+        start = decision.ts - float(ev["runtime_s"])
+    if start is not None and limit:
+        limit_end = float(start) + float(limit)
+    for key in ("predicted_end", "p90_end", "forecast_p90_end"):
+        if isinstance(ev.get(key), int | float):
+            end = float(ev[key])
+            return (min(end, limit_end) if limit_end else end), "forecast p90"
+    forecast = _forecast_end(store, decision.job_id, now)
+    if forecast is not None:
+        return (min(forecast, limit_end) if limit_end else forecast), "forecast p90"
+    if decision.gpus and decision.gpu_hours_saved > 0:
+        end = decision.ts + decision.gpu_hours_saved * 3600.0 / decision.gpus
+        return (min(end, limit_end) if limit_end else end), str(ev.get("stakes_basis") or "decision estimate")
+    if limit_end is not None:
+        return limit_end, "time limit"
+    return None, "unknown end"
+
+
+def saving_row(decision: Decision, policy: Policy, store: AuditStore, now: float,
+               gpu_model: str | None = None) -> dict[str, Any] | None:
+    """Return the ledger row for a successful action of ``decision`` at ``now``, or None if it frees nothing."""
+    if decision.action not in FREEING_ACTIONS or decision.gpus <= 0:
+        return None
+    end, basis = expected_end(decision, store, now)
+    if end is None:
+        logger.info("no saving recorded for %s: the job's end is unknown", decision.target)
+        return None
+    cap = week_end(now, policy.report.timezone)
+    capped = min(end, cap)
+    hours = max(0.0, capped - now) / 3600.0
+    gpu_hours = round(decision.gpus * hours, 4)
+    model = gpu_model if gpu_model is not None else _gpu_model(store, decision, now)
+    rate = policy.cost.gpu_hour(model)
+    note = f"{decision.gpus} GPU x {hours:.2f} h until {basis}" + (" (capped at week end)" if capped < end else "")
+    return {
+        "saving_id": f"gpu:{decision.target}:{decision.episode}", "decision_id": decision.decision_id, "ts": now,
+        "kind": "gpu", "target": decision.target, "user_name": decision.user, "account": decision.account,
+        "gpu_model": model or "", "gpus": decision.gpus, "gpu_hours": gpu_hours, "kwh": 0.0,
+        "usd": round(gpu_hours * rate, 2), "basis": note,
+    }
+
+
+def _gpu_model(store: AuditStore, decision: Decision, now: float) -> str:
+    """Return the GPU model of the decision's GPUs, from the usage record near ``now``."""
+    job = _job_row(store, decision.job_id, now)
+    if job and job.get("gpu_model"):
+        return str(job["gpu_model"]).split(",")[0]
+    host = decision.host
+    if not host:
+        ids = list((decision.evidence or {}).get("gpu_ids") or [])
+        host = str(ids[0]).split(":")[0] if ids else None
+    if host:
+        rows = store.fetch("usage_between", {"since": now - 2 * 86400, "until": now + 1})
+        models = {r["gpu_model"] for r in rows if r["host"] == host and r["gpu_model"]}
+        if models:
+            return str(sorted(models)[0])
+    return ""
+
+
+def record_action_saving(store: AuditStore, decision: Decision, outcome: Outcome, ctx: ActionContext) -> None:
+    """Write the saving of a successful live action (a ``SAVINGS_HOOKS`` entry); idempotent."""
+    if outcome.status != "succeeded" or ctx.dry_run or decision.mode == "dry-run":
+        return
+    if outcome.details.get("already_gone") or outcome.details.get("noop"):
+        logger.info("no saving for %s: the target was already gone", decision.target)
+        return
+    row = saving_row(decision, ctx.policy, store, ctx.now)
+    if row is None:
+        return
+    n = store.execute("insert_saving", row)
+    if n:
+        logger.info("saving %s: %.2f GPU-h, %.2f %s (%s)", row["saving_id"], row["gpu_hours"], row["usd"],
+                    ctx.policy.cost.currency, row["basis"])
+
+
+if record_action_saving not in SAVINGS_HOOKS:
+    SAVINGS_HOOKS.append(record_action_saving)

@@ -1,0 +1,460 @@
+"""The weekly KPIs, computed from the audit store alone (usage record, decisions, actions, ledger).
+
+:func:`compute` returns one JSON-able dict; the charts, the HTML, the Markdown, Slack and
+``gpu-cost report --json`` all read that dict and nothing else. Every figure says what it counts:
+
+- utilisation, waste and idle time come from ``gpu_cost_usage`` (what was *observed*);
+- automated events from ``gpu_cost_actions`` (live, succeeded) and ``gpu_cost_decisions``; an
+  action counts in the week its decision was taken, once (actions are keyed by decision);
+- dry-run decisions are counted apart as "would have", and so is the GPU time they would have
+  freed ("potential"): the report never claims what was only observed;
+- realized savings come from the savings ledger ``gpu_cost_savings`` only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from gpu_cost.audit.store import AuditStore
+from gpu_cost.errors import GpuCostError
+from gpu_cost.policy.schema import Policy
+from gpu_cost.timeutil import iso, utc
+
+logger = logging.getLogger(__name__)
+
+#: event categories, in report order: (key, label, actions)
+CATEGORIES: tuple[tuple[str, str, frozenset[str]], ...] = (
+    ("notifications", "Notifications", frozenset({"notify", "notify_manager", "advise"})),
+    ("demotions", "Demotions", frozenset({"demote"})),
+    ("cancels", "Jobs cancelled", frozenset({"cancel", "terminate", "kill"})),
+    ("holds", "Holds / requeues", frozenset({"hold", "requeue"})),
+    ("process_kills", "Processes killed", frozenset({"kill_process"})),
+    ("power_downs", "Nodes powered down", frozenset({"power_down"})),
+    ("power_ups", "Nodes powered up", frozenset({"power_up"})),
+)
+FREEING = frozenset({"cancel", "terminate", "kill", "kill_process"})
+TREND_WEEKS = 4
+
+# Report reads (aggregates over the contract tables); parameterised, never formatted.
+_USAGE_BY_TS = """
+SELECT ts, MAX(interval_s) AS interval_s, SUM(total_gpu_s) AS total, SUM(allocated_gpu_s) AS alloc, SUM(busy_gpu_s) AS busy,
+       SUM(idle_alloc_gpu_s) AS idle_alloc, SUM(zombie_gpu_s) AS zombie, SUM(util_sum) AS util
+FROM gpu_cost_usage WHERE ts > :since AND ts <= :until GROUP BY ts
+"""
+_USAGE_BY_OWNER = """
+SELECT account, user_name, gpu_model, SUM(total_gpu_s) AS total, SUM(allocated_gpu_s) AS alloc,
+       SUM(busy_gpu_s) AS busy, SUM(idle_alloc_gpu_s) AS idle_alloc, SUM(zombie_gpu_s) AS zombie,
+       SUM(util_sum) AS util
+FROM gpu_cost_usage WHERE ts > :since AND ts <= :until GROUP BY account, user_name, gpu_model
+"""
+_ACTIONS_OF_DECISIONS = """
+SELECT a.action_id, a.decision_id, a.action, a.status, a.dry_run, a.target, d.ts AS ts, d.rule, d.user_name,
+       d.account, d.gpus, d.mode
+FROM gpu_cost_actions a JOIN gpu_cost_decisions d ON a.decision_id = d.decision_id
+WHERE d.ts >= :since AND d.ts < :until
+"""
+_RUNS = """
+SELECT dag_id, mode, source, status, COUNT(*) AS n FROM gpu_cost_runs
+WHERE data_ts > :since AND data_ts <= :until GROUP BY dag_id, mode, source, status
+"""
+
+
+# -- periods ------------------------------------------------------------------------------------
+def week_bounds(at: float, timezone: str = "UTC", weeks_back: int = 1) -> tuple[float, float]:
+    """Return ``[since, until)`` of the Monday-to-Monday week ``weeks_back`` weeks before the one holding ``at``.
+
+    ``weeks_back=1`` is the previous full week (what the Monday report covers).
+    """
+    tz = _tz(timezone)
+    local = utc(at).astimezone(tz)
+    monday = (local - dt.timedelta(days=local.weekday())).date() - dt.timedelta(days=7 * weeks_back)
+    start = dt.datetime.combine(monday, dt.time(0, 0), tzinfo=tz)
+    end = dt.datetime.combine(monday + dt.timedelta(days=7), dt.time(0, 0), tzinfo=tz)
+    return start.timestamp(), end.timestamp()
+
+
+def _tz(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except Exception as exc:  # ZoneInfo raises several kinds
+        raise GpuCostError(f"report.timezone: unknown time zone {name!r}") from exc
+
+
+def period_label(since: float, until: float, timezone: str) -> str:
+    tz = _tz(timezone)
+    a = utc(since).astimezone(tz)
+    b = utc(until - 1).astimezone(tz)
+    year, week, _ = a.isocalendar()
+    span = f"{a:%a %d %b} – {b:%a %d %b %Y}"  # noqa: RUF001 - an en dash in a printed date range
+    if abs((until - since) - 7 * 86400) < 7200 and a.weekday() == 0 and a.hour == 0:
+        return f"Week {week}, {year} ({span})"
+    return span
+
+
+# -- pure pieces (unit-tested on hand-made rows) ---------------------------------------------------
+def _h(seconds: float) -> float:
+    return round(float(seconds) / 3600.0, 2)
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 4) if b > 0 else None
+
+
+def usage_totals(by_ts: Iterable[Mapping[str, Any]], since: float, until: float) -> dict[str, Any]:
+    """Return the cluster totals from per-sweep sums (rows with total, alloc, busy, idle_alloc, zombie, util)."""
+    t = dict.fromkeys(("total", "alloc", "busy", "idle_alloc", "zombie", "util"), 0.0)
+    n = 0
+    for r in by_ts:
+        n += 1
+        for k in t:
+            t[k] += float(r.get(k) or 0.0)
+    span = max(1.0, until - since)
+    # utilisation of allocated GPUs: busy work on allocated GPUs is not split out per row, so
+    # use utilisation summed over owned groups (see by_owner) when available; here all GPUs.
+    return {
+        "sweeps": n,
+        "gpus_avg": round(t["total"] / span, 1),
+        "gpu_hours": _h(t["total"]),
+        "allocated_gpu_hours": _h(t["alloc"]),
+        "busy_gpu_hours": _h(t["busy"]),
+        "idle_alloc_gpu_hours": _h(t["idle_alloc"]),
+        "zombie_gpu_hours": _h(t["zombie"]),
+        "allocation_ratio": _ratio(t["alloc"], t["total"]),
+        "util_all_pct": None if t["total"] <= 0 else round(100.0 * t["util"] / t["total"], 1),
+        "waste_ratio": _ratio(t["idle_alloc"], t["alloc"]),
+    }
+
+
+def owner_tables(rows: Iterable[Mapping[str, Any]], policy: Policy, top: int = 15) -> dict[str, Any]:
+    """Return per-team and per-user waste tables and the utilisation of allocated GPUs.
+
+    ``rows``: sums per (account, user_name, gpu_model); an empty user is unallocated GPU time.
+    """
+    teams: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    users: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    alloc_util = alloc_total = 0.0
+    zombie_usd = zombie_h = 0.0
+    for r in rows:
+        rate = policy.cost.gpu_hour(r.get("gpu_model"))
+        user = r.get("user_name") or ""
+        if not user:
+            zombie_h += float(r.get("zombie") or 0.0)
+            zombie_usd += float(r.get("zombie") or 0.0) / 3600.0 * rate
+            continue
+        account = r.get("account") or "(no account)"
+        alloc_util += float(r.get("util") or 0.0)
+        alloc_total += float(r.get("alloc") or 0.0)
+        for bucket in (teams[account], users[(user, account)]):
+            bucket["alloc"] += float(r.get("alloc") or 0.0)
+            bucket["idle"] += float(r.get("idle_alloc") or 0.0)
+            bucket["util"] += float(r.get("util") or 0.0)
+            bucket["idle_usd"] += float(r.get("idle_alloc") or 0.0) / 3600.0 * rate
+
+    def table(items: Iterable[tuple[Any, dict[str, float]]], key: str) -> list[dict[str, Any]]:
+        out = []
+        for name, b in items:
+            row: dict[str, Any] = {
+                "allocated_gpu_hours": _h(b["alloc"]), "idle_gpu_hours": _h(b["idle"]),
+                "waste_ratio": _ratio(b["idle"], b["alloc"]),
+                "util_pct": None if b["alloc"] <= 0 else round(100.0 * b["util"] / b["alloc"], 1),
+                "idle_cost": round(b["idle_usd"], 2),
+            }
+            if key == "user":
+                row.update({"user": name[0], "account": name[1]})
+            else:
+                row["account"] = name
+            out.append(row)
+        out.sort(key=lambda x: (-x["idle_gpu_hours"], -x["allocated_gpu_hours"], str(x.get("user", x["account"]))))
+        return out
+
+    team_rows = table(teams.items(), "account")
+    user_rows = table(users.items(), "user")
+    idle_usd = sum(b["idle_usd"] for b in teams.values())
+    return {
+        "by_team": team_rows,
+        "by_user": user_rows[:top],
+        "users_with_idle": sum(1 for u in user_rows if u["idle_gpu_hours"] > 0),
+        "util_alloc_pct": None if alloc_total <= 0 else round(100.0 * alloc_util / alloc_total, 1),
+        "idle_cost": round(idle_usd, 2),
+        "zombie_cost": round(zombie_usd, 2),
+        "zombie_gpu_hours_unowned": _h(zombie_h),
+    }
+
+
+def category_of(action: str) -> str | None:
+    for key, _, actions in CATEGORIES:
+        if action in actions:
+            return key
+    return None
+
+
+def event_counts(actions: Iterable[Mapping[str, Any]], decisions: Iterable[Mapping[str, Any]],
+                 snoozes: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """Return live events (succeeded, not dry-run actions; each action id once) and dry-run "would have" counts.
+
+    ``actions``: action rows joined with their decision (``ts``, ``mode``); ``decisions``: decision rows.
+    """
+    live: dict[str, int] = {k: 0 for k, _, _ in CATEGORIES}
+    failed = 0
+    seen: set[str] = set()
+    for a in actions:
+        if a["action_id"] in seen:
+            continue
+        seen.add(a["action_id"])
+        if int(a.get("dry_run") or 0) or a.get("mode") == "dry-run":
+            continue
+        if a["status"] == "failed":
+            failed += 1
+        if a["status"] != "succeeded":
+            continue
+        cat = category_of(a["action"])
+        if cat:
+            live[cat] += 1
+    would: dict[str, int] = {k: 0 for k, _, _ in CATEGORIES}
+    approvals = {"requested": 0, "approved": 0, "rejected": 0, "timed_out": 0, "pending": 0}
+    for d in decisions:
+        if d.get("mode") == "dry-run":
+            cat = category_of(d["action"])
+            if cat and d["action"] != "none":
+                would[cat] += 1
+            continue
+        if int(d.get("requires_approval") or 0) and d.get("status") != "capped":
+            approvals["requested"] += 1
+            status = d.get("approval_status") or "pending"
+            approvals[status if status in approvals else "pending"] += 1
+    snooze_n = sum(1 for _ in snoozes)
+    return {"live": live, "would_have": would, "approvals": approvals, "snoozes": snooze_n, "failed": failed,
+            "live_total": sum(live.values()), "would_have_total": sum(would.values())}
+
+
+def potential_savings(decisions: Iterable[Mapping[str, Any]], policy: Policy, until: float) -> dict[str, Any]:
+    """Return GPU time dry-run decisions *would* have freed (one per target and episode), capped at ``until``."""
+    best: dict[tuple[str, int], tuple[float, float, str | None]] = {}
+    for d in sorted(decisions, key=lambda x: float(x["ts"])):
+        if d.get("mode") != "dry-run" or d["action"] not in FREEING or not d.get("gpus"):
+            continue
+        key = (d["target"], int(d.get("episode") or 1))
+        if key in best:
+            continue
+        gpus = float(d["gpus"])
+        hours = min(float(d.get("gpu_hours_saved") or 0.0), gpus * max(0.0, until - float(d["ts"])) / 3600.0)
+        ev = d.get("evidence")
+        model = None
+        if isinstance(ev, str) and ev:
+            try:
+                ids = json.loads(ev).get("gpu_model")
+                model = ids if isinstance(ids, str) else None
+            except json.JSONDecodeError:
+                model = None
+        best[key] = (float(d["ts"]), hours, model)
+    gpu_hours = sum(h for _, h, _ in best.values())
+    usd = sum(h * policy.cost.gpu_hour(m) for _, h, m in best.values())
+    return {"count": len(best), "gpu_hours": round(gpu_hours, 2), "cost": round(usd, 2),
+            "points": sorted((ts, round(h, 3)) for ts, h, _ in best.values())}
+
+
+def savings_totals(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Return realized savings from ledger rows: totals and by kind."""
+    by_kind: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    points = []
+    seen: set[str] = set()
+    for r in rows:
+        if r["saving_id"] in seen:
+            continue
+        seen.add(r["saving_id"])
+        k = by_kind[r["kind"]]
+        k["count"] += 1
+        k["gpu_hours"] += float(r.get("gpu_hours") or 0.0)
+        k["kwh"] += float(r.get("kwh") or 0.0)
+        k["cost"] += float(r.get("usd") or 0.0)
+        points.append((float(r["ts"]), round(float(r.get("gpu_hours") or 0.0), 3), round(float(r.get("usd") or 0.0), 2)))
+    total = {f: round(sum(k[f] for k in by_kind.values()), 2) for f in ("gpu_hours", "kwh", "cost")}
+    total["count"] = int(sum(k["count"] for k in by_kind.values()))
+    return {**total, "by_kind": {kind: {f: round(v, 2) for f, v in k.items()} for kind, k in sorted(by_kind.items())},
+            "points": sorted(points)}
+
+
+def right_sizing(rows: Sequence[Mapping[str, Any]], quantile: float = 0.9, min_samples: int = 3,
+                 top: int = 10) -> list[dict[str, Any]]:
+    """Return users whose multi-GPU jobs request many GPUs and use few, with a concrete suggestion.
+
+    Per job and sample, the GPUs it *needs* = max(GPUs busy, ⌈work in GPU-equivalents⌉). A job
+    is a candidate when it held ≥ 2 GPUs, has ``min_samples`` samples and its ``quantile`` need
+    is at most half of what it holds. Per user, the most common request and the largest p90 need
+    of those jobs give the suggestion, and the freeable GPU-hours are summed over the samples.
+    """
+    per_job: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if int(r.get("gpus") or 0) >= 2:
+            per_job[str(r["job_id"])].append(r)
+    by_user: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for job_id, samples in per_job.items():
+        if len(samples) < min_samples:
+            continue
+        held = max(int(s["gpus"]) for s in samples)
+        needs = sorted(max(int(s.get("gpus_busy") or 0), math.ceil(float(s.get("work_gpus") or 0.0) - 1e-9))
+                       for s in samples)
+        k = min(len(needs) - 1, max(0, math.ceil(quantile * len(needs)) - 1))
+        need = needs[k]
+        suggest = max(1, need)
+        if suggest * 2 > held:
+            continue
+        freeable = sum((int(s["gpus"]) - suggest) * float(s.get("interval_s") or 0.0) for s in samples) / 3600.0
+        by_user[(str(samples[0].get("user_name") or "?"), str(samples[0].get("account") or ""))].append(
+            {"job_id": job_id, "held": held, "need": need, "suggest": suggest, "freeable": freeable,
+             "name": samples[0].get("job_name") or ""}
+        )
+    out = []
+    for (user, account), jobs in by_user.items():
+        held = max(set(j["held"] for j in jobs), key=lambda h: (sum(1 for j in jobs if j["held"] == h), h))
+        need = max(j["need"] for j in jobs if j["held"] == held)
+        suggest = max(1, need)
+        share = round(quantile * 100)
+        text = (f"requests {held}, busy on {need} in {share} % of samples: request {suggest}" if need
+                else f"requests {held}, busy on none in {share} % of samples: request {suggest} (or release the allocation)")
+        out.append({"user": user, "account": account, "jobs": len(jobs), "requested": held, "busy_p90": need,
+                    "suggest": suggest, "freeable_gpu_hours": round(sum(j["freeable"] for j in jobs), 1),
+                    "example_jobs": sorted(j["job_id"] for j in jobs)[:3], "text": text})
+    out.sort(key=lambda x: (-x["freeable_gpu_hours"], x["user"]))
+    return out[:top]
+
+
+def heatmap(by_ts: Iterable[Mapping[str, Any]], timezone: str) -> list[list[float | None]]:
+    """Return mean utilisation % of all GPUs per weekday (rows Mon..Sun) x hour (0..23), None where unseen."""
+    tz = _tz(timezone)
+    util = [[0.0] * 24 for _ in range(7)]
+    total = [[0.0] * 24 for _ in range(7)]
+    for r in by_ts:
+        # a row describes the interval ending at ts: bucket it by its middle
+        t = float(r["ts"]) - float(r.get("interval_s") or 0.0) / 2
+        local = utc(t).astimezone(tz)
+        util[local.weekday()][local.hour] += float(r.get("util") or 0.0)
+        total[local.weekday()][local.hour] += float(r.get("total") or 0.0)
+    return [[None if total[d][h] <= 0 else round(100.0 * util[d][h] / total[d][h], 1) for h in range(24)]
+            for d in range(7)]
+
+
+def daily_series(since: float, until: float, timezone: str, actions: Iterable[Mapping[str, Any]],
+                 decisions: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Return per-day counts of live events by category and of dry-run "would have" decisions."""
+    tz = _tz(timezone)
+    days = []
+    day = utc(since).astimezone(tz).date()
+    last = utc(until - 1).astimezone(tz).date()
+    while day <= last:
+        days.append(day.isoformat())
+        day += dt.timedelta(days=1)
+    index = {d: i for i, d in enumerate(days)}
+    live = {k: [0] * len(days) for k, _, _ in CATEGORIES}
+    would = [0] * len(days)
+    seen: set[str] = set()
+    for a in actions:
+        if a["action_id"] in seen or a["status"] != "succeeded" or int(a.get("dry_run") or 0) or a.get("mode") == "dry-run":
+            continue
+        seen.add(a["action_id"])
+        cat = category_of(a["action"])
+        i = index.get(utc(float(a["ts"])).astimezone(tz).date().isoformat())
+        if cat and i is not None:
+            live[cat][i] += 1
+    for d in decisions:
+        if d.get("mode") == "dry-run" and d["action"] != "none" and category_of(d["action"]):
+            i = index.get(utc(float(d["ts"])).astimezone(tz).date().isoformat())
+            if i is not None:
+                would[i] += 1
+    return {"days": days, "live": live, "would_have": would}
+
+
+def change(current: Mapping[str, Any], previous: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Return deltas of the headline figures against last week and the mean of the previous weeks."""
+    out: dict[str, Any] = {}
+    for key in ("util_all_pct", "util_alloc_pct", "waste_ratio", "idle_alloc_gpu_hours", "zombie_gpu_hours",
+                "savings_gpu_hours", "savings_cost"):
+        cur = current.get(key)
+        prev = [float(p[key]) for p in previous if p.get("has_data") and p.get(key) is not None]
+        last = previous[0].get(key) if previous and previous[0].get("has_data") else None
+        out[key] = {
+            "current": cur,
+            "vs_last_week": None if cur is None or last is None else round(cur - last, 4),
+            "vs_mean": None if cur is None or not prev else round(cur - sum(prev) / len(prev), 4),
+        }
+    return out
+
+
+# -- the whole thing -------------------------------------------------------------------------------
+def _week_summary(store: AuditStore, policy: Policy, since: float, until: float) -> dict[str, Any]:
+    by_ts = store.query(_USAGE_BY_TS, {"since": since, "until": until})
+    tot = usage_totals(by_ts, since, until)
+    owners = owner_tables(store.query(_USAGE_BY_OWNER, {"since": since, "until": until}), policy)
+    sav = savings_totals(store.fetch("savings_between", {"since": since, "until": until}))
+    return {"since": iso(since), "until": iso(until), "label": period_label(since, until, policy.report.timezone),
+            "has_data": tot["sweeps"] > 0, "util_all_pct": tot["util_all_pct"], "util_alloc_pct": owners["util_alloc_pct"],
+            "waste_ratio": tot["waste_ratio"], "idle_alloc_gpu_hours": tot["idle_alloc_gpu_hours"],
+            "zombie_gpu_hours": tot["zombie_gpu_hours"], "savings_gpu_hours": sav["gpu_hours"],
+            "savings_cost": sav["cost"]}
+
+
+def compute(store: AuditStore, policy: Policy, since: float, until: float, trend_weeks: int = TREND_WEEKS) -> dict[str, Any]:
+    """Return every KPI of the report for ``[since, until)``, from the audit store."""
+    if until <= since:
+        raise GpuCostError(f"report period is empty: since {iso(since)} is not before until {iso(until)}")
+    tzname = policy.report.timezone
+    _tz(tzname)
+    by_ts = store.query(_USAGE_BY_TS, {"since": since, "until": until})
+    totals = usage_totals(by_ts, since, until)
+    owners = owner_tables(store.query(_USAGE_BY_OWNER, {"since": since, "until": until}), policy)
+    decisions = store.fetch("decisions_between", {"since": since, "until": until})
+    actions = store.query(_ACTIONS_OF_DECISIONS, {"since": since, "until": until})
+    snoozes = [s for s in store.fetch("active_snoozes", {"now": since}) if since <= float(s["created_at"]) < until]
+    events = event_counts(actions, decisions, snoozes)
+    realized = savings_totals(store.fetch("savings_between", {"since": since, "until": until}))
+    potential = potential_savings(decisions, policy, until)
+    sizing = right_sizing(store.fetch("job_usage_between", {"since": since, "until": until, "min_gpus": 2}))
+    runs = store.query(_RUNS, {"since": since, "until": until})
+    rate = policy.cost.gpu_hour("default")
+    cluster = {**totals, "util_alloc_pct": owners["util_alloc_pct"],
+               "idle_cost": owners["idle_cost"], "zombie_cost": owners["zombie_cost"],
+               "waste_cost": round(owners["idle_cost"] + owners["zombie_cost"], 2)}
+    current = {"has_data": totals["sweeps"] > 0, "util_all_pct": totals["util_all_pct"],
+               "util_alloc_pct": owners["util_alloc_pct"], "waste_ratio": totals["waste_ratio"],
+               "idle_alloc_gpu_hours": totals["idle_alloc_gpu_hours"], "zombie_gpu_hours": totals["zombie_gpu_hours"],
+               "savings_gpu_hours": realized["gpu_hours"], "savings_cost": realized["cost"]}
+    previous = [_week_summary(store, policy, since - 7 * 86400 * k, until - 7 * 86400 * k)
+                for k in range(1, trend_weeks + 1)]
+    modes = sorted({str(r["mode"]) for r in runs if r.get("mode")})
+    result = {
+        "period": {"since": iso(since), "until": iso(until), "timezone": tzname,
+                   "label": period_label(since, until, tzname)},
+        "currency": policy.cost.currency,
+        "gpu_hour_price": rate,
+        "policy": {"source": policy.source, "mode": policy.mode},
+        "thresholds": {"busy_util": policy.sweep.busy_util, "idle_util": policy.rules.idle_allocation.util_max},
+        "cluster": cluster,
+        "by_team": owners["by_team"],
+        "by_user": owners["by_user"],
+        "users_with_idle": owners["users_with_idle"],
+        "events": events,
+        "savings": {"realized": realized, "potential": potential},
+        "right_sizing": sizing,
+        "heatmap": heatmap(by_ts, tzname),
+        "daily": daily_series(since, until, tzname, actions, decisions),
+        "trend": [{**p} for p in reversed(previous)] + [{"label": period_label(since, until, tzname), "since": iso(since),
+                                                           "until": iso(until), **current}],
+        "change": change(current, previous),
+        "data": {
+            "sweeps": totals["sweeps"], "decisions": len(decisions), "actions": len({a["action_id"] for a in actions}),
+            "runs": [{"dag_id": r["dag_id"], "mode": r["mode"], "source": r["source"], "status": r["status"],
+                      "n": int(r["n"])} for r in runs],
+            "modes": modes,
+        },
+    }
+    logger.info("KPIs for %s: %s sweeps, util %.1f%%, waste ratio %s, %d live events, %.1f GPU-h saved",
+                result["period"]["label"], totals["sweeps"], totals["util_all_pct"] or 0.0, totals["waste_ratio"],
+                events["live_total"], realized["gpu_hours"])
+    return result

@@ -1,0 +1,176 @@
+"""Write the weekly report: HTML with embedded PNG charts, a Markdown summary, the KPIs as JSON.
+
+Output location: ``policy.report.out_dir``, overridden by ``GPU_COST_REPORT_DIR``, overridden by
+an explicit ``out``. A plain folder (relative ones are resolved against ``GPU_COST_HOME``), or a
+URL (``s3://bucket/reports``, ``file:///srv/reports``...) written through Airflow's
+``ObjectStoragePath``. Each report goes to its own sub-folder named after the period::
+
+    <out>/2026-11-16_2026-11-23/index.html      the report (charts embedded as base64 PNG)
+                                 summary.md      the Markdown summary (Slack, e-mail, wiki)
+                                 kpis.json       every figure, for machines
+                                 charts/*.png    the charts as files
+
+Templates are files under ``include/templates/report/`` (Jinja2).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpu_cost import paths
+from gpu_cost.audit.store import AuditStore
+from gpu_cost.errors import GpuCostError
+from gpu_cost.policy.schema import Policy
+from gpu_cost.report import charts as charts_mod
+from gpu_cost.timeutil import epoch, utc
+
+logger = logging.getLogger(__name__)
+
+ENV_OUT = "GPU_COST_REPORT_DIR"
+
+
+def out_location(policy: Policy, out: str | os.PathLike[str] | None = None) -> str:
+    """Return where reports go: ``out``, else ``GPU_COST_REPORT_DIR``, else ``policy.report.out_dir``."""
+    chosen = str(out) if out else (os.environ.get(ENV_OUT) or policy.report.out_dir)
+    if "://" in chosen:
+        return chosen
+    p = Path(chosen).expanduser()
+    if not p.is_absolute():
+        p = (Path.cwd() if out else paths.state_dir()) / p
+    return str(p.resolve())
+
+
+def _root(location: str) -> Any:
+    if "://" in location and not location.startswith("file://"):
+        try:
+            from airflow.sdk import ObjectStoragePath
+        except ImportError as exc:  # pragma: no cover - Airflow is a dependency
+            raise GpuCostError(f"report.out_dir {location!r} needs Airflow's ObjectStoragePath") from exc
+        return ObjectStoragePath(location)
+    if location.startswith("file://"):
+        return Path(location[len("file://"):])
+    return Path(location)
+
+
+def report_folder(location: str, kpis: Mapping[str, Any]) -> Any:
+    """Return the period's folder under ``location`` (a Path or an ObjectStoragePath), created."""
+    since = utc(epoch(kpis["period"]["since"])).strftime("%Y-%m-%d")
+    until = utc(epoch(kpis["period"]["until"]) - 1).strftime("%Y-%m-%d")
+    folder = _root(location) / f"{since}_{until}"
+    try:
+        (folder / "charts").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GpuCostError(f"cannot create the report folder {folder}: {exc}") from exc
+    return folder
+
+
+def _env() -> Any:
+    import jinja2
+
+    folder = paths.include_dir() / "templates" / "report"
+    if not folder.is_dir():
+        raise GpuCostError(f"report templates not found in {folder}")
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(folder)), autoescape=jinja2.select_autoescape(["html", "j2"]),
+        trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update({"num": _num, "pct": _pct, "money": _money, "delta": _delta, "signed": _signed})
+    return env
+
+
+def _num(v: Any, digits: int = 0) -> str:
+    if v is None:
+        return "-"
+    return f"{float(v):,.{digits}f}"
+
+
+def _pct(v: Any, digits: int = 0, ratio: bool = False) -> str:
+    if v is None:
+        return "-"
+    return f"{float(v) * (100 if ratio else 1):.{digits}f} %"
+
+
+def _money(v: Any, currency: str = "USD") -> str:
+    if v is None:
+        return "-"
+    sign = {"USD": "$", "EUR": "€", "GBP": "£"}.get(currency)
+    return f"{sign}{float(v):,.0f}" if sign else f"{float(v):,.0f} {currency}"
+
+
+def _signed(v: Any, digits: int = 1, unit: str = "") -> str:
+    if v is None:
+        return "no previous data"
+    return f"{float(v):+,.{digits}f}{unit}"
+
+
+def _delta(entry: Mapping[str, Any] | None, good: str = "up", scale: float = 1.0, unit: str = "", digits: int = 1) -> dict[str, str]:
+    """Return text and tone (good / bad / flat) of a change against last week."""
+    if not entry or entry.get("vs_last_week") is None:
+        return {"text": "no previous week", "tone": "flat"}
+    d = float(entry["vs_last_week"]) * scale
+    if abs(d) < 10 ** -digits / 2:
+        return {"text": "unchanged vs last week", "tone": "flat"}
+    better = (d > 0) == (good == "up")
+    arrow = "▲" if d > 0 else "▼"
+    return {"text": f"{arrow} {abs(d):,.{digits}f}{unit} vs last week", "tone": "good" if better else "bad"}
+
+
+def render_html(kpis: Mapping[str, Any], images: Mapping[str, bytes]) -> str:
+    """Return the report HTML with the charts embedded."""
+    embedded = {name: "data:image/png;base64," + base64.b64encode(data).decode() for name, data in images.items()}
+    from gpu_cost.report.kpis import CATEGORIES
+
+    return str(_env().get_template("report.html.j2").render(k=kpis, charts=embedded, sizes=charts_mod.SIZES,
+                                                           categories=CATEGORIES))
+
+
+def render_markdown(kpis: Mapping[str, Any], link: str | None = None) -> str:
+    """Return the Markdown summary."""
+    return str(_env().get_template("summary.md.j2").render(k=kpis, link=link))
+
+
+def write_report(kpis: Mapping[str, Any], images: Mapping[str, bytes], location: str) -> dict[str, Any]:
+    """Write the report files for ``kpis``; return their locations as strings."""
+    folder = report_folder(location, kpis)
+    chart_paths = {}
+    for name, data in images.items():
+        target = folder / "charts" / f"{name}.png"
+        target.write_bytes(data)
+        chart_paths[name] = str(target)
+    index = folder / "index.html"
+    index.write_text(render_html(kpis, images), encoding="utf-8")
+    summary = folder / "summary.md"
+    md = render_markdown(kpis, link=str(index))
+    summary.write_text(md, encoding="utf-8")
+    (folder / "kpis.json").write_text(json.dumps(kpis, indent=1, default=str), encoding="utf-8")
+    logger.info("report written to %s", index)
+    return {"folder": str(folder), "index": str(index), "summary": str(summary), "kpis": str(folder / "kpis.json"),
+            "charts": chart_paths}
+
+
+def build_report(store: AuditStore, policy: Policy, since: float, until: float,
+                 out: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Compute the KPIs for ``[since, until)``, draw the charts and write the report; return where it is."""
+    from gpu_cost.report.kpis import compute
+
+    kpis = compute(store, policy, since, until)
+    images = charts_mod.render_all(kpis)
+    written = write_report(kpis, images, out_location(policy, out))
+    return {**written, "period": kpis["period"], "headline": headline(kpis)}
+
+
+def headline(kpis: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the few figures a caller prints or puts in XCom."""
+    c = kpis["cluster"]
+    s = kpis["savings"]["realized"]
+    return {"util_all_pct": c["util_all_pct"], "util_alloc_pct": c["util_alloc_pct"], "waste_ratio": c["waste_ratio"],
+            "idle_alloc_gpu_hours": c["idle_alloc_gpu_hours"], "zombie_gpu_hours": c["zombie_gpu_hours"],
+            "saved_gpu_hours": s["gpu_hours"], "saved_kwh": s["kwh"], "saved_cost": s["cost"],
+            "currency": kpis["currency"], "live_events": kpis["events"]["live_total"],
+            "would_have_events": kpis["events"]["would_have_total"]}

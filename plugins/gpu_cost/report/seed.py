@@ -1,0 +1,207 @@
+"""Replay a simulated week into an audit store, so a report has a week of history to show.
+
+Used by the demo (its store holds one real sweep) and by the tests. The week is *replayed*, not
+waited for: :func:`gpu_cost.sweep.run_once` at hourly steps over a generated 7-day cluster
+(``generate_scenario(days=7)``, anchored at the end of the week), each sweep's usage written with
+:func:`gpu_cost.report.usage.record_usage`, and the acting decisions carried out through the real
+dispatcher (:func:`gpu_cost.actions.dispatch.execute`: audit rows before and after, escalation,
+savings ledger). Only the effect is simulated, as the cluster is: while the replay runs, the
+executors are the simulator's own, which end the job (or the lingering process) in the scenario
+so later sweeps see the GPUs free. Runs are recorded under ``dag_id = gpu-cost-seed``.
+
+Arrivals are thinned at night and at weekends (a working-hours rhythm for the heat map); users and
+teams get readable names. Approvals are answered by a simulated on-call (``sim-oncall``):
+approved when the work at risk is under three times the policy threshold, otherwise rejected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpu_cost.actions.base import ActionContext, Outcome
+from gpu_cost.audit.store import AuditStore
+from gpu_cost.model import Decision
+from gpu_cost.policy.schema import Mode, Policy
+
+logger = logging.getLogger(__name__)
+
+SEED_DAG_ID = "gpu-cost-seed"
+USERS = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "mallory", "oscar")
+TEAMS = {"alice": "nlp", "bob": "vision", "carol": "nlp", "dave": "vision", "erin": "platform", "frank": "speech",
+         "grace": "research", "heidi": "vision", "ivan": "speech", "judy": "research", "mallory": "nlp",
+         "oscar": "platform"}
+WEEK = 7 * 86400.0
+
+
+def _unit(text: str) -> float:
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+
+def week_scenario(end: float, *, nodes: int = 8, gpus_per_node: int = 8, seed: int = 11) -> Any:
+    """Return a generated 7-day cluster anchored at ``end``, with readable names and a weekly rhythm."""
+    import datetime as dt
+
+    from gpu_cost.sources.sim import generate_scenario
+
+    sc = generate_scenario(nodes=nodes, gpus_per_node=gpus_per_node, days=7, seed=seed, jobs_per_node=3.0,
+                           pending=0)
+    jobs = []
+    for j in sc.jobs:
+        if j.start is not None:
+            t = dt.datetime.fromtimestamp(end + j.start, tz=dt.UTC)
+            quiet = t.weekday() >= 5 or t.hour < 7 or t.hour >= 20
+            if quiet and _unit(f"{seed}:{j.job_id}:quiet") < 0.5:
+                continue
+        user = USERS[int(_unit(f"{seed}:{j.job_id}:user") * len(USERS)) % len(USERS)]
+        jobs.append(dataclasses.replace(j, user=user, account=TEAMS[user]))
+    return dataclasses.replace(sc, jobs=tuple(jobs), anchor=float(end), source="<seeded week>")
+
+
+class _SimEffects:
+    """The simulator's executors: record the effect of an action in the replayed scenario."""
+
+    def __init__(self, scenario: Any) -> None:
+        self.scenario = scenario
+
+    def __call__(self, d: Decision, ctx: ActionContext) -> Outcome:
+        anchor = float(self.scenario.anchor)
+        offset = ctx.now - anchor
+        if d.action in ("cancel", "terminate", "kill", "requeue") and d.job_id:
+            return self._end_job(d.job_id, offset, f"scancel {d.job_id}")
+        if d.action == "kill_process":
+            return self._end_process(d.target, offset)
+        return Outcome("succeeded", output="simulated", command=f"(simulated) {d.action} {d.target}")
+
+    def _replace(self, job_id: str, **changes: Any) -> bool:
+        jobs = list(self.scenario.jobs)
+        for i, j in enumerate(jobs):
+            if j.job_id == job_id:
+                jobs[i] = dataclasses.replace(j, **changes)
+                self.scenario = dataclasses.replace(self.scenario, jobs=tuple(jobs))
+                return True
+        return False
+
+    def _end_job(self, job_id: str, offset: float, command: str) -> Outcome:
+        job = next((j for j in self.scenario.jobs if j.job_id == job_id), None)
+        if job is None or (job.end is not None and job.end <= offset):
+            return Outcome("succeeded", output="already gone", command=command, details={"already_gone": True})
+        self._replace(job_id, end=offset, linger=0.0)
+        return Outcome("succeeded", output="simulated", command=f"(simulated) {command}")
+
+    def _end_process(self, target: str, offset: float) -> Outcome:
+        parts = target.split(":")
+        host, pid = (parts[1], int(parts[2])) if len(parts) >= 3 and parts[2].isdigit() else ("", -1)
+        for j in self.scenario.jobs:
+            digits = int("".join(c for c in j.job_id if c.isdigit()) or "0")
+            if j.node == host and 10000 + digits % 50000 == pid and j.behaviour == "zombie" and j.end is not None:
+                if j.linger is not None and j.end + j.linger <= offset:
+                    break
+                self._replace(j.job_id, linger=max(0.0, offset - j.end))
+                return Outcome("succeeded", output="simulated", command=f"(simulated) kill -TERM {pid} on {host}")
+        return Outcome("succeeded", output="already gone", command=f"kill {pid}", details={"already_gone": True})
+
+
+@contextlib.contextmanager
+def _simulated_executors(effects: _SimEffects) -> Iterator[None]:
+    from gpu_cost.actions import dispatch
+    from gpu_cost.actions.base import REGISTRY
+    from gpu_cost.model import ACTIONS
+
+    dispatch.load_executors()  # import the real ones first, so none registers over ours mid-replay
+    saved = dict(REGISTRY)
+    try:
+        for a in ACTIONS:
+            if a != "none":
+                REGISTRY[a] = effects
+        yield
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(saved)
+
+
+def decision_from_row(row: Mapping[str, Any]) -> Decision:
+    """Return the :class:`Decision` stored in a ``gpu_cost_decisions`` row."""
+    ev = row.get("evidence")
+    return Decision(
+        decision_id=row["decision_id"], ts=float(row["ts"]), rule=row["rule"], target_kind=row["target_kind"],
+        target=row["target"], action=row["action"], mode=row["mode"], rung=int(row["rung"]),
+        episode=int(row["episode"]), job_id=row.get("job_id"), user=row.get("user_name"), account=row.get("account"),
+        partition=row.get("partition_name"), host=row.get("host"), gpus=int(row.get("gpus") or 0),
+        reason=row.get("reason") or "", protection=row.get("protection"),
+        requires_approval=bool(row.get("requires_approval")), gpu_hours_at_risk=float(row.get("gpu_hours_at_risk") or 0),
+        gpu_hours_saved=float(row.get("gpu_hours_saved") or 0), evidence=json.loads(ev) if ev else {},
+    )
+
+
+def seed_week(store: AuditStore, policy: Policy, end: float, *, nodes: int = 8, gpus_per_node: int = 8,
+              seed: int = 11, step_s: float = 3600.0, mode: Mode = "enforce") -> dict[str, Any]:
+    """Replay the week ending at ``end`` into ``store``; return counts of what was written."""
+    # importing the ledger registers its hook (the dispatcher does the same with its executor modules)
+    import gpu_cost.audit.savings  # noqa: F401
+    from gpu_cost import sweep
+    from gpu_cost.actions import dispatch
+    from gpu_cost.report.usage import record_usage
+
+    started = time.time()
+    store.ensure_schema()
+    pol = dataclasses.replace(policy, mode=mode, sweep=dataclasses.replace(policy.sweep, interval=step_s))
+    object.__setattr__(pol, "source", f"{policy.source} (seeded week, mode {mode})")
+    effects = _SimEffects(week_scenario(end, nodes=nodes, gpus_per_node=gpus_per_node, seed=seed))
+    counts: dict[str, Any] = {"sweeps": 0, "decisions": 0, "executed": 0, "approved": 0, "rejected": 0}
+    steps = int(WEEK // step_s)
+    with _simulated_executors(effects):
+        for k in range(steps):
+            t = end - WEEK + (k + 1) * step_s
+            run_id = f"{SEED_DAG_ID}:{int(t)}"
+            out = sweep.run_once(pol, t, store, run_id=run_id, source="sim", dag_id=SEED_DAG_ID,
+                                 scenario=effects.scenario)
+            if not store.query("SELECT 1 FROM gpu_cost_jobs_usage WHERE ts = :ts LIMIT 1", {"ts": t}):
+                # the sweep did not write the per-job record itself: write both usage tables from the
+                # same (deterministic) snapshot
+                snap = sweep.collect(pol, t, "sim", scenario=effects.scenario)
+                record_usage(store, snap, pol, step_s)
+            counts["sweeps"] += 1
+            counts["decisions"] += len(out["decisions"])
+            acting = []
+            for row in store.decisions_of_run(run_id):
+                if row["mode"] == "dry-run" or row["action"] == "none" or row["status"] != "decided":
+                    continue
+                if row["requires_approval"] and row.get("approval_status") in (None, "pending"):
+                    ok = float(row["gpu_hours_at_risk"] or 0) <= 3 * pol.approval.gpu_hours_at_risk
+                    store.set_approval(row["decision_id"], "approved" if ok else "rejected", "sim-oncall", t)
+                    counts["approved" if ok else "rejected"] += 1
+                    if not ok:
+                        store.set_decision_status(row["decision_id"], "rejected")
+                        continue
+                acting.append(decision_from_row(row))
+            if acting:
+                ctx = ActionContext(policy=pol, dry_run=False, now=t, run_id=run_id)
+                results = dispatch.execute(acting, ctx, store)
+                counts["executed"] += sum(1 for r in results if r["status"] == "succeeded")
+    counts["seconds"] = round(time.time() - started, 1)
+    logger.info("seeded week ending %s: %s", end, counts)
+    return counts
+
+
+def demo_report(store: AuditStore, home: Path, result: dict[str, Any]) -> None:
+    """Demo hook: seed the week before the demo's sweep, write the report, put its path in ``result``."""
+    from gpu_cost.policy import load_policy
+    from gpu_cost.report.render import build_report
+
+    runs = store.query("SELECT data_ts FROM gpu_cost_runs WHERE dag_id = :dag ORDER BY data_ts DESC",
+                       {"dag": "gpu_zombie_sweep"})
+    end = float(runs[0]["data_ts"]) if runs else time.time()
+    policy = load_policy(None)
+    seeded = seed_week(store, policy, end - policy.sweep.interval)
+    out = build_report(store, policy, end - WEEK, end + 1, home / "reports")
+    result["report"] = out["index"]
+    result["report_summary"] = out["summary"]
+    result["report_seed"] = seeded

@@ -1,0 +1,151 @@
+"""The usage record: what every sweep writes so any week's KPIs can be computed without Prometheus.
+
+Two tables, both upserted (a retried sweep rewrites the same rows):
+
+``gpu_cost_usage``       one row per sweep x host x GPU model x user x account x partition
+``gpu_cost_jobs_usage``  one row per sweep x running job (GPUs held, busy, work done)
+
+Each row stands for ``interval_s`` seconds of wall time (the sweep interval), described by the
+snapshot's rule window ending at ``ts``. GPU-second columns, per GPU of the group:
+
+``total_gpu_s``       every GPU seen
+``allocated_gpu_s``   attributed to a running job
+``busy_gpu_s``        fresh data and active: max utilisation in the window at or above the
+                      idle threshold (``rules.idle_allocation.util_max``)
+``idle_alloc_gpu_s``  allocated, fresh data, idle (the waste the idle-allocation rule targets)
+``zombie_gpu_s``      not allocated, fresh, idle (``rules.zombie.util_max``), memory held above
+                      ``rules.zombie.mem_min_mib``
+``util_sum``          Σ mean utilisation % x GPU-seconds / 100, over fresh GPUs only
+
+A GPU with no or stale data is neither busy nor idle: it is never counted as waste, and adds
+nothing to ``util_sum``. Mean utilisation of a group is ``util_sum / total_gpu_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from gpu_cost.audit.store import AuditStore
+from gpu_cost.model import Snapshot
+from gpu_cost.policy.schema import Policy
+
+logger = logging.getLogger(__name__)
+
+#: keys of a ``gpu_cost_usage`` row, in the order of the ``upsert_usage`` statement
+USAGE_KEYS = (
+    "ts", "interval_s", "host", "gpu_model", "user_name", "account", "partition_name", "gpus", "total_gpu_s",
+    "allocated_gpu_s", "busy_gpu_s", "idle_alloc_gpu_s", "zombie_gpu_s", "util_sum",
+)
+#: keys of a ``gpu_cost_jobs_usage`` row
+JOB_USAGE_KEYS = (
+    "ts", "job_id", "interval_s", "user_name", "account", "partition_name", "gpu_model", "job_name", "gpus",
+    "gpus_requested", "gpus_busy", "gpus_active", "gpus_stale", "work_gpus", "time_limit_s", "start_ts",
+)
+
+
+def _columns(snapshot: Snapshot, policy: Policy) -> dict[str, np.ndarray]:
+    g = snapshot.gpus
+    fresh = ~g["stale"].to_numpy(dtype=bool)
+    util_mean = g["util_mean"].to_numpy(dtype=float)
+    umax = g["util_max"].to_numpy(dtype=float)
+    fresh &= ~np.isnan(umax)
+    memmin = np.nan_to_num(g["mem_min_mib"].to_numpy(dtype=float), nan=0.0)
+    umax0 = np.nan_to_num(umax, nan=100.0)
+    job_ids = g["job_id"].to_numpy(dtype=object) if "job_id" in g else np.full(len(g), None, dtype=object)
+    return {
+        "fresh": fresh,
+        "util": np.where(fresh, np.nan_to_num(util_mean, nan=0.0), 0.0),
+        "active": fresh & (umax0 >= policy.rules.idle_allocation.util_max),
+        "busy": fresh & (np.nan_to_num(util_mean, nan=0.0) >= policy.sweep.busy_util),
+        "zombie": fresh & (umax0 < policy.rules.zombie.util_max) & (memmin > policy.rules.zombie.mem_min_mib),
+        "job": job_ids,
+        "host": g["host"].to_numpy(dtype=object),
+        "model": g["model"].fillna("").to_numpy(dtype=object),
+    }
+
+
+def usage_rows(snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> list[dict[str, Any]]:
+    """Return the ``gpu_cost_usage`` rows of one sweep (one per host x model x owner).
+
+    :param interval_s: wall time each row stands for; default the policy's sweep interval.
+    """
+    g = snapshot.gpus
+    if g.empty:
+        return []
+    interval = float(interval_s or policy.sweep.interval)
+    c = _columns(snapshot, policy)
+    jobs = {j.job_id: j for j in snapshot.running_jobs()}
+    acc: dict[tuple[str, str, str, str, str], dict[str, float]] = {}
+    for i in range(len(g)):
+        jid = c["job"][i]
+        job = jobs.get(jid) if jid else None
+        key = (str(c["host"][i]), str(c["model"][i] or ""), job.user if job else "", job.account if job else "",
+               job.partition if job else "")
+        a = acc.setdefault(key, dict.fromkeys(("gpus", "total", "alloc", "busy", "idle_alloc", "zombie", "util"), 0.0))
+        a["gpus"] += 1
+        a["total"] += interval
+        fresh = bool(c["fresh"][i])
+        active = bool(c["active"][i])
+        if job is not None:
+            a["alloc"] += interval
+            if fresh and not active:
+                a["idle_alloc"] += interval
+        elif c["zombie"][i]:
+            a["zombie"] += interval
+        if active:
+            a["busy"] += interval
+        a["util"] += interval * float(c["util"][i]) / 100.0
+    return [
+        {"ts": snapshot.ts, "interval_s": interval, "host": k[0], "gpu_model": k[1], "user_name": k[2],
+         "account": k[3], "partition_name": k[4], "gpus": int(v["gpus"]), "total_gpu_s": v["total"],
+         "allocated_gpu_s": v["alloc"], "busy_gpu_s": v["busy"], "idle_alloc_gpu_s": v["idle_alloc"],
+         "zombie_gpu_s": v["zombie"], "util_sum": round(v["util"], 3)}
+        for k, v in acc.items()
+    ]
+
+
+def job_usage_rows(snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> list[dict[str, Any]]:
+    """Return the ``gpu_cost_jobs_usage`` rows of one sweep: per running job, GPUs held and used.
+
+    ``gpus_busy`` counts GPUs whose mean utilisation in the window reached ``sweep.busy_util``;
+    ``gpus_active`` those above the idle threshold; ``work_gpus`` is Σ utilisation / 100 (how
+    many fully busy GPUs the same work would need). Right-sizing reads these.
+    """
+    g = snapshot.gpus
+    if g.empty:
+        return []
+    interval = float(interval_s or policy.sweep.interval)
+    c = _columns(snapshot, policy)
+    by_job: dict[str, list[int]] = {}
+    for i, jid in enumerate(c["job"]):
+        if jid:
+            by_job.setdefault(str(jid), []).append(i)
+    rows = []
+    for job in snapshot.running_jobs():
+        pos = by_job.get(job.job_id)
+        if not pos:
+            continue
+        idx = np.array(pos)
+        models = sorted({str(m) for m in c["model"][idx] if m})
+        rows.append({
+            "ts": snapshot.ts, "job_id": job.job_id, "interval_s": interval, "user_name": job.user,
+            "account": job.account, "partition_name": job.partition, "gpu_model": ",".join(models),
+            "job_name": job.name, "gpus": len(idx), "gpus_requested": int(job.gpus_requested or len(idx)),
+            "gpus_busy": int(c["busy"][idx].sum()), "gpus_active": int(c["active"][idx].sum()),
+            "gpus_stale": int((~c["fresh"][idx]).sum()), "work_gpus": round(float(c["util"][idx].sum()) / 100.0, 4),
+            "time_limit_s": job.time_limit_s, "start_ts": job.start_ts,
+        })
+    return rows
+
+
+def record_usage(store: AuditStore, snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> dict[str, int]:
+    """Write both usage tables for one sweep (idempotent); return the row counts."""
+    rows = usage_rows(snapshot, policy, interval_s)
+    jobs = job_usage_rows(snapshot, policy, interval_s)
+    store.execute("upsert_usage", rows)
+    store.execute("upsert_job_usage", jobs)
+    logger.debug("usage at %s: %d group rows, %d job rows", snapshot.ts, len(rows), len(jobs))
+    return {"usage_rows": len(rows), "job_rows": len(jobs)}

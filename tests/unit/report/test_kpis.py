@@ -1,0 +1,183 @@
+"""KPIs against hand-checked numbers on a small usage fixture (two sweeps, two hosts, three owners)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpu_cost.report import kpis
+
+# Monday 2026-11-16 00:00 UTC .. Monday 2026-11-23 00:00 UTC
+SINCE = 1794787200.0
+UNTIL = SINCE + 7 * 86400
+HOUR = 3600.0
+
+
+def usage(ts: float, host: str, user: str, account: str, gpus: int, alloc: float, busy: float, idle: float,
+          zombie: float, util: float, model: str = "a100") -> dict:
+    return {"ts": ts, "interval_s": HOUR, "host": host, "gpu_model": model, "user_name": user, "account": account,
+            "partition_name": "batch" if user else "", "gpus": gpus, "total_gpu_s": gpus * HOUR,
+            "allocated_gpu_s": alloc * HOUR, "busy_gpu_s": busy * HOUR, "idle_alloc_gpu_s": idle * HOUR,
+            "zombie_gpu_s": zombie * HOUR, "util_sum": util * HOUR}
+
+
+# Tuesday 10:00-11:00 and 11:00-12:00 UTC. Per sweep, 8 GPUs on n1 (a100, $2/h) and 4 on n2 (h100, $4/h):
+#   alice/nlp:   4 a100 GPUs allocated, all busy at 90 %           → util 3.6 GPU-h per hour
+#   bob/vision:  2 a100 GPUs allocated, idle                       → idle 2 GPU-h per hour, $4
+#   carol/nlp:   4 h100 GPUs allocated, 1 busy at 80 %, 3 idle      → idle 3, util 0.8 per hour, idle $12
+#   unallocated: 2 a100 GPUs, one a zombie                         → zombie 1 GPU-h per hour, $2
+T1 = SINCE + 86400 + 11 * HOUR
+T2 = T1 + HOUR
+ROWS = [
+    r
+    for t in (T1, T2)
+    for r in (
+        usage(t, "n1", "alice", "nlp", 4, 4, 4, 0, 0, 3.6),
+        usage(t, "n1", "bob", "vision", 2, 2, 0, 2, 0, 0.0),
+        usage(t, "n1", "", "", 2, 0, 0, 0, 1, 0.0),
+        usage(t, "n2", "carol", "nlp", 4, 4, 1, 3, 0, 0.8, model="h100"),
+    )
+]
+
+
+@pytest.fixture
+def filled(store):  # type: ignore[no-untyped-def]
+    store.execute("upsert_usage", ROWS)
+    return store
+
+
+def test_cluster_totals_match_hand_computation(filled, policy) -> None:  # type: ignore[no-untyped-def]
+    k = kpis.compute(filled, policy, SINCE, UNTIL)
+    c = k["cluster"]
+    assert c["sweeps"] == 2
+    assert c["gpu_hours"] == 24.0                      # 12 GPUs x 2 h
+    assert c["allocated_gpu_hours"] == 20.0            # (4 + 2 + 4) x 2
+    assert c["idle_alloc_gpu_hours"] == 10.0           # (2 + 3) x 2
+    assert c["zombie_gpu_hours"] == 2.0
+    assert c["waste_ratio"] == 0.5                     # 10 / 20
+    assert c["util_all_pct"] == pytest.approx(100 * 8.8 / 24, abs=0.05)     # (3.6 + 0.8) x 2 / 24 = 36.7 %
+    assert c["util_alloc_pct"] == pytest.approx(100 * 8.8 / 20, abs=0.05)   # 44 %
+    assert c["idle_cost"] == 2 * 2 * 2.0 + 3 * 2 * 4.0  # bob on a100 + carol on h100 = 32
+    assert c["zombie_cost"] == 4.0
+    assert c["gpus_avg"] == pytest.approx(24 / (7 * 24), abs=0.05)
+
+
+def test_idle_by_team_and_user(filled, policy) -> None:  # type: ignore[no-untyped-def]
+    k = kpis.compute(filled, policy, SINCE, UNTIL)
+    teams = {t["account"]: t for t in k["by_team"]}
+    assert teams["nlp"]["allocated_gpu_hours"] == 16.0 and teams["nlp"]["idle_gpu_hours"] == 6.0
+    assert teams["nlp"]["waste_ratio"] == 0.375 and teams["nlp"]["idle_cost"] == 24.0
+    assert teams["vision"]["waste_ratio"] == 1.0
+    assert [t["account"] for t in k["by_team"]] == ["nlp", "vision"]     # most idle first
+    users = {u["user"]: u for u in k["by_user"]}
+    assert users["carol"]["idle_gpu_hours"] == 6.0 and users["carol"]["util_pct"] == 20.0
+    assert users["alice"]["idle_gpu_hours"] == 0.0 and users["alice"]["util_pct"] == 90.0
+    assert k["users_with_idle"] == 2
+
+
+def test_heatmap_puts_each_sweep_in_its_hour(filled, policy) -> None:  # type: ignore[no-untyped-def]
+    grid = kpis.compute(filled, policy, SINCE, UNTIL)["heatmap"]
+    assert len(grid) == 7 and all(len(row) == 24 for row in grid)
+    # the sweep at 11:00 describes 10:00-11:00, the one at 12:00 describes 11:00-12:00 (Tuesday)
+    assert grid[1][10] == pytest.approx(100 * 4.4 / 12, abs=0.05)
+    assert grid[1][11] == pytest.approx(100 * 4.4 / 12, abs=0.05)
+    assert sum(v is not None for row in grid for v in row) == 2
+
+
+def test_rows_outside_the_period_are_ignored(filled, policy) -> None:  # type: ignore[no-untyped-def]
+    filled.execute("upsert_usage", [usage(UNTIL + HOUR, "n1", "alice", "nlp", 4, 4, 0, 4, 0, 0.0)])
+    assert kpis.compute(filled, policy, SINCE, UNTIL)["cluster"]["idle_alloc_gpu_hours"] == 10.0
+
+
+def test_change_against_previous_week(filled, policy) -> None:  # type: ignore[no-untyped-def]
+    before = SINCE - 7 * 86400 + 86400 + 11 * HOUR
+    filled.execute("upsert_usage", [usage(before, "n1", "alice", "nlp", 4, 4, 2, 2, 0, 1.0)])
+    k = kpis.compute(filled, policy, SINCE, UNTIL)
+    assert k["change"]["waste_ratio"]["vs_last_week"] == pytest.approx(0.5 - 0.5)
+    assert k["change"]["idle_alloc_gpu_hours"]["vs_last_week"] == pytest.approx(10.0 - 2.0)
+    assert len(k["trend"]) == kpis.TREND_WEEKS + 1 and k["trend"][-2]["has_data"] and not k["trend"][0]["has_data"]
+
+
+def _decision(i: int, action: str, mode: str, ts: float, **extra) -> dict:  # type: ignore[no-untyped-def]
+    return {"decision_id": f"d{i}", "run_id": "r", "ts": ts, "rule": "idle_allocation", "target_kind": "job",
+            "target": f"job:{i}", "action": action, "mode": mode, "rung": 0, "episode": 1, "job_id": str(i),
+            "user_name": "bob", "account": "vision", "partition_name": "batch", "host": "n1", "gpus": 2,
+            "reason": "", "protection": None, "requires_approval": 0, "approval_status": None, "status": "decided",
+            "gpu_hours_at_risk": 1.0, "gpu_hours_saved": 10.0, "evidence": json.dumps({}), **extra}
+
+
+def test_events_live_once_and_dry_run_apart(store, policy) -> None:  # type: ignore[no-untyped-def]
+    t = T1
+    store.execute("insert_decision", [
+        _decision(1, "notify", "enforce", t), _decision(2, "cancel", "enforce", t),
+        _decision(3, "kill_process", "enforce", t), _decision(4, "demote", "enforce", t, requires_approval=1,
+                                                              approval_status="approved"),
+        _decision(5, "cancel", "dry-run", t), _decision(6, "notify", "dry-run", t),
+        _decision(7, "cancel", "enforce", t, requires_approval=1, approval_status="rejected"),
+        _decision(8, "cancel", "enforce", t),
+    ])
+    for i, action, status in ((1, "notify", "succeeded"), (2, "cancel", "succeeded"), (3, "kill_process", "succeeded"),
+                              (4, "demote", "succeeded"), (8, "cancel", "failed")):
+        store.action_started(action_id=f"d{i}:{action}", decision_id=f"d{i}", run_id="r", action=action,
+                             target=f"job:{i}", executor="x", dry_run=False, started_at=t + 5)
+        store.action_finished(f"d{i}:{action}", status, t + 6)
+    ev = kpis.compute(store, policy, SINCE, UNTIL)["events"]
+    assert ev["live"] == {"notifications": 1, "demotions": 1, "cancels": 1, "holds": 0, "process_kills": 1,
+                          "power_downs": 0, "power_ups": 0}
+    assert ev["would_have"]["cancels"] == 1 and ev["would_have"]["notifications"] == 1
+    assert ev["approvals"] == {"requested": 2, "approved": 1, "rejected": 1, "timed_out": 0, "pending": 0}
+    assert ev["failed"] == 1 and ev["live_total"] == 4 and ev["would_have_total"] == 2
+    k = kpis.compute(store, policy, SINCE, UNTIL)
+    # dry-run cancel of 2 GPUs, 10 GPU-h saved by the engine's estimate: potential, not realized
+    assert k["savings"]["potential"]["gpu_hours"] == 10.0 and k["savings"]["realized"]["gpu_hours"] == 0.0
+
+
+def test_realized_savings_by_kind(store, policy) -> None:  # type: ignore[no-untyped-def]
+    store.execute("insert_saving", [
+        {"saving_id": "gpu:job:1:1", "decision_id": "d1", "ts": T1, "kind": "gpu", "target": "job:1", "user_name": "bob",
+         "account": "vision", "gpu_model": "a100", "gpus": 2, "gpu_hours": 12.0, "kwh": 0.0, "usd": 24.0, "basis": "x"},
+        {"saving_id": "power:n3:1", "decision_id": None, "ts": T2, "kind": "power", "target": "node:n3", "user_name": None,
+         "account": None, "gpu_model": "a100", "gpus": 0, "gpu_hours": 0.0, "kwh": 3.2, "usd": 0.48, "basis": "y"},
+        {"saving_id": "gpu:job:9:1", "decision_id": "d9", "ts": UNTIL + 10, "kind": "gpu", "target": "job:9",
+         "user_name": "x", "account": "y", "gpu_model": "a100", "gpus": 1, "gpu_hours": 5.0, "kwh": 0, "usd": 10.0,
+         "basis": "next week"},
+    ])
+    s = kpis.compute(store, policy, SINCE, UNTIL)["savings"]["realized"]
+    assert s["count"] == 2 and s["gpu_hours"] == 12.0 and s["kwh"] == 3.2 and s["cost"] == 24.48
+    assert s["by_kind"]["power"]["kwh"] == 3.2 and s["by_kind"]["gpu"]["cost"] == 24.0
+
+
+def test_right_sizing_suggests_what_jobs_use() -> None:
+    rows = []
+    for i in range(10):
+        busy = 2 if i < 9 else 6   # busy on 2 GPUs in 90 % of samples
+        rows.append({"job_id": "77", "ts": T1 + i * HOUR, "interval_s": HOUR, "user_name": "dave", "account": "vision",
+                     "gpus": 8, "gpus_busy": busy, "work_gpus": busy * 0.9, "job_name": "train"})
+        rows.append({"job_id": "78", "ts": T1 + i * HOUR, "interval_s": HOUR, "user_name": "alice", "account": "nlp",
+                     "gpus": 4, "gpus_busy": 4, "work_gpus": 3.8, "job_name": "busy"})
+    out = kpis.right_sizing(rows)
+    assert [r["user"] for r in out] == ["dave"]
+    assert out[0]["text"] == "requests 8, busy on 2 in 90 % of samples: request 2"
+    assert out[0]["freeable_gpu_hours"] == 60.0   # (8 - 2) GPUs x 10 h
+
+
+def test_right_sizing_counts_work_not_only_busy_gpus() -> None:
+    # 4 GPUs each at 15 %: none reaches the busy threshold, but the work needs one GPU
+    rows = [{"job_id": "5", "ts": T1 + i * HOUR, "interval_s": HOUR, "user_name": "erin", "account": "platform",
+             "gpus": 4, "gpus_busy": 0, "work_gpus": 0.6} for i in range(5)]
+    assert kpis.right_sizing(rows)[0]["text"] == "requests 4, busy on 1 in 90 % of samples: request 1"
+
+
+def test_week_bounds_follow_the_report_time_zone() -> None:
+    at = UNTIL + 8 * HOUR   # Monday 2026-11-23 08:00 UTC
+    assert kpis.week_bounds(at, "UTC") == (SINCE, UNTIL)
+    since, until = kpis.week_bounds(at, "Europe/Paris")
+    assert since == SINCE - HOUR and until == UNTIL - HOUR    # midnight in Paris is 23:00 UTC in November
+
+
+def test_empty_period_is_an_error(store, policy) -> None:  # type: ignore[no-untyped-def]
+    from gpu_cost.errors import GpuCostError
+
+    with pytest.raises(GpuCostError, match="not before"):
+        kpis.compute(store, policy, UNTIL, SINCE)
