@@ -1,0 +1,83 @@
+"""
+### gpu_forecast_nightly — job end times and GPU demand, every night at 02:00 UTC
+
+**What it does.** Reads the job history (`policy.forecast.history`, default 60 days) from the
+simulator, Slurm accounting or the agent's own job rows; builds hourly demand series (GPUs running
++ pending per account / partition, and the cluster total); fits a demand forecast per series in
+mapped tasks (`fit_demand`, batches of `policy.forecast.series_per_task`) and the job end-time
+model; writes everything to `gpu_cost_forecasts` in the audit store (`gpu_cost_db`):
+
+* `demand:<key>` — expected GPUs per hour for `policy.forecast.horizon` (default 48 h) with an
+  80 % interval; read by the off-hours power DAG;
+* `runtime:class:<class>` and `runtime:job:<id>` — p50 / p90 end of running jobs; read by the
+  sweep (idle past its p90 end ⇒ higher confidence) and by `gpu-cost forecast eta --job ID`;
+* `backtest:demand` / `backtest:runtime` — tonight's figures against the baselines (also in XCom).
+
+**Knobs.** Params `policy` (policy file), `source` (`sim` / `slurm` / `store` / `trace`) and `jobs`
+(trace file for `trace`); or `GPU_COST_FORECAST_SOURCE` / `GPU_COST_SOURCE`.
+
+**Owner / triage.** GPU platform team. `extract` failing: the history source is unreachable (see
+its log). A `fit_demand` map index failing: that batch's series keep yesterday's forecasts
+and `finish` does not run (no backtest row tonight); a Prophet failure alone does not fail the task
+(the level / seasonal-naive candidates are used). Every run is
+idempotent (upserts keyed by series and horizon time): clear and re-run freely.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pendulum
+from airflow.sdk import Param, dag, task
+
+from gpu_cost.airflow import forecast_tasks
+
+DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 2, "retry_delay": dt.timedelta(minutes=2)}
+
+
+@dag(
+    dag_id="gpu_forecast_nightly",
+    schedule="0 2 * * *",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["gpu-cost", "forecast"],
+    doc_md=__doc__,
+    params={
+        "policy": Param(None, type=["null", "string"], description="Policy file; empty: GPU_COST_POLICY or the default"),
+        "source": Param(None, type=["null", "string"], enum=[None, "sim", "slurm", "store", "trace"],
+                        description="Job history source; empty: GPU_COST_FORECAST_SOURCE, GPU_COST_SOURCE or the policy's"),
+        "jobs": Param(None, type=["null", "string"], description="Jobs trace file (source trace)"),
+    },
+)
+def gpu_forecast_nightly() -> None:
+    @task
+    def extract(params=None, **context):  # type: ignore[no-untyped-def]
+        return forecast_tasks.extract(params or {}, context)
+
+    @task
+    def batches(ref):  # type: ignore[no-untyped-def]
+        return forecast_tasks.batches(ref)
+
+    @task(max_active_tis_per_dagrun=4)
+    def fit_demand(batch):  # type: ignore[no-untyped-def]
+        return forecast_tasks.fit_batch(batch)
+
+    @task
+    def fit_runtime(ref):  # type: ignore[no-untyped-def]
+        return forecast_tasks.fit_runtime(ref)
+
+    @task
+    def finish(ref, results, runtime_out):  # type: ignore[no-untyped-def]
+        return forecast_tasks.finish(ref, results, runtime_out)
+
+    ref = extract()
+    fits = fit_demand.expand(batch=batches(ref))
+    finish(ref, fits, fit_runtime(ref))
+
+
+dag_object = gpu_forecast_nightly()
+
+if __name__ == "__main__":
+    dag_object.test()

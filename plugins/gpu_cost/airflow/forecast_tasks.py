@@ -1,0 +1,75 @@
+"""Task bodies of ``gpu_forecast_nightly``: each returns small JSON for XCom; data lives in the audit store.
+
+Nothing here imports pandas or Prophet at module level (the DAG file imports this module at parse
+time); :mod:`gpu_cost.forecast.nightly` does the work inside the tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpu_cost.airflow import runtime
+
+logger = logging.getLogger(__name__)
+
+
+def _instant(context: Mapping[str, Any], policy: Any) -> float:
+    """Return the run's data instant floored to the hour (a retried task sees the same window)."""
+    t = runtime.data_instant(context, policy)
+    return float(t // 3600 * 3600)
+
+
+def extract(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+    """Read the job history, store it and the hourly demand series; return the series keys."""
+    from gpu_cost.forecast import nightly
+
+    policy = runtime.policy_from(params)
+    if not policy.forecast.enabled:
+        logger.info("forecast disabled in %s: nothing to do", policy.source)
+        return {"now": _instant(context, policy), "keys": [], "disabled": True, "policy": params.get("policy")}
+    source = params.get("source") or os.environ.get("GPU_COST_FORECAST_SOURCE") or os.environ.get("GPU_COST_SOURCE") \
+        or policy.sweep.source
+    now = _instant(context, policy)
+    ref = nightly.extract(policy, now, str(source), runtime.store(), jobs_path=params.get("jobs") or None)
+    ref["policy"] = params.get("policy")
+    return ref
+
+
+def batches(ref: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Split the series into batches of ``policy.forecast.series_per_task`` (the mapped task's inputs)."""
+    from gpu_cost.forecast import nightly
+
+    policy = runtime.policy_from({"policy": ref.get("policy")})
+    out = nightly.make_batches(ref, policy.forecast.series_per_task, policy.forecast.horizon)
+    logger.info("%d series in %d batch(es) of up to %d", len(ref.get("keys", [])), len(out),
+                policy.forecast.series_per_task)
+    return out
+
+
+def fit_batch(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """Forecast one batch of series; upsert their ``demand:<key>`` rows."""
+    from gpu_cost.forecast import nightly, prophet_util
+
+    prophet_util.silence()
+    return nightly.fit_batch(runtime.store(), batch)
+
+
+def fit_runtime(ref: Mapping[str, Any]) -> dict[str, Any]:
+    """Fit the job end-time model; upsert its class rows and running-job ETAs."""
+    from gpu_cost.forecast import nightly, prophet_util
+
+    if ref.get("disabled"):
+        return {"classes": 0, "running_jobs": 0, "backtest": None, "disabled": True}
+    prophet_util.silence()
+    policy = runtime.policy_from({"policy": ref.get("policy")})
+    return nightly.fit_runtime(runtime.store(), policy, float(ref["now"]))
+
+
+def finish(ref: Mapping[str, Any], results: Sequence[Mapping[str, Any]], runtime_out: Mapping[str, Any]) -> dict[str, Any]:
+    """Write the backtest rows; return the night's figures (the DAG's XCom result)."""
+    from gpu_cost.forecast import nightly
+
+    return nightly.finish(runtime.store(), float(ref["now"]), list(results or []), runtime_out)

@@ -1,0 +1,140 @@
+"""The two contract backtests: job end times against the time limit, demand against seasonal naive.
+
+**Runtime** (:func:`runtime_backtest`): the model is fitted on jobs that *ended* before the split;
+it predicts every job that *started* at or after it. A test job's features may use jobs that
+finished before that job was submitted (what a live agent would know then), never later ones.
+Runtimes are capped at the limit (a job killed at its limit runs a few seconds past it).
+
+**Demand** (:func:`demand_backtest`): per series, the last ``horizon`` hours are held out and the
+forecast sees only what came before; sMAPE (0 to 200, 0/0 counts 0) of the model and of the weekly
+seasonal naive (the value one week earlier, repeated) is averaged over the series.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from gpu_cost.errors import TraceError
+from gpu_cost.forecast import demand as demand_mod
+from gpu_cost.forecast import prophet_util
+from gpu_cost.forecast import runtime as runtime_mod
+from gpu_cost.forecast.history import finished
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+logger = logging.getLogger(__name__)
+
+
+def pinball(y: np.ndarray, q: np.ndarray, tau: float = runtime_mod.Q) -> float:
+    """Return the mean quantile loss at ``tau`` of predictions ``q`` for outcomes ``y``."""
+    import numpy as np
+
+    return float(np.mean(np.where(y > q, tau * (y - q), (1 - tau) * (q - y))))
+
+
+def runtime_metrics(y: np.ndarray, limit: np.ndarray, p50: np.ndarray, p90: np.ndarray) -> dict[str, Any]:
+    """Return the contract metrics for runtimes ``y`` (capped at ``limit``) and predictions."""
+    import numpy as np
+
+    y = np.minimum(y, limit)
+    return {
+        "n_test": len(y),
+        "mae_s": round(float(np.mean(np.abs(p50 - y))), 1),
+        "baseline_limit_mae_s": round(float(np.mean(np.abs(limit - y))), 1),
+        "underpredict_rate": round(float(np.mean(p50 < y)), 4),
+        "p90_coverage": round(float(np.mean(y <= p90 + 1e-6)), 4),
+        "p90_pinball_s": round(pinball(y, p90), 1),
+        "baseline_limit_p90_pinball_s": round(pinball(y, limit), 1),
+    }
+
+
+def runtime_backtest(jobs: pd.DataFrame, split: float, *, k: int = 100, min_class_jobs: int = 30,
+                     use_prophet: bool = True) -> dict[str, Any]:
+    """Fit on jobs ended before ``split``, predict jobs started at or after it; return the metrics."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    done = finished(jobs)
+    train = done[done["end_ts"] < split]
+    test = done[done["start_ts"] >= split].reset_index(drop=True)
+    if train.empty or test.empty:
+        raise TraceError(f"backtest split {split}: {len(train)} training and {len(test)} test jobs; need both")
+    model = runtime_mod.fit(train, now=split, k=k, min_class_jobs=min_class_jobs, use_prophet=use_prophet)
+    pred = runtime_mod.predict(model, test, history=done)
+    y = (test["end_ts"] - test["start_ts"]).to_numpy(dtype=float)
+    limit = test["time_limit_s"].to_numpy(dtype=float)
+    out = runtime_metrics(y, limit, pred["p50_s"].to_numpy(), pred["p90_s"].to_numpy())
+    # the simple baseline the issue quotes: per user and limit, the training median (else the limit)
+    tr_y = np.minimum((train["end_ts"] - train["start_ts"]).to_numpy(dtype=float), train["time_limit_s"].to_numpy())
+    med = train.assign(y=tr_y).groupby(["user", "time_limit_s"])["y"].median()
+    base = test.join(med.rename("m"), on=["user", "time_limit_s"])["m"].fillna(test["time_limit_s"]).to_numpy()
+    out["baseline_user_limit_median_mae_s"] = round(float(np.mean(np.abs(base - np.minimum(y, limit)))), 1)
+    out.update({
+        "n_train": len(train), "split": split,
+        "methods": {str(m): int(n) for m, n in pred["method"].value_counts().items()},
+        "model": model.summary(), "seconds": round(time.perf_counter() - t0, 1),
+    })
+    for key in ("mae_s", "baseline_limit_mae_s", "p90_pinball_s", "baseline_limit_p90_pinball_s",
+                "baseline_user_limit_median_mae_s"):
+        out[key.replace("_s", "_h") if key.endswith("_s") else key] = round(out[key] / 3600, 3)
+    out["pinball_vs_limit"] = round(out["p90_pinball_s"] / out["baseline_limit_p90_pinball_s"], 3) \
+        if out["baseline_limit_p90_pinball_s"] else None
+    return out
+
+
+def smape(y: np.ndarray, p: np.ndarray) -> float:
+    """Return sMAPE in percent (0 to 200); a point where both are 0 counts 0."""
+    import numpy as np
+
+    den = np.abs(y) + np.abs(p)
+    with np.errstate(all="ignore"):
+        v = np.where(den == 0, 0.0, 200.0 * np.abs(y - p) / np.where(den == 0, 1.0, den))
+    return float(np.mean(v))
+
+
+def seasonal_naive(train: np.ndarray, horizon: int, season: int = 168) -> np.ndarray:
+    """Return the last ``season`` values repeated over ``horizon`` (shorter history: daily)."""
+    import numpy as np
+
+    if len(train) < season:
+        season = 24 if len(train) >= 24 else max(1, len(train))
+    return train[-season:][np.arange(horizon) % season]
+
+
+def demand_backtest(series: pd.DataFrame, horizon: int, *, use_prophet: bool = True) -> dict[str, Any]:
+    """Hold out the last ``horizon`` hours of every series; return model vs seasonal-naive sMAPE."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    per: dict[str, dict[str, Any]] = {}
+    stats = prophet_util.FitStats()
+    for key, g in series.groupby("key", sort=True):
+        g = g.sort_values("ts")
+        ts = g["ts"].to_numpy(dtype=float)
+        v = g["value"].to_numpy(dtype=float)
+        if len(v) < horizon + 48:
+            logger.info("series %s: %d points, too short for a %d h holdout; skipped", key, len(v), horizon)
+            continue
+        tr_ts, tr_v, te = ts[:-horizon], v[:-horizon], v[-horizon:]
+        fc = demand_mod.forecast(tr_ts, tr_v, horizon, stats=stats, use_prophet=use_prophet)
+        naive = seasonal_naive(np.nan_to_num(tr_v), horizon)
+        daily = seasonal_naive(np.nan_to_num(tr_v), horizon, 24)
+        ok = ~np.isnan(te)
+        per[str(key)] = {
+            "smape": round(smape(te[ok], fc.yhat[ok]), 2),
+            "seasonal_naive_smape": round(smape(te[ok], naive[ok]), 2),
+            "daily_repeat_smape": round(smape(te[ok], daily[ok]), 2),
+            "coverage_80": round(float(np.mean((te[ok] >= fc.lower[ok]) & (te[ok] <= fc.upper[ok]))), 3),
+            "model": fc.model,
+        }
+    if not per:
+        raise TraceError(f"demand backtest: no series has more than {horizon + 48} hourly points")
+    mean = {m: round(float(np.mean([p[m] for p in per.values()])), 2)
+            for m in ("smape", "seasonal_naive_smape", "daily_repeat_smape", "coverage_80")}
+    logger.info("%s", stats.summary("demand"))
+    return {**mean, "n_series": len(per), "horizon": horizon, "series": per,
+            "prophet_fits": stats.fits, "seconds": round(time.perf_counter() - t0, 1)}

@@ -1,0 +1,77 @@
+"""The forecast commands on a slice of the real traces: one JSON object each, and better than the baselines.
+
+The full-size figures (ThetaGPU split 2023-05-01, Helios last 7 days) are the bench's and README's;
+here a slice keeps the suite fast while still using real data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_cost.forecast import history
+from gpu_cost.timeutil import epoch
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
+    proc = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "forecast", *args, "--json"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env or {})})
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(lines) == 1, f"expected one JSON line on stdout, got: {proc.stdout[:800]}"
+    return json.loads(lines[0])  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def theta_slice(shared_data: Path, tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    jobs = history.load_jobs(shared_data / "thetagpu_jobs.csv")
+    sl = jobs[(jobs["submit_ts"] >= epoch("2023-04-01")) & (jobs["submit_ts"] < epoch("2023-05-08"))]
+    path = tmp_path_factory.mktemp("theta") / "jobs.csv"
+    sl.to_csv(path, index=False)
+    return path
+
+
+def test_backtest_command_beats_the_time_limit(theta_slice: Path) -> None:
+    out = _cli("backtest", "--jobs", str(theta_slice), "--split", "2023-05-01")
+    for key in ("n_test", "mae_s", "baseline_limit_mae_s", "underpredict_rate", "p90_coverage", "p90_pinball_s",
+                "baseline_limit_p90_pinball_s"):
+        assert key in out, key
+    assert out["n_test"] > 300
+    assert out["mae_s"] < 0.5 * out["baseline_limit_mae_s"]
+    assert out["mae_s"] < out["baseline_user_limit_median_mae_s"]
+    assert out["p90_pinball_s"] < 0.9 * out["baseline_limit_p90_pinball_s"]
+    assert out["p90_coverage"] >= 0.85
+
+
+def test_demand_backtest_command_beats_seasonal_naive(shared_data: Path, tmp_path: Path) -> None:
+    series = history.load_series(shared_data / "helios_vc_demand_hourly.csv")
+    sl = series[series["ts"] < series["ts"].min() + 21 * 86400]
+    path = tmp_path / "series.csv"
+    sl.to_csv(path, index=False)
+    out = _cli("demand-backtest", "--series", str(path), "--horizon", "48")
+    assert out["n_series"] == 8 and out["horizon"] == 48
+    assert out["smape"] < out["seasonal_naive_smape"]
+    assert set(out["series"]) == set(sl["key"])
+
+
+def test_nightly_then_eta_from_the_stored_forecasts(theta_slice: Path, tmp_path: Path) -> None:
+    env = {"AIRFLOW_CONN_GPU_COST_DB": json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "audit.db")})}
+    at = "2023-05-03T12:00:00Z"
+    out = _cli("nightly", "--source", "trace", "--jobs", str(theta_slice), "--at", at, env=env)
+    assert out["demand"]["series"] >= 2 and out["runtime"]["classes"] > 0 and out["runtime"]["running_jobs"] > 0
+    jobs = history.load_jobs(theta_slice)
+    t = epoch(at)
+    running = jobs[(jobs["start_ts"] <= t) & (jobs["end_ts"] > t)].iloc[0]
+    eta = _cli("eta", "--job", str(running["job_id"]), "--jobs", str(theta_slice), "--at", at, env=env)
+    assert eta["job_id"] == str(running["job_id"]) and not eta["ended"]
+    assert running["start_ts"] < eta["p50_end"] <= eta["p90_end"] <= running["start_ts"] + running["time_limit_s"]
+    assert eta["basis"].startswith("job forecast")
+    # an unknown job is a clear error, as JSON too
+    proc = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "forecast", "eta", "--job", "nope", "--jobs",
+                           str(theta_slice), "--json"], capture_output=True, text=True, env={**os.environ, **env})
+    assert proc.returncode == 2 and "nope" in json.loads(proc.stdout)["error"]

@@ -1,0 +1,110 @@
+"""The job end-time model: no leakage, never above the limit, better than the limit, usable by the sweep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpu_cost.forecast import backtest, runtime
+from gpu_cost.model import Job
+from tests.unit.forecast.conftest import synthetic_jobs
+
+
+def test_features_only_see_jobs_finished_before_submit(jobs) -> None:  # type: ignore[no-untyped-def]
+    target = jobs.iloc[[800]].copy()
+    X1, level1, _ = runtime.features(target, jobs)
+    # change every job that ended after the target's submit: its features must not move
+    later = jobs["end_ts"] >= float(target["submit_ts"].iloc[0])
+    changed = jobs.copy()
+    changed.loc[later, "end_ts"] = changed.loc[later, "start_ts"] + 1.0
+    X2, level2, _ = runtime.features(target, changed)
+    assert level1[0] == level2[0] == 0
+    np.testing.assert_array_equal(X1, X2)
+
+
+def test_predictions_beat_the_limit_and_stay_below_it(jobs) -> None:  # type: ignore[no-untyped-def]
+    split = float(jobs["submit_ts"].quantile(0.7))
+    out = backtest.runtime_backtest(jobs, split, use_prophet=False)
+    assert out["n_test"] > 300
+    assert out["mae_s"] < 0.6 * out["baseline_limit_mae_s"]
+    assert out["p90_pinball_s"] < out["baseline_limit_p90_pinball_s"]
+    assert out["p90_coverage"] >= 0.8
+    model = runtime.fit(jobs[jobs["end_ts"] < split], now=split, use_prophet=False)
+    test = jobs[jobs["start_ts"] >= split]
+    pred = runtime.predict(model, test, history=jobs)
+    lim = test["time_limit_s"].to_numpy()
+    assert (pred["p90_s"].to_numpy() <= lim + 1e-6).all()
+    assert (pred["p50_s"].to_numpy() <= pred["p90_s"].to_numpy() + 1e-6).all()
+
+
+def test_prophet_classes_are_chosen_per_class_and_recorded() -> None:
+    # spread over 40 days so the busiest classes qualify for their own Prophet fit
+    jobs = synthetic_jobs(1200, seed=3)
+    jobs[["submit_ts", "start_ts", "end_ts"]] = jobs[["submit_ts", "start_ts", "end_ts"]] * 1.0
+    span = jobs["submit_ts"].max() - jobs["submit_ts"].min()
+    scale = 40 * 86400 / span
+    t0 = jobs["submit_ts"].min()
+    dur = jobs["end_ts"] - jobs["start_ts"]
+    jobs["submit_ts"] = t0 + (jobs["submit_ts"] - t0) * scale
+    jobs["start_ts"] = jobs["submit_ts"] + 60
+    jobs["end_ts"] = jobs["start_ts"] + dur
+    model = runtime.fit(jobs, min_class_jobs=30)
+    assert model.choices, "no class had enough history for Prophet"
+    assert {c["method"] for c in model.choices.values()} <= {"prophet", "empirical"}
+    scored = [c for c in model.choices.values() if "score_prophet_s" in c]
+    assert scored and all(c["score_empirical_s"] > 0 for c in scored)
+    assert model.stats.fits >= len(scored)
+    assert set(model.prophet) == {k for k, c in model.choices.items() if c["method"] == "prophet"}
+
+
+def _running(jobs: pd.DataFrame, now: float) -> list[Job]:
+    rows = jobs[(jobs["start_ts"] <= now) & (jobs["end_ts"] > now)]
+    return [Job(job_id=r.job_id, user=r.user, account=r.account, name=r.name, start_ts=r.start_ts, submit_ts=r.submit_ts,
+                time_limit_s=r.time_limit_s, gpus_requested=int(r.gpus)) for r in rows.itertuples()]
+
+
+def test_predicted_ends_from_model_and_from_store_agree(jobs, store) -> None:  # type: ignore[no-untyped-def]
+    now = float(jobs["start_ts"].iloc[1200]) + 1
+    model = runtime.fit(jobs, now=now, use_prophet=False)
+    running = _running(jobs, now)
+    assert running
+    ends = runtime.predicted_ends(model, running, now)
+    assert set(ends) == {j.job_id for j in running}
+    for j in running:
+        assert j.start_ts < ends[j.job_id] <= j.start_ts + j.time_limit_s
+
+    store.execute("upsert_forecast", runtime.class_rows(model, now))
+    from_store = runtime.predicted_ends(store, running, now)
+    assert set(from_store) == set(ends)
+    for jid, end in from_store.items():
+        job = next(j for j in running if j.job_id == jid)
+        assert job.start_ts < end <= job.start_ts + job.time_limit_s
+
+    # a job's own row (written by the nightly run) wins over its class
+    frame = jobs.assign(end_ts=jobs["end_ts"].where(jobs["end_ts"] <= now))
+    frame = frame[frame["submit_ts"] <= now]
+    rows = runtime.job_rows(model, frame, now)
+    assert {r["series"] for r in rows} == {f"runtime:job:{j.job_id}" for j in running}
+    store.execute("upsert_forecast", rows)
+    store.execute("upsert_forecast", rows)  # a re-run keeps one row per job
+    n = store.query("SELECT COUNT(*) AS n FROM gpu_cost_forecasts WHERE series LIKE 'runtime:job:%'")[0]["n"]
+    assert n == len(running)
+    own = runtime.predicted_ends(store, running, now)
+    assert own == pytest.approx({r["series"].split(":")[-1]: r["yhat_upper"] for r in rows}, abs=0.2)
+    eta = runtime.eta(store, {"job_id": running[0].job_id, "start_ts": running[0].start_ts,
+                              "time_limit_s": running[0].time_limit_s}, now)
+    assert eta is not None and eta["p50_end"] <= eta["p90_end"] <= eta["limit_end"]
+
+
+def test_name_template_folds_numbers() -> None:
+    assert runtime.name_template("train-123_epoch7") == runtime.name_template("train-9_epoch12") == "train-#_epoch#"
+    assert runtime.class_key({"user": "a", "account": "b", "gpus": 8, "time_limit_s": 3600.0}, 1) == \
+        "user|user=a|account=b|gpus=8|time=3600"
+
+
+def test_predicted_ends_skips_jobs_it_cannot_forecast(jobs) -> None:  # type: ignore[no-untyped-def]
+    model = runtime.fit(jobs, use_prophet=False)
+    pending = Job(job_id="p1", user="u1", state="PENDING", time_limit_s=3600.0)
+    no_limit = Job(job_id="n1", user="u1", start_ts=float(jobs["end_ts"].max()))
+    assert runtime.predicted_ends(model, [pending, no_limit], float(jobs["end_ts"].max())) == {}
