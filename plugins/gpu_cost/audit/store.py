@@ -102,7 +102,12 @@ class AuditStore:
             return self
         try:
             with self.engine.begin() as conn:
-                for stmt in schema_statements(self.dialect):
+                statements = schema_statements(self.dialect)
+                if self.dialect == "postgresql" and _schema_present(conn, statements):
+                    # the agent's role may not own the tables (least privilege): no DDL when nothing is missing
+                    self._ready = True
+                    return self
+                for stmt in statements:
                     conn.exec_driver_sql(stmt)
         except sa.exc.SQLAlchemyError as exc:
             raise AuditError(f"audit store {redact(self.url)} unavailable: {_short(exc)}") from exc
@@ -229,7 +234,7 @@ class AuditStore:
         out = {}
         for t in ("gpu_cost_runs", "gpu_cost_decisions", "gpu_cost_actions", "gpu_cost_escalations", "gpu_cost_usage",
                   "gpu_cost_savings", "gpu_cost_forecasts", "gpu_cost_snapshots"):
-            out[t] = int(self.query(f"SELECT COUNT(*) AS n FROM {t}")[0]["n"])  # noqa: S608 - fixed table names
+            out[t] = int(self.query(f"SELECT COUNT(*) AS n FROM {t}")[0]["n"])
         return out
 
 
@@ -245,11 +250,27 @@ def decision_row(d: Decision, run_id: str, status: str = "decided") -> dict[str,
     }
 
 
+def _schema_present(conn: Any, statements: Sequence[str]) -> bool:
+    """Return True when every table and index the schema file creates already exists."""
+    names = set()
+    for stmt in statements:
+        m = re.match(r"CREATE\s+(?:TABLE|INDEX)\s+IF\s+NOT\s+EXISTS\s+(\w+)", stmt, flags=re.I)
+        if m:
+            names.add(m.group(1).lower())
+    rows = conn.exec_driver_sql(
+        "SELECT tablename AS n FROM pg_tables WHERE schemaname = current_schema() "
+        "UNION SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+    ).all()
+    return names <= {r[0].lower() for r in rows}
+
+
 def _bind(params: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in params.items():
         if k in _TIME_COLUMNS or k in ("now", "since", "until", "until_ts"):
             out[k] = None if v is None else iso(v)
+        elif hasattr(v, "item") and not isinstance(v, str | bytes):
+            out[k] = v.item()  # numpy scalars: drivers do not know them (psycopg2 writes np.float64(...))
         else:
             out[k] = v
     return out

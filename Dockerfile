@@ -1,0 +1,23 @@
+# GPU Cost Agent: Apache Airflow 3.3 with the project's pinned dependencies and the gpu_cost package.
+# Built by `docker compose build` (docker-compose.yaml); usable alone, e.g. in a Helm deployment.
+FROM apache/airflow:3.3.2-python3.11
+
+# Every dependency at the version the tests ran with (requirements.lock pins apache-airflow itself).
+COPY --chown=airflow:root requirements.lock /tmp/requirements.lock
+RUN pip install --no-cache-dir -r /tmp/requirements.lock && rm /tmp/requirements.lock
+
+# The project laid out as in the repository, under AIRFLOW_HOME: dags/ is the DAG folder, the
+# package lives in plugins/gpu_cost, its shipped files (policies, SQL, templates) in include/.
+# Installed editable so that compose's mounts of plugins/ and include/ take effect without a rebuild.
+COPY --chown=airflow:root pyproject.toml README.md /opt/airflow/
+COPY --chown=airflow:root plugins/gpu_cost /opt/airflow/plugins/gpu_cost
+COPY --chown=airflow:root include /opt/airflow/include
+COPY --chown=airflow:root dags /opt/airflow/dags
+RUN pip install --no-cache-dir --no-deps -e /opt/airflow
+
+ENV GPU_COST_INCLUDE=/opt/airflow/include \
+    AIRFLOW__CORE__LOAD_EXAMPLES=false
+
+# Fails the build when the package or a DAG dependency cannot be imported.
+RUN python -c "import gpu_cost, gpu_cost.cli, airflow.providers.celery, airflow.providers.postgres" \
+    && gpu-cost --help > /dev/null
