@@ -3,7 +3,10 @@
 A GPU is attributed to a job by, in order of trust: the scheduler's allocation (Slurm's GPU
 indices on that node), the exporter's job label (dcgm-exporter ``hpc_job``), the cgroup of the
 processes on it. When two of them name *different running* jobs the GPU is marked ``conflict``
-and the rules leave it alone.
+and the rules leave it alone. Processes are matched to GPUs by UUID first, by index otherwise.
+An orphan process (no job, or a job that ended) on a GPU that Slurm allocates to a running job
+does not change the attribution but is reported as a disagreement: the job's owner shares the
+GPU with a leftover they may not know about.
 """
 
 from __future__ import annotations
@@ -26,12 +29,19 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
                 alloc[(host, int(i))] = j.job_id
     by_uuid: dict[str, set[str]] = defaultdict(set)
     by_index: dict[tuple[str, int], set[str]] = defaultdict(set)
+    orphans_uuid: dict[str, list[GpuProcess]] = defaultdict(list)
+    orphans_index: dict[tuple[str, int], list[GpuProcess]] = defaultdict(list)
     for p in processes:
         if p.job_id:
             if p.gpu_uuid:
                 by_uuid[p.gpu_uuid].add(p.job_id)
             if p.gpu is not None:
                 by_index[(p.host, int(p.gpu))].add(p.job_id)
+        if p.container is None and (not p.job_id or p.job_id not in running):
+            if p.gpu_uuid:
+                orphans_uuid[p.gpu_uuid].append(p)
+            if p.gpu is not None:
+                orphans_index[(p.host, int(p.gpu))].append(p)
     hosts = gpus["host"].tolist()
     idxs = gpus["gpu"].astype(int).tolist()
     uuids = gpus["uuid"].fillna("").tolist() if "uuid" in gpus else [""] * len(gpus)
@@ -54,6 +64,11 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
         if slurm:
             job_ids.append(slurm)
             how.append("slurm")
+            leftovers = orphans_uuid.get(uuid, []) if uuid else orphans_index.get((host, gpu), [])
+            for p in leftovers:
+                ended = f"of ended job {p.job_id}" if p.job_id else "of no job"
+                problems.append(Disagreement(host, gpu, f"process {p.pid} {ended} holds {p.used_mib:g} MiB on a GPU "
+                                                        f"Slurm allocates to running job {slurm}"))
         elif label_running:
             # the exporter says a running job uses it but Slurm does not list the GPU for it
             job_ids.append(None)

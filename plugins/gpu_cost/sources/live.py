@@ -1,0 +1,165 @@
+"""The live snapshot: Prometheus GPU aggregates + Slurm jobs and nodes + GPU processes over SSH.
+
+``snapshot(policy, now)`` is what ``gpu_cost.sweep.collect(policy, now, "prometheus")`` returns:
+
+- GPUs: :class:`gpu_cost.sources.prometheus.PrometheusSource` (a constant number of PromQL
+  queries, aggregated in Prometheus), node CPU from node_exporter;
+- jobs and nodes: :class:`gpu_cost.sources.slurm.SlurmSource` (``squeue``/``scontrol`` JSON);
+- GPU processes: :class:`gpu_cost.sources.nodes.NodeSource`, only when the node SSH connection
+  ``gpu_cost_node_ssh`` is configured;
+- joined by :func:`gpu_cost.correlate.attribute` (Slurm's GPU indices, the ``hpc_job`` label,
+  process cgroups; disagreements are listed, not guessed away).
+
+A source that fails does not raise: its failure goes into ``Snapshot.problems``, which makes the
+snapshot *degraded* (decisions from it are never destructive). ``check_fresh`` is the sweep's
+sensor: Prometheus answers and its newest DCGM sample is within ``sweep.max_staleness``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gpu_cost.errors import SourceError
+from gpu_cost.model import GpuProcess, Job, Node, Snapshot
+from gpu_cost.policy.schema import Policy
+
+logger = logging.getLogger(__name__)
+
+#: what the last snapshot cost, for logs and the bench: {"queries": n, "seconds": s}
+LAST_STATS: dict[str, float] = {}
+
+
+def _slurm_source(slurm: Any) -> Any:
+    if slurm is not None and hasattr(slurm, "jobs"):
+        return slurm
+    from gpu_cost.sources.slurm import SlurmSource
+
+    if slurm is None:
+        return SlurmSource()
+    return SlurmSource(runner=slurm)  # a Runner: local or on a login node
+
+
+def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any = None, node_source: Any = None,
+             processes: bool | None = None, **_ignored: Any) -> Snapshot:
+    """Return the snapshot of the real cluster at ``now`` (see the module docstring).
+
+    :param prometheus: a :class:`~gpu_cost.sources.prometheus.PrometheusSource` (default: from its connection).
+    :param slurm: a ``SlurmSource`` or a runner for Slurm commands (default: local Slurm).
+    :param node_source: a :class:`~gpu_cost.sources.nodes.NodeSource` (default: from ``gpu_cost_node_ssh``).
+    :param processes: read GPU processes over SSH (default: when the node connection is configured).
+    """
+    import pandas as pd
+
+    from gpu_cost.correlate import attribute
+    from gpu_cost.model import empty_gpu_frame
+    from gpu_cost.snapshot import rule_windows
+    from gpu_cost.sources import nodes as nodes_mod
+    from gpu_cost.sources.prometheus import PrometheusSource
+
+    started = time.monotonic()
+    problems: list[str] = []
+    primary, others = rule_windows(policy)
+
+    # GPUs
+    frame: pd.DataFrame = empty_gpu_frame()
+    windows: dict[float, pd.DataFrame] = {}
+    node_stats: dict[str, dict[str, float]] = {}
+    prom = None
+    try:
+        prom = prometheus or PrometheusSource()
+        frame, windows = prom.gpu_frame(policy, now)
+    except SourceError as exc:
+        problems.append(f"prometheus: {exc}")
+        windows = {w: frame.iloc[:0][["util_mean", "util_max", "mem_min_mib", "mem_max_mib", "power_w", "n_samples",
+                                       "expected_samples", "last_ts", "stale"]] for w in others}
+    if prom is not None and not any(p.startswith("prometheus:") for p in problems):
+        try:
+            node_stats = prom.node_stats(policy, now)
+        except SourceError as exc:
+            problems.append(f"node_exporter: {exc}")
+
+    # jobs and nodes
+    jobs: list[Job] = []
+    nodes: list[Node] = []
+    try:
+        src = _slurm_source(slurm)
+        jobs = list(src.jobs())
+        nodes = list(src.nodes())
+    except SourceError as exc:
+        problems.append(f"slurm: {exc}")
+    except ImportError as exc:
+        problems.append(f"slurm: source not available: {exc}")
+
+    # processes
+    procs: list[GpuProcess] = []
+    want = processes if processes is not None else (node_source is not None or nodes_mod.configured())
+    if want:
+        try:
+            ns = node_source or nodes_mod.NodeSource()
+            hosts = sorted({str(h) for h in frame["host"]} | {n.name for n in nodes if n.gpus_total})
+            procs, node_problems = ns.processes(hosts)
+            problems.extend(node_problems)
+        except SourceError as exc:
+            problems.append(f"node processes: {exc}")
+
+    frame, disagreements = attribute(frame, jobs, procs)
+    if len(frame) and frame["stale"].all():
+        problems.append("every GPU series is stale or missing")
+    if not len(frame) and not any(p.startswith("prometheus:") for p in problems):
+        problems.append("prometheus: no GPU series (check the exporters and the connection's selector)")
+    nodes = _merge_nodes(nodes, frame, node_stats)
+    elapsed = time.monotonic() - started
+    LAST_STATS.clear()
+    LAST_STATS.update({"queries": float(prom.queries_made if prom is not None else 0), "seconds": elapsed})
+    logger.info("live snapshot at %s: %d GPUs, %d jobs, %d processes, %d PromQL queries, %.2fs, problems=%s",
+                now, len(frame), len(jobs), len(procs), prom.queries_made if prom is not None else 0, elapsed, problems)
+    return Snapshot(ts=now, window_s=primary, lookback_s=policy.sweep.lookback, source="prometheus", gpus=frame,
+                    jobs=tuple(jobs), processes=tuple(procs), nodes=tuple(nodes), problems=tuple(problems),
+                    disagreements=tuple(disagreements), sample_interval_s=policy.sweep.sample_interval, windows=windows)
+
+
+def _merge_nodes(nodes: Sequence[Node], frame: Any, stats: dict[str, dict[str, float]]) -> list[Node]:
+    """Return Slurm's nodes (or the GPU hosts) with node_exporter CPU and summed GPU power."""
+    power: dict[str, float] = {}
+    if len(frame):
+        for host, p in zip(frame["host"], frame["power_w"], strict=True):
+            if p == p:
+                power[str(host)] = power.get(str(host), 0.0) + float(p)
+    known = {n.name for n in nodes}
+    out = list(nodes)
+    if len(frame):
+        for host in sorted(set(map(str, frame["host"])) - known):
+            sub = frame[frame["host"] == host]
+            out.append(Node(name=host, state="unknown", gpus_total=len(sub), gpu_model=str(sub["model"].iloc[0] or "")))
+    merged = []
+    for n in out:
+        cpu = stats.get(n.name, {}).get("cpu_util")
+        changes: dict[str, Any] = {}
+        if cpu is not None and not math.isnan(cpu):
+            changes["cpu_util"] = round(cpu, 2)
+        if n.name in power:
+            changes["power_w"] = round(power[n.name], 1)
+        merged.append(dataclasses.replace(n, **changes) if changes else n)
+    return merged
+
+
+def check_fresh(policy: Policy, now: float, *, prometheus: Any = None) -> tuple[bool, str]:
+    """Return (fresh, why): Prometheus answers and its newest GPU sample is recent enough."""
+    from gpu_cost.sources.prometheus import PrometheusSource
+
+    try:
+        prom = prometheus or PrometheusSource()
+        newest = prom.newest_sample_ts(now)
+    except SourceError as exc:
+        return False, str(exc)
+    if newest is None:
+        return False, f"Prometheus at {prom.config.url} has no GPU sample in the 5 minutes before {now:.0f}"
+    age = now - newest
+    if age > policy.sweep.max_staleness:
+        return False, f"the newest GPU sample is {age:.0f}s old (max_staleness {policy.sweep.max_staleness:g}s)"
+    return True, f"newest GPU sample {max(age, 0):.0f}s old"

@@ -1,0 +1,297 @@
+"""GPU processes on the nodes, over SSH: nvidia-smi plus ``/proc``, attributed to jobs or to nobody.
+
+One remote command per node: the node wrapper's ``inspect`` verb (``include/node/gpu-cost-node-action``)
+runs ``nvidia-smi --query-gpu=...`` and ``--query-compute-apps=pid,gpu_uuid,used_memory`` and reads,
+for each PID, ``/proc/<pid>/stat`` (start time: field 22 plus the boot time) and
+``/proc/<pid>/cgroup``. The raw text comes back as JSON and is parsed here, so a node never runs
+more than the wrapper. Each process is attributed to a Slurm job (``job_<id>`` in its cgroup path,
+else ``SLURM_JOB_ID`` in its environment), a container (docker, containerd, podman, Kubernetes
+pods), or nothing: an orphan.
+
+Connection ``gpu_cost_node_ssh`` (Airflow SSH provider). Extras read here besides the provider's:
+``node_command`` (the wrapper as the node runs it: a list or a shell-quoted string, default
+``gpu-cost-node-action``; with a forced command anything works), ``hosts`` (node name → address)
+and ``host_template`` (``{node}.cluster.example``). Unparsable output raises
+:class:`~gpu_cost.errors.SourceError` naming the host and the line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_cost.errors import SourceError
+from gpu_cost.model import GpuProcess
+from gpu_cost.runner import Runner
+
+logger = logging.getLogger(__name__)
+
+CONN_ID = "gpu_cost_node_ssh"
+WRAPPER = "gpu-cost-node-action"
+GPU_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used", "utilization.gpu")
+APP_FIELDS = ("pid", "gpu_uuid", "used_memory")
+_JOB = re.compile(r"/job_([0-9]+)(?:/|$)")
+_CONTAINER = (
+    re.compile(r"/docker[-/]([0-9a-f]{12,64})(?:\.scope)?"),
+    re.compile(r"cri-containerd-([0-9a-f]{12,64})\.scope"),
+    re.compile(r"/libpod-([0-9a-f]{12,64})(?:\.scope)?"),
+    re.compile(r"crio-([0-9a-f]{12,64})(?:\.scope)?"),
+    re.compile(r"/kubepods[^\n]*/([0-9a-f]{64})$"),
+)
+_NA = {"[N/A]", "[Not Supported]", "N/A", ""}
+
+
+@dataclass(frozen=True)
+class NodeGpu:
+    """One GPU as ``nvidia-smi --query-gpu`` shows it."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total_mib: float | None
+    memory_used_mib: float | None
+    util: float | None
+
+
+@dataclass
+class NodeInspection:
+    """What one node showed: GPUs, GPU processes, and any trouble reading it."""
+
+    host: str
+    gpus: list[NodeGpu] = field(default_factory=list)
+    processes: list[GpuProcess] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# parsers (pure, tested from captured real output)
+
+
+def _split_csv(text: str, n: int, host: str, what: str) -> list[tuple[int, list[str]]]:
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != n:
+            raise SourceError(f"{host}: {what} line {lineno}: expected {n} fields, got {len(parts)}: {line!r}")
+        rows.append((lineno, parts))
+    return rows
+
+
+def _num(value: str, host: str, what: str, lineno: int, line: str) -> float | None:
+    value = value.strip()
+    if value in _NA:
+        return None
+    value = re.sub(r"\s*(MiB|%|W)$", "", value)
+    try:
+        return float(value)
+    except ValueError:
+        raise SourceError(f"{host}: {what} line {lineno}: {value!r} is not a number: {line!r}") from None
+
+
+def parse_gpus(text: str, host: str) -> list[NodeGpu]:
+    """Parse ``nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu
+    --format=csv,noheader,nounits``."""
+    what = "nvidia-smi --query-gpu"
+    out = []
+    for lineno, parts in _split_csv(text, len(GPU_FIELDS), host, what):
+        line = ", ".join(parts)
+        if parts[0] == "index":
+            continue  # a header line: --format=csv without noheader
+        if not parts[0].isdigit():
+            raise SourceError(f"{host}: {what} line {lineno}: index {parts[0]!r} is not a number: {line!r}")
+        out.append(NodeGpu(int(parts[0]), parts[1], parts[2], _num(parts[3], host, what, lineno, line),
+                           _num(parts[4], host, what, lineno, line), _num(parts[5], host, what, lineno, line)))
+    return out
+
+
+def parse_apps(text: str, host: str) -> list[tuple[int, str, float]]:
+    """Parse ``nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits``."""
+    what = "nvidia-smi --query-compute-apps"
+    out = []
+    for lineno, parts in _split_csv(text, len(APP_FIELDS), host, what):
+        line = ", ".join(parts)
+        if parts[0] == "pid":
+            continue
+        if not parts[0].isdigit():
+            raise SourceError(f"{host}: {what} line {lineno}: pid {parts[0]!r} is not a number: {line!r}")
+        used = _num(parts[2], host, what, lineno, line)
+        out.append((int(parts[0]), parts[1], 0.0 if used is None else used))
+    return out
+
+
+def start_ticks(stat: str, host: str = "?", pid: int | str = "?") -> int:
+    """Return field 22 (starttime, clock ticks after boot) of a ``/proc/<pid>/stat`` line."""
+    try:
+        rest = stat[stat.rindex(")") + 2:].split()
+        return int(rest[19])
+    except (ValueError, IndexError):
+        raise SourceError(f"{host}: /proc/{pid}/stat is not a stat line: {stat[:120]!r}") from None
+
+
+def job_from_cgroup(text: str) -> str | None:
+    """Return the Slurm job id in a ``/proc/<pid>/cgroup`` (``.../job_1234/step_0/...``), or None."""
+    for line in text.splitlines():
+        m = _JOB.search(line)
+        if m:
+            return m.group(1)
+    return None
+
+
+def container_from_cgroup(text: str) -> str | None:
+    """Return a short container id from a ``/proc/<pid>/cgroup`` (docker, containerd, podman, k8s), or None."""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        for rx in _CONTAINER:
+            m = rx.search(path)
+            if m:
+                return m.group(1)[:12]
+    return None
+
+
+def parse_inspect(text: str, host: str) -> NodeInspection:
+    """Parse the wrapper's ``inspect`` JSON into GPUs and attributed GPU processes."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"{host}: inspect did not answer JSON (line {exc.lineno}): {text[:200]!r}") from None
+    if not isinstance(data, Mapping) or data.get("verb") != "inspect":
+        raise SourceError(f"{host}: inspect answered something else: {text[:200]!r}")
+    for key in ("gpus", "apps"):
+        res = data.get(key) or {}
+        if res.get("rc", 1) != 0:
+            raise SourceError(f"{host}: nvidia-smi failed ({res.get('rc')}): {str(res.get('stderr', '')).strip()[:200]}")
+    gpus = parse_gpus(data["gpus"].get("stdout", ""), host)
+    index_of = {g.uuid: g.index for g in gpus}
+    try:
+        btime = float(data["btime"])
+        tck = float(data["clk_tck"])
+    except (KeyError, TypeError, ValueError):
+        raise SourceError(f"{host}: inspect gave no boot time / clock tick") from None
+    procs_info: Mapping[str, Any] = data.get("procs") or {}
+    out = []
+    for pid, uuid, used in parse_apps(data["apps"].get("stdout", ""), host):
+        info = procs_info.get(str(pid)) or {}
+        stat = info.get("stat")
+        if not stat:
+            logger.info("%s: GPU process %d exited while being inspected", host, pid)
+            continue
+        start = btime + start_ticks(stat, host, pid) / tck
+        cgroup = info.get("cgroup") or ""
+        job = job_from_cgroup(cgroup) or (str(info["slurm_job_id"]) if info.get("slurm_job_id") else None)
+        name = stat[stat.find("(") + 1:stat.rfind(")")] if "(" in stat else ""
+        out.append(GpuProcess(host=host, pid=pid, gpu_uuid=uuid, gpu=index_of.get(uuid), used_mib=used,
+                              start_ts=float(int(start)), job_id=job, container=container_from_cgroup(cgroup),
+                              user=str(info.get("user", "")), name=name))
+    return NodeInspection(host=host, gpus=gpus, processes=out)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading nodes
+
+
+def _conn_extra(conn_id: str) -> dict[str, Any] | None:
+    raw = os.environ.get(f"AIRFLOW_CONN_{conn_id.upper()}")
+    if raw:
+        raw = raw.strip()
+        if raw.startswith("{"):
+            try:
+                extra = json.loads(raw).get("extra") or {}
+            except (json.JSONDecodeError, AttributeError):
+                raise SourceError(f"AIRFLOW_CONN_{conn_id.upper()}: not a valid JSON connection") from None
+            return json.loads(extra) if isinstance(extra, str) else dict(extra)
+        from urllib.parse import parse_qsl, urlsplit
+
+        q = dict(parse_qsl(urlsplit(raw).query))
+        return json.loads(q["__extra__"]) if "__extra__" in q else q
+    if "airflow" in sys.modules and os.environ.get("GPU_COST_AIRFLOW_LOOKUP", "1") == "1":
+        try:
+            from airflow.sdk import BaseHook
+
+            return dict(BaseHook.get_connection(conn_id).extra_dejson)
+        except Exception as exc:
+            logger.debug("no Airflow connection %s: %s", conn_id, type(exc).__name__)
+    return None
+
+
+def configured(conn_id: str = CONN_ID) -> bool:
+    """Return True when the node SSH connection exists (nothing is contacted)."""
+    try:
+        return _conn_extra(conn_id) is not None
+    except SourceError:
+        return False
+
+
+@dataclass
+class NodeAccess:
+    """How to reach the wrapper on each node."""
+
+    conn_id: str = CONN_ID
+    command: tuple[str, ...] = (WRAPPER,)
+    hosts: Mapping[str, str] = field(default_factory=dict)
+    host_template: str = ""
+
+    @classmethod
+    def from_connection(cls, conn_id: str = CONN_ID) -> NodeAccess:
+        extra = _conn_extra(conn_id)
+        if extra is None:
+            raise SourceError(f"no node SSH connection: set the Airflow connection {conn_id} (AIRFLOW_CONN_{conn_id.upper()})")
+        cmd = extra.get("node_command") or WRAPPER
+        command = tuple(shlex.split(cmd)) if isinstance(cmd, str) else tuple(str(c) for c in cmd)
+        hosts = extra.get("hosts") or {}
+        if not isinstance(hosts, Mapping):
+            raise SourceError(f"connection {conn_id}: extra.hosts must map node names to addresses")
+        return cls(conn_id, command, {str(k): str(v) for k, v in hosts.items()}, str(extra.get("host_template") or ""))
+
+    def address(self, node: str) -> str:
+        if node in self.hosts:
+            return self.hosts[node]
+        return self.host_template.format(node=node) if self.host_template else node
+
+    def runner(self, node: str) -> Runner:
+        from gpu_cost.runner import SSHRunner
+
+        return SSHRunner(self.conn_id, host=self.address(node))
+
+    def argv(self, verb: str, *args: object) -> list[str]:
+        return [*self.command, verb, *(str(a) for a in args)]
+
+
+class NodeSource:
+    """Inspect nodes through the wrapper.
+
+    :param runner_for: returns a runner per node (default: SSH through ``access``).
+    """
+
+    def __init__(self, access: NodeAccess | None = None, runner_for: Callable[[str], Runner] | None = None,
+                 timeout: float = 30.0) -> None:
+        self.access = access or NodeAccess.from_connection()
+        self.runner_for = runner_for or self.access.runner
+        self.timeout = timeout
+
+    def inspect(self, node: str) -> NodeInspection:
+        """Return the GPUs and attributed GPU processes of one node; SourceError when it cannot be read."""
+        res = self.runner_for(node).run(self.access.argv("inspect"), timeout=self.timeout)
+        if not res.ok:
+            detail = (res.stderr or res.stdout).strip()[:300]
+            raise SourceError(f"{node}: `{res.command}` exited {res.rc}: {detail}")
+        return parse_inspect(res.stdout, node)
+
+    def processes(self, nodes: Iterable[str]) -> tuple[list[GpuProcess], list[str]]:
+        """Return every GPU process of ``nodes`` and the problems met (a node that failed is named)."""
+        procs: list[GpuProcess] = []
+        problems: list[str] = []
+        for node in nodes:
+            try:
+                procs.extend(self.inspect(node).processes)
+            except SourceError as exc:
+                logger.warning("node processes: %s", exc)
+                problems.append(f"node processes: {exc}")
+        return procs, problems

@@ -1,0 +1,554 @@
+"""GPU and node metrics from Prometheus: DCGM (dcgm-exporter), nvidia_gpu_exporter, node_exporter.
+
+Every aggregate is computed *in PromQL*, so a sweep costs a constant number of queries whatever
+the cluster size (:attr:`PrometheusSource.queries_made` counts them):
+
+1. ``current``   — per GPU: newest sample time, identity labels (``Hostname``/``instance``, ``gpu``,
+   ``UUID``, ``modelName``, ``hpc_job``, ``pod``, ``namespace``), framebuffer size, temperature;
+2. ``windows``   — per GPU and rule window: mean/max utilisation, min/max framebuffer used, sample
+   count, mean power;
+3. ``lookback``  — per GPU over the lookback: mean/max utilisation, busy share, idle→busy bursts,
+   sample count;
+4. ``nodes``     — per node from node_exporter: CPU busy %, memory available, disk, network.
+
+Series are resampled on the policy's ``sample_interval`` grid with subqueries
+(``avg_over_time(U[15m:60s])``), which gives exactly the samples :mod:`gpu_cost.aggregate` sees
+for the simulator and traces, so ``stale`` and ``bursts_lb`` mean the same thing for every
+source. Utilisation prefers ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (a 0-1 ratio, scaled to %), falls
+back to ``DCGM_FI_DEV_GPU_UTIL`` and then to nvidia_gpu_exporter's
+``nvidia_smi_utilization_gpu_ratio``. Values outside 0-100 % are dropped, never read as idle.
+
+The server comes from the Airflow connection ``gpu_cost_prometheus`` (``AIRFLOW_CONN_GPU_COST_PROMETHEUS``
+as a URI or JSON, or Airflow's own lookup), else ``GPU_COST_PROMETHEUS_URL``. Connection extras:
+``selector`` (label matchers added to every GPU selector, e.g. ``job="dcgm"``), ``node_selector``
+(the same for node_exporter), ``timeout`` (seconds), ``verify`` (TLS), ``headers``. A server that
+cannot be reached, times out or answers nonsense raises :class:`~gpu_cost.errors.SourceError`;
+a GPU missing from some answers is *stale*, never idle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import numpy as np
+
+from gpu_cost.errors import SourceError
+
+logger = logging.getLogger(__name__)
+
+CONN_ID = "gpu_cost_prometheus"
+URL_ENV = "GPU_COST_PROMETHEUS_URL"
+
+#: labels that identify one GPU after normalisation
+KEY_LABELS = ("host", "gpu", "UUID")
+#: extra labels read from the newest sample of each GPU
+INFO_LABELS = ("modelName", "hpc_job", "pod", "namespace")
+
+
+# ---------------------------------------------------------------------------------------------
+# connection
+
+
+@dataclass(frozen=True)
+class PromConfig:
+    """Where Prometheus is and how to read it.
+
+    :param selector: label matchers (without braces) added to every GPU metric selector.
+    :param node_selector: the same for node_exporter metrics.
+    """
+
+    url: str
+    selector: str = ""
+    node_selector: str = ""
+    timeout: float = 15.0
+    verify: bool = True
+    headers: Mapping[str, str] = field(default_factory=dict)
+    auth: tuple[str, str] | None = None
+
+
+def conn_env_var(conn_id: str) -> str:
+    return f"AIRFLOW_CONN_{conn_id.upper()}"
+
+
+def configured(conn_id: str = CONN_ID) -> bool:
+    """Return True when a Prometheus server is configured (without contacting it)."""
+    try:
+        prometheus_config(conn_id)
+    except SourceError:
+        return False
+    return True
+
+
+def prometheus_config(conn_id: str = CONN_ID) -> PromConfig:
+    """Return the configuration of the Prometheus server the agent reads."""
+    raw = os.environ.get(conn_env_var(conn_id))
+    if raw:
+        return _config_from_conn(_parse_conn(raw, conn_id), conn_id)
+    if "airflow" in sys.modules and os.environ.get("GPU_COST_AIRFLOW_LOOKUP", "1") == "1":
+        conn = _airflow_lookup(conn_id)
+        if conn is not None:
+            return _config_from_conn(conn, conn_id)
+    url = os.environ.get(URL_ENV)
+    if url:
+        return PromConfig(url=url.rstrip("/"))
+    raise SourceError(f"no Prometheus configured: set the Airflow connection {conn_id} "
+                      f"({conn_env_var(conn_id)}) or {URL_ENV}")
+
+
+def _parse_conn(raw: str, conn_id: str) -> dict[str, Any]:
+    raw = raw.strip()
+    if raw.startswith("{"):
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise SourceError(f"{conn_env_var(conn_id)}: not valid JSON: {exc.msg}") from None
+        if not isinstance(data, dict):
+            raise SourceError(f"{conn_env_var(conn_id)}: must be a JSON object")
+        return data
+    parts = urlsplit(raw)
+    if not parts.hostname:
+        raise SourceError(f"{conn_env_var(conn_id)}: no host in {raw!r}")
+    extra = dict(parse_qsl(parts.query))
+    if "__extra__" in extra:
+        extra = json.loads(extra["__extra__"])
+    return {
+        "conn_type": parts.scheme, "host": parts.hostname, "port": parts.port,
+        "login": unquote(parts.username) if parts.username else None,
+        "password": unquote(parts.password) if parts.password else None,
+        "schema": parts.path.lstrip("/") or None, "extra": extra,
+    }
+
+
+def _airflow_lookup(conn_id: str) -> dict[str, Any] | None:
+    try:
+        from airflow.sdk import BaseHook
+
+        c = BaseHook.get_connection(conn_id)
+    except Exception as exc:
+        logger.debug("no Airflow connection %s: %s", conn_id, type(exc).__name__)
+        return None
+    return {"conn_type": c.conn_type, "host": c.host, "port": c.port, "login": c.login, "password": c.password,
+            "schema": c.schema, "extra": c.extra_dejson}
+
+
+def _config_from_conn(conn: Mapping[str, Any], conn_id: str) -> PromConfig:
+    extra = conn.get("extra") or {}
+    if isinstance(extra, str):
+        try:
+            extra = json.loads(extra) if extra.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise SourceError(f"connection {conn_id}: extra is not valid JSON: {exc.msg}") from None
+    host = str(conn.get("host") or "")
+    if not host:
+        raise SourceError(f"connection {conn_id}: no host")
+    if "://" in host:
+        url = host.rstrip("/")
+    else:
+        ctype = str(conn.get("conn_type") or "http").lower()
+        scheme = "https" if ctype == "https" or str(conn.get("schema") or "") == "https" else "http"
+        port = f":{conn['port']}" if conn.get("port") else ""
+        url = f"{scheme}://{host}{port}"
+    try:
+        timeout = float(extra.get("timeout", 15))
+    except (TypeError, ValueError):
+        raise SourceError(f"connection {conn_id}: extra.timeout must be a number of seconds") from None
+    selector = str(extra.get("selector", "")).strip().strip("{}")
+    node_selector = str(extra.get("node_selector", "")).strip().strip("{}")
+    verify = str(extra.get("verify", "true")).lower() not in ("false", "0", "no")
+    headers = extra.get("headers") or {}
+    if not isinstance(headers, Mapping):
+        raise SourceError(f"connection {conn_id}: extra.headers must be a mapping")
+    auth = (str(conn["login"]), str(conn.get("password") or "")) if conn.get("login") else None
+    return PromConfig(url=url, selector=selector, node_selector=node_selector, timeout=timeout, verify=verify,
+                      headers={str(k): str(v) for k, v in headers.items()}, auth=auth)
+
+
+# ---------------------------------------------------------------------------------------------
+# PromQL
+
+
+def _dur(seconds: float) -> str:
+    """Return a PromQL duration in milliseconds (exact for any window)."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def _sel(name: str, selector: str, offset: float = 0.0, extra: str = "") -> str:
+    matchers = ",".join(m for m in (extra, selector) if m)
+    text = f"{name}{{{matchers}}}" if matchers else name
+    return f"{text} offset {_dur(offset)}" if offset else text
+
+
+def _norm(expr: str) -> str:
+    """Give every GPU series the labels ``host`` (Hostname, else the instance's host) and ``UUID``."""
+    e = f'label_replace({expr}, "host", "$1", "instance", "(.+?)(?::[0-9]+)?")'
+    e = f'label_replace({e}, "host", "$1", "hostname", "(.+)")'
+    e = f'label_replace({e}, "host", "$1", "Hostname", "(.+)")'
+    return f'label_replace({e}, "UUID", "$1", "uuid", "(.+)")'
+
+
+def _by(expr: str, labels: Iterable[str] = KEY_LABELS) -> str:
+    return f"max by ({', '.join(labels)}) ({_norm(expr)})"
+
+
+def _stat(expr: str, name: str) -> str:
+    return f'label_replace({expr}, "stat", "{name}", "", "")'
+
+
+def _union(parts: Iterable[str]) -> str:
+    return " or ".join(f"({p})" for p in parts)
+
+
+class Dialects:
+    """PromQL expressions for each signal, across exporter dialects (first one present wins)."""
+
+    def __init__(self, selector: str = "", offset: float = 0.0) -> None:
+        self.selector = selector
+        self.offset = offset
+
+    def s(self, name: str) -> str:
+        return _sel(name, self.selector, self.offset)
+
+    def util_raw(self) -> str:
+        return (f"{self.s('DCGM_FI_PROF_GR_ENGINE_ACTIVE')} * 100 or {self.s('DCGM_FI_DEV_GPU_UTIL')}"
+                f" or {self.s('nvidia_smi_utilization_gpu_ratio')} * 100")
+
+    def util(self) -> str:
+        """Utilisation % per GPU, invalid values dropped."""
+        return f"({_by(self.util_raw())}) >= 0 <= 100"
+
+    def mem_used(self) -> str:
+        return (f"({_by(self.s('DCGM_FI_DEV_FB_USED') + ' or ' + self.s('nvidia_smi_memory_used_bytes') + ' / 1048576')})"
+                " >= 0")
+
+    def mem_total(self) -> str:
+        return _by(f"{self.s('DCGM_FI_DEV_FB_USED')} + {self.s('DCGM_FI_DEV_FB_FREE')}"
+                   f" or {self.s('nvidia_smi_memory_total_bytes')} / 1048576")
+
+    def power(self) -> str:
+        return _by(f"{self.s('DCGM_FI_DEV_POWER_USAGE')} or {self.s('nvidia_smi_power_draw_watts')}")
+
+    def temperature(self) -> str:
+        return _by(f"{self.s('DCGM_FI_DEV_GPU_TEMP')} or {self.s('nvidia_smi_temperature_gpu')}")
+
+    def newest(self, labels: Iterable[str] = KEY_LABELS) -> str:
+        """Timestamp of each GPU's newest utilisation sample (raw sample time, not the query's)."""
+        return _by(f"timestamp({self.s('DCGM_FI_PROF_GR_ENGINE_ACTIVE')}) or timestamp({self.s('DCGM_FI_DEV_GPU_UTIL')})"
+                   f" or timestamp({self.s('nvidia_smi_utilization_gpu_ratio')})", labels)
+
+
+def current_query(selector: str) -> str:
+    """Newest sample time with identity labels, framebuffer size, temperature, nvidia-smi index/name."""
+    d = Dialects(selector)
+    return _union([
+        _stat(d.newest((*KEY_LABELS, *INFO_LABELS)), "last_ts"),
+        _stat(d.mem_total(), "mem_total"),
+        _stat(d.temperature(), "temp"),
+        _stat(_by(d.s("nvidia_smi_index")), "index"),
+        _stat(_by(d.s("nvidia_smi_gpu_info"), (*KEY_LABELS, "name")), "info"),
+    ])
+
+
+def windows_query(selector: str, windows: Iterable[float], primary: float, step: float) -> str:
+    """Window aggregates for every rule window, on the sample-interval grid."""
+    d = Dialects(selector)
+    s = _dur(step)
+    parts = []
+    for w in windows:
+        r = _dur(w - step / 2)  # steps t in (now - w, now], as aggregate.window_stats
+        tag = f"{w:g}"
+        parts += [
+            _stat(f"avg_over_time(({d.util()})[{r}:{s}])", f"util_mean@{tag}"),
+            _stat(f"max_over_time(({d.util()})[{r}:{s}])", f"util_max@{tag}"),
+            _stat(f"count_over_time(({d.util()})[{r}:{s}])", f"n@{tag}"),
+            _stat(f"min_over_time(({d.mem_used()})[{r}:{s}])", f"mem_min@{tag}"),
+            _stat(f"max_over_time(({d.mem_used()})[{r}:{s}])", f"mem_max@{tag}"),
+        ]
+        if abs(w - primary) < 1e-6:
+            parts.append(_stat(f"avg_over_time(({d.power()})[{r}:{s}])", f"power@{tag}"))
+    return _union(parts)
+
+
+def lookback_query(selector: str, lookback: float, step: float, busy: float) -> str:
+    """Lookback aggregates: mean/max, busy share, idle→busy bursts (as aggregate.lookback_stats)."""
+    d = Dialects(selector)
+    prev = Dialects(selector, offset=step)
+    s = _dur(step)
+    r = _dur(lookback - step / 2)
+    rb = _dur(lookback - 3 * step / 2)  # a burst needs its quiet sample inside the lookback too
+    burst = f"(({d.util()}) > {busy:g}) and (({prev.util()}) < {busy / 4.0:g})"
+    return _union([
+        _stat(f"avg_over_time(({d.util()})[{r}:{s}])", "util_mean_lb"),
+        _stat(f"max_over_time(({d.util()})[{r}:{s}])", "util_max_lb"),
+        _stat(f"count_over_time(({d.util()})[{r}:{s}])", "n_lb"),
+        _stat(f"avg_over_time((({d.util()}) > bool {busy:g})[{r}:{s}])", "busy_share_lb"),
+        _stat(f"count_over_time(({burst})[{rb}:{s}])", "bursts_lb"),
+    ])
+
+
+def _node_norm(expr: str) -> str:
+    e = f'label_replace({expr}, "host", "$1", "instance", "(.+?)(?::[0-9]+)?")'
+    return f'label_replace({e}, "host", "$1", "node", "(.+)")'
+
+
+def nodes_query(node_selector: str, window: float) -> str:
+    """Per node: CPU busy %, memory available/total, worst filesystem free share, network rates."""
+    w = _dur(window)
+    ns = node_selector
+    fs = 'fstype!~"tmpfs|ramfs|overlay|squashfs|nsfs|autofs"'
+    net = 'device!~"lo|veth.*|docker.*|br-.*"'
+    idle = _sel("node_cpu_seconds_total", ns, extra='mode="idle"')
+    avail = _sel("node_memory_MemAvailable_bytes", ns)
+    total = _sel("node_memory_MemTotal_bytes", ns)
+    fs_free = f"{_sel('node_filesystem_avail_bytes', ns, extra=fs)} / {_sel('node_filesystem_size_bytes', ns, extra=fs)}"
+    rx = _sel("node_network_receive_bytes_total", ns, extra=net)
+    tx = _sel("node_network_transmit_bytes_total", ns, extra=net)
+    return _union([
+        _stat(f"100 * (1 - avg by (host) ({_node_norm(f'rate({idle}[{w}])')}))", "cpu_util"),
+        _stat(f"max by (host) ({_node_norm(avail)})", "mem_available_bytes"),
+        _stat(f"max by (host) ({_node_norm(total)})", "mem_total_bytes"),
+        _stat(f"min by (host) ({_node_norm(fs_free)})", "disk_free_ratio"),
+        _stat(f"sum by (host) ({_node_norm(f'rate({rx}[{w}])')})", "net_rx_bps"),
+        _stat(f"sum by (host) ({_node_norm(f'rate({tx}[{w}])')})", "net_tx_bps"),
+    ])
+
+
+def freshness_query(selector: str) -> str:
+    """The newest utilisation sample time over every GPU."""
+    return f"max({Dialects(selector).newest()})"
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+def short_model(model_name: str) -> str:
+    """Return the cost key of a GPU model name: ``NVIDIA A100-SXM4-80GB`` → ``a100``, ``Tesla T4`` → ``t4``."""
+    text = model_name.strip().lower()
+    for prefix in ("nvidia ", "tesla ", "geforce ", "quadro "):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    tokens = re.split(r"[\s\-_]+", text)
+    if not tokens or not tokens[0]:
+        return ""
+    if tokens[0] == "rtx" and len(tokens) > 1:
+        return "rtx" + tokens[1]
+    return tokens[0]
+
+
+def _value(sample: Mapping[str, Any]) -> float:
+    try:
+        v = float(sample["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise SourceError(f"Prometheus answered a sample without a value: {str(sample)[:200]}") from None
+    return v if math.isfinite(v) else math.nan
+
+
+class PrometheusSource:
+    """Read GPU and node aggregates from one Prometheus server.
+
+    :param config: server and selectors (default: the ``gpu_cost_prometheus`` connection).
+    :param client: a ready ``PrometheusConnect`` (tests, custom auth); built lazily otherwise.
+    """
+
+    def __init__(self, config: PromConfig | None = None, *, client: Any = None) -> None:
+        self.config = config or prometheus_config()
+        self._client = client
+        self.queries_made = 0
+        #: per GPU key, labels the frame has no column for (pod, namespace, temperature)
+        self.extras: dict[tuple[str, int, str], dict[str, Any]] = {}
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from prometheus_api_client import PrometheusConnect
+            from urllib3.util.retry import Retry
+
+            # retry refused connections and 502/503/504 briefly; a slow answer is not retried (it
+            # would only multiply the wait): it is reported as a timeout
+            retry = Retry(total=2, connect=2, read=False, backoff_factor=0.2, status_forcelist=(502, 503, 504),
+                          raise_on_status=False)
+            self._client = PrometheusConnect(url=self.config.url, headers=dict(self.config.headers) or None,
+                                             disable_ssl=not self.config.verify, auth=self.config.auth,
+                                             timeout=self.config.timeout, retry=retry)
+        return self._client
+
+    def query(self, promql: str, at: float, what: str) -> list[dict[str, Any]]:
+        """Run one instant query at ``at``; raise SourceError naming ``what`` on any failure."""
+        import requests
+        from prometheus_api_client.exceptions import PrometheusApiClientException
+
+        self.queries_made += 1
+        try:
+            result = self.client.custom_query(promql, params={"time": f"{at:.3f}"}, timeout=self.config.timeout)
+        except requests.exceptions.Timeout:
+            raise SourceError(f"Prometheus at {self.config.url} did not answer the {what} query within "
+                              f"{self.config.timeout:g}s") from None
+        except requests.exceptions.RequestException as exc:
+            if "timed out" in str(exc):
+                raise SourceError(f"Prometheus at {self.config.url} did not answer the {what} query within "
+                                  f"{self.config.timeout:g}s") from None
+            raise SourceError(f"Prometheus at {self.config.url} cannot be reached ({what} query): "
+                              f"{type(exc).__name__}: {str(exc).split(' with url:')[0][:200]}") from None
+        except PrometheusApiClientException as exc:
+            raise SourceError(f"Prometheus at {self.config.url} refused the {what} query: {str(exc)[:300]}") from None
+        except ValueError as exc:  # JSON decoding
+            raise SourceError(f"Prometheus at {self.config.url} answered the {what} query with invalid JSON: {exc}") from None
+        if not isinstance(result, list):
+            raise SourceError(f"Prometheus at {self.config.url}: the {what} query did not return a vector")
+        return result
+
+    # -- GPUs ------------------------------------------------------------------------------
+    def gpu_frame(self, policy: Any, now: float) -> tuple[Any, dict[float, Any]]:
+        """Return ``(gpus, windows)``: the :data:`~gpu_cost.model.GPU_COLUMNS` frame and extra windows."""
+        import pandas as pd
+
+        from gpu_cost.model import GPU_COLUMNS, empty_gpu_frame
+        from gpu_cost.snapshot import rule_windows
+
+        sw = policy.sweep
+        step = float(sw.sample_interval)
+        at = math.floor(now / step) * step
+        primary, others = rule_windows(policy)
+        windows = [primary, *others]
+        # the newest sample is judged at ``now`` itself; aggregates on the sample grid ending at ``at``
+        cur = self.query(current_query(self.config.selector), now, "current")
+        win = self.query(windows_query(self.config.selector, windows, primary, step), at, "windows")
+        lb = self.query(lookback_query(self.config.selector, sw.lookback, step, sw.busy_util), at, "lookback")
+
+        rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+        info: dict[tuple[str, str, str], dict[str, Any]] = {}
+        uuid_gpu: dict[tuple[str, str], str] = {}
+
+        def key_of(m: Mapping[str, str]) -> tuple[str, str, str]:
+            return (m.get("host", ""), m.get("gpu", ""), m.get("UUID", ""))
+
+        for s in cur:
+            m = s.get("metric", {})
+            stat = m.get("stat", "")
+            k = key_of(m)
+            v = _value(s)
+            if stat == "index":
+                if not math.isnan(v):
+                    uuid_gpu[(k[0], k[2])] = str(int(v))
+                continue
+            if stat == "info":
+                info.setdefault(k, {})["model_name"] = m.get("name", "")
+                continue
+            row = rows.setdefault(k, {})
+            if stat == "last_ts":
+                # two series for one GPU (a job label changing right now): keep the newest, labelled one
+                prev = row.get("last_ts", -math.inf)
+                if v > prev or (v == prev and m.get("hpc_job")):
+                    row["last_ts"] = v
+                    for label in INFO_LABELS:
+                        row[label] = m.get(label, "")
+            elif stat in ("mem_total", "temp"):
+                row[stat] = v
+        for sample_set in (win, lb):
+            for s in sample_set:
+                m = s.get("metric", {})
+                rows.setdefault(key_of(m), {})[m.get("stat", "")] = _value(s)
+        if not rows:
+            return empty_gpu_frame(), {w: _window_frame(pd, [], w, step, sw) for w in others}
+
+        # nvidia_gpu_exporter has no index label: take it from nvidia_smi_index
+        merged: dict[tuple[str, int, str], dict[str, Any]] = {}
+        for (host, gpu, uuid), row in rows.items():
+            idx = gpu or uuid_gpu.get((host, uuid), "")
+            try:
+                gi = int(idx)
+            except ValueError:
+                logger.warning("GPU %s on %s has no index label: skipped", uuid or "?", host or "?")
+                continue
+            model = row.get("modelName") or info.get((host, gpu, uuid), {}).get("model_name", "")
+            target = merged.setdefault((host, gi, uuid), {})
+            for k2, v2 in row.items():
+                if k2 not in target or (isinstance(v2, float) and not math.isnan(v2)):
+                    target[k2] = v2
+            target["model"] = short_model(model) if model else target.get("model", "")
+        keys = sorted(merged)
+        recs = [merged[k] for k in keys]
+        expected = max(1, round(primary / step))
+
+        def col(name: str, default: float = math.nan) -> np.ndarray:
+            return np.array([float(r.get(name, default)) for r in recs], dtype=float)
+
+        last_ts = col("last_ts")
+        n = np.nan_to_num(col(f"n@{primary:g}", 0.0)).astype(np.int64)
+        stale = (n < sw.min_sample_ratio * expected) | ~(now - np.nan_to_num(last_ts, nan=-np.inf) <= sw.max_staleness)
+        frame = pd.DataFrame({
+            "host": pd.Series([k[0] for k in keys], dtype=object),
+            "gpu": np.array([k[1] for k in keys], dtype=np.int64),
+            "uuid": pd.Series([k[2] for k in keys], dtype=object),
+            "model": pd.Series([r.get("model", "") for r in recs], dtype=object),
+            "label_job_id": pd.Series([str(r.get("hpc_job", "") or "") for r in recs], dtype=object),
+            "util_mean": col(f"util_mean@{primary:g}"),
+            "util_max": col(f"util_max@{primary:g}"),
+            "mem_min_mib": col(f"mem_min@{primary:g}"),
+            "mem_max_mib": col(f"mem_max@{primary:g}"),
+            "mem_total_mib": col("mem_total"),
+            "power_w": col(f"power@{primary:g}"),
+            "n_samples": n,
+            "expected_samples": np.full(len(keys), expected, dtype=np.int64),
+            "last_ts": last_ts,
+            "util_mean_lb": col("util_mean_lb"),
+            "util_max_lb": col("util_max_lb"),
+            "busy_share_lb": col("busy_share_lb"),
+            "bursts_lb": np.nan_to_num(col("bursts_lb", 0.0)).astype(np.int64),
+            "n_lb": np.nan_to_num(col("n_lb", 0.0)).astype(np.int64),
+            "stale": stale.astype(bool),
+        })[list(GPU_COLUMNS)]
+        self.extras = {k: {"pod": r.get("pod", ""), "namespace": r.get("namespace", ""), "temp_c": r.get("temp", math.nan)}
+                       for k, r in zip(keys, recs, strict=True)}
+        extra = {w: _window_frame(pd, recs, w, step, sw, last_ts, now) for w in others}
+        return frame, extra
+
+    # -- nodes -----------------------------------------------------------------------------
+    def node_stats(self, policy: Any, now: float) -> dict[str, dict[str, float]]:
+        """Return per node: ``cpu_util`` %, ``mem_available_bytes``, ``mem_total_bytes``,
+        ``disk_free_ratio``, ``net_rx_bps``, ``net_tx_bps`` (node_exporter)."""
+        window = max(policy.rules.zombie.window, 4 * policy.sweep.sample_interval)
+        out: dict[str, dict[str, float]] = {}
+        for s in self.query(nodes_query(self.config.node_selector, window), now, "nodes"):
+            m = s.get("metric", {})
+            host = m.get("host", "")
+            if host:
+                out.setdefault(host, {})[m.get("stat", "")] = _value(s)
+        return out
+
+    # -- freshness -------------------------------------------------------------------------
+    def newest_sample_ts(self, now: float) -> float | None:
+        """Return the newest GPU utilisation sample time (None when there is none within 5 minutes)."""
+        result = self.query(freshness_query(self.config.selector), now, "freshness")
+        if not result:
+            return None
+        v = _value(result[0])
+        return None if math.isnan(v) else v
+
+
+def _window_frame(pd: Any, recs: list[dict[str, Any]], w: float, step: float, sw: Any,
+                  last_ts: np.ndarray | None = None, at: float = 0.0) -> Any:
+    """Return the window columns for another window length (as aggregate.extra_window)."""
+    tag = f"{w:g}"
+    expected = max(1, round(w / step))
+    n = np.array([int(np.nan_to_num(r.get(f"n@{tag}", 0.0))) for r in recs], dtype=np.int64)
+    lt = last_ts if last_ts is not None else np.full(len(recs), np.nan)
+
+    def col(name: str) -> np.ndarray:
+        return np.array([float(r.get(f"{name}@{tag}", math.nan)) for r in recs], dtype=float)
+
+    return pd.DataFrame({
+        "util_mean": col("util_mean"), "util_max": col("util_max"), "mem_min_mib": col("mem_min"),
+        "mem_max_mib": col("mem_max"), "power_w": np.full(len(recs), np.nan), "n_samples": n,
+        "expected_samples": np.full(len(recs), expected, dtype=np.int64), "last_ts": lt,
+        "stale": (n < sw.min_sample_ratio * expected) | ~(at - np.nan_to_num(lt, nan=-np.inf) <= sw.max_staleness),
+    })

@@ -1,0 +1,158 @@
+"""The Prometheus source against a real Prometheus scraping simulated dcgm-exporters."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from gpu_cost.errors import SourceError
+from gpu_cost.sources.prometheus import PromConfig, PrometheusSource
+from tests.fixtures.prometheus import PromLab
+
+pytestmark = pytest.mark.integration
+
+EXACT = ["util_mean", "util_max", "power_w", "util_mean_lb", "util_max_lb", "busy_share_lb"]
+COUNTS = ["n_samples", "expected_samples", "bursts_lb", "n_lb", "stale"]
+
+
+class SimScheduler:
+    """The scheduler view of a simulated scenario (the simulator's jobs for the simulator's GPUs)."""
+
+    def __init__(self, path, now: float) -> None:  # type: ignore[no-untyped-def]
+        from gpu_cost.sources.sim import SimCluster, load_scenario
+
+        self.cluster = SimCluster(load_scenario(path), anchor=now)
+        self.now = now
+
+    def jobs(self):  # type: ignore[no-untyped-def]
+        return self.cluster.jobs_at(self.now)
+
+    def nodes(self):  # type: ignore[no-untyped-def]
+        return self.cluster.nodes_at(self.now)
+
+
+def _compare(prom, sim, exact: bool) -> None:  # type: ignore[no-untyped-def]
+    p = prom.set_index(["host", "gpu"]).sort_index()
+    s = sim.set_index(["host", "gpu"]).sort_index()
+    assert list(p.index) == list(s.index)
+    assert (p["uuid"] == s["uuid"]).all() and (p["model"] == s["model"]).all()
+    assert (p["label_job_id"] == s["label_job_id"]).all()
+    tol = 0.01 if exact else 2.0
+    for col in EXACT:
+        np.testing.assert_allclose(p[col].to_numpy(float), s[col].to_numpy(float), atol=tol if col != "busy_share_lb" else tol / 50,
+                                   err_msg=col)
+    for col in ("mem_min_mib", "mem_max_mib", "mem_total_mib"):  # the exporter prints whole MiB
+        np.testing.assert_allclose(p[col].to_numpy(float), s[col].to_numpy(float), atol=1.0 if exact else 100.0, err_msg=col)
+    for col in COUNTS:
+        assert (p[col].to_numpy() == s[col].to_numpy()).all(), col
+
+
+def test_snapshot_columns_equal_the_simulators_aggregation(prom_lab: PromLab, policy) -> None:  # type: ignore[no-untyped-def]
+    from gpu_cost.sources.sim import load_scenario
+    from gpu_cost.sources.sim import snapshot as sim_snapshot
+
+    scenario = load_scenario(prom_lab.scenarios["gpu-sim"])
+    src = PrometheusSource(prom_lab.config('job="gpu-sim"'))
+    # at the anchor every sample is backfilled history: exactly the simulator's grid
+    at = prom_lab.anchor
+    frame, windows = src.gpu_frame(policy, at)
+    sim = sim_snapshot(policy, at, scenario)
+    _compare(frame, sim.gpus, exact=True)
+    assert set(windows) == set(sim.windows)
+    for w, extra in windows.items():
+        np.testing.assert_allclose(extra["util_mean"].to_numpy(float), sim.windows[w]["util_mean"].to_numpy(float), atol=0.01)
+        assert (extra["n_samples"].to_numpy() == sim.windows[w]["n_samples"].to_numpy()).all()
+    assert src.queries_made == 3
+    # the simulator's GPUs are varied enough for the comparison to mean something
+    assert frame["util_max"].max() > 80 and frame["util_max"].min() < 5 and frame["bursts_lb"].max() >= 2
+
+    # later, on live scrapes: the same picture within tolerance, nothing stale
+    while time.time() < prom_lab.first_scrape + 2 * 5 + 1:
+        time.sleep(0.5)
+    now = math.floor(time.time() / 60) * 60
+    if now > prom_lab.anchor and now < prom_lab.first_scrape:
+        now = prom_lab.anchor
+    frame, _ = src.gpu_frame(policy, now)
+    sim = sim_snapshot(policy, now, scenario)
+    _compare(frame, sim.gpus, exact=False)
+    assert not frame["stale"].any()
+
+
+def test_number_of_queries_is_constant_for_2_and_20_nodes(prom_lab: PromLab, policy) -> None:  # type: ignore[no-untyped-def]
+    counts = {}
+    for job, nodes in (("gpu-small", 2), ("gpu-big", 20)):
+        src = PrometheusSource(prom_lab.config(f'job="{job}"'))
+        now = time.time()
+        frame, _ = src.gpu_frame(policy, now)
+        stats = src.node_stats(policy, now)
+        assert len(frame) == nodes * 8 and frame["host"].nunique() == nodes
+        # these exporters started with the session: a 15-minute window holds a few samples only
+        assert frame["stale"].all(), "too few samples must be stale, not idle"
+        assert {"gpu01", "gpu02", "gpu03"} <= set(stats) and 0 <= stats["gpu01"]["cpu_util"] <= 100
+        assert stats["gpu01"]["mem_total_bytes"] > stats["gpu01"]["mem_available_bytes"] > 0
+        counts[nodes] = src.queries_made
+    assert counts[2] == counts[20] == 4
+
+
+def test_stopped_exporter_is_stale_not_idle(prom_lab: PromLab, policy) -> None:  # type: ignore[no-untyped-def]
+    from gpu_cost.rules import run_rules
+    from gpu_cost.sources import live
+
+    src = PrometheusSource(prom_lab.config('job="gpu-stop"'))
+    now = time.time()
+    before = live.snapshot(policy, now, prometheus=src, slurm=SimScheduler(prom_lab.scenarios["gpu-stop"], now), processes=False)
+    assert not before.gpus["stale"].any(), before.gpus
+    assert [f.target for f in run_rules(before, policy) if f.rule == "zombie"] == ["gpu:gpu09:0"]
+
+    prom_lab.stop_process("gpu-stop")
+    prom_lab.wait_down("gpu-stop")
+    now = time.time()
+    after = live.snapshot(policy, now, prometheus=PrometheusSource(prom_lab.config('job="gpu-stop"')),
+                          slurm=SimScheduler(prom_lab.scenarios["gpu-stop"], now), processes=False)
+    assert len(after.gpus) == 2 and after.gpus["stale"].all()
+    assert after.gpus["last_ts"].isna().all()
+    assert "every GPU series is stale or missing" in after.problems
+    assert run_rules(after, policy) == []
+
+
+def test_check_fresh(prom_lab: PromLab, policy, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from gpu_cost import sweep
+
+    monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_PROMETHEUS", prom_lab.conn_env('job="gpu-sim"'))
+    ok, why = sweep.check_fresh(policy, time.time(), "prometheus")
+    assert ok, why
+    ok, why = sweep.check_fresh(policy, time.time() + 3600, "prometheus")
+    assert not ok and "no GPU sample" in why
+
+
+def test_prometheus_down_or_silent(policy) -> None:  # type: ignore[no-untyped-def]
+    from gpu_cost.sources import live
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    down = PrometheusSource(PromConfig(url=f"http://127.0.0.1:{closed}", timeout=2))
+    with pytest.raises(SourceError, match="cannot be reached"):
+        down.gpu_frame(policy, time.time())
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        mute = PrometheusSource(PromConfig(url=f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=1))
+        with pytest.raises(SourceError, match="did not answer"):
+            mute.gpu_frame(policy, time.time())
+        ok, why = live.check_fresh(policy, time.time(), prometheus=mute)
+        assert not ok and "did not answer" in why
+    snap = live.snapshot(policy, time.time(), prometheus=down, slurm=SimScheduler(None, time.time()), processes=False)
+    assert snap.degraded and any(p.startswith("prometheus:") for p in snap.problems)
+    assert snap.gpus.empty and snap.jobs  # the rest of the picture is still there
+
+
+def test_bad_query_is_a_source_error(prom_lab: PromLab, policy) -> None:  # type: ignore[no-untyped-def]
+    src = PrometheusSource(dataclasses.replace(prom_lab.config(), selector='job=~"('))
+    with pytest.raises(SourceError, match="refused the current query"):
+        src.gpu_frame(policy, time.time())
