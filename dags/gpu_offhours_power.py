@@ -1,0 +1,81 @@
+"""
+### gpu_offhours_power — power idle nodes down at night and on weekends, bring them back before demand
+
+**What it does.** Every hour: reads nodes and jobs (Slurm, or the simulator) and GPU metrics,
+plans under the policy's `offhours` section (windows in its time zone, utilisation threshold,
+warm reserve, exclusions, cap per run, forecast demand), then powers nodes down with
+`scontrol update nodename=<n> state=POWER_DOWN reason="gpu-cost: off-hours"` and back up with
+`state=POWER_UP` (outside the windows, for pending jobs that do not fit, or for forecast demand
+within `wake_lead`). Slurm runs the site's `SuspendProgram` / `ResumeProgram` and wakes nodes by
+itself when a job needs one. Each powered-down node-hour goes to the savings ledger (kWh, money).
+
+**Safety.** Dry-run by default (param `dry_run`, and the policy's mode must be `enforce`). More
+than `offhours.approval_over_nodes` nodes in one run need a human (Approve / Reject; no answer
+within `approval.timeout` = Reject). Waking never waits for approval. Every action has an audit
+row before and after (`gpu_cost_actions`).
+
+**Owner / triage.** GPU platform team. A node that stays `idle~` during the day: check
+`gpu_cost_actions` for a failed `power_up` and Slurm's `ResumeProgram` log. A node that never goes
+down: the run's `gpu_cost_runs.counts.held` says why (busy cluster, pending high-priority work,
+no fresh GPU metrics, reserve).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pendulum
+from airflow.sdk import Param, dag, task
+
+from gpu_cost.airflow import power_tasks
+from gpu_cost.airflow.approval import RecordingApprovalOperator
+
+DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 1, "retry_delay": dt.timedelta(minutes=2)}
+
+
+@dag(
+    dag_id="gpu_offhours_power",
+    schedule="@hourly",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["gpu-cost", "power"],
+    doc_md=__doc__,
+    params={
+        "dry_run": Param(True, type="boolean", description="Record what would be done; power nothing"),
+        "policy": Param(None, type=["null", "string"], description="Policy file; empty: GPU_COST_POLICY or the default"),
+        "source": Param(None, type=["null", "string"], enum=[None, "sim", "slurm", "prometheus"],
+                        description="sim, slurm (nodes and jobs only) or prometheus (with GPU metrics)"),
+    },
+)
+def gpu_offhours_power() -> None:
+    @task
+    def plan(params=None, **context):  # type: ignore[no-untyped-def]
+        return power_tasks.plan_task(params or {}, context)
+
+    approve = RecordingApprovalOperator(task_id="approve")
+
+    @task
+    def power_up(p):  # type: ignore[no-untyped-def]
+        return power_tasks.act_task(p, "power_up")
+
+    @task(trigger_rule="none_failed_min_one_success")
+    def power_down(p):  # type: ignore[no-untyped-def]
+        return power_tasks.act_task(p, "power_down")
+
+    @task(trigger_rule="all_done")
+    def record(p, **context):  # type: ignore[no-untyped-def]
+        return power_tasks.record_task(p, context)
+
+    p = plan()
+    up = power_up(p)
+    down = power_down(p)
+    p >> approve >> down
+    [up, down] >> record(p)
+
+
+dag_object = gpu_offhours_power()
+
+if __name__ == "__main__":
+    dag_object.test()

@@ -1,0 +1,258 @@
+"""Task bodies of ``gpu_offhours_power``: plan → (approval) → act → record; small JSON values for XCom.
+
+Also the functions ``gpu-cost power plan`` calls (:func:`snapshot_for`, :func:`make_plan`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gpu_cost.model import Decision, Snapshot, decision_id
+from gpu_cost.policy.schema import Policy, milder
+
+logger = logging.getLogger(__name__)
+
+RULE = "offhours"
+DAG_ID = "gpu_offhours_power"
+
+
+def snapshot_for(policy: Policy, now: float, source: str) -> Snapshot:
+    """Return the snapshot the power plan reads: the simulator's, or Slurm's nodes and jobs.
+
+    ``slurm``: nodes and jobs from Slurm only (no GPU metrics). ``prometheus``: the live snapshot
+    (GPU metrics), with nodes and jobs from Slurm.
+    """
+    import dataclasses
+
+    from gpu_cost import sweep
+
+    if source == "sim":
+        return sweep.collect(policy, now, "sim")
+    from gpu_cost.model import empty_gpu_frame
+    from gpu_cost.sources.slurm import SlurmSource
+
+    src = SlurmSource()
+    nodes, jobs = tuple(src.nodes()), tuple(src.jobs())
+    if source == "slurm":
+        return Snapshot(ts=now, window_s=policy.offhours.window, lookback_s=policy.sweep.lookback, source="slurm",
+                        gpus=empty_gpu_frame(), jobs=jobs, nodes=nodes)
+    try:
+        snap = sweep.collect(policy, now, source)
+    except Exception as exc:
+        logger.warning("%s source unavailable (%s): planning from Slurm alone, nothing powered down", source, exc)
+        return Snapshot(ts=now, window_s=policy.offhours.window, lookback_s=policy.sweep.lookback, source=source,
+                        gpus=empty_gpu_frame(), jobs=jobs, nodes=nodes, problems=(f"{source}: {exc}"[:200],))
+    return dataclasses.replace(snap, nodes=nodes, jobs=jobs)
+
+
+def forecast_demand(store: Any, now: float, horizon_s: float) -> float | None:
+    """Return the forecast's peak GPUs within ``horizon_s``; None when no forecast exists."""
+    try:
+        from gpu_cost.forecast.demand import expected_demand
+    except ImportError:
+        return None
+    try:
+        return expected_demand(store, now, horizon_s)
+    except Exception as exc:
+        logger.warning("demand forecast unavailable: %s", exc)
+        return None
+
+
+def effective_mode(policy: Policy, dry_run: bool) -> str:
+    mode = milder(policy.mode, policy.offhours.mode) if policy.offhours.mode else policy.mode
+    return "dry-run" if dry_run or mode != "enforce" else "enforce"
+
+
+def make_plan(policy: Policy, now: float, source: str, store: Any | None = None) -> tuple[Any, Snapshot]:
+    from gpu_cost.offhours import plan_power
+
+    snap = snapshot_for(policy, now, source)
+    forecast = forecast_demand(store, now, policy.offhours.wake_lead) if store is not None else None
+    return plan_power(snap, policy, now, forecast_gpus=forecast), snap
+
+
+def decisions_of(plan: Any, policy: Policy, now: float, mode: str) -> list[Decision]:
+    """Return one decision per node of the plan (ids deterministic per node and hour)."""
+    track = "live" if mode != "dry-run" else "dry-run"
+    episode = int(now // 3600)
+    out = []
+    for action, choices in (("power_down", plan.down), ("power_up", plan.up)):
+        for c in choices:
+            target = f"node:{c.node}"
+            out.append(Decision(
+                decision_id=decision_id(RULE, f"{target}:{action}", episode, 0, track), ts=now, rule=RULE,
+                target_kind="node", target=target, action=action, mode=mode, host=c.node, gpus=c.gpus,
+                reason=c.reason, requires_approval=action == "power_down" and plan.needs_approval,
+                evidence={"power_w": c.power_w, "power_basis": c.power_basis, "partitions": list(c.partitions),
+                          "cluster_util": plan.cluster_util, "local_time": plan.local_time},
+            ))
+    return out
+
+
+# -- tasks --------------------------------------------------------------------------------------
+def plan_task(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+    """Take the snapshot, plan, record the decisions; return the plan summary."""
+    from gpu_cost.airflow import runtime
+
+    policy = runtime.policy_from(params)
+    source = runtime.source_from(policy, params)
+    if source == "trace":
+        source = "sim"
+    now = float(runtime.data_instant(context, policy))
+    dry_run = bool(params.get("dry_run", True))
+    mode = effective_mode(policy, dry_run)
+    run_id = runtime.audit_run_id(context)
+    store = runtime.store()
+    store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode=mode)
+    plan, snap = make_plan(policy, now, source, store)
+    decisions = decisions_of(plan, policy, now, mode)
+    store.record_decisions(decisions, run_id, status="decided" if mode != "dry-run" else "recorded")
+    power = {n.name: list(_power(snap, n, policy)) for n in snap.nodes}
+    summary = plan.to_dict()
+    summary.update({"run_id": run_id, "policy": policy.source, "source": source, "mode": mode, "now": now,
+                    "decisions": [d.to_dict() for d in decisions], "node_power": power,
+                    "nodes": [n.to_dict() for n in snap.nodes]})
+    logger.info("power plan at %s (%s, in window: %s): down %s, up %s, held %s", summary["local_time"], mode,
+                plan.in_window, [c.node for c in plan.down], [c.node for c in plan.up], plan.held)
+    return summary
+
+
+def _power(snap: Snapshot, node: Any, policy: Policy) -> tuple[float, str]:
+    from gpu_cost.offhours import node_power
+
+    return node_power(snap, node, policy.offhours)
+
+
+def needs_approval(plan: Mapping[str, Any]) -> bool:
+    return bool(plan.get("needs_approval")) and plan.get("mode") != "dry-run" and bool(plan.get("down"))
+
+
+def act_task(plan: Mapping[str, Any], action: str) -> dict[str, Any]:
+    """Carry out the plan's ``action`` decisions (audit rows around each); dry-run does nothing."""
+    from gpu_cost.actions.base import ActionContext
+    from gpu_cost.actions.dispatch import execute
+    from gpu_cost.airflow import runtime
+    from gpu_cost.model import as_decisions
+
+    decisions = [d for d in as_decisions(plan.get("decisions", [])) if d.action == action]
+    if plan.get("mode") == "dry-run" or not decisions:
+        return {"action": action, "acted": 0, "results": [], "dry_run": plan.get("mode") == "dry-run"}
+    policy = runtime.policy_from({"policy": plan.get("policy")})
+    store = runtime.store()
+    if action == "power_down":
+        approved = {r["decision_id"] for r in store.decisions_of_run(plan["run_id"])
+                    if not r["requires_approval"] or r["approval_status"] == "approved"}
+        decisions = [d for d in decisions if d.decision_id in approved]
+    ctx = ActionContext(policy=policy, dry_run=False, now=float(plan["now"]), run_id=plan["run_id"])
+    results = execute(decisions, ctx, store)
+    return {"action": action, "acted": sum(1 for r in results if r.get("status") == "succeeded"), "results": results}
+
+
+def record_task(plan: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+    """Write the hour's power savings and finish the run's audit row; return the run summary."""
+    from gpu_cost.airflow import runtime
+    from gpu_cost.model import Node
+    from gpu_cost.offhours import savings_rows
+
+    policy = runtime.policy_from({"policy": plan.get("policy")})
+    store = runtime.store()
+    nodes = [Node.from_dict(n) for n in plan.get("nodes", [])]
+    power = {k: (float(v[0]), str(v[1])) for k, v in (plan.get("node_power") or {}).items()}
+    now = float(plan["now"])
+    rows = savings_rows(nodes, power, policy.offhours, policy.cost.kwh_usd, now - 3600.0) if plan.get("mode") != "dry-run" else []
+    saved = store.execute("insert_saving", rows) if rows else 0
+    ti = context.get("ti")
+    answer = ti.xcom_pull(task_ids="approve", key="decision") if ti is not None else None
+    rows_now = store.decisions_of_run(plan["run_id"])
+    acted = [r for r in rows_now if r["status"] == "acted"]
+    counts = {"down": len(plan.get("down", [])), "up": len(plan.get("up", [])), "acted": len(acted),
+              "savings_rows": saved, "kwh": round(sum(r["kwh"] for r in rows), 3),
+              "approval": (answer or {}).get("status"), "in_window": plan.get("in_window"),
+              "held": plan.get("held", []), "idle_kw": plan.get("idle_kw")}
+    store.finish_run(plan["run_id"], status="ok", finished_at=time.time(), counts=counts)
+    logger.info("power run %s: %s", plan["run_id"], json.dumps(counts, default=str))
+    return {"run_id": plan["run_id"], "mode": plan.get("mode"), **counts}
+
+
+def summary_text(counts: Mapping[str, Any], mode: str | None) -> str:
+    """One line for the demo / CLI: what the power run did or would do."""
+    if not counts.get("in_window"):
+        held = "; ".join(counts.get("held") or []) or "outside the window"
+        return f"{mode}: {held}; {counts.get('up', 0)} node(s) to power up"
+    verb = "would power down" if mode == "dry-run" else "powered down"
+    extra = f"; held: {'; '.join(counts['held'])}" if counts.get("held") else ""
+    return (f"{mode}: {verb} {counts.get('down', 0)} node(s) ({counts.get('idle_kw') or 0:g} kW idle), "
+            f"{counts.get('up', 0)} to power up{extra}")
+
+
+def demo_result(store: Any, home: Any, result: dict[str, Any]) -> None:
+    """DEMO_RESULTS hook: add ``power`` (what the power DAG decided) to the demo's result."""
+    runs = store.query("SELECT * FROM gpu_cost_runs WHERE dag_id = :d ORDER BY started_at DESC", {"d": DAG_ID})
+    if not runs:
+        result["power"] = "gpu_offhours_power recorded no run"
+        return
+    counts = runs[0].get("counts")
+    counts = json.loads(counts) if isinstance(counts, str) and counts else (counts or {})
+    result["power"] = summary_text(counts, runs[0].get("mode"))
+
+
+def simulate_week(policy: Policy, *, nodes: int = 16, days: float = 7.0, seed: int = 0, jobs_per_node: float = 2.0,
+                  end: float = 1795824000.0) -> dict[str, Any]:
+    """Replay the hourly power run over a simulated trace; return node-hours and kWh saved.
+
+    The trace is ``generate_scenario(nodes=, days=)`` ending at ``end`` (default: Monday
+    2026-11-30 00:00 UTC, so the week runs Monday to Sunday). Each hour the plan sees the simulator
+    with the nodes it powered down shown as ``idle~``; a node the trace later needs for a job counts
+    as woken by Slurm at that hour. Saved node-hours count whole hours a node stayed down.
+    """
+    import dataclasses
+
+    from gpu_cost.offhours import plan_power
+    from gpu_cost.snapshot import from_matrix
+    from gpu_cost.sources.sim import SimCluster, generate_scenario
+
+    sc = generate_scenario(nodes=nodes, days=days, seed=seed, jobs_per_node=jobs_per_node)
+    cluster = SimCluster(sc, anchor=end)
+    cfg = policy.offhours
+    down: dict[str, float] = {}  # node -> idle watts when powered down
+    node_hours = kwh = 0.0
+    wakes = downs = 0
+    t = end - days * 86400.0
+    while t < end:
+        m = cluster.matrix(t - max(cfg.window, policy.rules.idle_allocation.window), t)
+        sim_nodes = cluster.nodes_at(t)
+        shown = []
+        for n in sim_nodes:
+            if n.name in down and n.gpus_alloc:  # a job needs it: Slurm resumed it
+                down.pop(n.name)
+                wakes += 1
+            if n.name in down:
+                shown.append(dataclasses.replace(n, state="idle~", reason=cfg.reason))
+            else:
+                shown.append(n)
+        snap = from_matrix(policy=policy, now=t, source="sim", hosts=m.hosts, gpus=m.gpus, uuids=m.uuids,
+                           models=m.models, mem_total=m.mem_total, times=m.times, util=m.util, mem=m.mem,
+                           power=m.power, job=m.job, jobs=cluster.jobs_at(t), processes=cluster.processes_at(t),
+                           nodes=shown)
+        plan = plan_power(snap, policy, t)
+        for c in plan.up:
+            down.pop(c.node, None)
+        for c in plan.down:
+            down[c.node] = c.power_w
+            downs += 1
+        # the hour counts for nodes still idle at its end (a job starting within it woke the node)
+        later = {n.name: n for n in cluster.nodes_at(t + 3599.0)}
+        for name, watts in down.items():
+            if not later[name].gpus_alloc:
+                node_hours += 1.0
+                kwh += watts / 1000.0
+        t += 3600.0
+    return {"nodes": nodes, "gpus_per_node": 8, "days": days, "seed": seed, "jobs_per_node": jobs_per_node,
+            "node_hours": node_hours,
+            "node_hours_share": round(node_hours / (nodes * days * 24.0), 4), "kwh": round(kwh, 2),
+            "usd": round(kwh * policy.cost.kwh_usd, 2), "power_downs": downs, "wakes_by_demand": wakes,
+            "currency": policy.cost.currency}

@@ -1,0 +1,348 @@
+"""Off-hours power: which idle nodes to power down, which to bring back — pure functions, no I/O.
+
+The ``gpu_offhours_power`` DAG calls :func:`plan_power` once an hour with a snapshot (GPUs, jobs,
+processes, nodes) and gets a :class:`PowerPlan`:
+
+*When.* Windows are wall-clock times in ``offhours.timezone`` (``zoneinfo``, so DST shifts are
+followed: 22:00 stays 22:00 local). A window belongs to the day it starts; ``end`` before
+``start`` wraps midnight; ``24:00`` is the end of the day.
+
+*Whether.* Inside a window, nodes go down only if the cluster's GPU utilisation over
+``offhours.window`` is under ``util_max``, no job of a high-priority partition/QOS is pending,
+pending work fits in the GPUs left up, and the forecast demand for the next ``wake_lead`` fits
+in the nodes that stay up. Degraded data (stale GPUs, missing metrics) never powers anything down.
+
+*Which.* Only idle nodes (Slurm state ``idle`` with no flag, no GPU allocated, no running job, no
+GPU process, every GPU seen idle), never excluded nodes or partitions, always leaving a warm
+reserve of idle nodes per partition, most power-hungry first, at most ``max_nodes_per_run``;
+more than ``approval_over_nodes`` need a human.
+
+*Waking.* Outside the windows every node the agent powered down (Slurm reason starting with
+``offhours.reason``) comes back; inside, enough of them come back for pending jobs that do not fit
+and for forecast demand within ``wake_lead``. Slurm also wakes nodes itself when a job needs them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from gpu_cost.errors import PolicyError
+from gpu_cost.model import Node, Snapshot
+from gpu_cost.policy.schema import OffhoursConfig, Policy, Window
+
+logger = logging.getLogger(__name__)
+
+_DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+# -- windows -----------------------------------------------------------------------------------
+def _minutes(text: str, where: str) -> int:
+    try:
+        hh, mm = text.strip().split(":")
+        h, m = int(hh), int(mm)
+    except ValueError:
+        raise PolicyError("policy", where, f"not a time of day (HH:MM): {text!r}") from None
+    if not (0 <= h <= 24 and 0 <= m < 60) or (h == 24 and m):
+        raise PolicyError("policy", where, f"not a time of day (00:00-24:00): {text!r}")
+    return h * 60 + m
+
+
+def zone(cfg: OffhoursConfig) -> ZoneInfo:
+    try:
+        return ZoneInfo(cfg.timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise PolicyError("policy", "offhours.timezone", f"unknown time zone {cfg.timezone!r}") from None
+
+
+def local_time(cfg: OffhoursConfig, now: float) -> dt.datetime:
+    """Return ``now`` as wall-clock time in the policy's zone."""
+    return dt.datetime.fromtimestamp(now, tz=zone(cfg))
+
+
+def window_active(w: Window, local: dt.datetime, where: str = "offhours.windows") -> bool:
+    """Return whether the wall-clock instant ``local`` falls inside window ``w``."""
+    start, end = _minutes(w.start, f"{where}.start"), _minutes(w.end, f"{where}.end")
+    minute = local.hour * 60 + local.minute
+    today = _DAYS[local.weekday()]
+    yesterday = _DAYS[(local.weekday() - 1) % 7]
+    if end > start:
+        return today in w.days and start <= minute < end
+    if end == start:
+        return False
+    # wraps midnight: the part after start today, or the tail of yesterday's window
+    return (today in w.days and minute >= start) or (yesterday in w.days and minute < end)
+
+
+def in_window(cfg: OffhoursConfig, now: float) -> bool:
+    """Return whether ``now`` is inside any off-hours window of the policy."""
+    local = local_time(cfg, now)
+    return any(window_active(w, local, f"offhours.windows[{i}]") for i, w in enumerate(cfg.windows))
+
+
+# -- the plan ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeChoice:
+    """One node the plan acts on (or keeps), with why."""
+
+    node: str
+    reason: str
+    power_w: float = 0.0
+    power_basis: str = ""
+    gpus: int = 0
+    partitions: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "reason": self.reason, "power_w": round(self.power_w, 1),
+                "power_basis": self.power_basis, "gpus": self.gpus, "partitions": list(self.partitions)}
+
+
+@dataclass
+class PowerPlan:
+    """What the hourly run should do.
+
+    :param down: nodes to power down (most power-hungry first, capped).
+    :param up: nodes to power up (only nodes the agent powered down).
+    :param held: reasons nothing (more) is powered down this run.
+    """
+
+    now: float
+    in_window: bool
+    local_time: str
+    cluster_util: float | None
+    down: list[NodeChoice] = field(default_factory=list)
+    up: list[NodeChoice] = field(default_factory=list)
+    reserve: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    held: list[str] = field(default_factory=list)
+    needs_approval: bool = False
+    pending_gpus: int = 0
+    forecast_gpus: float | None = None
+    powered_by_agent: list[str] = field(default_factory=list)
+    capped: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "now": self.now, "in_window": self.in_window, "local_time": self.local_time,
+            "cluster_util": None if self.cluster_util is None else round(self.cluster_util, 2),
+            "down": [c.to_dict() for c in self.down], "up": [c.to_dict() for c in self.up],
+            "reserve": list(self.reserve), "skipped": dict(self.skipped), "held": list(self.held),
+            "needs_approval": self.needs_approval, "pending_gpus": self.pending_gpus,
+            "forecast_gpus": self.forecast_gpus, "powered_by_agent": list(self.powered_by_agent),
+            "capped": self.capped, "idle_kw": round(sum(c.power_w for c in self.down) / 1000.0, 3),
+        }
+
+
+def _powered_down(n: Node) -> bool:
+    return n.state.endswith(("~", "%", "!"))
+
+
+def _powering_up(n: Node) -> bool:
+    return n.state.endswith("#")
+
+
+def by_agent(n: Node, cfg: OffhoursConfig) -> bool:
+    """True when the node is powered down (or going down) with the agent's reason."""
+    return (_powered_down(n) or _powering_up(n)) and bool(cfg.reason) and n.reason.startswith(cfg.reason)
+
+
+def _excluded(n: Node, cfg: OffhoursConfig) -> str | None:
+    for pat in cfg.exclude_nodes:
+        if fnmatch.fnmatchcase(n.name, pat):
+            return f"excluded by offhours.exclude_nodes ({pat})"
+    for p in n.partitions:
+        for pat in cfg.exclude_partitions:
+            if fnmatch.fnmatchcase(p, pat):
+                return f"partition {p} excluded by offhours.exclude_partitions"
+    return None
+
+
+def cluster_utilisation(snapshot: Snapshot, window_s: float) -> float | None:
+    """Return the mean GPU utilisation % of fresh GPUs over ``window_s`` (None without data)."""
+    g = snapshot.gpus
+    if g.empty:
+        return None
+    try:
+        g = snapshot.view(window_s)
+    except KeyError:
+        pass
+    fresh = g[~g["stale"].astype(bool)]
+    if fresh.empty:
+        return None
+    return float(fresh["util_mean"].fillna(0.0).mean())
+
+
+def node_power(snapshot: Snapshot, node: Node, cfg: OffhoursConfig) -> tuple[float, str]:
+    """Return (idle watts, basis): DCGM power of the node's GPUs, else the node's, else the policy default."""
+    g = snapshot.gpus
+    if not g.empty and "power_w" in g.columns:
+        rows = g[g["host"] == node.name]
+        if len(rows) and rows["power_w"].notna().any():
+            return float(rows["power_w"].fillna(0.0).sum()), "measured (DCGM GPU power)"
+    if node.power_w is not None and node.power_w > 0:
+        return float(node.power_w), "node power"
+    return float(cfg.idle_power_w), "policy offhours.idle_power_w"
+
+
+def plan_power(snapshot: Snapshot, policy: Policy, now: float, *, forecast_gpus: float | None = None) -> PowerPlan:
+    """Return the power plan for ``now`` (see the module docstring)."""
+    cfg = policy.offhours
+    inside = in_window(cfg, now) and cfg.enabled
+    local = local_time(cfg, now)
+    util = cluster_utilisation(snapshot, cfg.window)
+    nodes = list(snapshot.nodes)
+    plan = PowerPlan(now=now, in_window=inside, local_time=local.isoformat(timespec="minutes"), cluster_util=util,
+                     forecast_gpus=forecast_gpus)
+    mine = [n for n in nodes if by_agent(n, cfg)]
+    plan.powered_by_agent = [n.name for n in mine]
+    pending = snapshot.pending_jobs()
+    plan.pending_gpus = sum(max(j.gpus_requested, 0) for j in pending)
+
+    up_nodes = [n for n in nodes if not _powered_down(n) and not n.state.startswith(("down", "drained"))]
+    free_up = sum(max(n.gpus_total - n.gpus_alloc, 0) for n in up_nodes)
+    total_up = sum(n.gpus_total for n in up_nodes)
+
+    # -- waking ---------------------------------------------------------------------------------
+    asleep = sorted((n for n in mine if _powered_down(n)), key=lambda n: n.name)
+    if not inside:
+        plan.up = [NodeChoice(n.name, "outside the off-hours window", gpus=n.gpus_total, partitions=n.partitions)
+                   for n in asleep]
+        plan.held.append("outside the off-hours window" if cfg.enabled else "offhours.enabled is false")
+        return plan
+    need = 0.0
+    why = ""
+    if cfg.wake_on_pending and plan.pending_gpus > free_up:
+        need, why = float(plan.pending_gpus - free_up), f"pending jobs need {plan.pending_gpus} GPUs, {free_up} free"
+    if forecast_gpus is not None and forecast_gpus > total_up:
+        extra = forecast_gpus - total_up
+        if extra > need:
+            need, why = extra, f"forecast demand {forecast_gpus:g} GPUs within {cfg.wake_lead / 60:.0f} min, {total_up} up"
+    woken = 0.0
+    for n in asleep:
+        if woken >= need:
+            break
+        plan.up.append(NodeChoice(n.name, why, gpus=n.gpus_total, partitions=n.partitions))
+        woken += n.gpus_total
+    if plan.up:
+        plan.held.append(f"waking {len(plan.up)} node(s): {why}")
+        return plan
+
+    # -- whether anything may go down --------------------------------------------------------------
+    if snapshot.degraded:
+        plan.held.append("degraded data: " + "; ".join(snapshot.problems)[:200])
+    if util is None and cfg.require_gpu_metrics:
+        plan.held.append("no fresh GPU metrics (offhours.require_gpu_metrics)")
+    elif util is not None and util >= cfg.util_max:
+        plan.held.append(f"cluster GPU utilisation {util:.1f}% ≥ {cfg.util_max:g}%")
+    hp = [j.job_id for j in pending if (j.partition in cfg.high_priority_partitions or j.qos in cfg.high_priority_qos)]
+    if hp:
+        plan.held.append(f"high-priority jobs pending: {', '.join(hp[:5])}")
+    if plan.held:
+        return plan
+
+    # -- which -------------------------------------------------------------------------------------
+    busy_hosts = {h for j in snapshot.running_jobs() for h in j.nodes} | {
+        h for j in snapshot.running_jobs() for h, _ in j.gpu_alloc}
+    proc_hosts = {p.host for p in snapshot.processes}
+    gpus = snapshot.gpus
+    candidates: list[tuple[Node, float, str]] = []
+    idle_up: dict[str, list[str]] = {}
+    for n in nodes:
+        why_not = _why_not_idle(n, cfg, busy_hosts, proc_hosts, gpus, policy)
+        if why_not is None:
+            for p in n.partitions or ("",):
+                idle_up.setdefault(p, []).append(n.name)
+            excl = _excluded(n, cfg)
+            if excl:
+                plan.skipped[n.name] = excl
+                continue
+            watts, basis = node_power(snapshot, n, cfg)
+            candidates.append((n, watts, basis))
+        elif not _powered_down(n):
+            plan.skipped[n.name] = why_not
+    # most power-hungry first; the frugal ones stay up as the reserve
+    candidates.sort(key=lambda c: (-c[1], c[0].name))
+    partition_size: dict[str, int] = {}
+    for n in nodes:
+        for p in n.partitions or ("",):
+            partition_size[p] = partition_size.get(p, 0) + 1
+    reserve_need = {p: max(cfg.warm_reserve_nodes, math.ceil(cfg.warm_reserve_share * size))
+                    for p, size in partition_size.items()}
+    remaining_idle = {p: len(v) for p, v in idle_up.items()}
+    cap_free = free_up - plan.pending_gpus
+    cap_total = total_up - (forecast_gpus or 0.0)
+    chosen: list[NodeChoice] = []
+    over_cap = 0
+    for n, watts, basis in candidates:
+        parts = n.partitions or ("",)
+        if any(remaining_idle.get(p, 0) - 1 < reserve_need.get(p, 0) for p in parts):
+            plan.reserve.append(n.name)
+            continue
+        if cap_free - n.gpus_total < 0 or cap_total - n.gpus_total < 0:
+            plan.reserve.append(n.name)
+            plan.skipped[n.name] = "kept up: pending or forecast demand needs its GPUs"
+            continue
+        if len(chosen) >= cfg.max_nodes_per_run:
+            over_cap += 1
+            plan.skipped[n.name] = f"cap offhours.max_nodes_per_run={cfg.max_nodes_per_run} reached"
+            continue
+        for p in parts:
+            remaining_idle[p] = remaining_idle.get(p, 0) - 1
+        cap_free -= n.gpus_total
+        cap_total -= n.gpus_total
+        chosen.append(NodeChoice(n.name, f"idle in the off-hours window (cluster {util if util is not None else 0:.1f}%)",
+                                 power_w=watts, power_basis=basis, gpus=n.gpus_total, partitions=n.partitions))
+    plan.down = chosen
+    plan.capped = over_cap
+    plan.needs_approval = len(chosen) > cfg.approval_over_nodes
+    return plan
+
+
+def _why_not_idle(n: Node, cfg: OffhoursConfig, busy_hosts: set[str], proc_hosts: set[str], gpus: Any,
+                  policy: Policy) -> str | None:
+    if n.state != "idle":
+        return f"state {n.state}"
+    if n.gpus_alloc:
+        return f"{n.gpus_alloc} GPU(s) allocated"
+    if n.name in busy_hosts:
+        return "a job runs there"
+    if n.name in proc_hosts:
+        return "a GPU process runs there"
+    rows = gpus[gpus["host"] == n.name] if not gpus.empty else gpus
+    if len(rows) == 0:
+        return "no GPU metrics for the node" if cfg.require_gpu_metrics else None
+    if rows["stale"].astype(bool).any():
+        return "stale GPU metrics"
+    idle_max = policy.rules.idle_allocation.util_max
+    if (rows["util_max"].fillna(100.0) >= idle_max).any():
+        return "a GPU was busy in the window"
+    if (rows["mem_max_mib"].fillna(0.0) > policy.rules.zombie.mem_min_mib).any():
+        return "GPU memory in use"
+    return None
+
+
+def hours_powered(nodes: Iterable[Node], cfg: OffhoursConfig) -> list[str]:
+    """Return the names of nodes powered down by the agent (for the savings ledger)."""
+    return [n.name for n in nodes if by_agent(n, cfg) and _powered_down(n)]
+
+
+def savings_rows(nodes: Iterable[Node], power_w: Mapping[str, tuple[float, str]], cfg: OffhoursConfig,
+                 kwh_usd: float, hour_start: float, hours: float = 1.0) -> list[dict[str, Any]]:
+    """Return ``gpu_cost_savings`` rows (kind ``power``) for one hour of every node the agent keeps down."""
+    out = []
+    for name in hours_powered(nodes, cfg):
+        watts, basis = power_w.get(name, (cfg.idle_power_w, "policy offhours.idle_power_w"))
+        kwh = watts / 1000.0 * hours
+        out.append({
+            "saving_id": f"power:node:{name}:{int(hour_start)}", "decision_id": None, "ts": hour_start + hours * 3600.0,
+            "kind": "power", "target": f"node:{name}", "user_name": None, "account": None, "gpu_model": "",
+            "gpus": 0, "gpu_hours": 0.0, "kwh": round(kwh, 4), "usd": round(kwh * kwh_usd, 4),
+            "basis": f"{hours:g} node-hour powered down x {watts:.0f} W idle ({basis})",
+        })
+    return out

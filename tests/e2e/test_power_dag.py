@@ -1,0 +1,143 @@
+"""``gpu_offhours_power`` through Airflow (``dag.test()``): dry-run on the simulator; approval both ways on real Slurm."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pendulum
+import pytest
+
+from gpu_cost.audit.store import AuditStore
+
+pytestmark = pytest.mark.e2e
+
+DAG_ID = "gpu_offhours_power"
+NIGHT = pendulum.datetime(2026, 11, 24, 23, 0, tz="UTC")  # a Tuesday night
+
+SCENARIO = """
+seed: 3
+anchor: now
+nodes:
+  - {name: n01, gpus: 4, model: a100, idle_power_w: 60}
+  - {name: n02, gpus: 4, model: a100, idle_power_w: 70}
+  - {name: n03, gpus: 4, model: h100, idle_power_w: 90}
+  - {name: n04, gpus: 4, model: a100, idle_power_w: 60}
+jobs:
+  - {job_id: "2001", user: alice, account: nlp, name: train, behaviour: dataloader, node: n01, gpus: [0], start: -3h}
+"""
+
+
+def respond_when_waiting(dag_id: str, task_id: str, chosen: list[str], timeout: float = 120) -> bool:
+    """Answer the HITL request the way the REST ``PATCH .../hitlDetails`` handler does."""
+    from airflow.models.hitl import HITLDetail
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.models.trigger import handle_event_submit
+    from airflow.sdk import timezone
+    from airflow.triggers.base import TriggerEvent
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with create_session() as s:
+            ti = s.scalar(select(TI).where(TI.dag_id == dag_id, TI.task_id == task_id,
+                                           TI.state == TaskInstanceState.AWAITING_INPUT))
+            hd = ti and s.scalar(select(HITLDetail).where(HITLDetail.ti_id == ti.id))
+            if hd is not None:
+                hd.responded_by = {"id": "pytest", "name": "pytest"}
+                hd.responded_at = timezone.utcnow()
+                hd.chosen_options = chosen
+                hd.params_input = {}
+                handle_event_submit(TriggerEvent(hd.as_resume_event_payload()), task_instance=ti, session=s)
+                return True
+        time.sleep(0.3)
+    return False
+
+
+@pytest.fixture
+def dag(airflow_db):  # type: ignore[no-untyped-def]
+    """A freshly parsed DAG (``dag.test(run_conf=...)`` leaves the conf in the DAG's params)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tests.fixtures.core import ROOT
+
+    bag = DagBag(dag_folder=str(ROOT / "dags" / f"{DAG_ID}.py"))
+    assert not bag.import_errors, bag.import_errors
+    return bag.dags[DAG_ID]
+
+
+@pytest.fixture
+def audit(tmp_path: Path, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_DB", json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "audit.db")}))
+    monkeypatch.setenv("GPU_COST_APPROVAL_NOTIFY", "0")
+    return tmp_path
+
+
+def _run(dag, conf, answer=None, when=NIGHT):  # type: ignore[no-untyped-def]
+    if answer is not None:
+        threading.Thread(target=respond_when_waiting, args=(DAG_ID, "approve", answer), daemon=True).start()
+    dr = dag.test(run_conf=conf, logical_date=when)
+    states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    store = AuditStore()
+    run = store.query("SELECT * FROM gpu_cost_runs WHERE dag_id = :d ORDER BY started_at DESC", {"d": DAG_ID})[0]
+    return dr, states, store, run
+
+
+def test_dry_run_on_the_simulator_records_and_powers_nothing(dag, audit, monkeypatch) -> None:
+    scenario = audit / "scenario.yaml"
+    scenario.write_text(SCENARIO)
+    monkeypatch.setenv("GPU_COST_SCENARIO", str(scenario))
+    policy = audit / "policy.yaml"
+    policy.write_text("offhours: {warm_reserve_nodes: 1, util_max: 50}\n")
+    dr, states, store, run = _run(dag, {"policy": str(policy), "source": "sim"})
+    assert dr.state == "success", states
+    assert states["approve"] == "skipped" and states["record"] == "success"
+    rows = store.decisions_of_run(run["run_id"])
+    down = sorted(r["target"] for r in rows if r["action"] == "power_down")
+    # n01 runs a job; of n02-n04 the frugal n04 (4 x 60 W) is the reserve, the hungrier two would go down
+    assert down == ["node:n02", "node:n03"]
+    assert all(r["mode"] == "dry-run" for r in rows)
+    assert store.table_counts()["gpu_cost_actions"] == 0 and store.table_counts()["gpu_cost_savings"] == 0
+    counts = json.loads(run["counts"])
+    assert counts["in_window"] is True and counts["down"] == 2 and counts["acted"] == 0
+
+
+ENFORCE = """
+mode: enforce
+approval: {timeout: 10m}
+offhours: {warm_reserve_nodes: 0, approval_over_nodes: 1, require_gpu_metrics: false}
+"""
+
+
+def test_approval_reject_then_approve_on_real_slurm(dag, audit, slurm_cluster, monkeypatch) -> None:
+    c = slurm_cluster
+    monkeypatch.setenv("SLURM_CONF", str(c.conf))
+    policy = audit / "policy.yaml"
+    policy.write_text(ENFORCE)
+    conf = {"policy": str(policy), "source": "slurm", "dry_run": False}
+    before = c.suspend_log()
+    dr, states, store, run = _run(dag, conf, ["Reject"])
+    assert dr.state == "success", states
+    assert states["approve"] == "success" and states["power_down"] == "skipped" and states["record"] == "success"
+    rows = [r for r in store.decisions_of_run(run["run_id"]) if r["action"] == "power_down"]
+    assert len(rows) == 2 and {r["approval_status"] for r in rows} == {"rejected"}
+    assert c.suspend_log() == before and all(c.node_state(n) == "IDLE" for n in c.nodes)
+    try:
+        # the next hour: decisions are per node and hour, and a rejected one is not asked again
+        dr, states, store, run = _run(dag, conf, ["Approve"], NIGHT.add(hours=1))
+        assert dr.state == "success", states
+        assert states["power_down"] == "success", states
+        rows = [r for r in store.decisions_of_run(run["run_id"]) if r["action"] == "power_down"]
+        assert {r["approval_status"] for r in rows} == {"approved"} and {r["status"] for r in rows} == {"acted"}
+        for n in c.nodes:
+            c.wait_node(n, lambda s: "POWERED_DOWN" in s, 45)
+        new = c.suspend_log()[len(before):].split()
+        assert sorted(new) in (["gpu01", "gpu02"], ["gpu[01-02]"])  # the SuspendProgram got the names
+        acts = store.query("SELECT status, output FROM gpu_cost_actions")
+        assert {a["status"] for a in acts} == {"succeeded"} and len(acts) == 2
+    finally:
+        c.resume_all()

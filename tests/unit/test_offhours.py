@@ -1,0 +1,205 @@
+"""Off-hours power planning: windows (time zones, DST), idle candidates, reserve, caps, waking."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from zoneinfo import ZoneInfo
+
+import pandas as pd
+import pytest
+import time_machine
+
+from gpu_cost.errors import PolicyError
+from gpu_cost.model import GPU_COLUMNS, GpuProcess, Job, Node, Snapshot
+from gpu_cost.offhours import in_window, plan_power, savings_rows
+from gpu_cost.policy.schema import OffhoursConfig, Policy, Window
+
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+def at(y, mo, d, h, mi=0, tz=BERLIN) -> float:
+    return dt.datetime(y, mo, d, h, mi, tzinfo=tz).timestamp()
+
+
+def cfg(**kw) -> OffhoursConfig:
+    return dataclasses.replace(OffhoursConfig(), **kw)
+
+
+def policy(**kw) -> Policy:
+    return dataclasses.replace(Policy(), offhours=cfg(**kw))
+
+
+@pytest.mark.parametrize(("when", "inside"), [
+    (dt.datetime(2026, 11, 24, 23, 0), True),    # Tue 23:00: weekday night
+    (dt.datetime(2026, 11, 25, 7, 59), True),    # Wed 07:59: tail of Tuesday's window
+    (dt.datetime(2026, 11, 25, 8, 0), False),    # end is exclusive
+    (dt.datetime(2026, 11, 25, 14, 0), False),   # working day
+    (dt.datetime(2026, 11, 28, 14, 0), True),    # Saturday, all day
+    (dt.datetime(2026, 11, 30, 7, 0), True),     # Monday 07:00: Sunday's window ends at 24:00, but Mon 07:00 is
+                                                 # no weekday window's tail either (Sun is not in its days)
+], ids=["night", "morning-tail", "end-exclusive", "day", "saturday", "monday-early"])
+def test_windows_in_utc(when, inside) -> None:
+    c = cfg(timezone="UTC")
+    got = in_window(c, when.replace(tzinfo=dt.UTC).timestamp())
+    if when.weekday() == 0 and when.hour == 7:
+        assert got is False  # Sunday 00:00-24:00 does not spill into Monday; Mon-Fri windows start at 22:00
+    else:
+        assert got is inside
+
+
+def test_dst_spring_forward_berlin_with_frozen_clock() -> None:
+    # 2026-03-29: clocks jump 02:00 → 03:00 in Berlin. 08:30 local is outside a 22:00-08:00 weekday window
+    # even though it is only 06:30 UTC; the day before (still winter time) 06:30 UTC was 07:30 local: inside.
+    c = cfg(timezone="Europe/Berlin", windows=(Window(days=("fri", "sat", "sun", "mon"), start="22:00", end="08:00"),))
+    with time_machine.travel(dt.datetime(2026, 3, 29, 6, 30, tzinfo=dt.UTC), tick=False):
+        assert in_window(c, time.time()) is False
+    with time_machine.travel(dt.datetime(2026, 3, 28, 6, 30, tzinfo=dt.UTC), tick=False):
+        assert in_window(c, time.time()) is True
+    with time_machine.travel(dt.datetime(2026, 3, 29, 5, 59, tzinfo=dt.UTC), tick=False):  # 07:59 CEST
+        assert in_window(c, time.time()) is True
+
+
+def test_dst_fall_back_berlin_with_frozen_clock() -> None:
+    # 2026-10-25: 03:00 CEST → 02:00 CET. A window ending 08:00 local ends at 07:00 UTC, not 06:00 UTC.
+    c = cfg(timezone="Europe/Berlin", windows=(Window(days=("sat",), start="22:00", end="08:00"),))
+    with time_machine.travel(dt.datetime(2026, 10, 25, 6, 30, tzinfo=dt.UTC), tick=False):  # 07:30 CET
+        assert in_window(c, time.time()) is True
+    with time_machine.travel(dt.datetime(2026, 10, 25, 7, 0, tzinfo=dt.UTC), tick=False):  # 08:00 CET
+        assert in_window(c, time.time()) is False
+    # a window starting at 22:00 local begins at 21:00 UTC in winter, 20:00 UTC in summer
+    assert in_window(c, at(2026, 10, 24, 22, 0)) is True
+    assert in_window(c, dt.datetime(2026, 10, 24, 20, 30, tzinfo=dt.UTC).timestamp()) is True  # 22:30 CEST
+
+
+def test_bad_window_and_zone_are_policy_errors() -> None:
+    with pytest.raises(PolicyError, match=r"offhours\.timezone"):
+        in_window(cfg(timezone="Mars/Olympus"), 0)
+    with pytest.raises(PolicyError, match=r"offhours.windows\[0\].start"):
+        in_window(cfg(windows=(Window(start="25:00", end="08:00"),)), 0)
+
+
+# -- planning --------------------------------------------------------------------------------------
+NIGHT = at(2026, 11, 24, 23, 0, tz=dt.UTC)  # Tuesday 23:00 UTC
+DAY = at(2026, 11, 25, 14, 0, tz=dt.UTC)
+
+
+def gpu_rows(host: str, n: int = 4, util: float = 0.5, power: float = 60.0, stale: bool = False) -> list[dict]:
+    rows = []
+    for i in range(n):
+        r = {c: 0 for c in GPU_COLUMNS}
+        r.update({"host": host, "gpu": i, "uuid": f"GPU-{host}-{i}", "model": "a100", "label_job_id": "",
+                  "util_mean": util, "util_max": util, "mem_min_mib": 0.0, "mem_max_mib": 0.0, "mem_total_mib": 81920.0,
+                  "power_w": power, "n_samples": 60, "expected_samples": 60, "last_ts": NIGHT, "stale": stale,
+                  "util_mean_lb": util, "util_max_lb": util})
+        rows.append(r)
+    return rows
+
+
+def snap(nodes: list[Node], gpus: list[dict], jobs=(), processes=()) -> Snapshot:
+    return Snapshot(ts=NIGHT, window_s=3600, lookback_s=6 * 3600, source="test", gpus=pd.DataFrame(gpus),
+                    jobs=tuple(jobs), processes=tuple(processes), nodes=tuple(nodes))
+
+
+def cluster(n: int = 5, power: dict | None = None, states: dict | None = None):
+    nodes, gpus = [], []
+    for i in range(1, n + 1):
+        name = f"gpu{i:02d}"
+        st = (states or {}).get(name, "idle")
+        alloc = 4 if st in ("allocated", "mixed") else 0
+        nodes.append(Node(name=name, state=st, gpus_total=4, gpus_alloc=alloc, gpu_model="a100", partitions=("batch",)))
+        gpus += gpu_rows(name, power=(power or {}).get(name, 60.0), util=90.0 if alloc else 0.5)
+    return nodes, gpus
+
+
+def test_idle_nodes_go_down_most_power_hungry_first_keeping_reserve() -> None:
+    nodes, gpus = cluster(4, power={"gpu03": 120.0, "gpu04": 90.0})
+    p = plan_power(snap(nodes, gpus), policy(warm_reserve_nodes=1, max_nodes_per_run=10), NIGHT)
+    assert p.in_window and not p.held
+    assert [c.node for c in p.down] == ["gpu03", "gpu04", "gpu01"]  # 480 W, 360 W, then by name
+    assert p.reserve == ["gpu02"]
+    assert p.down[0].power_w == pytest.approx(480.0) and "DCGM" in p.down[0].power_basis
+    assert not p.needs_approval
+
+
+def test_reserve_share_per_partition_and_exclusions() -> None:
+    nodes, gpus = cluster(4)
+    nodes[3] = dataclasses.replace(nodes[3], partitions=("debug",))
+    p = plan_power(snap(nodes, gpus), policy(warm_reserve_nodes=0, warm_reserve_share=0.5, exclude_nodes=("gpu01",)),
+                   NIGHT)
+    # batch: 3 nodes, reserve ceil(1.5)=2, and gpu01 is excluded (stays up, counts toward it): one may go;
+    # debug: 1 node, reserve ceil(0.5)=1: it stays
+    assert [c.node for c in p.down] == ["gpu02"]
+    assert set(p.reserve) == {"gpu03", "gpu04"}
+    assert "gpu01" in p.skipped and "exclude_nodes" in p.skipped["gpu01"]
+    p2 = plan_power(snap(nodes, gpus), policy(warm_reserve_nodes=0, exclude_partitions=("debug",)), NIGHT)
+    assert "gpu04" not in {c.node for c in p2.down} and "debug" in p2.skipped["gpu04"]
+
+
+def test_busy_nodes_jobs_processes_and_stale_metrics_are_never_candidates() -> None:
+    nodes, gpus = cluster(5, states={"gpu01": "mixed"})
+    gpus = [dict(r, util_mean=20.0) if r["host"] == "gpu01" else r for r in gpus if r["host"] != "gpu05"]
+    gpus += gpu_rows("gpu05", stale=True)
+    job = Job(job_id="7", user="u", state="RUNNING", nodes=("gpu02",), gpu_alloc=(("gpu02", (0,)),))
+    proc = GpuProcess(host="gpu03", pid=42, used_mib=2048.0)
+    p = plan_power(snap(nodes, gpus, jobs=[job], processes=[proc]), policy(warm_reserve_nodes=0), NIGHT)
+    assert [c.node for c in p.down] == ["gpu04"]
+    assert p.skipped["gpu01"] == "state mixed"
+    assert p.skipped["gpu02"] == "a job runs there"
+    assert p.skipped["gpu03"] == "a GPU process runs there"
+    assert p.skipped["gpu05"] == "stale GPU metrics"
+
+
+def test_cap_and_approval() -> None:
+    nodes, gpus = cluster(6)
+    p = plan_power(snap(nodes, gpus), policy(warm_reserve_nodes=0, max_nodes_per_run=3, approval_over_nodes=2), NIGHT)
+    assert len(p.down) == 3 and p.capped == 3 and p.needs_approval
+    p = plan_power(snap(nodes, gpus), policy(warm_reserve_nodes=0, max_nodes_per_run=3, approval_over_nodes=3), NIGHT)
+    assert not p.needs_approval
+
+
+def test_nothing_goes_down_outside_the_window_busy_cluster_or_high_priority_queue() -> None:
+    nodes, gpus = cluster(3)
+    assert plan_power(snap(nodes, gpus), policy(warm_reserve_nodes=0), DAY).down == []
+    busy = [dict(r, util_mean=50.0) for r in gpus]
+    p = plan_power(snap(nodes, busy), policy(warm_reserve_nodes=0), NIGHT)
+    assert p.down == [] and "utilisation" in p.held[0]
+    urgent = Job(job_id="9", user="u", state="PENDING", qos="urgent", gpus_requested=1)
+    p = plan_power(snap(nodes, gpus, jobs=[urgent]), policy(warm_reserve_nodes=0), NIGHT)
+    assert p.down == [] and "high-priority" in p.held[0]
+    p = plan_power(snap(nodes, []), policy(warm_reserve_nodes=0), NIGHT)
+    assert p.down == [] and "no fresh GPU metrics" in p.held[0]
+
+
+def test_pending_and_forecast_demand_keep_or_wake_nodes() -> None:
+    nodes, gpus = cluster(3)
+    # 2 pending GPUs: one node's worth must stay up beyond the (zero) reserve
+    pend = Job(job_id="5", user="u", state="PENDING", gpus_requested=6)
+    p = plan_power(snap(nodes, gpus, jobs=[pend]), policy(warm_reserve_nodes=0), NIGHT)
+    assert len(p.down) == 1
+    # forecast: 10 GPUs expected within wake_lead, 12 up → at most 0 nodes can go (each has 4)
+    p = plan_power(snap(nodes, gpus), policy(warm_reserve_nodes=0), NIGHT, forecast_gpus=10.0)
+    assert p.down == []
+    # wake: two nodes powered down by the agent, pending demand exceeds the free GPUs of the rest
+    asleep = [dataclasses.replace(n, state="idle~", reason="gpu-cost: off-hours") for n in nodes[1:]]
+    other = Node(name="gpu09", state="idle~", gpus_total=4, reason="maintenance")
+    s = snap([nodes[0], *asleep, other], gpus[:4], jobs=[dataclasses.replace(pend, gpus_requested=8)])
+    p = plan_power(s, policy(), NIGHT)
+    assert [c.node for c in p.up] == ["gpu02"] and p.down == []
+    assert "pending jobs need 8 GPUs" in p.up[0].reason
+    p = plan_power(s, policy(), NIGHT, forecast_gpus=11.0)
+    assert [c.node for c in p.up] == ["gpu02", "gpu03"]
+    # outside the window every node the agent powered down comes back, never someone else's
+    p = plan_power(snap([nodes[0], *asleep, other], gpus[:4]), policy(), DAY)
+    assert [c.node for c in p.up] == ["gpu02", "gpu03"]
+
+
+def test_savings_rows_per_node_hour() -> None:
+    nodes = [Node(name="gpu02", state="idle~", reason="gpu-cost: off-hours"), Node(name="gpu03", state="idle~"),
+             Node(name="gpu01", state="idle")]
+    rows = savings_rows(nodes, {"gpu02": (480.0, "measured")}, OffhoursConfig(), 0.15, NIGHT)
+    assert len(rows) == 1
+    r = rows[0]
+    assert r["kind"] == "power" and r["target"] == "node:gpu02" and r["kwh"] == pytest.approx(0.48)
+    assert r["usd"] == pytest.approx(0.072) and r["saving_id"].endswith(str(int(NIGHT)))
