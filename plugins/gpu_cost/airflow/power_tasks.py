@@ -201,7 +201,7 @@ def demo_result(store: Any, home: Any, result: dict[str, Any]) -> None:
 
 
 def simulate_week(policy: Policy, *, nodes: int = 16, days: float = 7.0, seed: int = 0, jobs_per_node: float = 2.0,
-                  end: float = 1795824000.0) -> dict[str, Any]:
+                  end: float = 1795996800.0, diurnal: bool = True) -> dict[str, Any]:
     """Replay the hourly power run over a simulated trace; return node-hours and kWh saved.
 
     The trace is ``generate_scenario(nodes=, days=)`` ending at ``end`` (default: Monday
@@ -215,7 +215,8 @@ def simulate_week(policy: Policy, *, nodes: int = 16, days: float = 7.0, seed: i
     from gpu_cost.snapshot import from_matrix
     from gpu_cost.sources.sim import SimCluster, generate_scenario
 
-    sc = generate_scenario(nodes=nodes, days=days, seed=seed, jobs_per_node=jobs_per_node)
+    # a working-hours cluster: busy weekdays, quiet nights and weekends (what off-hours power is for)
+    sc = generate_scenario(nodes=nodes, days=days, seed=seed, jobs_per_node=jobs_per_node, diurnal=diurnal, anchor=end)
     cluster = SimCluster(sc, anchor=end)
     cfg = policy.offhours
     down: dict[str, float] = {}  # node -> idle watts when powered down
@@ -252,6 +253,7 @@ def simulate_week(policy: Policy, *, nodes: int = 16, days: float = 7.0, seed: i
                 kwh += watts / 1000.0
         t += 3600.0
     return {"nodes": nodes, "gpus_per_node": 8, "days": days, "seed": seed, "jobs_per_node": jobs_per_node,
+            "diurnal": diurnal,
             "node_hours": node_hours,
             "node_hours_share": round(node_hours / (nodes * days * 24.0), 4), "kwh": round(kwh, 2),
             "usd": round(kwh * policy.cost.kwh_usd, 2), "power_downs": downs, "wakes_by_demand": wakes,

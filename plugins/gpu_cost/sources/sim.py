@@ -208,11 +208,15 @@ def generate_scenario(
     sample_interval: float = 60.0,
     mix: Mapping[str, float] | None = None,
     model: str = "a100",
+    diurnal: bool = False,
+    anchor: float | None = None,
 ) -> Scenario:
     """Return a synthetic cluster: ``nodes`` × ``gpus_per_node`` GPUs, a behaviour mix, a queue.
 
     With ``days == 0`` the jobs are all running at the anchor (a cluster as one sweep sees it);
     with ``days > 0`` jobs come and go over ``[-days, 0]`` (a trace for replays and reports).
+    ``diurnal`` makes arrivals follow working hours (busy weekdays, quiet nights and weekends) in
+    UTC, with ``anchor`` the instant offset 0 stands for (the scenario is then pinned to it).
     """
     rng = np.random.default_rng(seed)
     mix = dict(mix or {"training": 0.55, "idle": 0.12, "zombie": 0.08, "dataloader": 0.12, "inference": 0.08, "memleak": 0.05})
@@ -249,7 +253,8 @@ def generate_scenario(
             if start >= 0:
                 break
             beh = names[rng.choice(len(names), p=probs)]
-            dur = float(rng.lognormal(math.log(4 * 3600), 0.8))
+            # a working-hours cluster runs shorter, interactive-sized jobs
+            dur = float(rng.lognormal(math.log((2 if diurnal else 4) * 3600), 0.7 if diurnal else 0.8))
             end = start + dur
             jid += 1
             linger = float(rng.uniform(1800, 6 * 3600)) if beh == "zombie" else None
@@ -257,7 +262,8 @@ def generate_scenario(
             free_at = end + (linger or 0.0)
             for g in gpus:
                 slots_free[g] = free_at
-            t = start + float(rng.exponential(3600 / max(jobs_per_node, 0.1)))
+            rate = max(jobs_per_node, 0.1) * (_diurnal(anchor + start) if diurnal and anchor is not None else 1.0)
+            t = start + float(rng.exponential(3600 / max(rate, 0.02)))
     n_pending = nodes if pending is None else pending
     for _ in range(n_pending):
         jid += 1
@@ -269,7 +275,21 @@ def generate_scenario(
             )
         )
     index = {n.name: i for i, n in enumerate(sim_nodes)}
-    return Scenario(sim_nodes, tuple(jobs), seed, sample_interval, "now", "<generated>", index)
+    pinned: float | str = float(anchor) if anchor is not None else "now"
+    return Scenario(sim_nodes, tuple(jobs), seed, sample_interval, pinned, "<generated>", index)
+
+
+def _diurnal(ts: float) -> float:
+    """Return the arrival-rate multiplier of a working-hours cluster at ``ts`` (UTC)."""
+    day = int(ts // 86400 + 3) % 7  # 0 = Monday (1970-01-01 was a Thursday)
+    hour = (ts % 86400) / 3600.0
+    if day >= 5:
+        return 0.08
+    if 9 <= hour < 19:
+        return 1.6
+    if 19 <= hour < 22 or 7 <= hour < 9:
+        return 0.5
+    return 0.03
 
 
 def _split(total: int, parts: int, rng: np.random.Generator) -> list[int]:
