@@ -1,0 +1,133 @@
+"""Task bodies of ``gpu_manual_reclaim``: prepare → approve (when needed) → act → finish.
+
+Each returns a small JSON-able value for XCom; the decisions and actions themselves go to the
+audit store (``gpu_cost_db``) through the same functions the sweep uses.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpu_cost import reclaim
+from gpu_cost.actions.base import ActionContext
+from gpu_cost.airflow import runtime
+from gpu_cost.model import as_decisions
+from gpu_cost.policy.schema import Policy
+from gpu_cost.runner import LocalRunner, Runner, SSHRunner
+
+logger = logging.getLogger(__name__)
+
+DAG_ID = "gpu_manual_reclaim"
+SLURM_SSH_CONN_ID = "gpu_cost_slurm_ssh"
+NODE_SSH_CONN_ID = "gpu_cost_node_ssh"
+
+
+def requested_by(context: Mapping[str, Any]) -> str | None:
+    """Return the user who triggered the run (the Airflow UI/API user), when Airflow knows it."""
+    dag_run = context.get("dag_run")
+    return getattr(dag_run, "triggering_user_name", None) or None
+
+
+def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate the request, resolve its targets, decide under the policy, record the decisions.
+
+    A bad request raises :class:`~gpu_cost.reclaim.ReclaimRequestError` before anything acts; it
+    is recorded as a ``refused`` run in ``gpu_cost_runs``.
+    """
+    from gpu_cost import sweep  # numpy, pandas: imported here, not when the DAG file is parsed
+
+    run_id = runtime.audit_run_id(context)
+    store = runtime.store()
+    policy = runtime.policy_from(params)
+    source = runtime.source_from(policy, params)
+    now = runtime.data_instant(context, policy)
+    try:
+        request = reclaim.parse_request(params, requested_by(context))
+        mode = "dry-run" if request.dry_run else "enforce"
+        store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode=mode)
+        snap = sweep.collect(policy, now, source)
+        p = reclaim.plan(request, policy, snap, now=now, run_key=run_id)
+    except reclaim.ReclaimRequestError as exc:
+        store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode="refused")
+        store.finish_run(run_id, status="refused", finished_at=time.time(), problems=[str(exc)])
+        raise
+    store.record_decisions(p.decisions, run_id)
+    for d in p.decisions:
+        logger.info("decision %s %s → %s [%s]%s %s", d.decision_id, d.target, d.action, d.mode,
+                    " (needs approval)" if d.requires_approval and d.acts else "", d.reason)
+    for r in p.refused:
+        logger.warning("refused %s: %s", r["target"], r["why"])
+    return {"run_id": run_id, "now": now, "policy": policy.source, "source": source, "dry_run": request.dry_run,
+            "request": {"target_kind": request.target_kind, "target_ids": list(request.target_ids),
+                        "action": request.action, "reason": request.reason, "requested_by": request.requested_by,
+                        "override_protections": request.override_protections},
+            "approval_text": reclaim.approval_text(p), **p.to_xcom()}
+
+
+def act(prep: Mapping[str, Any], approval: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Dispatch the decisions that may act (approved where needed) with the audit trail around each."""
+    from gpu_cost.actions.dispatch import execute
+
+    policy = runtime.policy_from({"policy": prep["policy"]})
+    store = runtime.store()
+    decisions = as_decisions(prep["decisions"])
+    runnable = [d for d in decisions if d.action != "none" and reclaim.approved(d, approval)]
+    held = [d.decision_id for d in decisions if d.action != "none" and d not in runnable]
+    ctx = action_context(policy, dry_run=bool(prep["dry_run"]), now=float(prep["now"]), run_id=prep["run_id"],
+                         store=store)
+    results = execute(runnable, ctx, store) if runnable else []
+    for r in results:
+        logger.info("action %s → %s%s", r.get("action_id") or r.get("decision_id"), r["status"],
+                    f" ({r['error']})" if r.get("error") else "")
+    return {"results": results, "held": held}
+
+
+def finish(prep: Mapping[str, Any] | None, approval: Mapping[str, Any] | None,
+           acted: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Record the run's end in ``gpu_cost_runs``; fail the run when an action failed.
+
+    Runs whatever happened upstream, so a rejected or failed run still gets its audit row.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    if prep is None:
+        raise AirflowFailException("prepare did not finish: the request was refused or failed (see its log)")
+    store = runtime.store()
+    decisions = as_decisions(prep["decisions"])
+    # the approval operator has written the answer onto the decisions already
+    answer = (approval or {}).get("status") if prep.get("needs_approval") else None
+    results = list((acted or {}).get("results") or [])
+    failed = [r for r in results if r.get("status") == "failed"]
+    if answer in ("rejected", "timed_out"):
+        status = "rejected"
+    elif acted is None or failed:
+        status = "failed"
+    else:
+        status = "ok"
+    counts = {"decisions": len(decisions), "refused": len(prep.get("refused") or []),
+              "acted": sum(1 for r in results if r.get("status") == "succeeded"),
+              "skipped": sum(1 for r in results if r.get("status") == "skipped"), "failed": len(failed)}
+    store.finish_run(prep["run_id"], status=status, finished_at=time.time(), counts=counts)
+    summary = {"run_id": prep["run_id"], "status": status, "approval": answer, **counts,
+               "results": [{k: r.get(k) for k in ("decision_id", "status", "error")} for r in results]}
+    logger.info("manual reclaim %s: %s", prep["run_id"], summary)
+    if status == "failed":
+        why = "; ".join(f"{r.get('action_id')}: {r.get('error')}" for r in failed) or "the act step did not finish"
+        raise AirflowFailException(f"manual reclaim failed: {why}")
+    return summary
+
+
+def action_context(policy: Policy, *, dry_run: bool, now: float, run_id: str, store: Any) -> ActionContext:
+    """Return the executors' context: Slurm locally or on the login node, nodes over SSH."""
+    from gpu_cost.actions.notify import _connection
+
+    slurm: Runner = SSHRunner(SLURM_SSH_CONN_ID) if _connection(SLURM_SSH_CONN_ID) is not None else LocalRunner()
+    node_runner: Callable[[str], Runner] = lambda host: SSHRunner(NODE_SSH_CONN_ID, host=host)  # noqa: E731
+    return ActionContext(policy=policy, dry_run=dry_run, now=now, run_id=run_id, slurm=slurm,
+                         node_runner=node_runner, sleep=time.sleep, extra={"store": store})
+
+
+__all__ = ["act", "action_context", "finish", "prepare", "requested_by"]

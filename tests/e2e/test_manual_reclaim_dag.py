@@ -1,0 +1,178 @@
+"""``gpu_manual_reclaim`` through Airflow (``dag.test()``) on the simulator, with Slack on loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from gpu_cost.audit.store import AuditStore
+
+pytestmark = pytest.mark.e2e
+
+DAG_ID = "gpu_manual_reclaim"
+
+
+@pytest.fixture
+def dag(airflow_db):  # type: ignore[no-untyped-def]
+    """A freshly parsed DAG: ``dag.test(run_conf=...)`` leaves the conf in the DAG object's params."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tests.fixtures.core import ROOT
+
+    bag = DagBag(dag_folder=str(ROOT / "dags" / f"{DAG_ID}.py"))
+    assert not bag.import_errors, bag.import_errors
+    return bag.dags[DAG_ID]
+
+
+@pytest.fixture
+def slack(slack_sink, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_SLACK",
+                       json.dumps({"conn_type": "slackwebhook", "password": slack_sink.webhook_url()}))
+    return slack_sink
+
+
+def _run(dag, conf):  # type: ignore[no-untyped-def]
+    dr = dag.test(run_conf=conf)
+    states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
+    return dr, states
+
+
+def _decisions(dr) -> list[dict]:  # type: ignore[no-untyped-def, type-arg]
+    return AuditStore().decisions_of_run(f"{DAG_ID}:{dr.run_id}")
+
+
+def _actions(rows) -> list[dict]:  # type: ignore[no-untyped-def, type-arg]
+    store = AuditStore()
+    return [a for r in rows for a in store.actions_of_decision(r["decision_id"])]
+
+
+@pytest.mark.parametrize(
+    ("conf", "match"),
+    [
+        ({"target_ids": ["1003"], "reason": "short"}, "reason"),
+        ({"target_ids": ["1003; rm -rf /"], "reason": "cleanup of idle jobs"}, "target_ids"),
+        ({"target_ids": [], "reason": "cleanup of idle jobs"}, "target_ids"),
+        ({"target_ids": ["1003"], "reason": "cleanup of idle jobs", "action": "shutdown"}, "action"),
+        ({"target_ids": ["1003"], "reason": "cleanup of idle jobs", "dry_run": "no"}, "dry_run"),
+        ({"target_ids": ["1003"]}, "reason"),
+    ],
+    ids=["short-reason", "shell-chars", "no-ids", "unknown-action", "dry-run-not-bool", "reason-missing"],
+)
+def test_bad_form_is_refused_before_a_run_starts(dag, conf, match) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match=match):
+        dag.test(run_conf=conf)
+
+
+def test_kind_specific_ids_are_refused_by_prepare_and_nothing_acts(dag, slack) -> None:  # type: ignore[no-untyped-def]
+    dr, states = _run(dag, {"target_kind": "job", "target_ids": ["gpu01"], "action": "cancel",
+                            "reason": "cleanup of idle jobs", "dry_run": False})
+    assert dr.state == "failed" and states["prepare"] == "failed" and states["act"] == "upstream_failed"
+    run = AuditStore().get_run(f"{DAG_ID}:{dr.run_id}")
+    assert run["status"] == "refused" and "'gpu01' is not a Slurm job id" in run["problems"]
+    assert _decisions(dr) == [] and slack.requests == []
+
+
+def test_dry_run_is_the_default_and_acts_on_nothing(dag, slack) -> None:  # type: ignore[no-untyped-def]
+    dr, states = _run(dag, {"target_ids": ["1003"], "reason": "idle for hours, freeing GPUs"})
+    assert dr.state == "success", states
+    assert states["approve"] == "skipped" and states["act"] == "success"
+    (row,) = _decisions(dr)
+    assert row["rule"] == "manual" and row["mode"] == "dry-run" and row["action"] == "notify"
+    assert row["job_id"] == "1003" and row["user_name"] == "carol"
+    (action,) = _actions([row])
+    assert action["status"] == "skipped" and action["dry_run"] == 1 and "dry-run: would notify carol" in action["output"]
+    assert slack.requests == []
+    assert AuditStore().get_run(f"{DAG_ID}:{dr.run_id}")["status"] == "ok"
+
+
+def test_notify_for_real_goes_through_the_same_executor_and_audit(dag, slack) -> None:  # type: ignore[no-untyped-def]
+    dr, states = _run(dag, {"target_kind": "user", "target_ids": ["carol"], "action": "notify",
+                            "reason": "please release idle GPUs", "dry_run": False})
+    assert dr.state == "success", states
+    (row,) = _decisions(dr)
+    assert row["target"] == "user:carol" and row["mode"] == "enforce"
+    (action,) = _actions([row])
+    assert action["status"] == "succeeded" and action["dry_run"] == 0
+    (req,) = slack.requests
+    assert "please release idle GPUs" in req.body["text"] and "requested by an operator" in req.body["text"]
+
+
+def test_protection_is_honoured_without_override(dag, slack) -> None:  # type: ignore[no-untyped-def]
+    # job 1007 carries the no-interrupt label: protected at level "never"
+    dr, states = _run(dag, {"target_ids": ["1007", "1003"], "action": "demote", "reason": "testing protections"})
+    assert dr.state == "success", states
+    rows = {r["job_id"]: r for r in _decisions(dr)}
+    assert rows["1007"]["action"] == "none" and rows["1007"]["protection"] == "no-interrupt label"
+    assert "protected by 'no-interrupt label'" in rows["1007"]["reason"]
+    assert rows["1003"]["action"] == "demote"
+    actions = _actions(list(rows.values()))
+    assert [a["decision_id"] for a in actions] == [rows["1003"]["decision_id"]]  # nothing for the protected job
+    assert actions[0]["status"] == "skipped" and "scontrol update jobid=1003 nice=" in actions[0]["output"]
+
+
+def respond_when_waiting(dag_id: str, task_id: str, chosen: list[str], timeout: float = 240) -> bool:
+    """Answer a HITL request the way the REST handler does (see the project's Airflow notes)."""
+    from airflow.models.hitl import HITLDetail
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.models.trigger import handle_event_submit
+    from airflow.sdk import timezone
+    from airflow.triggers.base import TriggerEvent
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with create_session() as s:
+            ti = s.scalar(select(TI).where(TI.dag_id == dag_id, TI.task_id == task_id,
+                                           TI.state == TaskInstanceState.AWAITING_INPUT))
+            hd = ti and s.scalar(select(HITLDetail).where(HITLDetail.ti_id == ti.id))
+            if hd is not None:
+                hd.responded_by = {"id": "approver", "name": "approver"}
+                hd.responded_at = timezone.utcnow()
+                hd.chosen_options = chosen
+                hd.params_input = {}
+                handle_event_submit(TriggerEvent(hd.as_resume_event_payload()), task_instance=ti, session=s)
+                return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("answer", ["Approve", "Reject"])
+def test_override_is_recorded_and_needs_a_second_person(dag, slack, answer) -> None:  # type: ignore[no-untyped-def]
+    t = threading.Thread(target=respond_when_waiting, args=(DAG_ID, "approve", [answer]), daemon=True)
+    t.start()
+    dr, states = _run(dag, {"target_ids": ["1007"], "action": "notify", "reason": "owner unreachable for days",
+                            "dry_run": False, "override_protections": True,
+                            "override_justification": "approved by the research lead in ticket 42"})
+    t.join(5)
+    assert dr.state == "success", states
+    (row,) = _decisions(dr)
+    ev = json.loads(row["evidence"])
+    assert ev["override"]["protection"] == "no-interrupt label"
+    assert ev["override"]["justification"] == "approved by the research lead in ticket 42"
+    assert "OVERRIDDEN" in row["reason"] and row["requires_approval"] == 1
+    # the approval request itself is announced on Slack (the notifier never fails the task)
+    texts = slack.texts()
+    assert texts and texts[0].startswith("Approval needed: ")
+    if answer == "Approve":
+        assert row["approval_status"] == "approved" and row["approved_by"] == "approver"
+        assert states["act"] == "success" and len(texts) == 2
+        assert "owner unreachable for days" in texts[1]
+    else:
+        assert row["approval_status"] == "rejected" and row["status"] == "rejected"
+        assert states["act"] == "skipped" and len(texts) == 1 and _actions([row]) == []
+        assert AuditStore().get_run(f"{DAG_ID}:{dr.run_id}")["status"] == "rejected"
+
+
+def test_override_without_justification_is_refused(dag) -> None:  # type: ignore[no-untyped-def]
+    dr, states = _run(dag, {"target_ids": ["1007"], "action": "notify", "reason": "owner unreachable for days",
+                            "override_protections": True})
+    assert states["prepare"] == "failed"
+    assert "override_justification" in AuditStore().get_run(f"{DAG_ID}:{dr.run_id}")["problems"]
