@@ -1,32 +1,38 @@
 """Demand model: hourly GPUs wanted (running + pending) per account / partition, 48 h and more ahead.
 
 Team demand on a GPU cluster is mostly a *level* that shifts when projects start and stop, with a
-weak and unstable daily / weekly shape. So the model forecasts several ways and lets each series'
-own recent past say which to trust (rolling-origin validation: each candidate is refitted at
-earlier cut-offs inside the history and scored by sMAPE on the hours that followed, over the same
-horizon as the forecast asked for, up to a week; nothing after the forecast instant is seen). The
-three best candidates are averaged (a combination is steadier than one winner picked on a few
-folds). The candidates:
+daily / weekly shape that is strong on some clusters and weak or unsteady on others. No single
+method wins: Prophet follows the shape but over-reacts to the last shift, the recent level is right
+until it moves, last week is often a different regime. So the forecast is the hour-by-hour
+**median of five forecasts** -- two flat ones (recent level, level reverting to the week's median)
+and three with a shape (Prophet, last week, the last week's median day). A fixed combination, not
+a per-series pick: with two to four weeks of history a pick scored on a couple of validation folds
+is mostly noise, and in rolling-origin tests on the Helios VC traces (every cut-off before the
+held-out week) the median beat picking the best two or three candidates per series; on strongly
+seasonal series the three shaped members carry the median. The median is also the right centre
+for sMAPE, which rewards not chasing outliers. The candidates (all clipped at 0):
 
 ``prophet``    Prophet with daily and weekly seasonality on the cleaned series (whole days of exact
                zeros in an otherwise busy series are outages, treated as missing), changepoints
                allowed up to the last 5 % of the history so it can follow a recent level shift.
-``level``      the recent level (median of the last 3 hours), flat: queues that change regime are
-               better served by "as now" than by last week.
+``level``      the recent level (median of the last 3 hours), flat.
 ``revert``     the recent level decaying towards the median of the last week (half-life 4 days):
-               a spike or dip right before the cut-off is usually not the week's level.
-``blend``      the mean of Prophet and level: Prophet's shape, anchored to the recent level.
-``ensemble``   the hourly median of Prophet, level and seasonal naive.
-``median``     the hourly median of Prophet, level, revert and the hour-of-day median of the last
-               7 days (a robust daily profile). The median is the right centre for sMAPE, which
-               forgives nothing near zero and rewards not chasing outliers.
+               a spike or dip right before the forecast is rarely the week's level.
+``profile``    (inside ``median`` only) the hour-of-day medians of the last 7 days.
+``median``     the hourly median of Prophet, level, revert, profile and seasonal naive -- **the
+               forecast**. Without Prophet (not installed, or the fit failed) the median of the
+               other four.
+``blend``      the mean of Prophet and level; ``ensemble`` the median of Prophet, level and
+               seasonal naive (scored for the record, not used).
 ``seasonal_naive``  the value one week earlier (one day earlier with under two weeks of history):
-               the fallback when Prophet is unavailable or fails, and the baseline every fit is
+               the fallback for a series with under 48 usable hours, and the baseline every fit is
                scored against (``extra.baseline_smape`` of each forecast row).
 
-A series too short for a single validation fold gets ``median`` (the best fixed combination in
-rolling-origin tests on the Helios traces), or ``seasonal_naive`` without Prophet. Intervals (80 %)
-come from the chosen combination's validation errors, per lead day, widening beyond the folds.
+Every candidate is scored by sMAPE on rolling-origin validation folds (refitted at earlier
+cut-offs inside the history, scored on the hours that followed, folds as long as the horizon
+asked for up to a week; nothing after the forecast instant is seen). The scores go with each
+forecast (``extra.scores``), and all candidates' validation errors give the 80 % interval around
+it (model uncertainty included; widening like a random walk past the folds).
 """
 
 from __future__ import annotations
@@ -51,15 +57,13 @@ HOUR = 3600.0
 DAY_H = 24
 WEEK_H = 168
 CANDIDATES = ("prophet", "level", "revert", "blend", "ensemble", "median", "seasonal_naive")
-#: tie-break order, simplest first
-SIMPLICITY = ("level", "seasonal_naive", "revert", "median", "blend", "ensemble", "prophet")
 LEVEL_HOURS = 3          # the recent level: median of this many last hours
 REVERT_HALF_LIFE_H = 96  # the recent level's pull fades to half in 4 days ...
 REVERT_WINDOW_H = WEEK_H  # ... towards the median of the last week
 PROFILE_DAYS = 7         # the robust daily profile: hour-of-day medians of the last 7 days
-TOP = 3                  # candidates averaged
-ORIGINS = 4              # validation cut-offs ...
-ORIGIN_STEP_H = 48       # ... this far apart (the last 4 cover the week before the forecast)
+MIN_HISTORY_H = 48       # usable hours the median needs; shorter series get the seasonal naive
+ORIGINS = 2              # validation cut-offs ...
+ORIGIN_STEP_H = 48       # ... this far apart
 MIN_TRAIN_H = WEEK_H     # history a validation fit needs at least
 
 
@@ -68,7 +72,8 @@ class Forecast:
     """A demand forecast for one series.
 
     :param ts: horizon instants (epoch seconds, hourly); :param yhat: expected GPUs.
-    :param lower: / :param upper: the 80 % interval. :param model: the candidates chosen ("a+b+c").
+    :param lower: / :param upper: the 80 % interval. :param model: the candidate used (``median``, or
+    ``seasonal_naive`` for a short series).
     :param scores: validation sMAPE per candidate (lower is better).
     """
 
@@ -167,15 +172,15 @@ def candidates(ts: np.ndarray, v: np.ndarray, horizon: int, stats: prophet_util.
     vc = clean(v)
     out = {"seasonal_naive": _seasonal_naive(v, horizon), "level": np.full(horizon, _level(vc)),
            "revert": _revert(vc, horizon)}
-    robust = [out["level"], out["revert"], _profile(ts, vc, horizon)]
+    members = [out["level"], out["revert"], _profile(ts, vc, horizon), out["seasonal_naive"]]
     p = _prophet(ts, vc, horizon, stats) if use_prophet else None
     if p is not None:
         p = np.clip(p, 0.0, None)
         out["prophet"] = p
         out["blend"] = 0.5 * p + 0.5 * out["level"]
         out["ensemble"] = np.median(np.vstack([p, out["level"], out["seasonal_naive"]]), axis=0)
-        robust.append(p)
-    out["median"] = np.median(np.vstack(robust), axis=0)
+        members.append(p)
+    out["median"] = np.median(np.vstack(members), axis=0)
     return {k: np.clip(x, 0.0, None) for k, x in out.items()}
 
 
@@ -209,12 +214,14 @@ def validation_cutoffs(n: int, horizon: int, origins: int = ORIGINS, step: int =
 
 
 def forecast(ts: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray, horizon: int, *,
-             stats: prophet_util.FitStats | None = None, use_prophet: bool = True, origins: int = ORIGINS,
-             top: int = TOP) -> Forecast:
+             stats: prophet_util.FitStats | None = None, use_prophet: bool = True,
+             origins: int = ORIGINS) -> Forecast:
     """Forecast the ``horizon`` hours after the last point of an hourly series.
 
-    The ``top`` candidates with the lowest mean sMAPE over the validation folds
-    (:func:`validation_cutoffs`) are averaged hour by hour; ties go to the simpler one.
+    The forecast is the ``median`` candidate (``seasonal_naive`` for a series with under
+    :data:`MIN_HISTORY_H` usable hours). Every candidate is also scored on ``origins``
+    rolling-origin validation folds (:func:`validation_cutoffs`): the scores go with the forecast
+    (``seasonal_naive``'s is the baseline) and their errors give the interval.
     """
     import numpy as np
 
@@ -226,53 +233,40 @@ def forecast(ts: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndar
         z = np.zeros(horizon)
         return Forecast(fut, z, z, z, "empty")
     final = candidates(ts, v, horizon, stats, use_prophet)
+    chosen = "median" if np.sum(~np.isnan(clean(v))) >= MIN_HISTORY_H else "seasonal_naive"
     vh, cuts = validation_cutoffs(len(v), horizon, origins)
     folds = [(v[cut:cut + vh], candidates(ts[:cut], v[:cut], vh, stats, use_prophet)) for cut in cuts]
-    # a candidate is scored when every fold has it (Prophet may fail on one fold only)
-    scored = [k for k in final if all(k in c for _, c in folds)] if folds else []
-    preds = {k: [c[k] for _, c in folds] for k in scored}
-    truths = [t for t, _ in folds]
-    mean = {k: float(np.nanmean([_smape(t, x) for t, x in zip(truths, preds[k], strict=True)])) for k in scored}
-    mean = {k: s for k, s in mean.items() if not math.isnan(s)}
-    ranked = sorted(mean, key=lambda k: (round(mean[k], 6), SIMPLICITY.index(k)))[:top]
-    if not ranked:
-        ranked = ["median"] if "prophet" in final else ["seasonal_naive"]
-    yhat = np.mean([final[k] for k in ranked], axis=0)
-    errs = [t - np.mean([preds[k][i] for k in ranked], axis=0) for i, t in enumerate(truths)] \
-        if all(k in preds for k in ranked) else []
-    lower, upper = _interval(yhat, errs, v)
-    return Forecast(fut, yhat, lower, upper, "+".join(ranked), {k: round(s, 2) for k, s in mean.items()})
+    scores: dict[str, float] = {}
+    for k in final:
+        s = [_smape(t, c[k]) for t, c in folds if k in c]
+        if s and not all(math.isnan(x) for x in s):
+            scores[k] = round(float(np.nanmean(s)), 2)
+    errs = np.concatenate([t - x for t, c in folds for x in c.values()]) if folds else np.zeros(0)
+    lower, upper = _interval(final[chosen], errs, vh, v)
+    return Forecast(fut, final[chosen], lower, upper, chosen, scores)
 
 
-def _interval(yhat: np.ndarray, errs: list[np.ndarray], v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return an 80 % band from validation errors by lead day (widening beyond the folds), else the spread."""
+def _interval(yhat: np.ndarray, errs: np.ndarray, fold_h: int, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return an 80 % band: the 10th / 90th percentiles of the validation errors, else of the spread.
+
+    ``errs`` pools every candidate's errors on every fold (truth minus forecast, leads 1 to
+    ``fold_h``): one model's errors on a couple of folds understate how far a week can move,
+    the candidates' disagreement adds the model uncertainty. Past ``fold_h`` the band widens
+    like a random walk. It always holds the forecast.
+    """
     import numpy as np
 
     n = len(yhat)
-    e = np.vstack(errs) if errs else np.zeros((0, 0))
-    lo, hi = np.zeros(n), np.zeros(n)
-    if e.size and np.sum(~np.isnan(e)) >= 20:
-        vh = e.shape[1]
-        for day in range(0, vh, DAY_H):
-            # each lead day's own errors (at least 20 of them: else pool with the days before it)
-            for start in range(day, -1, -DAY_H):
-                x = e[:, start:day + DAY_H]
-                x = x[~np.isnan(x)]
-                if len(x) >= 20:
-                    break
-            if len(x) >= 1:
-                sl = slice(day, min(n, day + DAY_H))
-                lo[sl], hi[sl] = np.quantile(x, 0.1), np.quantile(x, 0.9)
-        if n > vh:  # past the folds: the last fold day's band, widening like a random walk
-            grow = np.sqrt(np.arange(vh + 1, n + 1) / vh)
-            lo[vh:], hi[vh:] = lo[vh - 1] * grow, hi[vh - 1] * grow
+    e = errs[~np.isnan(errs)]
+    if len(e) >= 20:
+        lo, hi = min(float(np.quantile(e, 0.1)), 0.0), max(float(np.quantile(e, 0.9)), 0.0)
+        grow = np.sqrt(np.maximum(np.arange(1, n + 1) / max(fold_h, 1), 1.0))
     else:
         ok = v[~np.isnan(v)]
         sd = float(np.std(np.diff(ok))) * 3 if len(ok) > 2 else 0.0
+        lo, hi = -sd, sd
         grow = np.clip(np.sqrt(np.arange(1, n + 1) / 24.0), 0.5, 3.0)
-        lo, hi = -sd * grow, sd * grow
-    lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)  # the band always holds the forecast
-    return np.clip(yhat + lo, 0, None), np.clip(yhat + hi, 0, None)
+    return np.clip(yhat + lo * grow, 0, None), np.clip(yhat + hi * grow, 0, None)
 
 
 # -- stored forecasts --------------------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
-from gpu_cost.forecast import demand
+from gpu_cost.forecast import backtest, demand, history
 from gpu_cost.forecast.backtest import seasonal_naive, smape
 
 H = 3600.0
@@ -28,7 +30,48 @@ def test_forecast_beats_seasonal_naive_after_a_level_shift() -> None:
     assert len(fc.ts) == 48 and fc.ts[0] == ts[-1] + H
     assert (fc.lower <= fc.yhat + 1e-9).all() and (fc.yhat <= fc.upper + 1e-9).all()
     assert smape(truth, fc.yhat) < smape(truth, seasonal_naive(v, 48))
+    assert fc.model == "median"
+    assert set(fc.scores) == set(demand.CANDIDATES)  # every candidate scored on the validation folds
     assert "seasonal_naive" in fc.scores and fc.baseline_smape == fc.scores["seasonal_naive"]
+
+
+def test_validation_folds_stay_inside_the_history() -> None:
+    # a week ahead on four weeks: week-long folds, each with at least a week of history before it
+    vh, cuts = demand.validation_cutoffs(24 * 28, 168)
+    assert vh == 168 and cuts == [24 * 28 - 168, 24 * 28 - 168 - 48]
+    assert all(c + vh <= 24 * 28 and c >= 168 for c in cuts)
+    # 48 h ahead: 48-hour folds; a short history falls back to 48-hour folds; a tiny one gets none
+    assert demand.validation_cutoffs(24 * 28, 48) == (48, [24 * 28 - 48, 24 * 28 - 96])
+    assert demand.validation_cutoffs(240, 168) == (48, [192, 144])
+    assert demand.validation_cutoffs(100, 168) == (48, [])
+
+
+def test_regime_changes_favour_the_median_over_last_week() -> None:
+    """A team whose demand moves between levels every few days (as the Helios VCs do)."""
+    rng = np.random.default_rng(3)
+    hours = 24 * 35
+    t = np.arange(hours)
+    level = np.repeat(rng.choice([5.0, 20.0, 40.0, 60.0], size=hours // 72 + 1), 72)[:hours]
+    v = np.clip(level + 4 * np.sin(2 * np.pi * t / 24) + rng.normal(0, 2, hours), 0, None)
+    ts = T0 + H * t
+    fc = demand.forecast(ts[:-168], v[:-168], 168)
+    truth = v[-168:]
+    assert fc.model == "median"
+    assert smape(truth, fc.yhat) < smape(truth, seasonal_naive(v[:-168], 168))
+    assert (fc.lower <= fc.yhat + 1e-9).all() and (fc.yhat <= fc.upper + 1e-9).all()
+    assert (fc.upper[-1] - fc.lower[-1]) >= (fc.upper[0] - fc.lower[0]) - 1e-9  # no narrower further out
+
+
+def test_beats_seasonal_naive_on_the_week_before_the_helios_holdout(shared_data: Path) -> None:
+    """The real VC demand without its last week (the contract's holdout): the week before it held out."""
+    series = history.load_series(shared_data / "helios_vc_demand_hourly.csv")
+    series = series[series.groupby("key").cumcount(ascending=False) >= 168]
+    out = backtest.demand_backtest(series, 168)
+    assert out["n_series"] == 8
+    assert out["smape"] < 0.8 * out["seasonal_naive_smape"]
+    assert out["smape"] < out["daily_repeat_smape"]
+    assert {p["model"] for p in out["series"].values()} == {"median"}
+    assert out["coverage_80"] > 0.5
 
 
 def test_outage_days_are_missing_not_zero_demand() -> None:
@@ -43,8 +86,20 @@ def test_outage_days_are_missing_not_zero_demand() -> None:
 def test_without_prophet_the_fallback_still_forecasts() -> None:
     ts, v = _series(24 * 20)
     fc = demand.forecast(ts, v, 48, use_prophet=False)
-    assert set(fc.model.split("+")) <= {"level", "seasonal_naive"}
+    assert fc.model == "median" and "prophet" not in fc.scores  # the median of level, revert and profile
     assert np.isfinite(fc.yhat).all() and (fc.yhat >= 0).all()
+    assert fc.baseline_smape is not None
+    # under two days of history: the seasonal naive (yesterday's hours), no validation
+    short = demand.forecast(ts[:30], v[:30], 48)
+    assert short.model == "seasonal_naive" and short.scores == {}
+    assert np.allclose(short.yhat, np.resize(v[6:30], 48))
+
+
+def test_revert_moves_from_the_recent_level_to_the_weeks_median() -> None:
+    v = np.full(24 * 14, 40.0)
+    v[-3:] = 100.0  # a spike in the last hours
+    r = demand._revert(demand.clean(v), 24 * 16)
+    assert r[0] > 95 and abs(r[demand.REVERT_HALF_LIFE_H - 1] - 70.0) < 0.5 and r[-1] < 45
 
 
 def test_stored_forecasts_upsert_and_expected_demand(store) -> None:  # type: ignore[no-untyped-def]
