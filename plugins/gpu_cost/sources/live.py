@@ -101,7 +101,7 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     if want:
         try:
             ns = node_source or nodes_mod.NodeSource()
-            hosts = sorted({str(h) for h in frame["host"]} | {n.name for n in nodes if n.gpus_total})
+            hosts = suspect_hosts(frame, jobs, policy)
             procs, node_problems = ns.processes(hosts)
             problems.extend(node_problems)
         except SourceError as exc:
@@ -121,6 +121,25 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     return Snapshot(ts=now, window_s=primary, lookback_s=policy.sweep.lookback, source="prometheus", gpus=frame,
                     jobs=tuple(jobs), processes=tuple(procs), nodes=tuple(nodes), problems=tuple(problems),
                     disagreements=tuple(disagreements), sample_interval_s=policy.sweep.sample_interval, windows=windows)
+
+
+def suspect_hosts(frame: Any, jobs: Sequence[Job], policy: Policy) -> list[str]:
+    """Return the hosts worth an SSH inspection: a fresh GPU holding memory at ~0 % that no running job holds.
+
+    Only such GPUs can be zombies, so a sweep inspects a handful of nodes, not the whole cluster.
+    """
+    if not len(frame):
+        return []
+    z = policy.rules.zombie
+    allocated = {(h, int(i)) for j in jobs if j.running for h, idx in j.gpu_alloc for i in idx}
+    hosts = set()
+    for host, gpu, stale, umax, mmin in zip(frame["host"], frame["gpu"], frame["stale"], frame["util_max"],
+                                            frame["mem_min_mib"], strict=True):
+        if stale or (str(host), int(gpu)) in allocated:
+            continue
+        if umax == umax and mmin == mmin and umax < z.util_max and mmin > z.mem_min_mib:
+            hosts.add(str(host))
+    return sorted(hosts)
 
 
 def _merge_nodes(nodes: Sequence[Node], frame: Any, stats: dict[str, dict[str, float]]) -> list[Node]:

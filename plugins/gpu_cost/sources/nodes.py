@@ -286,12 +286,25 @@ class NodeSource:
 
     def processes(self, nodes: Iterable[str]) -> tuple[list[GpuProcess], list[str]]:
         """Return every GPU process of ``nodes`` and the problems met (a node that failed is named)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         procs: list[GpuProcess] = []
         problems: list[str] = []
-        for node in nodes:
+        names = list(nodes)
+        if not names:
+            return procs, problems
+
+        def one(node: str) -> tuple[list[GpuProcess], str | None]:
             try:
-                procs.extend(self.inspect(node).processes)
+                return list(self.inspect(node).processes), None
             except SourceError as exc:
                 logger.warning("node processes: %s", exc)
-                problems.append(f"node processes: {exc}")
+                return [], f"node processes: {exc}"
+
+        # nodes are inspected in parallel, each bounded by the runner's timeout
+        with ThreadPoolExecutor(max_workers=min(16, len(names)), thread_name_prefix="inspect") as pool:
+            for found, problem in pool.map(one, names):
+                procs.extend(found)
+                if problem:
+                    problems.append(problem)
         return procs, problems
