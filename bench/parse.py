@@ -5,6 +5,10 @@ measurement here is one fresh process: import Airflow (not timed), then time ``D
 one file, counting SQL statements sent by any engine and connection/variable lookups during the
 parse. The median over repeated fresh processes is reported.
 
+Two reference rows give the floor: ``(trivial DAG)``, a two-task TaskFlow DAG that imports
+nothing but ``airflow.sdk``, parsed the same way; and ``(import airflow.sdk)``, what importing the
+Task SDK costs a fresh interpreter (the DAG processor pays it once, not per file).
+
     python -m bench.parse [--repeat 5]
 """
 
@@ -14,12 +18,43 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from bench._common import in_fresh_process, report
 
 ROOT = Path(__file__).resolve().parents[1]
+#: modules that must not be imported while a DAG file is parsed
+HEAVY = ("pandas", "numpy", "prophet", "matplotlib", "sqlalchemy.orm", "paramiko", "prometheus_api_client",
+         "gpu_cost.sweep", "gpu_cost.audit.store", "gpu_cost.snapshot", "gpu_cost.forecast.nightly")
+TRIVIAL_DAG = '''
+import pendulum
+from airflow.sdk import dag, task
+
+
+@dag(schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False)
+def trivial():
+    @task
+    def a() -> int:
+        return 1
+
+    @task
+    def b(x: int) -> int:
+        return x
+
+    b(a())
+
+
+trivial()
+'''
+
+
+def import_cost() -> dict[str, object]:
+    t0 = time.perf_counter()
+    import airflow.sdk  # noqa: F401
+
+    return {"seconds": time.perf_counter() - t0, "sql": 0, "lookups": 0, "errors": 0, "dags": 0, "imported_heavy": []}
 
 
 def one(path: str) -> dict[str, object]:
@@ -50,8 +85,7 @@ def one(path: str) -> dict[str, object]:
     t0 = time.perf_counter()
     bag = DagBag(dag_folder=path)
     dt = time.perf_counter() - t0
-    heavy = sorted(m for m in ("pandas", "numpy", "prophet", "matplotlib", "sqlalchemy.orm", "paramiko",
-                               "prometheus_api_client") if m in sys.modules and m not in before)
+    heavy = sorted(m for m in HEAVY if m in sys.modules and m not in before)
     return {"seconds": dt, "sql": counts["sql"], "lookups": counts["lookups"], "errors": len(bag.import_errors),
             "dags": len(bag.dags), "imported_heavy": heavy}
 
@@ -60,20 +94,31 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--import-cost", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.import_cost:
+        print(json.dumps(import_cost()))
+        return
     if args.one:
         print(json.dumps(one(args.one)))
         return
+    trivial = Path(tempfile.mkdtemp(prefix="gpu-cost-bench-parse-")) / "trivial_dag.py"
+    trivial.write_text(TRIVIAL_DAG)
+    cases = [(f.name, ["--one", str(f)]) for f in sorted((ROOT / "dags").glob("*.py"))]
+    cases += [("(trivial DAG)", ["--one", str(trivial)]), ("(import airflow.sdk)", ["--import-cost"])]
     rows = []
-    for f in sorted((ROOT / "dags").glob("*.py")):
-        runs = [in_fresh_process("bench.parse", ["--one", str(f)]) for _ in range(args.repeat)]
+    for name, case in cases:
+        runs = [in_fresh_process("bench.parse", case) for _ in range(args.repeat)]
         rows.append({
-            "dag_file": f.name, "median_s": statistics.median(r["seconds"] for r in runs),
+            "dag_file": name, "median_s": statistics.median(r["seconds"] for r in runs),
             "max_s": max(r["seconds"] for r in runs), "sql": max(r["sql"] for r in runs),
             "lookups": max(r["lookups"] for r in runs), "errors": max(r["errors"] for r in runs),
             "heavy_imports": ",".join(runs[0]["imported_heavy"]) or "-",
+            "under_0_2s": statistics.median(r["seconds"] for r in runs) < 0.2 if name.endswith(".py") else None,
         })
-    report("parse", rows, ["dag_file", "median_s", "max_s", "sql", "lookups", "errors", "heavy_imports"])
+    trivial.unlink()
+    trivial.parent.rmdir()
+    report("parse", rows, ["dag_file", "median_s", "max_s", "sql", "lookups", "errors", "heavy_imports", "under_0_2s"])
 
 
 if __name__ == "__main__":

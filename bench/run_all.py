@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = [
+BENCHES: list[tuple[str, list[str]]] = [
     ("bench.sweep", []),
     ("bench.queries", []),
     ("bench.replay", []),
@@ -28,7 +28,7 @@ def main() -> int:
         print(f"\n# {module}", flush=True)
         try:
             mod.main(args)
-        except Exception as exc:  # noqa: BLE001 - report and go on with the other benches
+        except Exception as exc:  # report it and go on with the other benches
             print(f"{module} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             failed.append(module)
     return 1 if failed else 0

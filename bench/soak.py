@@ -9,7 +9,7 @@ memory per run (steady, not growing), audit rows added per run (bounded), and du
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import sys
 import tempfile
 import time
@@ -45,7 +45,7 @@ def soak(hours: float = 24.0, interval: float = 300.0, mode: str = "dry-run", db
         rows.append(sum(store.table_counts().values()))
     dup_decisions = store.query("SELECT decision_id, COUNT(*) AS n FROM gpu_cost_decisions GROUP BY decision_id HAVING COUNT(*) > 1")
     dup_actions = store.query("SELECT action_id, COUNT(*) AS n FROM gpu_cost_actions GROUP BY action_id HAVING COUNT(*) > 1")
-    per_run = [b - a for a, b in zip(rows, rows[1:], strict=False)]
+    per_run = [b - a for a, b in itertools.pairwise(rows)]
     half = max(1, runs // 2)
     return {
         "runs": runs, "mode": mode, "mean_run_s": sum(times) / len(times), "max_run_s": max(times),

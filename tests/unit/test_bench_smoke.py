@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.fixtures.core import ROOT
+from tests.fixtures.core import ROOT, need
 
 
 def run_bench(module: str, *args: str) -> dict:  # type: ignore[type-arg]
@@ -37,3 +38,35 @@ def test_parse_bench_smoke() -> None:
     out = run_bench("bench.parse", "--repeat", "1")
     assert {r["dag_file"] for r in out["results"]} >= {"gpu_zombie_sweep.py"}
     assert all(r["errors"] == 0 and r["sql"] == 0 and r["lookups"] == 0 for r in out["results"])
+    # parsing a DAG file must not import pandas, numpy, the sweep or the audit store (they load in tasks)
+    assert {r["dag_file"]: r["heavy_imports"] for r in out["results"]} == {r["dag_file"]: "-" for r in out["results"]}
+    assert {"(trivial DAG)", "(import airflow.sdk)"} <= {r["dag_file"] for r in out["results"]}
+
+
+def test_replay_bench_smoke(tmp_path: Path) -> None:
+    out = run_bench("bench.replay", "--gpus", "16", "--days", "0.25", "--cache", str(tmp_path))
+    r = out["results"][0]
+    assert r["gpus"] == 16 and r["rows"] == 16 * 6 * 60  # 6 h of 1-minute samples per GPU
+    assert r["sweeps"] > 0 and r["peak_mb"] > 0 and r["false_kills"] <= r["kills"]
+    assert (tmp_path / "g16-d0.25-s0" / "trace.json").exists()  # the trace is cached for the next run
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_queries_bench_smoke() -> None:
+    need("prometheus", "promtool")
+    out = run_bench("bench.queries", "--sizes", "8,32", "--sweeps", "2", "--history", "600", "--slurm", "argv")
+    small, big = out["results"]
+    assert (small["gpus_seen"], big["gpus_seen"]) == (8, 32)  # the real Prometheus scraped every simulated GPU
+    assert small["promql_per_sweep"] == big["promql_per_sweep"] > 0
+    assert small["promql_per_sweep"] == small["promql_client"]  # the server counted what the source sent
+    assert small["constant_over_sweeps"] and big["constant_over_sweeps"]
+    assert small["slurm_cmds_per_sweep"] == big["slurm_cmds_per_sweep"] > 0
+    assert (small["node_cmds_per_sweep"], big["node_cmds_per_sweep"]) == (1, 4)  # one inspection per node
+
+
+@pytest.mark.slow
+def test_forecast_bench_smoke() -> None:
+    out = run_bench("bench.forecast", "--series", "2", "--workers", "1", "--nodes", "1")
+    r = out["results"][0]
+    assert r["series"] >= 2 and r["prophet_fits"] > 0 and r["prophet_failed"] == 0 and r["forecast_rows"] > 0
