@@ -17,7 +17,8 @@ What is counted, per sweep:
   cluster started for the bench, with a few jobs queued; with ``--slurm argv`` the argument
   lists are recorded and answered with a failure (the count is what the code path issues);
 - ``node_cmds``: node inspections (``gpu-cost-node-action inspect`` over SSH) the process reader
-  would issue, recorded and not run (no GPU nodes here). These are one per GPU node by design.
+  would issue, recorded and not run (no GPU nodes here): one per node that can hold a zombie (a fresh
+  GPU holding memory at ~0 % outside any job), run in parallel — at most one per node.
 
     python -m bench.queries [--sizes 64,1024] [--sweeps 2] [--history 1h] [--slurm auto|real|argv]
 """

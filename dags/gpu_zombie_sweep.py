@@ -1,19 +1,30 @@
 """
 ### gpu_zombie_sweep — find and reclaim wasted GPUs, every 5 minutes
 
-**What it does.** Collects a snapshot of the cluster (GPU metrics, jobs, GPU processes), runs the
-rules (`zombie`, `idle_allocation`, `low_efficiency`), decides under the policy (protections,
-escalation ladder, mode, caps) and records every decision in the audit store (`gpu_cost_db`).
+**What it does.** Checks the policy, waits for fresh metrics, collects a snapshot of the cluster
+(GPU metrics, jobs, GPU processes), runs the rules (`zombie`, `idle_allocation`,
+`low_efficiency`), decides under the policy (protections, escalation ladder, snoozes, mode, cost
+of being wrong, caps) and records every decision in the audit store (`gpu_cost_db`). Then it
+branches: recorded-only decisions stop there; decisions that need a human go to `approve` (a
+*Required action* in the UI, default **Reject** after the policy's `approval.timeout`);
+automatic ones go straight to `act`. `finish` closes the run's audit row and pushes the summary
+to XCom (`summary`).
 
 **Modes.** The policy's `mode` decides what happens: `dry-run` records only (the shipped default),
-`notify` tells people, `enforce` acts.
+`notify` tells people and does nothing destructive, `enforce` acts.
 
 **Knobs.** Params `policy` (path of the policy file) and `source` (`sim` / `prometheus`), or the
-environment variables `GPU_COST_POLICY` and `GPU_COST_SOURCE`.
+environment variables `GPU_COST_POLICY` and `GPU_COST_SOURCE`; `GPU_COST_SLURM=local|ssh` says
+where Slurm commands run.
 
-**Owner / triage.** GPU platform team. A failed `check_policy` means the policy file is invalid
-(the log names file, path and reason). A degraded run (missing or stale data) acts on nothing; see
-`gpu_cost_runs.problems`.
+**Owner / triage.** GPU platform team.
+- `check_policy` failed: the policy file is invalid (the log names file, path and reason).
+- `metrics_fresh` timed out: the metrics source is silent or stale; nothing was decided
+  (`gpu_cost_runs.status = stale`).
+- `act` failed with "cap exceeded": the run wanted to act on more than the policy's `caps` allow;
+  nothing acted, the decisions are `capped` — check the policy and the data before raising a cap.
+- `finish` failed: read its message (stale, capped, failed actions in `gpu_cost_actions`).
+- A degraded run (missing or stale GPUs) acts on nothing destructive; see `gpu_cost_runs.problems`.
 """
 
 from __future__ import annotations
@@ -21,11 +32,23 @@ from __future__ import annotations
 import datetime as dt
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, PokeReturnValue, dag, task
 
 from gpu_cost.airflow import sweep_tasks
+from gpu_cost.airflow.approval import RecordingApprovalOperator
 
 DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 2, "retry_delay": dt.timedelta(seconds=30)}
+#: how long the sensor waits for fresh metrics: under the 5-minute schedule, so runs never pile up
+METRICS_WAIT = dt.timedelta(minutes=4)
+
+
+def _approval_notifiers() -> list:  # type: ignore[type-arg]
+    try:
+        from gpu_cost.actions.notify import approval_notifier
+    except ImportError:
+        return []
+    notifier = approval_notifier()
+    return [notifier] if notifier is not None else []
 
 
 @dag(
@@ -48,6 +71,11 @@ def gpu_zombie_sweep() -> None:
     def check_policy(params=None):  # type: ignore[no-untyped-def]
         return sweep_tasks.check_policy(params or {})
 
+    @task.sensor(mode="reschedule", poke_interval=30, timeout=METRICS_WAIT.total_seconds())
+    def metrics_fresh(cfg, **context):  # type: ignore[no-untyped-def]
+        fresh, why = sweep_tasks.metrics_fresh(cfg, context)
+        return PokeReturnValue(is_done=fresh, xcom_value=why)
+
     @task
     def collect(cfg, **context):  # type: ignore[no-untyped-def]
         return sweep_tasks.collect(cfg, context)
@@ -64,8 +92,35 @@ def gpu_zombie_sweep() -> None:
     def record(ref, plan):  # type: ignore[no-untyped-def]
         return sweep_tasks.record(ref, plan)
 
-    ref = collect(check_policy())
-    record(ref, decide(ref, detect(ref)))
+    @task.branch
+    def route(summary):  # type: ignore[no-untyped-def]
+        return sweep_tasks.route(summary)
+
+    @task
+    def act(ref, plan):  # type: ignore[no-untyped-def]
+        return sweep_tasks.act(ref, plan, "automatic")
+
+    @task
+    def act_approved(ref, plan):  # type: ignore[no-untyped-def]
+        return sweep_tasks.act(ref, plan, "approved")
+
+    @task(trigger_rule="all_done")
+    def finish(**context):  # type: ignore[no-untyped-def]
+        return sweep_tasks.finish(context)
+
+    approve = RecordingApprovalOperator(task_id="approve", notifiers=_approval_notifiers())
+
+    cfg = check_policy()
+    ref = collect(cfg)
+    metrics_fresh(cfg) >> ref
+    plan = decide(ref, detect(ref))
+    summary = record(ref, plan)
+    branch = route(summary)
+    automatic = act(ref, plan)
+    approved = act_approved(ref, plan)
+    branch >> [automatic, approve]
+    approve >> approved
+    [automatic, approved] >> finish()
 
 
 dag_object = gpu_zombie_sweep()

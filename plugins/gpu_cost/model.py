@@ -12,9 +12,10 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where used: DAG files import this module at parse time
+    import pandas as pd
 
 #: Columns of :attr:`Snapshot.gpus`, one row per GPU.
 #: Window aggregates describe the rule window ending at the snapshot time; ``*_lb`` the lookback.
@@ -47,6 +48,8 @@ PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOL
 
 def empty_gpu_frame() -> pd.DataFrame:
     """Return an empty GPU frame with the documented columns."""
+    import pandas as pd
+
     return pd.DataFrame({c: pd.Series(dtype=_GPU_DTYPES.get(c, "float64")) for c in GPU_COLUMNS})
 
 
@@ -300,6 +303,8 @@ class Snapshot:
 
     @classmethod
     def from_json(cls, text: str) -> Snapshot:
+        import pandas as pd
+
         d = json.loads(text)
         g = d["gpus"]
         gpus = _typed(pd.DataFrame(g["data"], columns=g["columns"]))

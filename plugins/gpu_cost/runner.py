@@ -77,16 +77,22 @@ class SSHRunner:
     :param host: override the connection's host (one connection, many nodes).
     """
 
-    def __init__(self, conn_id: str, *, host: str | None = None, conn_timeout: float = 10.0) -> None:
+    def __init__(self, conn_id: str, *, host: str | None = None, conn_timeout: float = 10.0,
+                 conn_attempts: int = 2) -> None:
         self.conn_id = conn_id
         self.host = host
         self.conn_timeout = conn_timeout
+        self.conn_attempts = conn_attempts
         self._client = None
 
     def _hook(self):  # type: ignore[no-untyped-def]
         from airflow.providers.ssh.hooks.ssh import SSHHook
 
-        kwargs = {"ssh_conn_id": self.conn_id, "conn_timeout": int(self.conn_timeout)}
+        # a host that accepts the TCP connection and never speaks SSH must not hold a task for the
+        # provider's defaults (30 s banner wait, three attempts): every wait is conn_timeout
+        kwargs = {"ssh_conn_id": self.conn_id, "conn_timeout": max(1, int(self.conn_timeout)),
+                  "banner_timeout": float(self.conn_timeout), "auth_timeout": max(1, int(self.conn_timeout)),
+                  "conn_retry_attempts": self.conn_attempts}
         if self.host:
             kwargs["remote_host"] = self.host
         return SSHHook(**kwargs)

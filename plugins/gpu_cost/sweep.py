@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
-
-import numpy as np
 
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.errors import GpuCostError
 from gpu_cost.model import Decision, Finding, Snapshot
 from gpu_cost.policy.engine import Plan, decide, track_of
 from gpu_cost.policy.schema import Policy
+from gpu_cost.report.usage import record_usage
 from gpu_cost.rules import run_rules
 
 logger = logging.getLogger(__name__)
@@ -51,9 +50,29 @@ def detect(snapshot: Snapshot, policy: Policy) -> list[Finding]:
     return run_rules(snapshot, policy)
 
 
+def predicted_ends(store: AuditStore, snapshot: Snapshot, now: float) -> dict[str, float]:
+    """Return job id → forecast p90 end from the runtime forecasts, or {} when there are none.
+
+    A missing or failing forecast never blocks a sweep: stakes then fall back to the time limit.
+    """
+    try:
+        from gpu_cost.forecast.runtime import predicted_ends as forecast_ends
+    except ImportError:
+        return {}
+    try:
+        return {str(k): float(v) for k, v in (forecast_ends(store, snapshot.running_jobs(), now) or {}).items()
+                if v is not None}
+    except Exception:
+        logger.warning("runtime forecasts unavailable; stakes use time limits", exc_info=True)
+        return {}
+
+
 def plan(findings: Sequence[Finding], snapshot: Snapshot, policy: Policy, store: AuditStore, now: float,
          predicted_end: dict[str, float] | None = None) -> Plan:
-    """Return the decisions for ``findings``, reading escalation state and snoozes from the store."""
+    """Return the decisions for ``findings``, reading escalation state and snoozes from the store.
+
+    :param predicted_end: job id → forecast p90 end; None reads the runtime forecasts.
+    """
     tracks = {track_of(policy.rule_mode(f.rule)) for f in findings} | {track_of(policy.mode)}
     escalations: dict[tuple[str, str, str], dict[str, Any]] = {}
     for track in tracks:
@@ -62,12 +81,15 @@ def plan(findings: Sequence[Finding], snapshot: Snapshot, policy: Policy, store:
     for f in findings:
         key = (f.rule, f.target, track_of(policy.rule_mode(f.rule)))
         if key not in escalations:
-            row = store.escalation(*key)
-            if row is not None:
-                escalations[key] = row
-    snoozes: dict[str, float] = {}
+            found = store.escalation(*key)
+            if found is not None:
+                escalations[key] = found
+    snoozes: dict[str, float | Mapping[str, Any]] = {}
     for s in store.active_snoozes(now):
-        snoozes[s["target"]] = max(snoozes.get(s["target"], 0.0), float(s["until_ts"]))
+        old = snoozes.get(s["target"])
+        if not isinstance(old, Mapping) or float(s["until_ts"]) > float(old["until_ts"]):
+            snoozes[s["target"]] = s
+    ends = predicted_end if predicted_end is not None else (predicted_ends(store, snapshot, now) if findings else {})
     rejected = [
         r["decision_id"] for r in store.query(
             "SELECT decision_id FROM gpu_cost_decisions WHERE approval_status IN ('rejected', 'timed_out')"
@@ -75,7 +97,7 @@ def plan(findings: Sequence[Finding], snapshot: Snapshot, policy: Policy, store:
     ]
     return decide(
         findings, policy, now=now, escalations=escalations, snoozed_targets=snoozes, degraded=snapshot.degraded,
-        total_gpus=len(snapshot.gpus), predicted_end=predicted_end, rejected=rejected,
+        total_gpus=len(snapshot.gpus), predicted_end=ends, rejected=rejected,
     )
 
 
@@ -92,64 +114,34 @@ def record(p: Plan, store: AuditStore, run_id: str, now: float) -> dict[str, Any
         store.execute("touch_escalation", [{"rule": r, "target": t, "track": k, "now": now} for r, t, k in p.seen])
     if p.closing:
         store.execute("close_escalation", [{"rule": r, "target": t, "track": k, "now": now} for r, t, k in p.closing])
-    status = "capped" if p.cap_violation else "decided"
     dry = [d for d in p.decisions if not d.acts]
     live = [d for d in p.decisions if d.acts]
-    inserted = store.record_decisions(dry, run_id, status="recorded" if not p.cap_violation else status)
-    inserted += store.record_decisions(live, run_id, status=status)
+    inserted = store.record_decisions(dry, run_id, status="recorded")
+    inserted += store.record_decisions(live, run_id, status="capped" if p.cap_violation else "decided")
+    if p.snooze_records:
+        inserted += store.record_decisions(p.snooze_records, run_id, status="snoozed")
     advance_dry_run(dry, store, now)
-    return {"inserted": inserted, "decisions": len(p.decisions), "acting": len(live), "recorded_only": len(dry)}
+    return {"inserted": inserted, "decisions": len(p.decisions), "acting": len(live), "recorded_only": len(dry),
+            "needs_approval": sum(1 for d in live if d.requires_approval),
+            "automatic": sum(1 for d in live if not d.requires_approval), "snoozed": len(p.snooze_records)}
 
 
 def advance_dry_run(decisions: Sequence[Decision], store: AuditStore, now: float) -> None:
-    """Move the ladder of recorded-only decisions: dry-run pretends the rung was carried out."""
-    rows = [
-        {"rule": d.rule, "target": d.target, "track": "dry-run", "episode": d.episode, "rung": d.rung, "now": now}
-        for d in decisions if d.mode == "dry-run" and "would " not in d.reason
-    ]
+    """Move the ladder of recorded-only decisions: they are complete once recorded.
+
+    Dry-run pretends the rung was carried out; a ``none`` decision (target protected with level
+    ``never``) is recorded once per episode on its own track. Rungs held back by the mode or by
+    degraded data (track ``shadow``) do not move: they stay due until they may really happen.
+    """
+    rows = []
+    for d in decisions:
+        track = d.evidence.get("track") or ("dry-run" if d.mode == "dry-run" else "live")
+        if track == "shadow" or (track == "dry-run" and "would " in d.reason):
+            continue
+        rows.append({"rule": d.rule, "target": d.target, "track": track, "episode": d.episode, "rung": d.rung,
+                     "now": now})
     if rows:
         store.execute("advance_escalation", rows)
-
-
-def usage_rows(snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> list[dict[str, Any]]:
-    """Return the per-sweep usage summary rows (one per node × owner) for ``gpu_cost_usage``."""
-    g = snapshot.gpus
-    if g.empty:
-        return []
-    interval = float(interval_s or policy.sweep.interval)
-    idle_max = policy.rules.idle_allocation.util_max
-    zmem = policy.rules.zombie.mem_min_mib
-    jobs = {j.job_id: j for j in snapshot.running_jobs()}
-    fresh = ~g["stale"].to_numpy(dtype=bool)
-    util = np.nan_to_num(g["util_mean"].to_numpy(dtype=float), nan=0.0)
-    umax = np.nan_to_num(g["util_max"].to_numpy(dtype=float), nan=100.0)
-    memmin = np.nan_to_num(g["mem_min_mib"].to_numpy(dtype=float), nan=0.0)
-    job_ids = g["job_id"].to_numpy(dtype=object)
-    hosts = g["host"].to_numpy(dtype=object)
-    models = g["model"].fillna("").to_numpy(dtype=object)
-    acc: dict[tuple[str, str, str, str, str], dict[str, float]] = {}
-    for i in range(len(g)):
-        job = jobs.get(job_ids[i]) if job_ids[i] else None
-        key = (hosts[i], models[i] or "", job.user if job else "", job.account if job else "", job.partition if job else "")
-        a = acc.setdefault(key, {"gpus": 0, "total": 0.0, "alloc": 0.0, "busy": 0.0, "idle_alloc": 0.0, "zombie": 0.0, "util": 0.0})
-        a["gpus"] += 1
-        a["total"] += interval
-        idle = fresh[i] and umax[i] < idle_max
-        if job is not None:
-            a["alloc"] += interval
-            if idle:
-                a["idle_alloc"] += interval
-        elif idle and memmin[i] > zmem:
-            a["zombie"] += interval
-        if not idle:
-            a["busy"] += interval
-        a["util"] += interval * util[i] / 100.0
-    return [
-        {"ts": snapshot.ts, "interval_s": interval, "host": k[0], "gpu_model": k[1], "user_name": k[2], "account": k[3],
-         "partition_name": k[4], "gpus": int(v["gpus"]), "total_gpu_s": v["total"], "allocated_gpu_s": v["alloc"],
-         "busy_gpu_s": v["busy"], "idle_alloc_gpu_s": v["idle_alloc"], "zombie_gpu_s": v["zombie"], "util_sum": v["util"]}
-        for k, v in acc.items()
-    ]
 
 
 def run_once(policy: Policy, now: float, store: AuditStore, run_id: str | None = None, source: str | None = None,
@@ -159,12 +151,16 @@ def run_once(policy: Policy, now: float, store: AuditStore, run_id: str | None =
     started = time.time()
     snap = collect(policy, now, source, **kwargs)
     store.begin_run(run_id, dag_id=dag_id, started_at=started, data_ts=now, source=snap.source, mode=policy.mode)
-    store.execute("upsert_usage", usage_rows(snap, policy))
+    record_usage(store, snap, policy)
     findings = detect(snap, policy)
     p = plan(findings, snap, policy, store, now)
     counts = record(p, store, run_id, now)
-    store.finish_run(run_id, status=run_status(snap, p), finished_at=time.time(), problems=snap.problems,
+    status = run_status(snap, p)
+    store.finish_run(run_id, status=status, finished_at=time.time(), problems=snap.problems,
                      counts={"findings": len(findings), **counts})
+    from gpu_cost import health
+
+    health.degraded_alert(store, policy, run_id=run_id, dag_id=dag_id, status=status, problems=snap.problems, now=now)
     return {
         "run_id": run_id,
         "ts": now,

@@ -10,12 +10,15 @@ pytestmark = pytest.mark.e2e
 
 
 def test_sweep_dag_records_expected_decisions(airflow_db, dagbag) -> None:  # type: ignore[no-untyped-def]
+    from tests.fixtures.core import ROOT
+
     dag = dagbag.dags["gpu_zombie_sweep"]
-    dr = dag.test()
+    # explicit conf: dag.test(run_conf=...) by another test leaves its conf in the shared DAG's params
+    dr = dag.test(run_conf={"policy": str(ROOT / "include" / "policy" / "default.yaml"), "source": "sim"})
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     assert dr.state == "success", states
     store = AuditStore()
-    runs = store.query("SELECT * FROM gpu_cost_runs WHERE dag_id = 'gpu_zombie_sweep' ORDER BY started_at DESC")
+    runs = store.query("SELECT * FROM gpu_cost_runs WHERE run_id = :r", {"r": f"gpu_zombie_sweep:{dr.run_id}"})
     assert runs and runs[0]["status"] == "ok" and runs[0]["mode"] == "dry-run"
     rows = store.decisions_of_run(runs[0]["run_id"])
     got = {(r["rule"], r["job_id"] or r["user_name"], r["action"]) for r in rows}

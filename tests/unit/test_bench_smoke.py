@@ -62,7 +62,8 @@ def test_queries_bench_smoke() -> None:
     assert small["promql_per_sweep"] == small["promql_client"]  # the server counted what the source sent
     assert small["constant_over_sweeps"] and big["constant_over_sweeps"]
     assert small["slurm_cmds_per_sweep"] == big["slurm_cmds_per_sweep"] > 0
-    assert (small["node_cmds_per_sweep"], big["node_cmds_per_sweep"]) == (1, 4)  # one inspection per node
+    # only nodes that can hold a zombie are inspected over SSH: never more than one call per node
+    assert small["node_cmds_per_sweep"] <= 1 and big["node_cmds_per_sweep"] <= 4
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ the live escalation ladder advances on success, and a saving is written for effe
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -24,10 +25,23 @@ from gpu_cost.model import Decision
 logger = logging.getLogger(__name__)
 
 #: modules that register executors when imported
-EXECUTOR_MODULES = ("gpu_cost.actions.slurm", "gpu_cost.actions.node", "gpu_cost.actions.notify", "gpu_cost.actions.power")
+EXECUTOR_MODULES = ("gpu_cost.actions.slurm", "gpu_cost.actions.node", "gpu_cost.actions.notify", "gpu_cost.actions.power",
+                    "gpu_cost.audit.savings")  # the savings ledger registers its SAVINGS_HOOKS entry
 
 #: called after a successful action to write its saving (set by the savings ledger)
 SAVINGS_HOOKS: list[Callable[[AuditStore, Decision, Outcome, ActionContext], None]] = []
+
+
+#: TEST-ONLY fault injection: ``GPU_COST_FAULT=after_started`` or ``after_effect`` makes the worker
+#: exit at once (status 137, as if killed) right after the audit ``started`` row, or right after the
+#: effect and before the row is updated. Never set it in a deployment.
+FAULT_ENV = "GPU_COST_FAULT"
+
+
+def _fault(point: str) -> None:
+    if os.environ.get(FAULT_ENV) == point:
+        logger.error("%s=%s: exiting now (test-only fault injection)", FAULT_ENV, point)
+        os._exit(137)
 
 
 def load_executors() -> dict[str, Any]:
@@ -66,22 +80,48 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
     dry_run = ctx.dry_run or d.mode == "dry-run"
     executor = REGISTRY.get(d.action)
     existing = store.get_action(aid)
+    if (existing is not None and existing["status"] == "skipped" and not dry_run
+            and str(existing.get("error") or "").startswith("rate limit:")
+            and store.execute("action_reopen", {"action_id": aid}) > 0):
+        # held back by the per-user rate limit: not done yet, so a later sweep tries again
+        existing = store.get_action(aid)
+        logger.info("action %s was held back by the rate limit: trying again", aid)
     if existing is not None and existing["status"] != "started":
         logger.info("action %s already %s: not repeated", aid, existing["status"])
         return {"decision_id": d.decision_id, "action_id": aid, "status": existing["status"], "repeated": False}
     resumed = existing is not None
+    owner = None
     if not resumed:
-        created = store.action_started(action_id=aid, decision_id=d.decision_id, run_id=ctx.run_id, action=d.action,
-                                       target=d.target, executor=getattr(executor, "__module__", "none"),
-                                       dry_run=dry_run, started_at=time.time())
+        row: dict[str, Any] = {
+            "action_id": aid, "decision_id": d.decision_id, "run_id": ctx.run_id, "action": d.action,
+            "target": d.target, "executor": getattr(executor, "__module__", "none"), "dry_run": int(dry_run),
+            "started_at": time.time(), "attempt": 1, "command": None,
+        }
+        if executor is not None and not dry_run and d.destructive:
+            from gpu_cost import locks
+
+            # one effect per target: the manual reclaim and the sweep (different decision ids) never both act
+            created, owner = locks.start_effect(store, d, row)
+        else:
+            created = store.action_started(action_id=aid, decision_id=d.decision_id, run_id=ctx.run_id,
+                                           action=d.action, target=d.target, executor=str(row["executor"]),
+                                           dry_run=dry_run, started_at=float(row["started_at"]))
         if not created:
             # another worker wrote the row between our read and our write: it owns the action
             return {"decision_id": d.decision_id, "action_id": aid, "status": "owned-elsewhere"}
     else:
         store.execute("action_retry", {"action_id": aid})
         logger.warning("action %s was started before without an end: finishing it (executors re-check first)", aid)
+    _fault("after_started")
+    if resumed and executor is not None and not dry_run and d.destructive:
+        from gpu_cost import locks
+
+        owner = locks.effect_done(store, aid, d)
     if executor is None:
         outcome = Outcome("skipped", error=f"no executor for action {d.action!r} in this deployment")
+    elif owner is not None:
+        outcome = Outcome("skipped", error=f"{d.target}: already {owner['status']} by action {owner['action_id']} "
+                                           f"(run {owner.get('run_id')}): one effect per target")
     else:
         try:
             outcome = executor(d, _ctx_for(ctx, dry_run))
@@ -90,6 +130,7 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
         except Exception as exc:  # noqa: BLE001 - an executor bug must still close the audit row
             logger.exception("executor for %s failed", aid)
             outcome = Outcome("failed", error=f"{type(exc).__name__}: {exc}")
+    _fault("after_effect")
     store.action_finished(aid, outcome.status, time.time(), output=_with_command(outcome), error=outcome.error)
     if outcome.status == "succeeded" and not dry_run:
         store.execute("advance_escalation", {"rule": d.rule, "target": d.target, "track": "live", "episode": d.episode,

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpu_cost.audit.store import AuditStore
 from gpu_cost.policy import load_policy
 from gpu_cost.policy.schema import Policy
 from gpu_cost.timeutil import epoch
+
+if TYPE_CHECKING:  # SQLAlchemy and the store are imported where used: DAG files import this at parse time
+    from gpu_cost.audit.store import AuditStore
 
 logger = logging.getLogger(__name__)
 
@@ -54,4 +56,6 @@ def audit_run_id(context: Mapping[str, Any]) -> str:
 
 def store() -> AuditStore:
     """Return the audit store (connection ``gpu_cost_db``), schema ensured."""
+    from gpu_cost.audit.store import AuditStore
+
     return AuditStore().ensure_schema()

@@ -1,30 +1,66 @@
-"""Task bodies of ``gpu_zombie_sweep``: each returns a small JSON-able value for XCom."""
+"""Task bodies of ``gpu_zombie_sweep``: each returns a small JSON-able value for XCom.
+
+The acting building blocks (:func:`action_context`, :func:`act_on`) are shared with the manual
+reclaim DAG, which records its own decisions and then acts on them the same way.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from gpu_cost import sweep
 from gpu_cost.airflow import runtime
+from gpu_cost.errors import GpuCostError
 from gpu_cost.model import Decision, Finding, Snapshot, as_decisions, as_findings
 from gpu_cost.policy.engine import Opening, Plan
+from gpu_cost.policy.schema import Policy
+
+if TYPE_CHECKING:  # the sweep (numpy) and the store are imported where used: DAG files import this at parse time
+    from gpu_cost.audit.store import AuditStore
 
 logger = logging.getLogger(__name__)
+
+SWEEP_DAG_ID = "gpu_zombie_sweep"
+#: task ids the ``route`` branch may choose
+ACT_TASK, APPROVE_TASK = "act", "approve"
+#: SSH connections used by actions
+SLURM_SSH_CONN, NODE_SSH_CONN = "gpu_cost_slurm_ssh", "gpu_cost_node_ssh"
 
 
 def check_policy(params: Mapping[str, Any]) -> dict[str, Any]:
     """Load and validate the policy before anything is collected (a bad file fails the run here)."""
-    policy = runtime.policy_from(params)
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from gpu_cost.errors import PolicyError
+
+    try:
+        policy = runtime.policy_from(params)
+    except PolicyError as exc:
+        # a bad file does not fix itself in a retry delay: fail now, before anything is collected
+        raise AirflowFailException(str(exc)) from exc
     source = runtime.source_from(policy, params)
     logger.info("policy %s: mode=%s source=%s", policy.source, policy.mode, source)
     return {"policy": policy.source, "mode": policy.mode, "source": source}
 
 
+def metrics_fresh(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> tuple[bool, str]:
+    """Return (fresh, why) for the run's data instant: the sensor's poke."""
+    from gpu_cost import sweep
+
+    policy = runtime.policy_from({"policy": cfg["policy"]})
+    now = runtime.data_instant(context, policy)
+    fresh, why = sweep.check_fresh(policy, now, cfg["source"])
+    (logger.info if fresh else logger.warning)("metrics %s at %s: %s", "fresh" if fresh else "stale", now, why)
+    return fresh, why
+
+
 def collect(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
     """Take the snapshot for the run's data instant and park it in the audit store."""
+    from gpu_cost import sweep
+
     policy = runtime.policy_from({"policy": cfg["policy"]})
     now = runtime.data_instant(context, policy)
     run_id = runtime.audit_run_id(context)
@@ -33,7 +69,9 @@ def collect(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any
                     source=cfg["source"], mode=policy.mode)
     snap = sweep.collect(policy, now, cfg["source"])
     store.save_snapshot(run_id, now, snap.to_json())
-    store.execute("upsert_usage", sweep.usage_rows(snap, policy))
+    from gpu_cost.report.usage import record_usage
+
+    record_usage(store, snap, policy)
     logger.info("snapshot at %s: %d GPUs, %d running jobs, %d processes, problems=%s", now, len(snap.gpus),
                 len(snap.running_jobs()), len(snap.processes), list(snap.problems))
     return {"run_id": run_id, "now": now, "policy": cfg["policy"], "source": snap.source, "gpus": len(snap.gpus),
@@ -48,6 +86,8 @@ def _load(ref: Mapping[str, Any]) -> tuple[Any, Snapshot, Any]:
 
 def detect(ref: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Run the rules on the stored snapshot."""
+    from gpu_cost import sweep
+
     policy, snap, _ = _load(ref)
     findings = sweep.detect(snap, policy)
     for f in findings:
@@ -57,31 +97,233 @@ def detect(ref: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def decide(ref: Mapping[str, Any], findings: list[dict[str, Any]]) -> dict[str, Any]:
     """Turn findings into decisions under the policy and the escalation state."""
+    from gpu_cost import sweep
+
     policy, snap, store = _load(ref)
     p = sweep.plan(as_findings(findings), snap, policy, store, float(ref["now"]))
     for d in p.decisions:
-        logger.info("decision %s %s → %s [%s] %s", d.rule, d.target, d.action, d.mode, d.reason)
+        logger.info("decision %s %s → %s [%s]%s %s", d.rule, d.target, d.action, d.mode,
+                    " (needs approval)" if d.requires_approval and d.acts else "", d.reason)
     if p.cap_violation:
         logger.error("cap exceeded: %s", p.cap_violation)
     return plan_to_xcom(p)
 
 
 def record(ref: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
-    """Write decisions and escalation changes; finish the run's audit row. Returns the run summary."""
+    """Write decisions and escalation changes. Returns what the branch needs to route the run."""
+    from gpu_cost import sweep
+
     p = plan_from_xcom(plan)
     policy, snap, store = _load(ref)
     counts = sweep.record(p, store, ref["run_id"], float(ref["now"]))
-    status = sweep.run_status(snap, p)
-    store.finish_run(ref["run_id"], status=status, finished_at=time.time(), problems=snap.problems,
-                     counts={"findings": len(p.decisions) + len(p.waiting) + len(p.snoozed), **counts})
     return {
         "run_id": ref["run_id"],
-        "status": status,
+        "status": sweep.run_status(snap, p),
         "mode": policy.mode,
         "decisions": [sweep.decision_summary(d) for d in p.decisions],
         "cap_violation": p.cap_violation,
         **counts,
     }
+
+
+def route(summary: Mapping[str, Any]) -> list[str]:
+    """Return the task ids to follow: ``act`` for automatic decisions, ``approve`` for the others.
+
+    Recorded-only decisions (dry-run, protected ``never``, held back by mode or degraded data)
+    follow neither. A cap violation goes to ``act`` alone, which records the abort and fails.
+    """
+    if summary.get("cap_violation"):
+        return [ACT_TASK]
+    out = []
+    if summary.get("automatic"):
+        out.append(ACT_TASK)
+    if summary.get("needs_approval"):
+        out.append(APPROVE_TASK)
+    logger.info("route: %s", out or "record only")
+    return out
+
+
+# -- acting ----------------------------------------------------------------------------------
+def slurm_runner() -> Any:
+    """Return the runner for Slurm commands: ``GPU_COST_SLURM=local`` (this host) or ``ssh``.
+
+    ``ssh`` runs them on a login node over the SSH connection ``gpu_cost_slurm_ssh``. Unset:
+    None (Slurm actions then fail with a clear outcome instead of guessing).
+    """
+    mode = os.environ.get("GPU_COST_SLURM", "").strip().lower()
+    if not mode:
+        return None
+    if mode not in ("local", "ssh"):
+        raise GpuCostError(f"GPU_COST_SLURM={mode!r}: use local or ssh")
+    try:
+        from gpu_cost.sources.slurm import default_runner
+    except ImportError:
+        from gpu_cost.runner import LocalRunner, SSHRunner
+
+        return SSHRunner(SLURM_SSH_CONN) if mode == "ssh" else LocalRunner()
+    return default_runner(ssh=mode == "ssh")
+
+
+def node_runner(host: str) -> Any:
+    """Return the runner for node-side commands on ``host`` (SSH through the node wrapper)."""
+    from gpu_cost.runner import SSHRunner
+
+    return SSHRunner(NODE_SSH_CONN, host=host)
+
+
+def action_context(policy: Policy, now: float, run_id: str | None, *, dry_run: bool = False,
+                   sleep: Callable[[float], None] | None = None) -> Any:
+    """Return the :class:`~gpu_cost.actions.base.ActionContext` the executors get."""
+    from gpu_cost.actions.base import ActionContext
+
+    return ActionContext(policy=policy, dry_run=dry_run, now=now, run_id=run_id, slurm=slurm_runner(),
+                         node_runner=node_runner, sleep=sleep or time.sleep)
+
+
+def concurrent_run(store: AuditStore, run_id: str, dag_id: str, data_ts: float, window_s: float) -> str | None:
+    """Return the id of another unfinished run of ``dag_id`` on the same data, or None."""
+    since = time.time() - 6 * 3600
+    for row in store.fetch("running_runs", {"dag_id": dag_id, "run_id": run_id, "since": since}):
+        other = row.get("data_ts")
+        if other is not None and abs(float(other) - data_ts) <= window_s:
+            return str(row["run_id"])
+    return None
+
+
+def act_on(decisions: Sequence[Decision], policy: Policy, store: AuditStore, run_id: str, now: float,
+           ctx: Any = None) -> dict[str, Any]:
+    """Execute acting decisions through the dispatcher (audit row before and after, once per id)."""
+    from gpu_cost.actions import dispatch
+
+    ctx = ctx or action_context(policy, now, run_id)
+    results = dispatch.execute(list(decisions), ctx, store)
+    by_status: dict[str, int] = {}
+    for r in results:
+        by_status[r["status"]] = by_status.get(r["status"], 0) + 1
+    return {"results": results, "by_status": by_status}
+
+
+def act(ref: Mapping[str, Any], plan: Mapping[str, Any], which: str) -> dict[str, Any]:
+    """Carry out the run's ``automatic`` or ``approved`` decisions; abort the run on a cap violation.
+
+    Raises AirflowFailException (no retry) when a cap is exceeded — after marking the decisions
+    ``capped`` and the run ``capped`` with the reason — and when another run of the sweep is
+    acting on the same data.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    p = plan_from_xcom(plan)
+    policy = runtime.policy_from({"policy": ref["policy"]})
+    store = runtime.store()
+    run_id, now = str(ref["run_id"]), float(ref["now"])
+    acting = [d for d in p.decisions if d.acts]
+    if p.cap_violation:
+        for d in acting:
+            store.set_decision_status(d.decision_id, "capped")
+        store.finish_run(run_id, status="capped", finished_at=time.time(), problems=[p.cap_violation],
+                         counts={"decisions": len(p.decisions), "capped": len(acting)})
+        raise AirflowFailException(f"cap exceeded, nothing acted: {p.cap_violation}")
+    from gpu_cost import locks
+
+    dag_id = run_id.split(":", 1)[0]
+    other = concurrent_run(store, run_id, dag_id, now, policy.sweep.interval / 2) or locks.run_conflict(
+        store, run_id, dag_id)
+    if other:
+        raise AirflowFailException(f"another sweep run ({other}) is unfinished on the same data: not acting twice")
+    if which == "approved":
+        approved = {r["decision_id"] for r in store.decisions_of_run(run_id) if r["approval_status"] == "approved"}
+        chosen = [d for d in acting if d.requires_approval and d.decision_id in approved]
+    else:
+        chosen = [d for d in acting if not d.requires_approval]
+    out = act_on(chosen, policy, store, run_id, now)
+    logger.info("acted on %d %s decision(s): %s", len(chosen), which, out["by_status"])
+    return {"which": which, "decisions": len(chosen), "by_status": out["by_status"],
+            "failed": [r["decision_id"] for r in out["results"] if r["status"] == "failed"]}
+
+
+def finish(context: Mapping[str, Any]) -> dict[str, Any]:
+    """Close the run's audit row (``ok`` / ``degraded`` / ``capped`` / ``stale`` / ``failed``).
+
+    Runs whatever happened upstream. Returns the run summary (XCom ``summary`` too); raises
+    AirflowFailException when the run did not complete, so a failed sweep shows as failed.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    ti = context["ti"]
+    run_id = runtime.audit_run_id(context)
+    store = runtime.store()
+    cfg = ti.xcom_pull(task_ids="check_policy")
+    ref = ti.xcom_pull(task_ids="collect")
+    summary = ti.xcom_pull(task_ids="record")
+    acted = [a for a in (ti.xcom_pull(task_ids=t) for t in (ACT_TASK, "act_approved")) if a]
+    decision = ti.xcom_pull(task_ids=APPROVE_TASK, key="decision")
+    problems: list[str] = []
+    run = store.get_run(run_id)
+    if ref is None:
+        if cfg is None:
+            status, problems = "failed", ["the policy could not be loaded: see the check_policy task log"]
+        else:
+            status = "stale"
+            try:
+                fresh, why = metrics_fresh(cfg, context)
+                problems = [f"metrics not fresh: {why}"] if not fresh else ["collect failed: see its task log"]
+                status = "stale" if not fresh else "failed"
+            except GpuCostError as exc:
+                problems = [f"freshness check failed: {exc}"]
+        if run is None:
+            store.execute("insert_run", {"run_id": run_id, "dag_id": run_id.split(":", 1)[0], "started_at": time.time(),
+                                         "data_ts": None, "source": (cfg or {}).get("source"),
+                                         "mode": (cfg or {}).get("mode")})
+    elif run is not None and run["status"] == "capped":
+        status = "capped"
+        problems = _json_list(run.get("problems"))
+    elif summary is None:
+        status, problems = "failed", ["detect/decide/record did not complete: see their task logs"]
+    else:
+        failed = [f for a in acted for f in a.get("failed", [])]
+        status = summary["status"]
+        problems = list(ref.get("problems", []))
+        if failed:
+            status = "failed"
+            problems.append(f"{len(failed)} action(s) failed: see gpu_cost_actions")
+    counts = {k: v for k, v in (summary or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    counts["acted"] = sum(a.get("decisions", 0) for a in acted)
+    if decision:
+        counts["approval"] = decision.get("status")
+    if status == "capped":
+        # keep the row act wrote (problems = the cap's reason); only the end time moves
+        store.execute("finish_run", {"run_id": run_id, "status": status, "finished_at": time.time(),
+                                     "problems": run.get("problems") if run else "[]",
+                                     "counts": run.get("counts") if run else "{}"})
+    else:
+        store.finish_run(run_id, status=status, finished_at=time.time(), problems=problems, counts=counts)
+    if cfg is not None:
+        from gpu_cost import health
+
+        try:
+            policy = runtime.policy_from({"policy": cfg["policy"]})
+            health.degraded_alert(store, policy, run_id=run_id, dag_id=run_id.split(":", 1)[0], status=status,
+                                  problems=problems, now=float((ref or {}).get("now") or time.time()))
+        except GpuCostError:
+            logger.exception("the agent-health alert could not be raised")
+    out = {"run_id": run_id, "status": status, "problems": problems, "counts": counts,
+           "decisions": (summary or {}).get("decisions", []), "approval": decision}
+    ti.xcom_push(key="summary", value=out)
+    if status in ("failed", "stale", "capped"):
+        raise AirflowFailException(f"sweep run {status}: {'; '.join(problems) or 'see the task logs'}")
+    return out
+
+
+def _json_list(raw: Any) -> list[str]:
+    import json
+
+    if not raw:
+        return []
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return [str(raw)]
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
 def plan_to_xcom(p: Plan) -> dict[str, Any]:
@@ -92,6 +334,7 @@ def plan_to_xcom(p: Plan) -> dict[str, Any]:
         "closing": [list(k) for k in p.closing],
         "waiting": p.waiting,
         "snoozed": p.snoozed,
+        "snooze_records": [d.to_dict() for d in p.snooze_records],
         "cap_violation": p.cap_violation,
     }
 
@@ -104,8 +347,10 @@ def plan_from_xcom(d: Mapping[str, Any]) -> Plan:
         closing=[tuple(k) for k in d.get("closing", [])],  # type: ignore[misc]
         waiting=list(d.get("waiting", [])),
         snoozed=list(d.get("snoozed", [])),
+        snooze_records=as_decisions(d.get("snooze_records", [])),
         cap_violation=d.get("cap_violation"),
     )
 
 
-__all__ = ["Decision", "Finding", "check_policy", "collect", "decide", "detect", "record"]
+__all__ = ["Decision", "Finding", "act", "act_on", "action_context", "check_policy", "collect", "decide", "detect",
+           "finish", "metrics_fresh", "record", "route"]

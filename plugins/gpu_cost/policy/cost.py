@@ -22,8 +22,8 @@ class Stakes:
 def stakes(f: Finding, now: float, predicted_end: float | None = None) -> Stakes:
     """Return the stakes of acting on ``f`` at ``now``.
 
-    At risk: GPUs × how long the job (or process) has run — the work lost if it was not waste.
-    Saved: GPUs × time until it would end anyway — the forecast p90 end when known, else the
+    At risk: GPUs x how long the job (or process) has run — the work lost if it was not waste.
+    Saved: GPUs x time until it would end anyway — the forecast p90 end when known, else the
     time limit, else :data:`DEFAULT_HORIZON_S`.
     """
     started = f.job_start_ts

@@ -1,15 +1,19 @@
 """Decide: findings + policy + escalation state → decisions. Pure: no I/O, no clock.
 
-For each finding the engine applies, in order: snoozes; protections (``never`` records only,
-``notify_only`` removes destructive rungs, ``approval`` makes them need a human); inference
-services (advice only); the rule's escalation ladder (one rung per wait, state per target and
-episode); the mode (``dry-run`` records, ``notify`` holds destructive rungs back, ``enforce``
-acts); degraded data (holds destructive rungs back); the cost of being wrong (approval above a
-threshold); and the per-run caps.
+For each finding the engine applies, in order: snoozes (recorded once, nothing done);
+protections (``never`` records only, ``notify_only`` removes destructive rungs, ``approval``
+makes them need a human); inference services (advice only); the rule's escalation ladder (one
+rung per wait and at most one per data instant, state per target and episode; notice rungs keep
+to working hours when ``notifications.only_in_working_hours``); the mode (``dry-run`` records,
+``notify`` holds destructive rungs back, ``enforce`` acts); degraded data (holds destructive
+rungs back); the cost of being wrong (approval above a threshold); rejections (a decision a human
+rejected is not asked again); and the per-run caps.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import zoneinfo
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +21,7 @@ from typing import Any
 from gpu_cost.model import DESTRUCTIVE_ACTIONS, Decision, Finding, decision_id
 from gpu_cost.policy.cost import stakes
 from gpu_cost.policy.protections import protection_for
-from gpu_cost.policy.schema import Policy, Rung
+from gpu_cost.policy.schema import NotificationConfig, Policy, Rung
 
 NOTICE_ACTIONS = frozenset({"advise", "notify", "notify_manager"})
 
@@ -49,6 +53,8 @@ class Plan:
     closing: list[tuple[str, str, str]] = field(default_factory=list)
     waiting: list[dict[str, Any]] = field(default_factory=list)
     snoozed: list[str] = field(default_factory=list)
+    #: one ``none`` decision per snooze and episode, so the audit shows what a snooze held back
+    snooze_records: list[Decision] = field(default_factory=list)
     cap_violation: str | None = None
 
     def summary(self) -> dict[str, Any]:
@@ -67,7 +73,7 @@ def decide(
     *,
     now: float,
     escalations: Mapping[tuple[str, str, str], Mapping[str, Any]],
-    snoozed_targets: Mapping[str, float] | None = None,
+    snoozed_targets: Mapping[str, float | Mapping[str, Any]] | None = None,
     degraded: bool = False,
     total_gpus: int = 0,
     predicted_end: Mapping[str, float] | None = None,
@@ -76,57 +82,167 @@ def decide(
     """Return the plan for one sweep.
 
     :param escalations: open and closed escalation rows keyed by ``(rule, target, track)``.
-    :param snoozed_targets: target → snoozed-until (epoch seconds).
+    :param snoozed_targets: snooze target (``job:1``, ``user:ann``, ``node:g1``...) → snoozed-until
+        (epoch seconds) or the ``gpu_cost_snoozes`` row (until_ts, reason, created_by, snooze_id).
     :param degraded: the snapshot is incomplete; nothing destructive may act.
     :param predicted_end: job id → forecast p90 end (epoch seconds).
     :param rejected: decision ids a human rejected; they are not asked again.
     """
     plan = Plan()
-    snoozes = dict(snoozed_targets or {})
+    snoozes = {k: _snooze_info(v) for k, v in (snoozed_targets or {}).items()}
     rejected_ids = set(rejected)
     found_keys: set[tuple[str, str, str]] = set()
+    notes = policy.notifications
     for f in findings:
         mode = policy.rule_mode(f.rule)
         track = track_of(mode)
         key = (f.rule, f.target, track)
         found_keys.add(key)
-        until = snoozes.get(f.target)
-        if until is not None and until > now:
-            plan.snoozed.append(f.target)
-            plan.seen.append(key)
-            continue
         prot = protection_for(f, policy.protections)
         ladder = _ladder(f, policy, prot.level if prot else None)
         row = escalations.get(key)
         if row is None or row.get("state") != "open":
             episode = int(row["episode"]) + 1 if row else 1
             plan.openings.append(Opening(f.rule, f.target, track, episode, f.job_id, f.user))
-            last_rung, ref = -1, now
+            last_rung, ref, last_act = -1, now, None
         else:
             episode = int(row["episode"])
             last_rung = int(row["rung"])
-            ref = float(row.get("last_action_at") or row.get("first_seen") or now)
+            last_act = row.get("last_action_at")
+            ref = float(last_act or row.get("first_seen") or now)
             plan.seen.append(key)
+        snooze = _snoozed(f, snoozes, now)
+        if snooze is not None:
+            plan.snoozed.append(f.target)
+            nxt = min(last_rung + 1, len(ladder) - 1)
+            plan.snooze_records.append(_snooze_record(f, ladder[nxt], nxt, episode, mode, now, snooze))
+            continue
         nxt = last_rung + 1
         if nxt >= len(ladder):
             plan.waiting.append({"target": f.target, "rule": f.rule, "why": "ladder complete"})
             continue
-        rung = ladder[nxt]
-        if now - ref < rung.after:
-            plan.waiting.append({"target": f.target, "rule": f.rule, "rung": nxt, "action": rung.action,
-                                 "due_in_s": round(rung.after - (now - ref))})
+        if last_act is not None and now <= float(last_act):
+            # a re-run for the same data instant never climbs a second rung
+            plan.waiting.append({"target": f.target, "rule": f.rule, "why": "already acted at this instant"})
             continue
-        plan.decisions.append(
-            _decision(f, policy, rung, nxt, episode, mode, track, prot.name if prot else None,
+        rung = ladder[nxt]
+        notice = rung.action in NOTICE_ACTIONS
+        if notice and notes.only_in_working_hours:
+            if not in_working_hours(now, notes):
+                plan.waiting.append({"target": f.target, "rule": f.rule, "rung": nxt, "action": rung.action,
+                                     "why": "outside working hours"})
+                continue
+            waited = working_seconds(ref, now, notes)
+        else:
+            waited = now - ref
+        if waited < rung.after:
+            plan.waiting.append({"target": f.target, "rule": f.rule, "rung": nxt, "action": rung.action,
+                                 "due_in_s": round(rung.after - waited)})
+            continue
+        d = _decision(f, policy, rung, nxt, episode, mode, track, prot.name if prot else None,
                       prot.level if prot else None, now, degraded, (predicted_end or {}).get(f.job_id or ""))
-        )
-    plan.decisions = [d for d in plan.decisions if d.decision_id not in rejected_ids]
+        if d.decision_id in rejected_ids:
+            plan.waiting.append({"target": f.target, "rule": f.rule, "rung": nxt, "action": rung.action,
+                                 "why": "rejected by a human: not asked again in this episode"})
+            continue
+        plan.decisions.append(d)
     if not degraded:
         for key, row in escalations.items():
             if row.get("state") == "open" and key not in found_keys:
                 plan.closing.append(key)
     plan.cap_violation = check_caps(plan.decisions, policy, total_gpus)
     return plan
+
+
+def _snooze_info(value: float | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        return {"until": float(value.get("until_ts", value.get("until", 0.0))), "reason": value.get("reason", ""),
+                "by": value.get("created_by", value.get("by")), "id": value.get("snooze_id", value.get("id", ""))}
+    return {"until": float(value), "reason": "", "by": None, "id": ""}
+
+
+def snooze_keys(f: Finding) -> list[str]:
+    """Return the snooze targets that cover a finding: itself, its job, its owner, its nodes."""
+    keys = [f.target]
+    if f.job_id and f.target_kind == "job":
+        keys.append(f"job:{f.job_id}")
+    if f.user:
+        keys.append(f"user:{f.user}")
+    hosts = set(f.nodes) | ({f.host} if f.host else set())
+    keys.extend(f"node:{h}" for h in sorted(hosts))
+    return keys
+
+
+def _snoozed(f: Finding, snoozes: Mapping[str, dict[str, Any]], now: float) -> dict[str, Any] | None:
+    best: dict[str, Any] | None = None
+    for key in snooze_keys(f):
+        s = snoozes.get(key)
+        if s is not None and s["until"] > now and (best is None or s["until"] > best["until"]):
+            best = {**s, "key": key}
+    return best
+
+
+def _snooze_record(f: Finding, rung: Rung, index: int, episode: int, mode: str, now: float,
+                   snooze: Mapping[str, Any]) -> Decision:
+    from gpu_cost.timeutil import iso
+
+    by = f" by {snooze['by']}" if snooze.get("by") else ""
+    why = f": {snooze['reason']}" if snooze.get("reason") else ""
+    reason = (f"{_why(f)}; snoozed ({snooze['key']}) until {iso(snooze['until'])}{by}{why}; "
+              f"held back: {rung.action}")
+    track = f"snooze:{snooze.get('id') or snooze['key']}"
+    evidence = dict(f.evidence)
+    evidence.update({"gpu_ids": list(f.gpu_ids), "snooze": {k: snooze.get(k) for k in ("key", "until", "by", "reason", "id")},
+                     "held_back": rung.action, "rule_mode": mode})
+    return Decision(
+        decision_id=decision_id(f.rule, f.target, episode, index, track), ts=now, rule=f.rule,
+        target_kind=f.target_kind, target=f.target, action="none", mode="dry-run", rung=index, episode=episode,
+        job_id=f.job_id, user=f.user, account=f.account, partition=f.partition, host=f.host, gpus=f.gpus,
+        reason=reason, evidence=evidence,
+    )
+
+
+def _local(ts: float, tz: str) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ts, tz=zoneinfo.ZoneInfo(tz))
+
+
+_DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+def _hours(cfg: NotificationConfig) -> tuple[int, int]:
+    a, b = (p.strip() for p in cfg.working_hours.split("-"))
+    return int(a[:2]) * 60 + int(a[3:]), int(b[:2]) * 60 + int(b[3:])
+
+
+def _working_day(day: dt.date, cfg: NotificationConfig) -> bool:
+    return _DAYS[day.weekday()] in cfg.working_days and day.isoformat() not in cfg.holidays
+
+
+def in_working_hours(ts: float, cfg: NotificationConfig) -> bool:
+    """Return True when ``ts`` falls in working hours (policy time zone, working days, not a holiday)."""
+    local = _local(ts, cfg.timezone)
+    start, end = _hours(cfg)
+    minute = local.hour * 60 + local.minute + local.second / 60.0
+    return _working_day(local.date(), cfg) and start <= minute < end
+
+
+def working_seconds(a: float, b: float, cfg: NotificationConfig) -> float:
+    """Return the working-hours seconds between instants ``a`` and ``b`` (0 when ``b <= a``)."""
+    if b <= a:
+        return 0.0
+    tz = zoneinfo.ZoneInfo(cfg.timezone)
+    start_m, end_m = _hours(cfg)
+    day = _local(a, cfg.timezone).date()
+    last = _local(b, cfg.timezone).date()
+    total = 0.0
+    while day <= last:
+        if _working_day(day, cfg):
+            midnight = dt.datetime(day.year, day.month, day.day, tzinfo=tz)
+            w0 = (midnight + dt.timedelta(minutes=start_m)).timestamp()
+            w1 = (midnight + dt.timedelta(minutes=end_m)).timestamp()
+            total += max(0.0, min(b, w1) - max(a, w0))
+        day += dt.timedelta(days=1)
+    return total
 
 
 def _ladder(f: Finding, policy: Policy, level: str | None) -> tuple[Rung, ...]:
@@ -148,7 +264,7 @@ def _ladder(f: Finding, policy: Policy, level: str | None) -> tuple[Rung, ...]:
 def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, mode: str, track: str,
               protection: str | None, level: str | None, now: float, degraded: bool,
               predicted: float | None) -> Decision:
-    action = rung.action
+    action: str = rung.action
     reasons = [_why(f)]
     shadow = False
     if level == "never":
@@ -170,7 +286,7 @@ def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, 
     eff_mode = "dry-run" if shadow else mode
     id_track = "shadow" if shadow else track
     evidence = dict(f.evidence)
-    evidence.update({"gpu_ids": list(f.gpu_ids), "stakes_basis": st.basis})
+    evidence.update({"gpu_ids": list(f.gpu_ids), "stakes_basis": st.basis, "track": id_track})
     if f.name:
         evidence["job_name"] = f.name
     return Decision(

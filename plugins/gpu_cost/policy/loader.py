@@ -6,6 +6,7 @@ import datetime as dt
 import fnmatch
 import re
 import zoneinfo
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +95,28 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
         actions = [r.action for r in rule.ladder]
         if "kill" in actions and "terminate" in actions and actions.index("kill") < actions.index("terminate"):
             raise PolicyError(src, f"{base}.ladder", "'kill' comes before 'terminate': SIGKILL before SIGTERM")
+        _check_ladder_order(src, base, actions)
+        if rule.enabled and name == "idle_allocation" and "demote" in actions:
+            d = policy.demote
+            if d.nice == 0 and not d.qos and not d.partition:
+                raise PolicyError(src, "demote", f"{base}.ladder has a demote rung but demote sets no nice, qos or "
+                                                 "partition: the rung would change nothing")
+    le, idle = policy.rules.low_efficiency, policy.rules.idle_allocation
+    if le.enabled and idle.enabled and le.util_mean_max <= idle.util_max:
+        raise PolicyError(src, "rules.low_efficiency.util_mean_max",
+                          f"{le.util_mean_max:g}% is not above rules.idle_allocation.util_max={idle.util_max:g}%: "
+                          "every job under it is idle_allocation's, so the rule could never fire")
     if policy.mode == "enforce" and policy.caps.max_actions_per_run == 0:
         raise PolicyError(src, "caps.max_actions_per_run", "is 0 while mode is enforce: nothing could ever act")
+    if policy.mode == "enforce" and policy.caps.max_gpu_share == 0 and _has_destructive(policy):
+        raise PolicyError(src, "caps.max_gpu_share", "is 0 while mode is enforce and a ladder has destructive rungs: "
+                                                     "every run acting on them would be capped")
+    if policy.approval.assigned_users and len(set(policy.approval.assigned_users)) != len(policy.approval.assigned_users):
+        raise PolicyError(src, "approval.assigned_users", "lists a user twice")
+    for j, pat in enumerate(policy.inference.name_patterns):
+        if not pat.strip() or pat.strip() == "*":
+            raise PolicyError(src, f"inference.name_patterns[{j}]",
+                              f"{pat!r} would declare every job an inference service (advice only, never reclaimed)")
     names: set[str] = set()
     for i, prot in enumerate(policy.protections):
         base = f"protections[{i}]"
@@ -124,6 +145,12 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
             dt.date.fromisoformat(day)
         except ValueError:
             raise PolicyError(src, f"notifications.holidays[{i}]", f"not a date (YYYY-MM-DD): {day!r}") from None
+    if not policy.notifications.working_days:
+        raise PolicyError(src, "notifications.working_days", "no working days: notices could never be timed")
+    if len(set(policy.notifications.working_days)) != len(policy.notifications.working_days):
+        raise PolicyError(src, "notifications.working_days", "lists a day twice")
+    if policy.snooze.max_duration < policy.sweep.interval:
+        raise PolicyError(src, "snooze.max_duration", "is shorter than sweep.interval: a snooze could never be seen")
     for i, w in enumerate(policy.offhours.windows):
         _check_window(src, f"offhours.windows[{i}]", w)
     oh = policy.offhours
@@ -133,6 +160,40 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
     for user, person in policy.people.items():
         if person.manager == user:
             raise PolicyError(src, f"people.{user}.manager", "a user cannot be their own manager")
+        seen = [user]
+        boss = person.manager
+        while boss is not None and boss in policy.people:
+            if boss in seen:
+                chain = " → ".join([*seen, boss])
+                raise PolicyError(src, f"people.{user}.manager", f"managers form a loop: {chain}")
+            seen.append(boss)
+            boss = policy.people[boss].manager
+
+
+#: rungs that end the target: nothing milder can follow them
+_ENDING = {"kill", "cancel", "kill_process"}
+
+
+def _check_ladder_order(src: str, base: str, actions: Sequence[str]) -> None:
+    for i, action in enumerate(actions[:-1]):
+        nxt = actions[i + 1]
+        if action in _ENDING:
+            raise PolicyError(src, f"{base}.ladder[{i + 1}]", f"{nxt!r} after {action!r}: the target is gone by then")
+        if action == "terminate" and nxt not in ("kill", "cancel"):
+            raise PolicyError(src, f"{base}.ladder[{i + 1}]",
+                              f"{nxt!r} after 'terminate': only kill or cancel may follow SIGTERM")
+
+
+def _has_destructive(policy: Policy) -> bool:
+    from gpu_cost.model import DESTRUCTIVE_ACTIONS
+
+    for name in ("zombie", "idle_allocation", "low_efficiency"):
+        rule = policy.rule(name)
+        if rule.enabled and policy.rule_mode(name) == "enforce" and any(
+            r.action in DESTRUCTIVE_ACTIONS for r in rule.ladder
+        ):
+            return True
+    return False
 
 
 def _check_tz(src: str, path: str, name: str) -> None:

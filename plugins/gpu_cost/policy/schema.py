@@ -143,7 +143,9 @@ class ApprovalConfig:
 
     #: kill/demote decisions putting more GPU-hours of work at risk than this need approval
     gpu_hours_at_risk: Annotated[float, Range(0, 1e9)] = 24.0
-    timeout: Annotated[float, Dur(), Range(60, 7 * 86400)] = 4 * 3600.0
+    #: how long a request waits for an answer; the sweep run waits with it (max_active_runs=1),
+    #: so a long timeout delays the next sweeps
+    timeout: Annotated[float, Dur(), Range(60, 7 * 86400)] = 3600.0
     #: what a timed-out request means; only "reject" is allowed, so silence never kills
     on_timeout: Literal["reject"] = "reject"
     assigned_users: tuple[str, ...] = ()
@@ -190,6 +192,16 @@ class NotificationConfig:
     only_in_working_hours: bool = False
     slack_channel: str | None = None
     snooze_hint: str = "gpu-cost snooze --target {target} --for 4h --reason '...'"
+
+
+@dataclass(frozen=True)
+class SnoozeConfig:
+    """Snoozes: an owner's justified request to leave a target alone until a given time."""
+
+    #: the longest snooze anyone may set; longer exemptions belong in ``protections``
+    max_duration: Annotated[float, Dur(), Range(60, 366 * 86400)] = 14 * 86400.0
+    #: a justification shorter than this is refused
+    min_reason_chars: Annotated[int, Range(1, 1000)] = 8
 
 
 @dataclass(frozen=True)
@@ -241,6 +253,11 @@ class OffhoursConfig:
     wake_lead: Seconds = 1800.0
     idle_power_w: Annotated[float, Range(0, 100_000)] = 400.0
     reason: str = "gpu-cost: off-hours"
+    #: a node's GPUs must be seen idle in the metrics; false trusts Slurm's allocation state
+    #: alone (a scheduler-only deployment without DCGM)
+    require_gpu_metrics: bool = True
+    #: wake powered-down nodes when pending jobs need more GPUs than the running nodes have free
+    wake_on_pending: bool = True
 
 
 @dataclass(frozen=True)
@@ -252,6 +269,10 @@ class ForecastConfig:
     history: Annotated[float, Dur(), Range(86400, 3 * 366 * 86400)] = 60 * 86400.0
     min_class_jobs: Annotated[int, Range(3, 100_000)] = 30
     series_per_task: Annotated[int, Range(1, 10_000)] = 25
+    #: demand series are kept per these job attributes (plus the cluster total)
+    dimensions: tuple[Literal["account", "partition", "user"], ...] = ("account", "partition")
+    #: on the simulator, at most this much history is generated (keeps the demo quick)
+    sim_days: Annotated[float, Range(1, 366)] = 21.0
 
 
 @dataclass(frozen=True)
@@ -280,6 +301,7 @@ class Policy:
     demote: DemoteConfig = field(default_factory=DemoteConfig)
     people: dict[str, Person] = field(default_factory=dict)
     notifications: NotificationConfig = field(default_factory=NotificationConfig)
+    snooze: SnoozeConfig = field(default_factory=SnoozeConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     offhours: OffhoursConfig = field(default_factory=OffhoursConfig)
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
@@ -295,6 +317,11 @@ class Policy:
 
     def rule(self, name: str) -> ZombieRule | IdleAllocationRule | LowEfficiencyRule:
         return getattr(self.rules, name)  # type: ignore[no-any-return]
+
+    def manager_of(self, user: str | None) -> str | None:
+        """Return the manager of ``user`` from ``people``, or None."""
+        person = self.people.get(user or "")
+        return person.manager if person else None
 
 
 _MODE_ORDER = {"dry-run": 0, "notify": 1, "enforce": 2}

@@ -110,6 +110,15 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     frame, disagreements = attribute(frame, jobs, procs)
     if len(frame) and frame["stale"].all():
         problems.append("every GPU series is stale or missing")
+    elif len(frame) and frame["stale"].any():
+        # part of the cluster unseen (an exporter stopped, a scrape gap): the whole run is degraded
+        stale_hosts = sorted({str(h) for h in frame.loc[frame["stale"], "host"]})
+        problems.append(f"stale or missing GPU series: {int(frame['stale'].sum())} of {len(frame)} GPUs "
+                        f"(on {', '.join(stale_hosts[:10])})")
+    if len(frame):
+        unseen = sorted({n.name for n in nodes if n.gpus_alloc} - {str(h) for h in frame["host"]})
+        if unseen:
+            problems.append(f"no GPU series for node(s) running GPU jobs: {', '.join(unseen[:10])} (exporter missing?)")
     if not len(frame) and not any(p.startswith("prometheus:") for p in problems):
         problems.append("prometheus: no GPU series (check the exporters and the connection's selector)")
     nodes = _merge_nodes(nodes, frame, node_stats)

@@ -402,8 +402,15 @@ class PrometheusSource:
             raise SourceError(f"Prometheus at {self.config.url} refused the {what} query: {str(exc)[:300]}") from None
         except ValueError as exc:  # JSON decoding
             raise SourceError(f"Prometheus at {self.config.url} answered the {what} query with invalid JSON: {exc}") from None
+        except (KeyError, TypeError, IndexError):  # JSON without data.result: not a Prometheus answer
+            raise SourceError(f"Prometheus at {self.config.url} answered the {what} query without data.result") from None
         if not isinstance(result, list):
             raise SourceError(f"Prometheus at {self.config.url}: the {what} query did not return a vector")
+        for s in result:
+            metric = s.get("metric", {}) if isinstance(s, Mapping) else None
+            if not isinstance(metric, Mapping) or not all(isinstance(v, str) for v in metric.values()):
+                raise SourceError(f"Prometheus at {self.config.url}: the {what} query returned a malformed sample: "
+                                  f"{str(s)[:200]}")
         return result
 
     # -- GPUs ------------------------------------------------------------------------------
@@ -468,6 +475,9 @@ class PrometheusSource:
                 gi = int(idx)
             except ValueError:
                 logger.warning("GPU %s on %s has no index label: skipped", uuid or "?", host or "?")
+                continue
+            if not 0 <= gi < 1 << 16:
+                logger.warning("GPU %s on %s has an impossible index %r: skipped", uuid or "?", host or "?", idx)
                 continue
             model = row.get("modelName") or info.get((host, gpu, uuid), {}).get("model_name", "")
             target = merged.setdefault((host, gi, uuid), {})

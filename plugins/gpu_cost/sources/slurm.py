@@ -448,13 +448,16 @@ def parse_nodes(doc: Mapping[str, Any], command: str = "sinfo --json") -> list[N
     items = doc.get("nodes")
     if items is None and isinstance(doc.get("sinfo"), list):  # sinfo --json of 23.x+: node groups
         seen: dict[str, Mapping[str, Any]] = {}
-        for group in doc["sinfo"]:
-            for name in expand_hostlist(((group.get("nodes") or {}).get("nodes") or [""])[0]
-                                        if isinstance((group.get("nodes") or {}).get("nodes"), list) else ""):
-                seen.setdefault(name, {"name": name, "state": (group.get("node") or {}).get("state", ["UNKNOWN"]),
-                                       "gres": (group.get("gres") or {}).get("total", ""),
-                                       "gres_used": (group.get("gres") or {}).get("used", ""),
-                                       "partitions": [(group.get("partition") or {}).get("name", "")]})
+        try:
+            for group in doc["sinfo"]:
+                for name in expand_hostlist(((group.get("nodes") or {}).get("nodes") or [""])[0]
+                                            if isinstance((group.get("nodes") or {}).get("nodes"), list) else ""):
+                    seen.setdefault(name, {"name": name, "state": (group.get("node") or {}).get("state", ["UNKNOWN"]),
+                                           "gres": (group.get("gres") or {}).get("total", ""),
+                                           "gres_used": (group.get("gres") or {}).get("used", ""),
+                                           "partitions": [(group.get("partition") or {}).get("name", "")]})
+        except (AttributeError, TypeError, ValueError, IndexError) as exc:
+            raise SourceError(f"`{command}`: a node group of 'sinfo' is malformed: {exc}") from None
         items = list(seen.values())
         doc = {"nodes": items}
     out = []

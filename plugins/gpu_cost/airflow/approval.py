@@ -1,0 +1,162 @@
+"""Human approval of decisions: an ``ApprovalOperator`` that lists them and records the answer.
+
+Any DAG that records decisions under its audit run id (``<dag_id>:<run_id>``, see
+:func:`gpu_cost.airflow.runtime.audit_run_id`) can put :class:`RecordingApprovalOperator` in
+front of its acting task: the request lists the run's decisions awaiting approval (evidence and
+stakes), the answer (who, when, what) is written to ``gpu_cost_decisions.approval_status /
+approved_by / approved_at``, and a *Reject* skips the acting task (the run still succeeds). An
+unanswered request takes the default, *Reject*, after ``approval.timeout`` of the policy.
+
+The timeout: Airflow needs one when the DAG is parsed, and the policy is only read at run time,
+so the operator is built with :data:`DEFAULT_TIMEOUT` and, when the request is written, replaces
+it with the policy's ``approval.timeout`` (Airflow takes the deadline from that moment). Set
+``GPU_COST_APPROVAL_TIMEOUT`` (e.g. ``2h``) to change the parse-time fallback.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+from gpu_cost.timeutil import format_duration, iso, parse_duration
+
+logger = logging.getLogger(__name__)
+
+
+def _default_timeout() -> dt.timedelta:
+    raw = os.environ.get("GPU_COST_APPROVAL_TIMEOUT")
+    try:
+        return dt.timedelta(seconds=parse_duration(raw)) if raw else dt.timedelta(hours=1)
+    except ValueError:
+        logger.warning("GPU_COST_APPROVAL_TIMEOUT=%r is not a duration; using 1h", raw)
+        return dt.timedelta(hours=1)
+
+
+#: parse-time fallback; the policy's approval.timeout replaces it when the request is written
+DEFAULT_TIMEOUT = _default_timeout()
+
+#: statuses written to gpu_cost_decisions.approval_status
+APPROVED, REJECTED, TIMED_OUT = "approved", "rejected", "timed_out"
+
+
+def pending_approvals(store: Any, run_id: str) -> list[dict[str, Any]]:
+    """Return the run's decisions that wait for a human (acting, approval required, unanswered)."""
+    return [r for r in store.decisions_of_run(run_id)
+            if r["requires_approval"] and r["approval_status"] == "pending" and r["status"] == "decided"]
+
+
+def approval_text(rows: Sequence[Mapping[str, Any]], policy: Any) -> tuple[str, str]:
+    """Return (subject, Markdown body) of the approval request for ``rows``."""
+    import json
+
+    at_risk = sum(float(r["gpu_hours_at_risk"] or 0) for r in rows)
+    gpus = sum(int(r["gpus"] or 0) for r in rows)
+    subject = f"GPU cost agent: approve {len(rows)} action(s) on {gpus} GPU(s), {at_risk:.1f} GPU-h of work at risk?"
+    lines = [
+        f"The sweep wants to act on **{len(rows)}** target(s). *Approve* carries out every action below; "
+        f"*Reject* (also the answer after {format_duration(policy.approval.timeout)} without one) does none of them, "
+        "and they are not asked again in this episode.",
+        "",
+        "| action | target | owner | GPUs | at risk (GPU-h) | freed (GPU-h) | why |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| **{r['action']}** | `{r['target']}` | {r['user_name'] or '?'} | {r['gpus']} | "
+            f"{float(r['gpu_hours_at_risk'] or 0):.1f} | {float(r['gpu_hours_saved'] or 0):.1f} | "
+            f"{_cell(r['reason'])} |"
+        )
+    lines += ["", "Evidence:"]
+    for r in rows:
+        try:
+            ev = json.loads(r["evidence"] or "{}")
+        except ValueError:
+            ev = {}
+        keep = {k: v for k, v in ev.items() if k not in ("track",) and v not in (None, "", [])}
+        lines.append(f"- `{r['target']}` (decision `{r['decision_id']}`, decided {iso(r['ts'])}): "
+                     f"{_cell(json.dumps(keep, default=str))[:600]}")
+    lines += ["", f"Policy: `{policy.source}`. Snooze instead: "
+                  f"`{policy.notifications.snooze_hint.format(target='<target>')}`"]
+    return subject, "\n".join(lines)
+
+
+def _cell(text: Any) -> str:
+    return str(text or "").replace("|", "\\|").replace("\n", " ")
+
+
+def record_answer(store: Any, decision_ids: Sequence[str], status: str, by: str | None, at: float | None) -> int:
+    """Write the answer onto each decision; a rejected or timed-out decision gets status ``rejected``."""
+    for did in decision_ids:
+        store.set_approval(did, status, by, at)
+        if status != APPROVED:
+            store.set_decision_status(did, "rejected")
+    return len(decision_ids)
+
+
+class RecordingApprovalOperator(ApprovalOperator):
+    """Ask a human to approve the run's pending decisions; record who answered, when and what.
+
+    Skips itself when nothing awaits approval. On *Approve* downstream runs; on *Reject* or
+    timeout the direct downstream tasks are skipped. Pushes XCom ``decision``:
+    ``{chosen, by, at, timed_out, decision_ids}``.
+
+    :param policy_param: the DAG param naming the policy file.
+    """
+
+    def __init__(self, *, policy_param: str = "policy", **kwargs: Any) -> None:
+        kwargs.setdefault("subject", "GPU cost agent: actions awaiting approval")
+        kwargs.setdefault("defaults", self.REJECT)
+        kwargs.setdefault("response_timeout", DEFAULT_TIMEOUT)
+        super().__init__(**kwargs)
+        self.policy_param = policy_param
+
+    def execute(self, context: Any) -> Any:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from gpu_cost.airflow import runtime
+
+        params = context.get("params") or {}
+        policy = runtime.policy_from({"policy": params.get(self.policy_param)})
+        store = runtime.store()
+        run_id = runtime.audit_run_id(context)
+        rows = pending_approvals(store, run_id)
+        if not rows:
+            raise AirflowSkipException("no decision of this run awaits approval")
+        self.response_timeout = dt.timedelta(seconds=policy.approval.timeout)
+        self.subject, self.body = approval_text(rows, policy)
+        if policy.approval.assigned_users:
+            self.assigned_users = [{"id": u, "name": u} for u in policy.approval.assigned_users]
+        logger.info("approval requested for %d decision(s) of %s; timeout %s, default Reject", len(rows), run_id,
+                    format_duration(policy.approval.timeout))
+        return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        from gpu_cost.airflow import runtime
+        from gpu_cost.timeutil import epoch
+
+        if "chosen_options" in event:
+            store = runtime.store()
+            run_id = runtime.audit_run_id(context)
+            ids = [r["decision_id"] for r in pending_approvals(store, run_id)]
+            chosen = list(event["chosen_options"])
+            user = event.get("responded_by_user")
+            timed_out = bool(event.get("timedout")) or user is None
+            by = (user.get("name") or user.get("id")) if user else None
+            at = event.get("responded_at")
+            at_ts = epoch(at) if at is not None else None
+            if chosen == [self.APPROVE] and not timed_out:
+                status = APPROVED
+            else:
+                status = TIMED_OUT if timed_out else REJECTED
+            record_answer(store, ids, status, by, at_ts)
+            logger.info("approval answer for %s: %s by %s (%d decision(s))", run_id, status, by or "timeout", len(ids))
+            context["ti"].xcom_push(key="decision", value={
+                "chosen": chosen, "by": by, "at": iso(at_ts) if at_ts else None, "timed_out": timed_out,
+                "status": status, "decision_ids": ids,
+            })
+        return super().execute_complete(context=context, event=event)

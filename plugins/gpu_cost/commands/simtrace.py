@@ -1,0 +1,130 @@
+"""``gpu-cost sim-trace``: write a simulated cluster's history as a trace (samples + jobs) for replays.
+
+The trace is in the project's trace format: ``samples.parquet`` (``ts, host, gpu, util,
+mem_used_mib, uuid, mem_total_mib, power_w, job_id, pid, user``; ``pid``/``user`` name the
+process holding the GPU, so a replay can act on orphan processes) and ``jobs.csv`` (``job_id,
+user, account, partition, name, state, submit_ts, start_ts, end_ts, time_limit_s, gpus, nodes,
+gpu_ids, labels``) plus the ground truth per job: ``behaviour`` and, for zombies,
+``linger_end_ts`` (when the orphan process would have exited by itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from gpu_cost.cli import add_json
+from gpu_cost.errors import GpuCostError
+from gpu_cost.timeutil import epoch, iso
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("sim-trace", help="write a simulated cluster's history as a trace (for gpu-cost replay)")
+    p.add_argument("--days", type=float, default=7.0, help="length of the trace in days (default 7)")
+    p.add_argument("--gpus", type=int, default=128, help="number of GPUs (rounded up to whole nodes; default 128)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--jobs-per-node", type=float, default=2.0, help="job arrivals per node per hour (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--end", help="trace end (ISO 8601 or epoch; default: the start of the current hour)")
+    p.add_argument("--sample-interval", type=float, default=60.0, help="seconds between samples (default 60)")
+    p.add_argument("--format", choices=["parquet", "csv"], default="parquet", help="samples file format")
+    p.add_argument("--out", required=True, help="output directory")
+    add_json(p)
+    p.set_defaults(handler=_simtrace)
+
+
+def _simtrace(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    if args.days <= 0 or args.gpus <= 0 or args.gpus_per_node <= 0:
+        raise GpuCostError("--days, --gpus and --gpus-per-node must be positive")
+    end = epoch(args.end) if args.end else float(int(time.time()) // 3600 * 3600)
+    out = write_sim_trace(Path(args.out), days=args.days, gpus=args.gpus, gpus_per_node=args.gpus_per_node,
+                          jobs_per_node=args.jobs_per_node, seed=args.seed, end=end,
+                          sample_interval=args.sample_interval, fmt=args.format)
+    text = (f"wrote {out['samples_rows']:,} samples of {out['gpus']} GPUs over {args.days:g} days and "
+            f"{out['jobs']} jobs ({out['behaviours']}) to {out['samples']} and {out['jobs_file']}")
+    return out, text
+
+
+def write_sim_trace(out: Path, *, days: float, gpus: int, gpus_per_node: int = 8, jobs_per_node: float = 2.0,
+                    seed: int = 0, end: float, sample_interval: float = 60.0, fmt: str = "parquet",
+                    mix: dict[str, float] | None = None) -> dict[str, Any]:
+    """Generate a scenario, observe it over ``[end - days, end]`` and write the trace files."""
+    from gpu_cost.sources.sim import generate_scenario
+
+    nodes = max(1, math.ceil(gpus / gpus_per_node))
+    sc = generate_scenario(nodes=nodes, gpus_per_node=gpus_per_node, jobs_per_node=jobs_per_node, days=days,
+                           seed=seed, sample_interval=sample_interval, pending=0, mix=mix)
+    sc = dataclasses.replace(sc, anchor=float(end), source=f"<sim-trace seed={seed}>")
+    return write_scenario_trace(out, sc, end - days * 86400.0, end, fmt=fmt)
+
+
+def write_scenario_trace(out: Path, scenario: Any, start: float, end: float, *, fmt: str = "parquet") -> dict[str, Any]:
+    """Observe ``scenario`` over ``(start, end]`` and write ``samples.<fmt>`` and ``jobs.csv`` under ``out``."""
+    import numpy as np
+    import pandas as pd
+
+    from gpu_cost.sources.sim import SimCluster
+
+    cluster = SimCluster(scenario, anchor=end)
+    m = cluster.matrix(start, end)
+    n_g, n_t = m.util.shape
+    pid = np.zeros((n_g, n_t), dtype=np.int64)
+    owner = np.full((n_g, n_t), -1, dtype=np.int32)
+    users: list[str] = []
+    rows_of = {(h, int(g)): i for i, (h, g) in enumerate(zip(m.hosts, m.gpus, strict=True))}
+    linger_end: dict[str, float] = {}
+    for j in scenario.jobs:
+        if j.pending or j.start is None or j.node is None:
+            continue
+        s = cluster.anchor + j.start
+        e = math.inf if j.end is None else cluster.anchor + j.end
+        if j.behaviour == "zombie":
+            tail = math.inf if j.end is None or j.linger is None else e + j.linger
+            if j.end is not None:
+                linger_end[j.job_id] = tail
+        elif j.behaviour == "idle":
+            tail = min(e, s + j.busy_first)  # the process exits after its real work; the allocation stays
+        else:
+            tail = e
+        lo = int(np.searchsorted(m.times, s, side="left"))
+        hi = int(np.searchsorted(m.times, tail, side="left"))
+        if hi <= lo:
+            continue
+        rows = np.array([rows_of[(j.node, g)] for g in j.gpus])
+        pid[rows, lo:hi] = 10000 + (int("".join(c for c in j.job_id if c.isdigit()) or "0") % 50000)
+        users.append(j.user)
+        owner[rows, lo:hi] = len(users) - 1
+    user_arr = np.array([*users, ""], dtype=object)
+    samples = pd.DataFrame({
+        "ts": np.tile(m.times, n_g).astype(np.int64),
+        "host": np.repeat(m.hosts, n_t),
+        "gpu": np.repeat(m.gpus, n_t),
+        "util": np.round(m.util.ravel(), 2),
+        "mem_used_mib": np.round(m.mem.ravel(), 1),
+        "uuid": np.repeat(m.uuids, n_t),
+        "mem_total_mib": np.repeat(m.mem_total, n_t),
+        "power_w": np.round(m.power.ravel(), 1),
+        "job_id": m.job.ravel(),
+        "pid": pid.ravel(),
+        "user": user_arr[owner.ravel()],
+    })
+    jobs = cluster.jobs_trace(start, end)
+    if not jobs.empty:
+        jobs["linger_end_ts"] = jobs["job_id"].map(lambda j: linger_end.get(j))
+        jobs.loc[jobs["linger_end_ts"] == math.inf, "linger_end_ts"] = None
+    out.mkdir(parents=True, exist_ok=True)
+    sfile = out / f"samples.{fmt}"
+    if fmt == "parquet":
+        samples.to_parquet(sfile, index=False)
+    else:
+        samples.to_csv(sfile, index=False)
+    jfile = out / "jobs.csv"
+    jobs.to_csv(jfile, index=False)
+    counts = jobs["behaviour"].value_counts().to_dict() if not jobs.empty else {}
+    return {"samples": str(sfile), "jobs_file": str(jfile), "samples_rows": len(samples), "gpus": int(n_g),
+            "jobs": len(jobs), "behaviours": {str(k): int(v) for k, v in counts.items()},
+            "start": iso(start), "end": iso(end)}

@@ -1,0 +1,58 @@
+"""``gpu-cost snooze``: leave a target alone for a while, with a justification (or list snoozes)."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import time
+from typing import Any
+
+from gpu_cost.audit.store import AuditStore
+from gpu_cost.cli import add_json
+from gpu_cost.errors import GpuCostError
+from gpu_cost.timeutil import epoch, iso, parse_duration
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("snooze", help="snooze a target (job, process, GPU, user, node) with a reason, or --list",
+                       description="Snooze a target: the sweep decides nothing for it until the snooze expires, "
+                                   "and records what it held back.")
+    p.add_argument("--target", help="job:<id> (or a bare job id), proc:<host>:<pid>:<start>, gpu:<host>:<i>, "
+                                    "user:<name>, node:<name>")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--for", dest="duration", help="how long, e.g. 4h, 2d")
+    when.add_argument("--until", help="until when (ISO 8601 or epoch seconds)")
+    p.add_argument("--reason", help="the justification (required)")
+    p.add_argument("--by", help="who asks (default: the current user)")
+    p.add_argument("--policy", help="policy file bounding the duration (default: GPU_COST_POLICY or the shipped one)")
+    p.add_argument("--list", action="store_true", help="list the snoozes in force")
+    add_json(p)
+    p.set_defaults(handler=_snooze)
+
+
+def _snooze(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    from gpu_cost import snooze as lib
+    from gpu_cost.policy import load_policy
+
+    store = AuditStore().ensure_schema()
+    now = time.time()
+    if args.list:
+        rows = lib.active(store, now)
+        items = [{"target": r["target"], "until": iso(r["until_ts"]), "reason": r["reason"], "by": r["created_by"],
+                  "snooze_id": r["snooze_id"]} for r in rows]
+        lines = [f"{len(items)} snooze(s) in force"]
+        lines += [f"  {i['target']:<34} until {i['until']}  by {i['by'] or '?'}: {i['reason']}" for i in items]
+        return {"snoozes": items}, "\n".join(lines)
+    if not args.target or not args.reason or not (args.duration or args.until):
+        raise GpuCostError("snooze needs --target, --for (or --until) and --reason (or --list)")
+    try:
+        until = now + parse_duration(args.duration) if args.duration else epoch(args.until)
+    except ValueError as exc:
+        raise GpuCostError(f"--for/--until: {exc}") from None
+    by = args.by or os.environ.get("SUDO_USER") or getpass.getuser()
+    policy = load_policy(args.policy)
+    row = lib.snooze(store, args.target, until, args.reason, by, now=now, policy=policy)
+    out = {"snoozed": True, "target": row["target"], "until": iso(row["until_ts"]), "reason": row["reason"],
+           "by": row["created_by"], "snooze_id": row["snooze_id"]}
+    return out, f"snoozed {out['target']} until {out['until']} (by {out['by']}): {out['reason']}"

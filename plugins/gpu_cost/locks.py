@@ -1,0 +1,137 @@
+"""Guards in the audit store that keep two workers from doing the same thing twice.
+
+**Run guard** (:func:`run_conflict`): ``max_active_runs=1`` keeps the scheduler from starting two
+sweeps at once, but a manual ``airflow dags test``, a second deployment or a run cleared while
+another is acting would still overlap. Every sweep run has a ``gpu_cost_runs`` row with status
+``running`` from ``collect`` until ``finish``. Before acting, a run looks for other ``running``
+rows of the same DAG started within ``max_age_s`` (older ones are runs whose worker died): it
+refuses to act when one of them started first (ordered by ``(started_at, run_id)``, the same
+order for every reader, so of two overlapping runs exactly one acts) or has already started an
+action.
+
+**Effect guard** (:func:`start_effect`): a decision id is per rule, so the sweep's
+``idle_allocation`` decision and an operator's ``manual`` decision on the same job are different
+ids, and per-decision idempotency cannot stop both. A destructive action's ``started`` row is
+written together with a look at the other rows of its target, in one transaction serialised per
+target (SQLite: the database's single write lock, taken by the insert; PostgreSQL: a transaction
+advisory lock on the target). When another non-dry-run row with the same *effect* on the same
+target is ``started`` (in flight) or ``succeeded`` within ``window_s``, this one must not act: it
+ends ``skipped``, naming the action that owns the effect. Of two workers racing, exactly one
+writes its row first and acts; the other sees it. The effect of ``terminate``, ``kill`` and
+``cancel`` on a job is one ("end the job"); other actions are their own effect (an operator's
+``demote`` does not stop the sweep's later ``cancel``). Rows of decisions of the *same rule* never
+block each other: that is the escalation ladder (``terminate`` then ``kill``), and a rule's own
+repeats are stopped by its decision ids. A row left ``started`` by a worker that
+died blocks the same effect for ``window_s`` at most: the safe side.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from gpu_cost.model import KILL_ACTIONS, Decision
+
+if TYPE_CHECKING:
+    from gpu_cost.audit.store import AuditStore
+
+logger = logging.getLogger(__name__)
+
+#: how long a ``running`` run row blocks others (older: its worker died; the run is not waited for)
+RUN_MAX_AGE_S = 3600.0
+#: how long an action on a target blocks the same effect on it from another decision
+EFFECT_WINDOW_S = 3600.0
+
+_RUNNING = """
+SELECT r.run_id, r.started_at,
+       (SELECT COUNT(*) FROM gpu_cost_actions a WHERE a.run_id = r.run_id AND a.dry_run = 0) AS actions
+FROM gpu_cost_runs r
+WHERE r.dag_id = :dag_id AND r.status = 'running' AND r.run_id <> :run_id AND r.started_at >= :since
+"""
+
+_SAME_TARGET = """
+SELECT a.action_id, a.decision_id, a.run_id, a.action, a.status, a.started_at FROM gpu_cost_actions a
+LEFT JOIN gpu_cost_decisions d ON d.decision_id = a.decision_id
+WHERE a.target = :target AND a.dry_run = 0 AND a.status IN ('started', 'succeeded') AND a.started_at >= :since
+  AND a.action_id <> :action_id AND (d.rule IS NULL OR d.rule <> :rule)
+"""
+
+
+def run_conflict(store: AuditStore, run_id: str, dag_id: str, *, now: float | None = None,
+                 max_age_s: float = RUN_MAX_AGE_S) -> str | None:
+    """Return the id of another running run of ``dag_id`` that has the right to act, or None."""
+    now = time.time() if now is None else now
+    me = store.get_run(run_id)
+    mine = (float(me["started_at"]), run_id) if me and me.get("started_at") is not None else (now, run_id)
+    for row in store.query(_RUNNING, {"dag_id": dag_id, "run_id": run_id, "since": now - max_age_s}):
+        theirs = (float(row["started_at"]), str(row["run_id"]))
+        if theirs < mine or int(row["actions"] or 0) > 0:
+            return str(row["run_id"])
+    return None
+
+
+def effect_of(action: str) -> str:
+    """Return the effect class of an action: the kill family is one effect."""
+    return "end" if action in KILL_ACTIONS else action
+
+
+def _owner(rows: Any, d: Decision) -> dict[str, Any] | None:
+    effect = effect_of(d.action)
+    mine = [dict(r) for r in rows if effect_of(str(r["action"])) == effect]
+    done = [r for r in mine if r["status"] == "succeeded"]
+    found = done or mine
+    return found[0] if found else None
+
+
+def start_effect(store: AuditStore, d: Decision, row: dict[str, Any], *,
+                 window_s: float = EFFECT_WINDOW_S) -> tuple[bool, dict[str, Any] | None]:
+    """Write the ``started`` row of a destructive action and find the action owning its effect, atomically.
+
+    :param row: the parameters of the ``action_started`` statement.
+    :returns: ``(created, owner)``: ``created`` is False when the row existed already (another
+        worker has this very action); ``owner`` is the other action row that owns the effect, or
+        None when this action may act.
+    """
+    import sqlalchemy as sa
+
+    from gpu_cost.audit.store import _bind, queries
+    from gpu_cost.errors import AuditError
+
+    store.ensure_schema()
+    try:
+        with store.engine.begin() as conn:
+            if store.dialect == "postgresql":
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
+                             {"key": f"gpu_cost_effect:{d.target}"})
+            created = conn.execute(sa.text(queries()["action_started"]), _bind(row)).rowcount > 0
+            if not created:
+                return False, None
+            rows = conn.execute(sa.text(_SAME_TARGET), _bind({
+                "target": d.target, "action_id": row["action_id"], "since": float(row["started_at"]) - window_s,
+                "rule": d.rule,
+            })).mappings().all()
+    except sa.exc.SQLAlchemyError as exc:
+        raise AuditError(f"audit write action_started failed: {str(getattr(exc, 'orig', exc)).splitlines()[0][:300]}") from exc
+    owner = _owner(rows, d)
+    if owner is not None:
+        logger.warning("%s on %s: %s already %s by action %s (run %s): not done twice", d.action, d.target,
+                       effect_of(d.action), owner["status"], owner["action_id"], owner.get("run_id"))
+    return True, owner
+
+
+def effect_done(store: AuditStore, action_id: str, d: Decision, *, window_s: float = EFFECT_WINDOW_S,
+                now: float | None = None) -> dict[str, Any] | None:
+    """Return another action row that already *succeeded* in the same effect on ``d.target``, or None.
+
+    For an action resumed after its worker died: rows started after it yielded to it, so only
+    one that completed can own the effect.
+    """
+    now = time.time() if now is None else now
+    rows = store.query(_SAME_TARGET, {"target": d.target, "action_id": action_id, "since": now - window_s,
+                                      "rule": d.rule})
+    owner = _owner([r for r in rows if r["status"] == "succeeded"], d)
+    return owner
+
+
+__all__ = ["EFFECT_WINDOW_S", "RUN_MAX_AGE_S", "effect_done", "effect_of", "run_conflict", "start_effect"]

@@ -1,0 +1,474 @@
+"""What-if replay: run the sweep's own rules and engine over a trace, in simulated time.
+
+The trace (samples + jobs, the project's trace format) is made dense once — one GPU x time
+matrix — and a sweep is simulated every ``sweep.interval``: the window before each instant is a
+slice of that matrix, the snapshot, rules, engine, escalation ladder, protections, snoozes and
+caps are the production ones, and escalation state lives in a throwaway in-memory audit store.
+By default the policy is replayed *as if enforced* (``mode``), and decisions that need approval
+are taken as approved (``approvals``).
+
+Simulated effects: a kill (``terminate``, ``kill``, ``cancel``, ``kill_process``) frees the
+allocation from the kill on — its GPUs read idle and empty, the job leaves the running set — and
+frees ``GPUs x (would-have-ended - kill)`` GPU-hours (``reclaimed_gpu_hours``). A kill is *false*
+when the killed GPUs were active (utilisation at or above the rule's idle threshold) within the
+rule window before the kill or at any time after it in the trace. Other actions (notices, demote,
+hold, requeue) change nothing in the trace.
+
+A jobs-only trace (no samples) cannot show idle or zombie GPUs: the replay says so and reports
+only the allocated GPU-hours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpu_cost.errors import TraceError
+from gpu_cost.model import KILL_ACTIONS, Decision, GpuProcess, Job, labels_from_comment
+from gpu_cost.policy.schema import Policy
+from gpu_cost.sources.trace import (  # noqa: F401 - re-exported: the replay reads traces through them
+    JOB_COLUMNS,
+    SAMPLE_COLUMNS,
+    _epoch_col,
+    normalise_jobs,
+    normalise_samples,
+    read_table,
+)
+from gpu_cost.timeutil import iso
+
+logger = logging.getLogger(__name__)
+
+JOBS_ONLY_NOTE = ("jobs-only trace: it has no GPU samples, so no rule can see an idle allocation or a zombie "
+                  "process and the policy would decide nothing; only allocated GPU-hours are reported. "
+                  "Replay a trace with samples (ts, host, gpu, util, mem_used_mib) to test a policy.")
+
+
+# -- reading traces --------------------------------------------------------------------------
+#: sample columns a replay reads (others are left on disk: a 10 M-row trace must fit in memory)
+REPLAY_SAMPLE_COLUMNS = (*SAMPLE_COLUMNS, "job_id", "pid", "user", "model")
+
+
+# -- the replay ------------------------------------------------------------------------------
+@dataclass
+class _Alloc:
+    """A job as the replay tracks it: its record, GPU rows and (simulated) end."""
+
+    job: Job
+    rows: np.ndarray
+    start: float
+    end: float  # when the trace says it ended (inf: still running at the trace end)
+    killed_at: float | None = None
+
+
+@dataclass
+class ReplayResult:
+    """What a replay found; :meth:`to_dict` is the ``gpu-cost replay --json`` payload."""
+
+    policy: str
+    mode: str
+    start: float | None = None
+    end: float | None = None
+    gpus: int = 0
+    jobs: int = 0
+    sweeps: int = 0
+    sample_interval_s: float = 0.0
+    gpu_hours: float = 0.0
+    allocated_gpu_hours: float = 0.0
+    idle_gpu_hours: float | None = 0.0
+    reclaimed_gpu_hours: float = 0.0
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    false_kills: int = 0
+    false_kill_targets: list[str] = field(default_factory=list)
+    kills: int = 0
+    decisions: dict[str, int] = field(default_factory=dict)
+    approvals_requested: int = 0
+    capped_sweeps: int = 0
+    degraded_sweeps: int = 0
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in ("gpu_hours", "allocated_gpu_hours", "reclaimed_gpu_hours"):
+            d[k] = round(d[k], 2)
+        if d["idle_gpu_hours"] is not None:
+            d["idle_gpu_hours"] = round(d["idle_gpu_hours"], 2)
+        d["start"] = iso(self.start) if self.start is not None else None
+        d["end"] = iso(self.end) if self.end is not None else None
+        d["reclaimed_share_of_idle"] = (round(self.reclaimed_gpu_hours / self.idle_gpu_hours, 3)
+                                        if self.idle_gpu_hours else None)
+        d["seconds"] = round(self.seconds, 1)
+        return d
+
+
+def replay_files(samples: str | Path | None, jobs: str | Path, policy: Policy, *, mode: str | None = "enforce",
+                 approvals: str = "approve") -> ReplayResult:
+    """Read trace files and replay ``policy`` over them (see :func:`replay`)."""
+    jdf = normalise_jobs(read_table(jobs, "jobs"), str(jobs))
+    if not samples:
+        return replay(None, jdf, policy, mode=mode, approvals=approvals)
+    holder = [normalise_samples(read_table(samples, "samples", REPLAY_SAMPLE_COLUMNS), str(samples))]
+    # the replay drops the samples once they are dense: keep no other reference to them here
+    return replay(holder, jdf, policy, mode=mode, approvals=approvals)
+
+
+def replay(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFrame, policy: Policy, *,
+           mode: str | None = "enforce", approvals: str = "approve") -> ReplayResult:
+    """Replay ``policy`` over a trace.
+
+    :param samples: trace samples (normalised); None for a jobs-only trace. A one-element list
+        hands the frame over: it is emptied once the dense matrices are built, to save memory.
+    :param mode: ``enforce`` (default: as if enforced), ``notify``, ``dry-run``; None keeps the policy's.
+    :param approvals: ``approve`` (decisions needing a human are taken as approved) or ``reject``.
+    """
+    t0 = time.time()
+    if approvals not in ("approve", "reject"):
+        raise TraceError(f"approvals must be approve or reject, got {approvals!r}")
+    policy = _with_mode(policy, mode or policy.mode)
+    jobs = normalise_jobs(jobs) if "start_ts" in jobs and not pd.api.types.is_float_dtype(jobs["start_ts"]) else jobs
+    res = ReplayResult(policy=policy.source, mode=policy.mode, jobs=len(jobs))
+    if isinstance(samples, list):
+        frame = samples.pop() if samples else None
+    else:
+        frame = samples
+    if frame is None or frame.empty:
+        _jobs_only(jobs, res)
+        res.seconds = time.time() - t0
+        return res
+    engine = _Replay(frame, jobs, policy, approvals, res)
+    del frame
+    engine.run()
+    res.seconds = time.time() - t0
+    logger.info("replay: %d sweeps over %d GPUs in %.1fs: %d kills (%d false), %.1f GPU-h reclaimed", res.sweeps,
+                res.gpus, res.seconds, res.kills, res.false_kills, res.reclaimed_gpu_hours)
+    return res
+
+
+def _with_mode(policy: Policy, mode: str) -> Policy:
+    if mode not in ("dry-run", "notify", "enforce"):
+        raise TraceError(f"mode must be dry-run, notify or enforce, got {mode!r}")
+    new = dataclasses.replace(policy, mode=mode)  # type: ignore[arg-type]
+    object.__setattr__(new, "source", policy.source)
+    return new
+
+
+def _jobs_only(jobs: pd.DataFrame, res: ReplayResult) -> None:
+    start = jobs["start_ts"].to_numpy(dtype=float)
+    end = jobs["end_ts"].to_numpy(dtype=float) if "end_ts" in jobs else np.full(len(jobs), np.nan)
+    gpus = pd.to_numeric(jobs["gpus"], errors="coerce").fillna(0).to_numpy(dtype=float) if "gpus" in jobs else \
+        np.zeros(len(jobs))
+    ok = ~np.isnan(start) & ~np.isnan(end) & (end >= start)
+    res.allocated_gpu_hours = float(np.sum(gpus[ok] * (end[ok] - start[ok])) / 3600.0)
+    res.gpu_hours = res.allocated_gpu_hours
+    res.idle_gpu_hours = None
+    if ok.any():
+        res.start, res.end = float(np.min(start[ok])), float(np.max(end[ok]))
+    res.notes.append(JOBS_ONLY_NOTE)
+    if "gpus" not in jobs:
+        res.notes.append("the jobs have no gpus column: allocated GPU-hours count as 0")
+
+
+class _Replay:
+    """The simulation loop; state is the dense matrices (edited by simulated kills) and an audit store."""
+
+    def __init__(self, samples: pd.DataFrame, jobs: pd.DataFrame, policy: Policy, approvals: str,
+                 res: ReplayResult) -> None:
+        self.res = res
+        self.approvals = approvals
+        self._dense(samples)
+        n_g = len(self.hosts)
+        times = self.times
+        self.row_of = {(h, int(g)): i for i, (h, g) in enumerate(zip(self.hosts, self.gpu_idx, strict=True))}
+        self.dt = float(np.median(np.diff(times))) if len(times) > 1 else float(policy.sweep.sample_interval)
+        if abs(self.dt - policy.sweep.sample_interval) > 1e-6:
+            res.notes.append(f"the trace samples every {self.dt:g}s; replayed with sweep.sample_interval={self.dt:g}s "
+                             f"instead of the policy's {policy.sweep.sample_interval:g}s")
+            sweep_cfg = dataclasses.replace(policy.sweep, sample_interval=self.dt)
+            src = policy.source
+            policy = dataclasses.replace(policy, sweep=sweep_cfg)
+            object.__setattr__(policy, "source", src)
+        self.policy = policy
+        self.allocs = self._allocs(jobs)
+        res.gpus, res.start, res.end, res.sample_interval_s = n_g, float(times[0]), float(times[-1]), self.dt
+        self._totals()
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _dense(self, s: pd.DataFrame) -> None:
+        """Make the GPU x time matrices once (what :func:`gpu_cost.aggregate.to_dense` does, without copying the frame).
+
+        Strings (job ids, users) become integer codes into small name tables, so a 10 M-row
+        trace costs a few hundred MB, not gigabytes of Python strings.
+        """
+        from gpu_cost.aggregate import clean
+
+        host_codes, host_names = pd.factorize(s["host"].astype(str), sort=True)
+        gpu = s["gpu"].to_numpy(dtype=np.int64)
+        width = int(gpu.max()) + 1 if len(gpu) else 1
+        key = host_codes.astype(np.int64) * width + gpu
+        ukeys, rows = np.unique(key, return_inverse=True)
+        times, cols = np.unique(s["ts"].to_numpy(dtype=float), return_inverse=True)
+        del key
+        self.times = times
+        self.hosts = np.asarray(host_names, dtype=object)[ukeys // width]
+        self.gpu_idx = (ukeys % width).astype(np.int64)
+        n_g = len(ukeys)
+        self.uuids = np.full(n_g, "", dtype=object)
+        self.mem_total = np.full(n_g, np.nan)
+        self.models = np.full(n_g, "", dtype=object)
+        if "model" in s.columns:
+            self.models[rows] = s["model"].fillna("").astype(str).to_numpy(dtype=object)
+        shape = (n_g, len(times))
+
+        def fill(col: str, dtype: Any = float, default: Any = np.nan) -> np.ndarray:
+            out = np.full(shape, default, dtype=dtype)
+            out[rows, cols] = pd.to_numeric(s[col], errors="coerce").to_numpy(dtype=float)
+            return out
+
+        self.util, self.mem = clean(fill("util"), fill("mem_used_mib"))
+        self.job_names = np.array([""], dtype=object)
+        codes = np.zeros(shape, dtype=np.int32)
+        if "job_id" in s.columns:
+            jc, jn = pd.factorize(s["job_id"].fillna("").astype(str))
+            names = np.array(["", *[str(x) for x in jn]], dtype=object)
+            codes[rows, cols] = (jc + 1).astype(np.int32)
+            # the empty label keeps code 0
+            empty = np.nonzero(names == "")[0]
+            for e in empty[1:]:
+                codes[codes == e] = 0
+            self.job_names = names
+        self.job_code = codes
+        self.job = self.job_names[codes]  # object matrix sharing the few name objects
+        self.pid = self.pid_start = self.user = None
+        if "pid" not in s.columns:
+            self.res.notes.append("the samples have no pid column: zombie GPUs can be reported, not killed "
+                                  "(a process kill needs the process)")
+            return
+        pid = np.zeros(shape, dtype=np.int64)
+        pid[rows, cols] = pd.to_numeric(s["pid"], errors="coerce").fillna(0).to_numpy(dtype=np.int64)
+        # column where the current process of each GPU started (a PID change starts a new one)
+        start = np.zeros(shape, dtype=np.int32)
+        change = np.ones(shape, dtype=bool)
+        change[:, 1:] = pid[:, 1:] != pid[:, :-1]
+        start[change] = np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape)[change]
+        del change
+        np.maximum.accumulate(start, axis=1, out=start)
+        self.pid, self.pid_start = pid, start
+        if "user" in s.columns:
+            uc, un = pd.factorize(s["user"].fillna("").astype(str))
+            user = np.full(shape, -1, dtype=np.int32)
+            user[rows, cols] = uc.astype(np.int32)
+            self.user_names = np.array([*[str(x) for x in un], ""], dtype=object)
+            self.user = user
+
+    def _allocs(self, jobs: pd.DataFrame) -> dict[str, _Alloc]:
+        by_label = self._rows_by_label()
+        t_end = float(self.times[-1])
+        out: dict[str, _Alloc] = {}
+        cols = set(jobs.columns)
+        for rec in jobs.to_dict("records"):
+            jid = str(rec["job_id"])
+            start = rec.get("start_ts")
+            if start is None or start != start:
+                continue
+            end = rec.get("end_ts")
+            end = math.inf if end is None or end != end else float(end)
+            if end < self.times[0] or start > t_end:
+                continue
+            rows = self._rows_of_ids(rec.get("gpu_ids", "")) if "gpu_ids" in cols else np.zeros(0, dtype=np.int64)
+            if not len(rows):
+                rows = by_label.get(jid, np.zeros(0, dtype=np.int64))
+            alloc: dict[str, list[int]] = {}
+            for r in rows:
+                alloc.setdefault(str(self.hosts[r]), []).append(int(self.gpu_idx[r]))
+            labels = tuple(x for x in str(rec.get("labels", "") or "").replace(";", ",").split(",") if x)
+            labels += labels_from_comment(str(rec.get("comment", "") or ""))
+            limit = rec.get("time_limit_s")
+            job = Job(
+                job_id=jid, user=str(rec.get("user") or ""), state="RUNNING", start_ts=float(start),
+                account=str(rec.get("account") or ""), partition=str(rec.get("partition") or ""),
+                qos=str(rec.get("qos") or ""), name=str(rec.get("name") or ""),
+                time_limit_s=float(limit) if limit is not None and limit == limit else None,
+                nodes=tuple(sorted(alloc)), gpu_alloc=tuple((h, tuple(sorted(i))) for h, i in sorted(alloc.items())),
+                gpus_requested=len(rows), labels=labels,
+            )
+            out[jid] = _Alloc(job, np.sort(rows), float(start), end)
+        return out
+
+    def _rows_by_label(self) -> dict[str, np.ndarray]:
+        """Return job id → GPU rows whose samples carry that job label."""
+        out: dict[str, list[int]] = {}
+        for r in range(self.job_code.shape[0]):
+            for code in np.unique(self.job_code[r]):
+                if code:
+                    out.setdefault(str(self.job_names[code]), []).append(r)
+        return {name: np.array(v, dtype=np.int64) for name, v in out.items()}
+
+    def _rows_of_ids(self, text: Any) -> np.ndarray:
+        rows = []
+        for part in str(text or "").split(","):
+            host, _, gpu = part.strip().rpartition(":")
+            if host and gpu.isdigit() and (host, int(gpu)) in self.row_of:
+                rows.append(self.row_of[(host, int(gpu))])
+        return np.array(rows, dtype=np.int64)
+
+    def _totals(self) -> None:
+        p = self.policy
+        valid = ~np.isnan(self.util)
+        labelled = self.job_code != 0
+        held = labelled | (np.nan_to_num(self.mem, nan=0.0) > p.rules.zombie.mem_min_mib)
+        idle = valid & (np.nan_to_num(self.util, nan=100.0) < p.rules.idle_allocation.util_max)
+        h = self.dt / 3600.0
+        self.res.gpu_hours = float(valid.sum() * h)
+        self.res.allocated_gpu_hours = float(labelled.sum() * h)
+        self.res.idle_gpu_hours = float((held & idle).sum() * h)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        from gpu_cost import sweep
+        from gpu_cost.audit.store import AuditStore
+        from gpu_cost.rules import run_rules
+        from gpu_cost.snapshot import from_matrix, rule_windows
+
+        p = self.policy
+        store = AuditStore("sqlite:///:memory:").ensure_schema()
+        primary, others = rule_windows(p)
+        first = float(self.times[0]) + max([primary, *others, p.rules.idle_allocation.window])
+        step = p.sweep.interval
+        t = math.ceil(first / step) * step
+        last = float(self.times[-1])
+        lookback = p.sweep.lookback
+        starts = np.array([a.start for a in self.allocs.values()])
+        ends = np.array([a.end for a in self.allocs.values()])
+        alloc_list = list(self.allocs.values())
+        while t <= last + 1e-6:
+            lo = int(np.searchsorted(self.times, t - lookback, side="right"))
+            hi = int(np.searchsorted(self.times, t, side="right"))
+            live = np.nonzero((starts <= t) & (ends > t))[0]
+            jobs = [alloc_list[i].job for i in live if (alloc_list[i].killed_at or math.inf) > t]
+            running = {j.job_id for j in jobs}
+            snap = from_matrix(
+                policy=p, now=t, source="replay", hosts=self.hosts, gpus=self.gpu_idx, uuids=self.uuids,
+                models=self.models, mem_total=self.mem_total, times=self.times[lo:hi], util=self.util[:, lo:hi],
+                mem=self.mem[:, lo:hi], power=None, job=self.job[:, lo:hi], jobs=jobs,
+                processes=self._procs_at(hi - 1, running) if hi > lo else [], nodes=(),
+            )
+            if snap.degraded:
+                self.res.degraded_sweeps += 1
+            findings = run_rules(snap, p)
+            plan = sweep.plan(findings, snap, p, store, t, predicted_end={})
+            run_id = f"replay:{int(t)}"
+            sweep.record(plan, store, run_id, t)
+            for d in plan.decisions:
+                self.res.decisions[d.action] = self.res.decisions.get(d.action, 0) + 1
+            if plan.cap_violation:
+                self.res.capped_sweeps += 1
+            else:
+                self._act(plan.decisions, store, t)
+            self.res.sweeps += 1
+            t += step
+
+    def _procs_at(self, col: int, running: set[str]) -> list[GpuProcess]:
+        if self.pid is None or col < 0:
+            return []
+        pids = self.pid[:, col]
+        labels = self.job[:, col]
+        rows = np.nonzero(pids > 0)[0]
+        out = []
+        for r in rows:
+            label = labels[r]
+            if label and label in running:
+                continue  # a running job's own process: the allocation already attributes the GPU
+            user = ""
+            if self.user is not None:
+                user = str(self.user_names[self.user[r, col]])  # -1 (no user) is the trailing ""
+            mem = self.mem[r, col]
+            out.append(GpuProcess(
+                host=str(self.hosts[r]), pid=int(pids[r]), gpu_uuid=str(self.uuids[r]), gpu=int(self.gpu_idx[r]),
+                used_mib=float(mem) if mem == mem else 0.0, start_ts=float(int(self.times[self.pid_start[r, col]])),  # type: ignore[index]
+                job_id=str(label) or None, user=user,
+            ))
+        return out
+
+    def _act(self, decisions: list[Decision], store: Any, t: float) -> None:
+        for d in decisions:
+            if not d.acts:
+                continue
+            if d.requires_approval:
+                self.res.approvals_requested += 1
+                if self.approvals == "reject":
+                    store.set_approval(d.decision_id, "rejected", "replay", t)
+                    continue
+            store.execute("advance_escalation", {"rule": d.rule, "target": d.target, "track": "live",
+                                                 "episode": d.episode, "rung": d.rung, "now": t})
+            entry = {"ts": iso(t), "target": d.target, "job_id": d.job_id, "rule": d.rule, "action": d.action,
+                     "user": d.user, "gpus": d.gpus, "requires_approval": d.requires_approval}
+            if d.action in KILL_ACTIONS:
+                entry.update(self._kill(d, t))
+            self.res.actions.append(entry)
+
+    def _kill(self, d: Decision, t: float) -> dict[str, Any]:
+        p = self.policy
+        kc = int(np.searchsorted(self.times, t, side="right"))
+        if d.target_kind == "job" and d.job_id in self.allocs:
+            a = self.allocs[d.job_id]
+            rows = a.rows
+            ec = np.full(len(rows), int(np.searchsorted(self.times, a.end, side="left")) if a.end != math.inf
+                         else len(self.times))
+            ends = np.full(len(rows), min(a.end, float(self.times[-1]) + self.dt))
+            a.killed_at = t
+            window, thr = p.rules.idle_allocation.window, p.rules.idle_allocation.util_max
+        elif d.target_kind == "process" and self.pid is not None:
+            rows = np.array([self.row_of[(h, int(g))] for h, _, g in (x.rpartition(":") for x in d.evidence.get(
+                "gpu_ids", [])) if (h, int(g)) in self.row_of], dtype=np.int64)
+            pid = int(d.evidence.get("pid") or 0)
+            ec = np.empty(len(rows), dtype=np.int64)
+            for i, r in enumerate(rows):
+                other = np.nonzero(self.pid[r, kc:] != pid)[0]
+                ec[i] = kc + int(other[0]) if len(other) else len(self.times)
+            ends = np.array([float(self.times[c]) if c < len(self.times) else float(self.times[-1]) + self.dt
+                             for c in ec])
+            window, thr = p.rules.zombie.window, p.rules.zombie.util_max
+        else:
+            return {"freed_gpu_hours": 0.0, "false_kill": False, "note": "target not in the trace"}
+        self.res.kills += 1
+        wc = int(np.searchsorted(self.times, t - window, side="right"))
+        active = False
+        for i, r in enumerate(rows):
+            seg = self.util[r, wc:ec[i]]
+            if np.any(np.nan_to_num(seg, nan=0.0) >= thr):
+                active = True
+            self.util[r, kc:ec[i]] = 0.0
+            self.mem[r, kc:ec[i]] = 0.0
+            self.job[r, kc:ec[i]] = ""
+            self.job_code[r, kc:ec[i]] = 0
+            if self.pid is not None:
+                self.pid[r, kc:ec[i]] = 0
+        freed = float(np.sum(np.maximum(0.0, ends - t)) / 3600.0)
+        self.res.reclaimed_gpu_hours += freed
+        if active:
+            self.res.false_kills += 1
+            self.res.false_kill_targets.append(d.target)
+        return {"freed_gpu_hours": round(freed, 3), "false_kill": active}
+
+
+def summary_text(r: Mapping[str, Any]) -> str:
+    """Return the human summary of a replay payload."""
+    lines = [f"replay of {r['policy']} as {r['mode']}: {r['gpus']} GPUs, {r['jobs']} jobs, {r['sweeps']} sweeps "
+             f"({r['start']} → {r['end']}) in {r['seconds']}s"]
+    idle = "n/a" if r["idle_gpu_hours"] is None else f"{r['idle_gpu_hours']:,.1f}"
+    lines.append(f"  GPU-hours {r['gpu_hours']:,.1f}  allocated {r['allocated_gpu_hours']:,.1f}  idle (held) {idle}")
+    lines.append(f"  reclaimed {r['reclaimed_gpu_hours']:,.1f} GPU-h by {r['kills']} kill(s); "
+                 f"false kills: {r['false_kills']}")
+    lines.append(f"  decisions: {r['decisions']}; approvals requested {r['approvals_requested']}; "
+                 f"capped sweeps {r['capped_sweeps']}")
+    lines += [f"  note: {n}" for n in r["notes"]]
+    return "\n".join(lines)

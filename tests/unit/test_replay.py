@@ -1,0 +1,228 @@
+"""What-if replay on simulator traces with known ground truth, jobs-only traces, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gpu_cost.commands.simtrace import write_scenario_trace, write_sim_trace
+from gpu_cost.errors import TraceError
+from gpu_cost.policy import load_policy, parse_policy
+from gpu_cost.replay import JOBS_ONLY_NOTE, normalise_jobs, replay, replay_files
+from gpu_cost.sources.sim import scenario_from_dict
+from tests.fixtures.core import ROOT
+
+END = 1795910400.0  # a Monday, 00:00 UTC
+DAY = 86400.0
+
+
+def _scenario(jobs: list[dict]) -> object:
+    return scenario_from_dict({
+        "seed": 11, "anchor": END,
+        "nodes": [{"name": "g1", "gpus": 4, "model": "a100", "mem_total_mib": 40960},
+                  {"name": "g2", "gpus": 4, "model": "a100", "mem_total_mib": 40960}],
+        "jobs": jobs,
+    })
+
+
+GROUND_TRUTH = [
+    # busy all along: never touched
+    {"job_id": "101", "user": "ann", "behaviour": "training", "node": "g1", "gpus": [0, 1], "start": "-20h", "name": "train"},
+    # ends at -16h, its process lingers 6 h holding memory: a zombie to reclaim
+    {"job_id": "102", "user": "bob", "behaviour": "zombie", "node": "g1", "gpus": [2], "start": "-20h", "end": "-16h",
+     "linger": "6h", "name": "sweep"},
+    # works 30 min, then sits idle until its end at -2h: an idle allocation to reclaim
+    {"job_id": "103", "user": "cat", "behaviour": "idle", "node": "g1", "gpus": [3], "start": "-20h", "end": "-2h",
+     "busy_first": "30m", "name": "finetune"},
+    # a declared inference service (name): bursts every 90 min, never killed
+    {"job_id": "104", "user": "dan", "behaviour": "inference", "node": "g2", "gpus": [0, 1], "start": "-22h",
+     "name": "serve-chat", "burst_every": "90m", "burst_length": "15m"},
+    # idle, but protected by its no-interrupt label
+    {"job_id": "105", "user": "eve", "behaviour": "idle", "node": "g2", "gpus": [2], "start": "-20h", "end": "-1h",
+     "busy_first": "20m", "comment": "gpu-cost:no-interrupt", "name": "debug"},
+    # input-bound, busy enough: advice at most
+    {"job_id": "106", "user": "fay", "behaviour": "dataloader", "node": "g2", "gpus": [3], "start": "-20h", "name": "etl"},
+]
+
+
+@pytest.fixture
+def policy():  # type: ignore[no-untyped-def]
+    """The shipped policy, with a GPU-share cap fit for these 8- and 16-GPU clusters (10 % of 8 is under one GPU)."""
+    import dataclasses
+
+    from gpu_cost.policy.schema import Caps
+
+    shipped = load_policy(ROOT / "include" / "policy" / "default.yaml")
+    p = dataclasses.replace(shipped, caps=Caps(max_actions_per_run=20, max_gpu_share=0.5))
+    object.__setattr__(p, "source", shipped.source)
+    return p
+
+
+@pytest.fixture(scope="module")
+def truth_trace(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    out = tmp_path_factory.mktemp("truth")
+    write_scenario_trace(out, _scenario(GROUND_TRUTH), END - DAY, END)
+    return out
+
+
+def _labels(jobs_csv: Path) -> pd.DataFrame:
+    jobs = pd.read_csv(jobs_csv, dtype={"job_id": str})
+    # the trace's labels column carries what the comment said
+    return jobs
+
+
+def test_every_zombie_and_idle_job_is_reclaimed_and_nothing_else(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    res = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy).to_dict()
+    kills = {(a["target"].split(":")[0], a["job_id"] if a["target"].startswith("job:") else a["user"]): a
+             for a in res["actions"] if a["action"] in ("terminate", "kill", "cancel", "kill_process")}
+    assert set(kills) == {("proc", "bob"), ("job", "103")}, res["actions"]
+    assert res["false_kills"] == 0 and res["false_kill_targets"] == []
+    zombie = kills[("proc", "bob")]
+    idle = kills[("job", "103")]
+    # the zombie: found after its 15-min window, notified, killed 15 min later; freed until its linger end (-10h)
+    z_ts = pd.Timestamp(zombie["ts"]).timestamp()
+    assert END - 16 * 3600 + 900 < z_ts <= END - 16 * 3600 + 45 * 60
+    assert zombie["freed_gpu_hours"] == pytest.approx((END - 10 * 3600 - z_ts) / 3600, abs=0.05)
+    # the idle job: notify, manager, demote, then terminate; freed until its end (-2h)
+    i_ts = pd.Timestamp(idle["ts"]).timestamp()
+    assert idle["freed_gpu_hours"] == pytest.approx((END - 2 * 3600 - i_ts) / 3600, abs=0.05)
+    assert res["reclaimed_gpu_hours"] == pytest.approx(zombie["freed_gpu_hours"] + idle["freed_gpu_hours"], abs=0.01)
+    acted_jobs = {a["job_id"] for a in res["actions"]}
+    assert not {"101", "105"} & acted_jobs  # busy and protected: not even notified
+    assert all(a["action"] == "advise" for a in res["actions"] if a["job_id"] in ("104", "106"))
+    assert res["gpu_hours"] == pytest.approx(8 * 24, abs=0.1)
+    assert 0 < res["reclaimed_gpu_hours"] < res["idle_gpu_hours"]
+    for key in ("gpu_hours", "idle_gpu_hours", "reclaimed_gpu_hours", "actions", "false_kills"):
+        assert key in res
+
+
+def test_modes_other_than_enforce_kill_nothing(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    for mode in ("notify", "dry-run"):
+        res = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy, mode=mode)
+        assert res.kills == 0 and res.reclaimed_gpu_hours == 0, mode
+        assert res.mode == mode
+
+
+def test_caps_hold_in_replays_too(truth_trace: Path) -> None:
+    res = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv",
+                       load_policy(ROOT / "include" / "policy" / "default.yaml"))
+    # 10 % of 8 GPUs is less than one GPU: every sweep wanting a destructive action is capped
+    assert res.kills == 0 and res.capped_sweeps > 0
+
+
+def test_rejected_approvals_kill_nothing_that_needed_one(truth_trace: Path) -> None:
+    policy = parse_policy("approval: {gpu_hours_at_risk: 0}\ncaps: {max_gpu_share: 0.5}", "<strict>")
+    res = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy, approvals="reject")
+    assert res.kills == 0 and res.approvals_requested >= 2
+
+
+def test_a_policy_blind_to_slow_services_shows_false_kills(tmp_path: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    # a service woken every 8 h: idle far longer than the ladder, and too few bursts in a 6-h lookback
+    sc = _scenario([{"job_id": "201", "user": "gus", "behaviour": "inference", "node": "g1", "gpus": [0],
+                     "start": "-23h", "name": "nightly-batch", "burst_every": "8h", "burst_length": "30m"}])
+    write_scenario_trace(tmp_path, sc, END - DAY, END)
+    res = replay_files(tmp_path / "samples.parquet", tmp_path / "jobs.csv", policy)
+    assert res.kills == 1 and res.false_kills == 1 and res.false_kill_targets == ["job:201"]
+
+
+def test_generated_trace_with_ground_truth(tmp_path: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    info = write_sim_trace(tmp_path, days=1.0, gpus=16, seed=5, end=END)
+    assert info["samples_rows"] == 16 * 1440
+    res = replay_files(tmp_path / "samples.parquet", tmp_path / "jobs.csv", policy)
+    jobs = normalise_jobs(pd.read_csv(tmp_path / "jobs.csv", dtype={"job_id": str}))
+    behaviour = dict(zip(jobs["job_id"], jobs["behaviour"], strict=True))
+    assert res.false_kills == 0
+    for a in res.actions:
+        if a["action"] in ("terminate", "kill", "cancel"):
+            assert behaviour[a["job_id"]] == "idle", a
+        if a["action"] == "kill_process":
+            assert a["user"] in set(jobs.loc[jobs["behaviour"] == "zombie", "user"]), a
+    # every zombie whose process lingered long enough to be found and walk the ladder was reclaimed
+    z = jobs[(jobs["behaviour"] == "zombie") & jobs["linger_end_ts"].notna()]
+    long = z[(z["linger_end_ts"] - z["end_ts"] > 40 * 60) & (z["end_ts"] > END - DAY + 3600)
+             & (z["end_ts"] + 40 * 60 < END)]
+    killed_users = [a["user"] for a in res.actions if a["action"] == "kill_process"]
+    assert len(killed_users) >= len(long)
+
+
+def test_jobs_only_traces_say_so(tmp_path: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    jobs = tmp_path / "jobs.csv"
+    pd.DataFrame({"job_id": ["1", "2"], "user": ["a", ""], "start_ts": [0, 3600], "end_ts": [7200, 10800],
+                  "gpus": [4, 8]}).to_csv(jobs, index=False)
+    res = replay_files(None, jobs, policy).to_dict()
+    assert res["idle_gpu_hours"] is None and res["actions"] == [] and res["false_kills"] == 0
+    assert res["allocated_gpu_hours"] == pytest.approx(4 * 2 + 8 * 2)
+    assert JOBS_ONLY_NOTE in res["notes"]
+
+
+def test_real_jobs_only_trace(shared_data: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    res = replay_files(None, shared_data / "thetagpu_jobs.csv", policy).to_dict()
+    assert res["jobs"] > 20000 and res["allocated_gpu_hours"] > 0 and res["idle_gpu_hours"] is None
+    assert any("jobs-only" in n for n in res["notes"])
+
+
+def test_bad_traces_name_the_file_and_the_column(tmp_path: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    s = tmp_path / "s.csv"
+    pd.DataFrame({"ts": [1], "host": ["h"], "gpu": [0], "util": [3]}).to_csv(s, index=False)
+    j = tmp_path / "j.csv"
+    pd.DataFrame({"job_id": ["1"], "user": ["u"], "start_ts": [0]}).to_csv(j, index=False)
+    with pytest.raises(TraceError, match=r"s\.csv: samples lack column\(s\) mem_used_mib"):
+        replay_files(s, j, policy)
+    with pytest.raises(TraceError, match=r"nope\.csv: jobs file not found"):
+        replay_files(s, tmp_path / "nope.csv", policy)
+    pd.DataFrame({"ts": ["yesterday"], "host": ["h"], "gpu": [0], "util": [3], "mem_used_mib": [1]}).to_csv(s, index=False)
+    with pytest.raises(TraceError, match=r"column ts: not ISO 8601 or epoch"):
+        replay_files(s, j, policy)
+
+
+def test_iso_times_and_csv_samples_work(tmp_path: Path, truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    s["ts"] = pd.to_datetime(s["ts"], unit="s", utc=True).dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+    s.to_csv(tmp_path / "samples.csv", index=False)
+    a = replay_files(tmp_path / "samples.csv", truth_trace / "jobs.csv", policy)
+    b = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy)
+    assert a.reclaimed_gpu_hours == pytest.approx(b.reclaimed_gpu_hours) and a.kills == b.kills == 2
+
+
+def test_cli_replay_and_sim_trace(tmp_path: Path) -> None:
+    gen = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "sim-trace", "--days", "0.5", "--gpus", "8",
+                          "--seed", "3", "--end", "2026-11-23T00:00:00Z", "--out", str(tmp_path), "--json"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert gen.returncode == 0, gen.stderr
+    info = json.loads(gen.stdout)
+    assert info["gpus"] == 8 and Path(info["samples"]).exists()
+    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "replay", "--samples", info["samples"], "--jobs",
+                        info["jobs_file"], "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)  # exactly one JSON object
+    assert out["mode"] == "enforce" and out["gpus"] == 8 and isinstance(out["actions"], list)
+    assert {"gpu_hours", "idle_gpu_hours", "reclaimed_gpu_hours", "actions", "false_kills"} <= set(out)
+    for a in out["actions"]:
+        assert {"ts", "target", "job_id", "rule", "action"} <= set(a)
+    bad = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "replay", "--jobs", str(tmp_path / "missing.csv"),
+                          "--json"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "missing.csv: jobs file not found" in json.loads(bad.stdout)["error"]
+
+
+def test_replay_runs_the_shipped_policy_file() -> None:
+    assert load_policy(ROOT / "include" / "policy" / "default.yaml").mode == "dry-run"  # replay overrides to enforce
+    res = replay(None, pd.DataFrame({"job_id": ["1"], "user": ["u"], "start_ts": [0.0]}),
+                 load_policy(ROOT / "include" / "policy" / "default.yaml"))
+    assert res.mode == "enforce"
+
+
+def test_default_policy_on_the_default_scenario_makes_no_false_kill(tmp_path: Path, scenario) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    sc = dataclasses.replace(scenario, anchor=END)
+    write_scenario_trace(tmp_path, sc, END - 6 * 3600, END + 12 * 3600)
+    res = replay_files(tmp_path / "samples.parquet", tmp_path / "jobs.csv",
+                       load_policy(ROOT / "include" / "policy" / "default.yaml"))
+    assert res.false_kills == 0
+    killed = {a["job_id"] or a["user"] for a in res.actions if a["action"] in ("terminate", "kill", "kill_process")}
+    assert killed == {"1003", "bob"}  # carol's idle job and bob's zombie; never the service, the protected job
