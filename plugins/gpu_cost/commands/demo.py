@@ -27,7 +27,8 @@ def _demo(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     ]
     for d in result["decisions"]:
         who = f"{d['user'] or '?'}"
-        lines.append(f"  {d['rule']:<16} {d['target']:<34} {who:<8} → would {d['action']:<14} {d['reason']}")
+        verb = "record only" if d["action"] == "none" else f"would {d['action']}"
+        lines.append(f"  {d['rule']:<16} {d['target']:<34} {who:<8} → {verb:<20} {d['reason']}")
     for key, label in (("report", "weekly report"), ("forecast", "forecasts"), ("power", "off-hours power")):
         if key in result:
             lines.append(f"{label}: {result[key] if isinstance(result[key], str) else result[key]}")
