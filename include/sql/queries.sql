@@ -158,6 +158,8 @@ ON CONFLICT (series, horizon_ts) DO UPDATE SET
 SELECT * FROM gpu_cost_forecasts WHERE series LIKE :pattern AND horizon_ts >= :since ORDER BY series, horizon_ts;
 
 -- name: action_reopen
--- a notice held back by the per-user rate limit is tried again by a later sweep
+-- tried again by a later sweep: a notice held back by the per-user rate limit, or an action that
+-- failed (controller down, node unreachable) fewer than max_attempts times
 UPDATE gpu_cost_actions SET status = 'started', finished_at = NULL, error = NULL
-WHERE action_id = :action_id AND status = 'skipped' AND error LIKE 'rate limit:%';
+WHERE action_id = :action_id
+  AND ((status = 'skipped' AND error LIKE 'rate limit:%') OR (status = 'failed' AND attempt < :max_attempts));

@@ -40,7 +40,7 @@ def _params(sql: str, types: dict[str, str]) -> dict[str, Any]:
         kind = types.get(name, "text")
         if name in store._TIME_COLUMNS or name in ("now", "since", "until", "until_ts") or "timestamp" in kind:
             out[name] = NOW
-        elif kind in ("integer", "bigint", "smallint"):
+        elif kind in ("integer", "bigint", "smallint") or name == "max_attempts":
             out[name] = 1
         elif kind in ("double precision", "real", "numeric"):
             out[name] = 1.5

@@ -57,6 +57,16 @@ def load_executors() -> dict[str, Any]:
     return REGISTRY
 
 
+#: attempts of one action before a failure is final (its ladder then stops for the episode)
+MAX_ATTEMPTS = 3
+
+
+def _retryable(row: dict[str, Any]) -> bool:
+    if row["status"] == "skipped":
+        return str(row.get("error") or "").startswith("rate limit:")
+    return row["status"] == "failed" and int(row.get("attempt") or 1) < MAX_ATTEMPTS
+
+
 def action_id(d: Decision) -> str:
     return f"{d.decision_id}:{d.action}"
 
@@ -80,12 +90,12 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
     dry_run = ctx.dry_run or d.mode == "dry-run"
     executor = REGISTRY.get(d.action)
     existing = store.get_action(aid)
-    if (existing is not None and existing["status"] == "skipped" and not dry_run
-            and str(existing.get("error") or "").startswith("rate limit:")
-            and store.execute("action_reopen", {"action_id": aid}) > 0):
-        # held back by the per-user rate limit: not done yet, so a later sweep tries again
+    if (existing is not None and not dry_run and _retryable(existing)
+            and store.execute("action_reopen", {"action_id": aid, "max_attempts": MAX_ATTEMPTS}) > 0):
+        # not done yet (rate limit) or failed (controller down, node unreachable): a later sweep
+        # tries again, a bounded number of times; the executor re-checks the target first
+        logger.info("action %s was %s (%s): trying again", aid, existing["status"], existing.get("error"))
         existing = store.get_action(aid)
-        logger.info("action %s was held back by the rate limit: trying again", aid)
     if existing is not None and existing["status"] != "started":
         logger.info("action %s already %s: not repeated", aid, existing["status"])
         return {"decision_id": d.decision_id, "action_id": aid, "status": existing["status"], "repeated": False}

@@ -40,6 +40,8 @@ def queries() -> dict[str, str]:
     out: dict[str, str] = {}
     for block in re.split(r"^-- name: ", text, flags=re.M)[1:]:
         name, _, body = block.partition("\n")
+        # comment lines are for readers; a ":word" in one would look like a bind parameter
+        body = "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
         out[name.strip()] = body.strip().rstrip(";")
     return out
 
