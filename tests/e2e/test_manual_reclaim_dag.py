@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 
 from gpu_cost.audit.store import AuditStore
+from tests.fixtures.airflow_db import respond_when_waiting as _respond
 
 pytestmark = pytest.mark.e2e
 
@@ -116,31 +116,8 @@ def test_protection_is_honoured_without_override(dag, slack) -> None:  # type: i
 
 
 def respond_when_waiting(dag_id: str, task_id: str, chosen: list[str], timeout: float = 240) -> bool:
-    """Answer a HITL request the way the REST handler does (see the project's Airflow notes)."""
-    from airflow.models.hitl import HITLDetail
-    from airflow.models.taskinstance import TaskInstance as TI
-    from airflow.models.trigger import handle_event_submit
-    from airflow.sdk import timezone
-    from airflow.triggers.base import TriggerEvent
-    from airflow.utils.session import create_session
-    from airflow.utils.state import TaskInstanceState
-    from sqlalchemy import select
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with create_session() as s:
-            ti = s.scalar(select(TI).where(TI.dag_id == dag_id, TI.task_id == task_id,
-                                           TI.state == TaskInstanceState.AWAITING_INPUT))
-            hd = ti and s.scalar(select(HITLDetail).where(HITLDetail.ti_id == ti.id))
-            if hd is not None:
-                hd.responded_by = {"id": "approver", "name": "approver"}
-                hd.responded_at = timezone.utcnow()
-                hd.chosen_options = chosen
-                hd.params_input = {}
-                handle_event_submit(TriggerEvent(hd.as_resume_event_payload()), task_instance=ti, session=s)
-                return True
-        time.sleep(0.5)
-    return False
+    """Answer the HITL request as 'approver' (see ``tests.fixtures.airflow_db.respond_when_waiting``)."""
+    return _respond(dag_id, task_id, chosen, timeout=timeout, by='approver')
 
 
 @pytest.mark.timeout(300)

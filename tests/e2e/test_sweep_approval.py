@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from gpu_cost.audit.store import AuditStore
+from tests.fixtures.airflow_db import respond_when_waiting as _respond
 from tests.unit.policy.helpers import Effects, install
 
 pytestmark = pytest.mark.e2e
@@ -31,31 +31,8 @@ rules:
 
 
 def respond_when_waiting(dag_id: str, task_id: str, chosen: list[str], timeout: float = 500) -> bool:
-    """Answer the HITL request the way the REST ``PATCH .../hitlDetails`` handler does."""
-    from airflow.models.hitl import HITLDetail
-    from airflow.models.taskinstance import TaskInstance as TI
-    from airflow.models.trigger import handle_event_submit
-    from airflow.sdk import timezone
-    from airflow.triggers.base import TriggerEvent
-    from airflow.utils.session import create_session
-    from airflow.utils.state import TaskInstanceState
-    from sqlalchemy import select
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with create_session() as s:
-            ti = s.scalar(select(TI).where(TI.dag_id == dag_id, TI.task_id == task_id,
-                                           TI.state == TaskInstanceState.AWAITING_INPUT))
-            hd = ti and s.scalar(select(HITLDetail).where(HITLDetail.ti_id == ti.id))
-            if hd is not None:
-                hd.responded_by = {"id": "pytest", "name": "pytest"}
-                hd.responded_at = timezone.utcnow()
-                hd.chosen_options = chosen
-                hd.params_input = {}
-                handle_event_submit(TriggerEvent(hd.as_resume_event_payload()), task_instance=ti, session=s)
-                return True
-        time.sleep(0.3)
-    return False
+    """Answer the HITL request as 'pytest' (see ``tests.fixtures.airflow_db.respond_when_waiting``)."""
+    return _respond(dag_id, task_id, chosen, timeout=timeout, by='pytest')
 
 
 @pytest.fixture(scope="module")
