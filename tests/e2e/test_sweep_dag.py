@@ -9,9 +9,13 @@ from gpu_cost.audit.store import AuditStore
 pytestmark = pytest.mark.e2e
 
 
-def test_sweep_dag_records_expected_decisions(airflow_db, dagbag) -> None:  # type: ignore[no-untyped-def]
+def test_sweep_dag_records_expected_decisions(airflow_db, dagbag, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from tests.fixtures.core import ROOT
 
+    # the default scenario anchored at the run's own instant: the same picture at any time of day
+    text = (ROOT / "include" / "scenarios" / "default.yaml").read_text()
+    (tmp_path / "scenario.yaml").write_text(text.replace("seed: 7", "seed: 7\nanchor: now", 1))
+    monkeypatch.setenv("GPU_COST_SCENARIO", str(tmp_path / "scenario.yaml"))
     dag = dagbag.dags["gpu_zombie_sweep"]
     # explicit conf: dag.test(run_conf=...) by another test leaves its conf in the shared DAG's params
     dr = dag.test(run_conf={"policy": str(ROOT / "include" / "policy" / "default.yaml"), "source": "sim"})
@@ -30,5 +34,6 @@ def test_sweep_dag_records_expected_decisions(airflow_db, dagbag) -> None:  # ty
     assert not any(r["rule"] == "zombie" and r["job_id"] == "1005" for r in rows)
     inference = [r for r in rows if r["job_id"] == "1005"]
     assert inference and all(r["action"] == "advise" for r in inference)
-    assert store.table_counts()["gpu_cost_actions"] == 0  # dry-run touches nothing
+    acted = store.query("SELECT COUNT(*) AS n FROM gpu_cost_actions WHERE run_id = :r", {"r": runs[0]["run_id"]})
+    assert acted[0]["n"] == 0  # dry-run touches nothing
     assert store.query("SELECT COUNT(*) AS n FROM gpu_cost_usage")[0]["n"] > 0
