@@ -168,7 +168,7 @@ def test_prometheus_hanging_times_out(world: World, store, ops) -> None:  # type
         problems = assert_degraded_and_harmless(world, store, ops, "did not answer", prometheus=mute)
         elapsed = time.monotonic() - t0
     assert any("within 1s" in p for p in problems)
-    assert elapsed < 60, f"two sweeps against a hanging Prometheus took {elapsed:.0f}s"
+    assert elapsed < 90, f"two sweeps against a hanging Prometheus took {elapsed:.0f}s (bounded by the query timeout)"
 
 
 def test_stale_samples_agent_clock_ahead(world: World, store, ops) -> None:  # type: ignore[no-untyped-def]
