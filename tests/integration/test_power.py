@@ -28,6 +28,8 @@ def policy(**kw) -> Policy:
 def test_power_down_reserve_busy_node_and_wake(slurm_cluster, store, monkeypatch) -> None:
     c = slurm_cluster
     monkeypatch.setenv("SLURM_CONF", str(c.conf))  # SlurmSource() / actions use the default local runner
+    # other tests of the session may have powered nodes before: read only what this test adds
+    log_before, resume_before = len(c.suspend_log()), len(c.resume_log())
     try:
         busy = c.submit("sleep 600", "-w", "gpu01", "--gres=gpu:1", "--job-name=keeps-gpu01-busy")
         c.wait_state(busy, "RUNNING", 30)
@@ -43,8 +45,8 @@ def test_power_down_reserve_busy_node_and_wake(slurm_cluster, store, monkeypatch
                           store)
         assert [r["status"] for r in results] == ["succeeded"], results
         c.wait_node("gpu02", lambda s: "POWERED_DOWN" in s, 40)
-        assert c.suspend_log().split() == ["gpu02"]  # the SuspendProgram got the node's name
-        assert "gpu01" not in c.suspend_log() and c.node_state("gpu01").startswith("MIXED")
+        assert c.suspend_log()[log_before:].split() == ["gpu02"]  # the SuspendProgram got the node's name
+        assert "gpu01" not in c.suspend_log()[log_before:] and c.node_state("gpu01").startswith("MIXED")
         nodes = SlurmSource(c.runner).nodes()
         gpu02 = {n.name: n for n in nodes}["gpu02"]
         assert gpu02.state == "idle~" and gpu02.reason == "gpu-cost: off-hours"
@@ -53,7 +55,7 @@ def test_power_down_reserve_busy_node_and_wake(slurm_cluster, store, monkeypatch
         # a pending job that needs the powered-down node gets it back: Slurm resumes it and the job starts
         both = c.submit("sleep 600", "-N", "2", "--job-name=needs-both-nodes")
         c.wait_state(both, "RUNNING", 60)
-        assert "gpu02" in c.resume_log()
+        assert "gpu02" in c.resume_log()[resume_before:]
         c.cancel_all()
         # power it down again; outside the window the agent brings back what it powered down
         c.run("scontrol", "update", "nodename=gpu02", "state=POWER_DOWN", "reason=gpu-cost: off-hours")
@@ -63,7 +65,7 @@ def test_power_down_reserve_busy_node_and_wake(slurm_cluster, store, monkeypatch
         results = execute(decisions_of(plan, p, DAY, "enforce"), ActionContext(policy=p, dry_run=False, now=DAY), store)
         assert [r["status"] for r in results] == ["succeeded"], results
         assert c.wait_node("gpu02", lambda s: s == "IDLE", 45) == "IDLE"
-        assert c.resume_log().split() == ["gpu02", "gpu02"]
+        assert c.resume_log()[resume_before:].split() == ["gpu02", "gpu02"]
     finally:
         c.cancel_all()
         c.resume_all()

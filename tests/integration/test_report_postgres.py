@@ -11,13 +11,7 @@ from tests.fixtures.core import NOW
 pytestmark = pytest.mark.integration
 
 
-def test_kpis_are_the_same_on_postgres_and_sqlite(pg_store, store, policy, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost import sweep
-    from gpu_cost.report import usage
-
-    # the sweep writes the report's usage rows (plain floats; the older sweep.usage_rows bound NumPy
-    # scalars, which psycopg2 rejects) — a no-op once the sweep calls gpu_cost.report.usage itself
-    monkeypatch.setattr(sweep, "usage_rows", usage.usage_rows)
+def test_kpis_are_the_same_on_postgres_and_sqlite(pg_store, store, policy) -> None:  # type: ignore[no-untyped-def]
     since, until = NOW - 2 * 86400, NOW
     for s in (pg_store, store):
         seed_week(s, policy, until, nodes=2, step_s=3600)
