@@ -33,7 +33,7 @@ def window_stats(
     m = mem[:, sel]
     valid = ~np.isnan(u)
     n = valid.sum(axis=1)
-    expected = max(1, int(round(window_s / sample_interval_s)))
+    expected = max(1, round(window_s / sample_interval_s))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         out = {

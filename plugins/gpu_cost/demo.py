@@ -106,10 +106,13 @@ def collect_result(store: AuditStore) -> dict[str, Any]:
 #: hooks that add to the demo's result after the DAG runs (report path, forecasts, ...)
 DEMO_RESULTS: list[Any] = []
 from gpu_cost.report.seed import demo_report  # noqa: E402 - the weekly report, written after the DAG runs
+
 DEMO_RESULTS.append(demo_report)
 from gpu_cost.airflow.power_tasks import demo_result as _power_result  # noqa: E402 - the power DAG's summary
+
 DEMO_RESULTS.append(_power_result)
 from gpu_cost.forecast.nightly import demo_forecast  # noqa: E402 - what the nightly forecast stored
+
 DEMO_RESULTS.append(demo_forecast)
 
 

@@ -112,7 +112,7 @@ class SSHRunner:
                 rc = out.channel.recv_exit_status()
         except TimeoutError:
             return Completed(args, 124, "", f"timed out after {timeout:g}s on {self.host or self.conn_id}")
-        except Exception as exc:  # noqa: BLE001 - paramiko raises many types; all mean "could not run"
+        except Exception as exc:
             logger.warning("ssh %s: %s", self.host or self.conn_id, type(exc).__name__)
             return Completed(args, 255, "", f"ssh to {self.host or self.conn_id} failed: {type(exc).__name__}: {exc}")
         return Completed(args, rc, stdout, stderr)

@@ -38,7 +38,7 @@ def parse_duration(value: object) -> float:
 
 def format_duration(seconds: float) -> str:
     """Return a short human form: ``1h30m``, ``15m``, ``45s``."""
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     if seconds <= 0:
         return "0s"
     out = []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from bench.soak import soak
 
 pytestmark = pytest.mark.integration

@@ -137,7 +137,7 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
             outcome = executor(d, _ctx_for(ctx, dry_run))
         except AuditError:
             raise
-        except Exception as exc:  # noqa: BLE001 - an executor bug must still close the audit row
+        except Exception as exc:
             logger.exception("executor for %s failed", aid)
             outcome = Outcome("failed", error=f"{type(exc).__name__}: {exc}")
     _fault("after_effect")

@@ -31,7 +31,7 @@ def _demo(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         lines.append(f"  {d['rule']:<16} {d['target']:<34} {who:<8} → {verb:<20} {d['reason']}")
     for key, label in (("report", "weekly report"), ("forecast", "forecasts"), ("power", "off-hours power")):
         if key in result:
-            lines.append(f"{label}: {result[key] if isinstance(result[key], str) else result[key]}")
+            lines.append(f"{label}: {result[key]}")
     lines.append(f"audit store: {result['audit_db']}")
     lines.append(f"Airflow home: {result['airflow_home']} ({result['seconds']} s)")
     return result, "\n".join(lines)

@@ -74,7 +74,7 @@ def _convert(tp: Any, value: Any, source: str, path: str, marks: tuple[Any, ...]
         item = args[0]
         return tuple(_convert(item, v, source, f"{path}[{i}]", marks) for i, v in enumerate(value))
     if origin is dict:
-        key_t, val_t = get_args(tp)
+        _key_t, val_t = get_args(tp)
         if value is None:
             return types.MappingProxyType({})
         if not isinstance(value, Mapping):

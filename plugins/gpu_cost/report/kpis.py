@@ -92,7 +92,7 @@ def period_label(since: float, until: float, timezone: str) -> str:
     a = utc(since).astimezone(tz)
     b = utc(until - 1).astimezone(tz)
     year, week, _ = a.isocalendar()
-    span = f"{a:%a %d %b} – {b:%a %d %b %Y}"  # noqa: RUF001 - an en dash in a printed date range
+    span = f"{a:%a %d %b} – {b:%a %d %b %Y}"
     if abs((until - since) - 7 * 86400) < 7200 and a.weekday() == 0 and a.hour == 0:
         return f"Week {week}, {year} ({span})"
     return span

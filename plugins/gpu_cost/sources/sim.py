@@ -21,6 +21,7 @@ Noise is a hash of (seed, GPU, sample time), so any range gives the same value a
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import uuid as _uuid
 from collections.abc import Mapping, Sequence
@@ -296,7 +297,7 @@ def _split(total: int, parts: int, rng: np.random.Generator) -> list[int]:
     parts = max(1, min(parts, total))
     cuts = sorted(rng.choice(np.arange(1, total), size=parts - 1, replace=False).tolist()) if parts > 1 else []
     edges = [0, *cuts, total]
-    return [b - a for a, b in zip(edges, edges[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(edges)]
 
 
 def _gen_job(jid: int, beh: str, node: str, gpus: tuple[int, ...], start: float, end: float | None,
