@@ -278,7 +278,7 @@ def _bind(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _row(r: Mapping[str, Any]) -> dict[str, Any]:
+def _row(r: Any) -> dict[str, Any]:
     out = dict(r)
     for k, v in out.items():
         if k in _TIME_COLUMNS and v is not None:

@@ -49,7 +49,7 @@ def idle_allocation(snapshot: Snapshot, cfg: IdleAllocationRule, policy: Policy)
             continue
         declared = declared_inference(job, policy.inference)
         behaviour = behaves_like_inference(bursts[pos], policy.inference)
-        evidence = {
+        evidence: dict[str, object] = {
             "util_max": r(float(np.max(umax[pos]))), "util_mean": r(float(np.mean(umean[pos]))),
             "window_s": cfg.window, "util_max_lookback": r(float(np.nanmax(umax_lb[pos]))),
             "bursts_lookback": int(np.max(bursts[pos])), "runtime_s": round(snapshot.ts - job.start_ts),

@@ -77,7 +77,7 @@ def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]
             )
         )
     for key, entry in by_proc.items():
-        p: GpuProcess = entry["proc"]
+        p = entry["proc"]
         ev = dict(entry["evidence"])
         ev.update({"pid": p.pid, "process_start_ts": p.start_ts, "gpu_uuid": p.gpu_uuid, "process_mem_mib": r(entry["mem"], 0),
                    "process_name": p.name, "former_job": p.job_id})

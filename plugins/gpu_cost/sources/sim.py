@@ -168,7 +168,7 @@ def _sim_job(raw: Any, where: str, index: Mapping[str, int], nodes: Sequence[Sim
     if not job.pending:
         if job.node not in index:
             raise ScenarioError(f"{where}: node {job.node!r} is not a node of the scenario")
-        node = nodes[index[job.node]]
+        node = nodes[index[str(job.node)]]
         bad = [g for g in job.gpus if not 0 <= g < node.gpus]
         if bad or not job.gpus:
             raise ScenarioError(f"{where}: gpus {list(job.gpus)} do not fit node {node.name} with {node.gpus} GPUs")
@@ -355,7 +355,13 @@ class SimCluster:
     def __init__(self, scenario: Scenario, anchor: float) -> None:
         self.scenario = scenario
         self.anchor = resolve_anchor(scenario.anchor, anchor)
-        hosts, gpus, uuids, models, totals, idle_w, busy_w = [], [], [], [], [], [], []
+        hosts: list[str] = []
+        gpus: list[int] = []
+        uuids: list[str] = []
+        models: list[str] = []
+        totals: list[float] = []
+        idle_w: list[float] = []
+        busy_w: list[float] = []
         self._row: dict[tuple[str, int], int] = {}
         for node in scenario.nodes:
             for g in range(node.gpus):
