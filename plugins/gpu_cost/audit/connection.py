@@ -77,7 +77,8 @@ def _airflow_lookup(conn_id: str) -> dict[str, Any] | None:
     except Exception as exc:
         logger.debug("no Airflow connection %s: %s", conn_id, type(exc).__name__)
         return None
-    return {"conn_type": c.conn_type, "host": c.host, "port": c.port, "login": c.login, "password": c.password, "schema": c.schema}
+    return {"conn_type": c.conn_type, "host": c.host, "port": c.port, "login": c.login, "password": c.password,
+            "schema": c.schema, "extra": c.extra_dejson}
 
 
 def url_from_conn(conn: dict[str, Any]) -> str:

@@ -41,6 +41,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import numpy as np
 
+from gpu_cost.audit.connection import _airflow_lookup, conn_env_var
 from gpu_cost.errors import SourceError
 
 logger = logging.getLogger(__name__)
@@ -73,10 +74,6 @@ class PromConfig:
     verify: bool = True
     headers: Mapping[str, str] = field(default_factory=dict)
     auth: tuple[str, str] | None = None
-
-
-def conn_env_var(conn_id: str) -> str:
-    return f"AIRFLOW_CONN_{conn_id.upper()}"
 
 
 def configured(conn_id: str = CONN_ID) -> bool:
@@ -126,18 +123,6 @@ def _parse_conn(raw: str, conn_id: str) -> dict[str, Any]:
         "password": unquote(parts.password) if parts.password else None,
         "schema": parts.path.lstrip("/") or None, "extra": extra,
     }
-
-
-def _airflow_lookup(conn_id: str) -> dict[str, Any] | None:
-    try:
-        from airflow.sdk import BaseHook
-
-        c = BaseHook.get_connection(conn_id)
-    except Exception as exc:
-        logger.debug("no Airflow connection %s: %s", conn_id, type(exc).__name__)
-        return None
-    return {"conn_type": c.conn_type, "host": c.host, "port": c.port, "login": c.login, "password": c.password,
-            "schema": c.schema, "extra": c.extra_dejson}
 
 
 def _config_from_conn(conn: Mapping[str, Any], conn_id: str) -> PromConfig:
