@@ -65,9 +65,8 @@ def write_sim_trace(out: Path, *, days: float, gpus: int, gpus_per_node: int = 8
 def write_scenario_trace(out: Path, scenario: Any, start: float, end: float, *, fmt: str = "parquet") -> dict[str, Any]:
     """Observe ``scenario`` over ``(start, end]`` and write ``samples.<fmt>`` and ``jobs.csv`` under ``out``."""
     import numpy as np
-    import pandas as pd
 
-    from gpu_cost.sources.sim import SimCluster
+    from gpu_cost.sources.sim import SimCluster, long_samples, sim_pid
 
     cluster = SimCluster(scenario, anchor=end)
     m = cluster.matrix(start, end)
@@ -95,23 +94,11 @@ def write_scenario_trace(out: Path, scenario: Any, start: float, end: float, *, 
         if hi <= lo:
             continue
         rows = np.array([rows_of[(j.node, g)] for g in j.gpus])
-        pid[rows, lo:hi] = 10000 + (int("".join(c for c in j.job_id if c.isdigit()) or "0") % 50000)
+        pid[rows, lo:hi] = sim_pid(j.job_id)
         users.append(j.user)
         owner[rows, lo:hi] = len(users) - 1
     user_arr = np.array([*users, ""], dtype=object)
-    samples = pd.DataFrame({
-        "ts": np.tile(m.times, n_g).astype(np.int64),
-        "host": np.repeat(m.hosts, n_t),
-        "gpu": np.repeat(m.gpus, n_t),
-        "util": np.round(m.util.ravel(), 2),
-        "mem_used_mib": np.round(m.mem.ravel(), 1),
-        "uuid": np.repeat(m.uuids, n_t),
-        "mem_total_mib": np.repeat(m.mem_total, n_t),
-        "power_w": np.round(m.power.ravel(), 1),
-        "job_id": m.job.ravel(),
-        "pid": pid.ravel(),
-        "user": user_arr[owner.ravel()],
-    })
+    samples = long_samples(m, pid=pid, user=user_arr[owner])
     jobs = cluster.jobs_trace(start, end)
     if not jobs.empty:
         jobs["linger_end_ts"] = jobs["job_id"].map(lambda j: linger_end.get(j))

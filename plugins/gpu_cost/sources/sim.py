@@ -439,21 +439,7 @@ class SimCluster:
 
     def samples(self, start: float, end: float) -> pd.DataFrame:
         """Return samples in ``(start, end]`` in the trace format (long, one row per GPU × time)."""
-        m = self.matrix(start, end)
-        n_g, n_t = m.util.shape
-        return pd.DataFrame(
-            {
-                "ts": np.tile(m.times, n_g).astype(np.int64),
-                "host": np.repeat(m.hosts, n_t),
-                "gpu": np.repeat(m.gpus, n_t),
-                "util": np.round(m.util.ravel(), 2),
-                "mem_used_mib": np.round(m.mem.ravel(), 1),
-                "uuid": np.repeat(m.uuids, n_t),
-                "mem_total_mib": np.repeat(m.mem_total, n_t),
-                "power_w": np.round(m.power.ravel(), 1),
-                "job_id": m.job.ravel(),
-            }
-        )
+        return long_samples(self.matrix(start, end))
 
     # -- scheduler view --------------------------------------------------------------------
     def jobs_at(self, t: float, include_finished: bool = False) -> list[Job]:
@@ -525,7 +511,7 @@ class SimCluster:
                 continue
             if j.behaviour == "idle" and t - s > j.busy_first:
                 continue  # the training process exited; the allocation sits empty
-            pid = 10000 + (int("".join(c for c in j.job_id if c.isdigit()) or "0") % 50000)
+            pid = sim_pid(j.job_id)
             for g in j.gpus:
                 row = self._row[(j.node, g)]  # type: ignore[index]
                 used = float(m.mem[row, -1]) if m.mem.shape[1] else 0.0
@@ -580,6 +566,29 @@ def _behaviour(j: SimJob, tau: np.ndarray, noise: np.ndarray, total: np.ndarray,
         mem = total * 0.3 + j.leak_mib_per_h * tau2 / 3600.0
         return 85 + 13 * noise, np.minimum(mem, total)
     raise ScenarioError(f"unknown behaviour {j.behaviour!r}")
+
+
+def long_samples(m: GpuMatrix, **extra: np.ndarray) -> pd.DataFrame:
+    """Return a dense matrix as trace-format samples (one row per GPU × time); ``extra`` GPU × time columns too."""
+    n_g, n_t = m.util.shape
+    columns = {
+        "ts": np.tile(m.times, n_g).astype(np.int64),
+        "host": np.repeat(m.hosts, n_t),
+        "gpu": np.repeat(m.gpus, n_t),
+        "util": np.round(m.util.ravel(), 2),
+        "mem_used_mib": np.round(m.mem.ravel(), 1),
+        "uuid": np.repeat(m.uuids, n_t),
+        "mem_total_mib": np.repeat(m.mem_total, n_t),
+        "power_w": np.round(m.power.ravel(), 1),
+        "job_id": m.job.ravel(),
+    }
+    columns.update({name: values.ravel() for name, values in extra.items()})
+    return pd.DataFrame(columns)
+
+
+def sim_pid(job_id: str) -> int:
+    """Return the PID the simulator gives a job's processes (stable, derived from the job id)."""
+    return 10000 + (int("".join(c for c in job_id if c.isdigit()) or "0") % 50000)
 
 
 def gpu_uuid(host: str, index: int) -> str:
