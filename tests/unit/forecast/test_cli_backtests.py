@@ -57,6 +57,10 @@ def test_demand_backtest_command_beats_seasonal_naive(shared_data: Path, tmp_pat
     assert out["n_series"] == 8 and out["horizon"] == 48
     assert out["smape"] < out["seasonal_naive_smape"]
     assert set(out["series"]) == set(sl["key"])
+    assert 0 <= out["hindsight_flat_smape"] <= 200
+    daily = _cli("demand-backtest", "--series", str(path), "--horizon", "2d", "--refit-every", "1d")
+    assert daily["refit_every"] == 24 and daily["horizon"] == 48
+    assert daily["smape"] < daily["seasonal_naive_smape"]
 
 
 def test_nightly_then_eta_from_the_stored_forecasts(theta_slice: Path, tmp_path: Path) -> None:

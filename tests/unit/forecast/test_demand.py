@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from gpu_cost.errors import TraceError
 from gpu_cost.forecast import backtest, demand, history
 from gpu_cost.forecast.backtest import seasonal_naive, smape
 
@@ -117,3 +119,46 @@ def test_stored_forecasts_upsert_and_expected_demand(store) -> None:  # type: ig
     assert demand.expected_demand(store, now, 12 * H, key_prefix="partition:") == 10.0 + 2 * 1.1
     assert demand.expected_demand(store, now, 12 * H, key_prefix="account:nobody") is None
     assert demand.expected_demand(store, now + 60 * H, 12 * H) is None  # forecasts ran out
+
+
+def test_hindsight_flat_is_the_best_constant() -> None:
+    rng = np.random.default_rng(3)
+    y = np.concatenate([rng.uniform(30, 60, 100), np.zeros(20), rng.uniform(0, 5, 48)])
+    best = backtest.hindsight_flat_smape(y)
+    brute = min(smape(y, np.full(len(y), c)) for c in np.linspace(0, 80, 8001))
+    assert best <= brute + 1e-6  # no constant on a fine grid does better ...
+    assert best >= brute - 0.5  # ... and it is a real constant's score, not an underestimate
+    assert best < smape(y, np.full(len(y), np.median(y)))
+    assert backtest.hindsight_flat_smape(np.full(24, 7.0)) == 0.0
+    assert backtest.hindsight_flat_smape(np.array([np.nan, 5.0, 5.0])) == 0.0
+    assert np.isnan(backtest.hindsight_flat_smape(np.array([np.nan])))
+
+
+def _helios_three_weeks(shared_data: Path):  # type: ignore[no-untyped-def]
+    series = history.load_series(shared_data / "helios_vc_demand_hourly.csv")
+    return series[series["ts"] < series["ts"].min() + 21 * 86400]
+
+
+def test_refitting_once_per_horizon_is_the_one_shot_backtest(shared_data: Path) -> None:
+    series = _helios_three_weeks(shared_data)
+    one = backtest.demand_backtest(series, 48, use_prophet=False)
+    same = backtest.demand_backtest(series, 48, use_prophet=False, refit_every=48)
+    assert one["refit_every"] is None and same["refit_every"] == 48
+    assert {k: s["smape"] for k, s in one["series"].items()} == {k: s["smape"] for k, s in same["series"].items()}
+    assert one["daily_repeat_smape"] == same["daily_repeat_smape"]
+
+
+def test_daily_refits_see_more_and_score_each_piece(shared_data: Path) -> None:
+    """Refitted every 24 h over a 96 h holdout: four forecasts per series, each on what was known by then."""
+    series = _helios_three_weeks(shared_data)
+    one = backtest.demand_backtest(series, 96, use_prophet=False)
+    daily = backtest.demand_backtest(series, 96, use_prophet=False, refit_every=24)
+    assert daily["n_series"] == one["n_series"] == 8
+    # the weekly seasonal naive does not depend on refits; the daily repeat is refreshed each day
+    assert daily["seasonal_naive_smape"] == one["seasonal_naive_smape"]
+    assert daily["daily_repeat_smape"] != one["daily_repeat_smape"]
+    assert daily["smape"] < daily["seasonal_naive_smape"]
+    assert daily["smape"] < one["smape"]  # fresher history helps on this trace
+    assert daily["hindsight_flat_smape"] == one["hindsight_flat_smape"]
+    with pytest.raises(TraceError, match="refit_every"):
+        backtest.demand_backtest(series, 96, use_prophet=False, refit_every=0)
