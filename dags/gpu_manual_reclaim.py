@@ -10,11 +10,13 @@ override with its justification. A malformed form is refused before the run star
 The run then goes through the same policy checks as `gpu_zombie_sweep`: `prepare` resolves the
 targets in a fresh snapshot and applies protections (a protected target is recorded and left alone
 unless overridden; an override is recorded and always needs a second person's approval), inference
-services, the cost of being wrong and the per-run caps. `approve` asks a human (Required Actions)
-when a decision needs it and skips itself otherwise (*Reject*, or no answer within the policy's
-`approval.timeout`, skips `act`); `act` runs the same executors with the same audit rows as the sweep;
-`finish` records the approval and the outcome in `gpu_cost_runs` / `gpu_cost_decisions` /
-`gpu_cost_actions`.
+services, the cost of being wrong and the per-run caps. Then two branches, like the sweep's:
+`act` runs at once the decisions that need no human; `approve` asks a human (Required Actions)
+for the others and skips itself when there are none, and `act_approved` runs them on *Approve*
+(*Reject*, or no answer within the policy's `approval.timeout`, skips it: only the decisions listed
+in the approval request are held back). Both run the same executors with the same audit rows as
+the sweep; `finish` records the approval and the outcome in `gpu_cost_runs` /
+`gpu_cost_decisions` / `gpu_cost_actions`.
 
 **Owner / triage.** GPU platform team. A failed `prepare` names every bad field or unknown target
 (nothing was done; the run is recorded as `refused`). A failed `finish` means an action failed:
@@ -88,24 +90,32 @@ def gpu_manual_reclaim() -> None:
         except ReclaimRequestError as exc:  # a bad request never gets better by retrying
             raise AirflowFailException(str(exc)) from exc
 
-    # skips itself when no decision of the run needs a human; Reject (or the timeout) skips `act`
+    @task
+    def act(prep):  # type: ignore[no-untyped-def]
+        return reclaim_tasks.act(prep, None, "automatic")
+
+    # skips itself when no decision of the run needs a human; Reject (or the timeout) skips `act_approved`
     approve = RecordingApprovalOperator(
         task_id="approve",
         policy_param="policy",
         notifiers=[n for n in [approval_notifier()] if n is not None],
     )
 
-    @task(trigger_rule="none_failed_min_one_success")
-    def act(prep, ti=None):  # type: ignore[no-untyped-def]
-        return reclaim_tasks.act(prep, ti.xcom_pull(task_ids="approve", key="decision"))
+    @task
+    def act_approved(prep, ti=None):  # type: ignore[no-untyped-def]
+        return reclaim_tasks.act(prep, ti.xcom_pull(task_ids="approve", key="decision"), "approved")
 
     @task(trigger_rule="all_done")
     def finish(ti=None):  # type: ignore[no-untyped-def]
         return reclaim_tasks.finish(ti.xcom_pull(task_ids="prepare"), ti.xcom_pull(task_ids="approve", key="decision"),
-                                    ti.xcom_pull(task_ids="act"))
+                                    ti.xcom_pull(task_ids="act"), ti.xcom_pull(task_ids="act_approved"))
 
     prep = prepare()
-    prep >> approve >> act(prep) >> finish()
+    automatic = act(prep)
+    prep >> approve
+    approved = act_approved(prep)
+    approve >> approved
+    [automatic, approved] >> finish()
 
 
 dag_object = gpu_manual_reclaim()

@@ -103,7 +103,7 @@ class ReclaimPlan:
 
     @property
     def needs_approval(self) -> bool:
-        return any(d.requires_approval and d.acts for d in self.decisions)
+        return any(needs_approval(d) for d in self.decisions)
 
     def to_xcom(self) -> dict[str, Any]:
         return {"decisions": [d.to_dict() for d in self.decisions], "refused": self.refused,
@@ -334,9 +334,14 @@ def approval_text(p: ReclaimPlan) -> str:
     return "\n".join(lines)
 
 
+def needs_approval(decision: Decision) -> bool:
+    """Return True when ``decision`` waits for a human before its executor runs."""
+    return bool(decision.requires_approval and decision.acts)
+
+
 def approved(decision: Decision, approval: Mapping[str, Any] | None) -> bool:
     """Return True when ``decision`` may go to its executor: no approval needed, dry-run, or approved."""
-    if not decision.requires_approval or not decision.acts:
+    if not needs_approval(decision):
         return True
     if not approval:
         return False
@@ -344,4 +349,4 @@ def approved(decision: Decision, approval: Mapping[str, Any] | None) -> bool:
 
 
 __all__ = ["ACTIONS_BY_KIND", "FORM_ACTIONS", "ID_PATTERN", "TARGET_KINDS", "ReclaimPlan", "ReclaimRequestError",
-           "Request", "approval_text", "approved", "manual_decision_id", "parse_request", "plan", "resolve"]
+           "Request", "approval_text", "approved", "manual_decision_id", "needs_approval", "parse_request", "plan", "resolve"]

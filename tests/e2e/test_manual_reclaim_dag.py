@@ -80,7 +80,7 @@ def test_kind_specific_ids_are_refused_by_prepare_and_nothing_acts(dag, slack) -
 def test_dry_run_is_the_default_and_acts_on_nothing(dag, slack) -> None:  # type: ignore[no-untyped-def]
     dr, states = _run(dag, {"target_ids": ["1003"], "reason": "idle for hours, freeing GPUs"})
     assert dr.state == "success", states
-    assert states["approve"] == "skipped" and states["act"] == "success"
+    assert states["approve"] == "skipped" and states["act"] == "success" and states["act_approved"] == "skipped"
     (row,) = _decisions(dr)
     assert row["rule"] == "manual" and row["mode"] == "dry-run" and row["action"] == "notify"
     assert row["job_id"] == "1003" and row["user_name"] == "carol"
@@ -140,12 +140,13 @@ def test_override_is_recorded_and_needs_a_second_person(dag, slack, answer) -> N
     assert texts and texts[0].startswith("Approval needed: ")
     if answer == "Approve":
         assert row["approval_status"] == "approved" and row["approved_by"] == "approver"
-        assert states["act"] == "success" and len(texts) == 2
+        assert states["act_approved"] == "success" and len(texts) == 2
         assert "owner unreachable for days" in texts[1]
     else:
         assert row["approval_status"] == "rejected" and row["status"] == "rejected"
-        assert states["act"] == "skipped" and len(texts) == 1 and _actions([row]) == []
+        assert states["act_approved"] == "skipped" and len(texts) == 1 and _actions([row]) == []
         assert AuditStore().get_run(f"{DAG_ID}:{dr.run_id}")["status"] == "rejected"
+    assert states["act"] == "success"  # the automatic branch ran, with nothing of its own to do
 
 
 def test_override_without_justification_is_refused(dag) -> None:  # type: ignore[no-untyped-def]
@@ -153,3 +154,30 @@ def test_override_without_justification_is_refused(dag) -> None:  # type: ignore
                             "override_protections": True})
     assert states["prepare"] == "failed"
     assert "override_justification" in AuditStore().get_run(f"{DAG_ID}:{dr.run_id}")["problems"]
+
+
+@pytest.mark.timeout(300)
+def test_reject_holds_back_only_what_the_request_listed(dag, slack) -> None:  # type: ignore[no-untyped-def]
+    """One protected job overridden (needs a second person) next to an unprotected one: a Reject stops
+    the overridden notice only; the unprotected job's notice went out without waiting for the answer."""
+    t = threading.Thread(target=respond_when_waiting, args=(DAG_ID, "approve", ["Reject"]), daemon=True)
+    t.start()
+    dr, states = _run(dag, {"target_ids": ["1007", "1003"], "action": "notify", "reason": "owner unreachable for days",
+                            "dry_run": False, "override_protections": True,
+                            "override_justification": "approved by the research lead in ticket 42"})
+    t.join(5)
+    assert dr.state == "success", states
+    assert states["act"] == "success" and states["approve"] == "success" and states["act_approved"] == "skipped"
+    rows = {r["job_id"]: r for r in _decisions(dr)}
+    assert rows["1007"]["requires_approval"] == 1 and rows["1007"]["approval_status"] == "rejected"
+    assert rows["1003"]["requires_approval"] == 0
+    assert _actions([rows["1007"]]) == []
+    (done,) = _actions([rows["1003"]])
+    assert done["status"] == "succeeded" and done["dry_run"] == 0
+    # the request listed only the overridden job; Slack got it plus carol's notice, nothing for 1007's owner
+    texts = slack.texts()
+    assert len(texts) == 2 and texts[0].startswith("Approval needed: ")
+    assert "approve 1 action(s)" in texts[0] and "owner unreachable for days" in texts[1]
+    run = AuditStore().get_run(f"{DAG_ID}:{dr.run_id}")
+    assert run["status"] == "rejected"
+    assert json.loads(run["counts"])["acted"] == 1

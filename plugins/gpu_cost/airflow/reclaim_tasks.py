@@ -67,29 +67,39 @@ def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
             "approval_text": reclaim.approval_text(p), **p.to_xcom()}
 
 
-def act(prep: Mapping[str, Any], approval: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Dispatch the decisions that may act (approved where needed) with the audit trail around each."""
+def act(prep: Mapping[str, Any], approval: Mapping[str, Any] | None, branch: str = "automatic") -> dict[str, Any]:
+    """Dispatch one branch's decisions with the audit trail around each.
+
+    ``automatic``: the decisions that need no human (run at once, whatever the approver answers);
+    ``approved``: the ones that do, when ``approval`` approved them. A decision is in exactly one
+    branch, so a *Reject* holds back only what the approval request listed.
+    """
     from gpu_cost.actions.dispatch import execute
 
+    if branch not in ("automatic", "approved"):
+        raise ValueError(f"act: unknown branch {branch!r} (automatic or approved)")
     policy = runtime.policy_from({"policy": prep["policy"]})
     store = runtime.store()
-    decisions = as_decisions(prep["decisions"])
-    runnable = [d for d in decisions if d.action != "none" and reclaim.approved(d, approval)]
-    held = [d.decision_id for d in decisions if d.action != "none" and d not in runnable]
+    decisions = [d for d in as_decisions(prep["decisions"])
+                 if d.action != "none" and reclaim.needs_approval(d) == (branch == "approved")]
+    runnable = [d for d in decisions if reclaim.approved(d, approval)]
+    held = [d.decision_id for d in decisions if d not in runnable]
     ctx = action_context(policy, dry_run=bool(prep["dry_run"]), now=float(prep["now"]), run_id=prep["run_id"],
                          store=store)
     results = execute(runnable, ctx, store) if runnable else []
     for r in results:
-        logger.info("action %s → %s%s", r.get("action_id") or r.get("decision_id"), r["status"],
+        logger.info("%s action %s → %s%s", branch, r.get("action_id") or r.get("decision_id"), r["status"],
                     f" ({r['error']})" if r.get("error") else "")
-    return {"results": results, "held": held}
+    return {"branch": branch, "results": results, "held": held}
 
 
 def finish(prep: Mapping[str, Any] | None, approval: Mapping[str, Any] | None,
-           acted: Mapping[str, Any] | None) -> dict[str, Any]:
+           acted: Mapping[str, Any] | None, acted_approved: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Record the run's end in ``gpu_cost_runs``; fail the run when an action failed.
 
-    Runs whatever happened upstream, so a rejected or failed run still gets its audit row.
+    Runs whatever happened upstream, so a rejected or failed run still gets its audit row. The run
+    is ``failed`` when an action failed or the automatic branch did not finish; else ``rejected``
+    when the approver said no (or did not answer), the automatic part having acted; else ``ok``.
     """
     from airflow.sdk.exceptions import AirflowFailException
 
@@ -99,12 +109,13 @@ def finish(prep: Mapping[str, Any] | None, approval: Mapping[str, Any] | None,
     decisions = as_decisions(prep["decisions"])
     # the approval operator has written the answer onto the decisions already
     answer = (approval or {}).get("status") if prep.get("needs_approval") else None
-    results = list((acted or {}).get("results") or [])
+    results = list((acted or {}).get("results") or []) + list((acted_approved or {}).get("results") or [])
     failed = [r for r in results if r.get("status") == "failed"]
-    if answer in ("rejected", "timed_out"):
-        status = "rejected"
-    elif acted is None or failed:
+    approved_missing = answer == "approved" and acted_approved is None
+    if acted is None or failed or approved_missing:
         status = "failed"
+    elif answer in ("rejected", "timed_out"):
+        status = "rejected"
     else:
         status = "ok"
     counts = {"decisions": len(decisions), "refused": len(prep.get("refused") or []),
@@ -115,7 +126,7 @@ def finish(prep: Mapping[str, Any] | None, approval: Mapping[str, Any] | None,
                "results": [{k: r.get(k) for k in ("decision_id", "status", "error")} for r in results]}
     logger.info("manual reclaim %s: %s", prep["run_id"], summary)
     if status == "failed":
-        why = "; ".join(f"{r.get('action_id')}: {r.get('error')}" for r in failed) or "the act step did not finish"
+        why = "; ".join(f"{r.get('action_id')}: {r.get('error')}" for r in failed) or "an act step did not finish"
         raise AirflowFailException(f"manual reclaim failed: {why}")
     return summary
 
