@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS gpu_cost_decisions (
     approval_status TEXT,                              -- pending | approved | rejected | timed_out
     approved_by     TEXT,
     approved_at     TEXT,
-    status          TEXT NOT NULL DEFAULT 'decided',   -- decided | recorded | acted | rejected | capped | failed
+    status          TEXT NOT NULL DEFAULT 'decided',   -- decided | recorded | acted | rejected | capped | failed | expired
     gpu_hours_at_risk REAL NOT NULL DEFAULT 0,
     gpu_hours_saved REAL NOT NULL DEFAULT 0,
     evidence        TEXT                               -- JSON object

@@ -194,6 +194,37 @@ def decision_summary(d: Decision) -> dict[str, Any]:
             "gpus": d.gpus, "reason": d.reason}
 
 
+def reverify(decisions: Sequence[Decision], policy: Policy, decided_at: float, at: float,
+             source: str | None = None, **kwargs: Any) -> tuple[list[Decision], dict[str, str]]:
+    """Re-check decisions that waited for a human against the cluster as it is at ``at``.
+
+    An approval can come an hour after the data it was asked on; the job idle then may be
+    training again now. Each decision still goes ahead only if its rule still finds its target in
+    a fresh snapshot at ``at``. Returns ``(still_valid, expired)`` with ``expired`` mapping
+    decision id to why. When ``at`` is not past ``decided_at`` (no newer data) nothing is re-read;
+    when the fresh look fails or its data is stale, every decision expires: nothing is done on
+    data that could not be re-checked.
+    """
+    decisions = list(decisions)
+    if not decisions or at <= decided_at:
+        return decisions, {}
+    from gpu_cost.timeutil import iso
+
+    try:
+        fresh, why = check_fresh(policy, at, source)
+        snap = collect(policy, at, source, **kwargs) if fresh else None
+    except GpuCostError as exc:
+        fresh, why, snap = False, str(exc), None
+    if snap is None:
+        reason = f"not re-checked at {iso(at)} ({why}): nothing done on unverified data"
+        return [], {d.decision_id: reason for d in decisions}
+    found = {(f.rule, f.target) for f in detect(snap, policy)}
+    still = [d for d in decisions if (d.rule, d.target) in found]
+    expired = {d.decision_id: f"{d.rule} no longer finds {d.target} at {iso(at)}: it changed while awaiting approval"
+               for d in decisions if (d.rule, d.target) not in found}
+    return still, expired
+
+
 def check_fresh(policy: Policy, now: float, source: str | None = None) -> tuple[bool, str]:
     """Return (fresh, why): whether the source answers and its newest samples are recent enough.
 

@@ -230,15 +230,42 @@ def act(ref: Mapping[str, Any], plan: Mapping[str, Any], which: str) -> dict[str
         store, run_id, dag_id)
     if other:
         raise AirflowFailException(f"another sweep run ({other}) is unfinished on the same data: not acting twice")
+    expired: dict[str, str] = {}
     if which == "approved":
         approved = {r["decision_id"] for r in store.decisions_of_run(run_id) if r["approval_status"] == "approved"}
         chosen = [d for d in acting if d.requires_approval and d.decision_id in approved]
+        chosen, expired = reverify_approved(chosen, policy, store, ref)
     else:
         chosen = [d for d in acting if not d.requires_approval]
     out = act_on(chosen, policy, store, run_id, now)
     logger.info("acted on %d %s decision(s): %s", len(chosen), which, out["by_status"])
-    return {"which": which, "decisions": len(chosen), "by_status": out["by_status"],
+    return {"which": which, "decisions": len(chosen), "by_status": out["by_status"], "expired": expired,
             "failed": [r["decision_id"] for r in out["results"] if r["status"] == "failed"]}
+
+
+def reverify_approved(decisions: Sequence[Decision], policy: Policy, store: AuditStore,
+                      ref: Mapping[str, Any]) -> tuple[list[Decision], dict[str, str]]:
+    """Re-check approved decisions on data as recent as the time spent waiting for the answer.
+
+    The instant looked at is the run's data instant plus the wall time since the run began
+    (floored to the sample interval): the approval's wait, carried over to the data. Decisions
+    that no longer hold are marked ``expired`` in ``gpu_cost_decisions`` and not acted on.
+    """
+    from gpu_cost import sweep
+
+    run_id, now = str(ref["run_id"]), float(ref["now"])
+    run = store.get_run(run_id) or {}
+    try:
+        waited = max(0.0, time.time() - float(run.get("started_at") or time.time()))
+    except (TypeError, ValueError):
+        waited = 0.0
+    step = policy.sweep.sample_interval
+    at = float((now + waited) // step * step)
+    still, expired = sweep.reverify(decisions, policy, now, at, ref.get("source"))
+    for did, why in expired.items():
+        store.set_decision_status(did, "expired")
+        logger.warning("approved decision %s not carried out: %s", did, why)
+    return still, expired
 
 
 def finish(context: Mapping[str, Any]) -> dict[str, Any]:
@@ -283,11 +310,14 @@ def finish(context: Mapping[str, Any]) -> dict[str, Any]:
         failed = [f for a in acted for f in a.get("failed", [])]
         status = summary["status"]
         problems = list(ref.get("problems", []))
+        problems += [f"approved decision {did} expired: {why}" for a in acted for did, why in
+                     (a.get("expired") or {}).items()]
         if failed:
             status = "failed"
             problems.append(f"{len(failed)} action(s) failed: see gpu_cost_actions")
     counts = {k: v for k, v in (summary or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)}
     counts["acted"] = sum(a.get("decisions", 0) for a in acted)
+    counts["expired"] = sum(len(a.get("expired") or {}) for a in acted)
     if decision:
         counts["approval"] = decision.get("status")
     if status == "capped":
