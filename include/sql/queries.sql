@@ -139,6 +139,9 @@ SELECT * FROM gpu_cost_jobs_usage WHERE ts > :since AND ts <= :until AND gpus >=
 -- name: job_usage_of
 SELECT * FROM gpu_cost_jobs_usage WHERE job_id = :job_id AND ts <= :until ORDER BY ts DESC LIMIT 1;
 
+-- name: job_rows_after
+SELECT 1 AS later FROM gpu_cost_jobs_usage WHERE ts > :since AND ts <= :until LIMIT 1;
+
 -- name: insert_saving
 INSERT INTO gpu_cost_savings (saving_id, decision_id, ts, kind, target, user_name, account, gpu_model, gpus, gpu_hours, kwh, usd, basis)
 VALUES (:saving_id, :decision_id, :ts, :kind, :target, :user_name, :account, :gpu_model, :gpus, :gpu_hours, :kwh, :usd, :basis)

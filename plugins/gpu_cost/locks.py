@@ -71,6 +71,15 @@ def run_conflict(store: AuditStore, run_id: str, dag_id: str, *, now: float | No
     return None
 
 
+def effect_lock_key(target: str) -> str:
+    """Return the text whose ``hashtext`` keys the PostgreSQL advisory lock of ``target``'s effects."""
+    return f"gpu_cost_effect:{target}"
+
+
+#: takes the transaction advisory lock of a target (``:key`` from :func:`effect_lock_key`)
+EFFECT_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext(:key))"
+
+
 def effect_of(action: str) -> str:
     """Return the effect class of an action: the kill family is one effect."""
     return "end" if action in KILL_ACTIONS else action
@@ -102,8 +111,7 @@ def start_effect(store: AuditStore, d: Decision, row: dict[str, Any], *,
     try:
         with store.engine.begin() as conn:
             if store.dialect == "postgresql":
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
-                             {"key": f"gpu_cost_effect:{d.target}"})
+                conn.execute(sa.text(EFFECT_LOCK_SQL), {"key": effect_lock_key(d.target)})
             created = conn.execute(sa.text(queries()["action_started"]), _bind(row)).rowcount > 0
             if not created:
                 return False, None
@@ -134,4 +142,5 @@ def effect_done(store: AuditStore, action_id: str, d: Decision, *, window_s: flo
     return owner
 
 
-__all__ = ["EFFECT_WINDOW_S", "RUN_MAX_AGE_S", "effect_done", "effect_of", "run_conflict", "start_effect"]
+__all__ = ["EFFECT_LOCK_SQL", "EFFECT_WINDOW_S", "RUN_MAX_AGE_S", "effect_done", "effect_lock_key", "effect_of",
+           "run_conflict", "start_effect"]

@@ -127,15 +127,21 @@ def _find_job(args: argparse.Namespace, now: float) -> dict[str, Any]:
         raise GpuCostError(f"job {args.job} is not in the simulated cluster at {iso(now)}")
     from gpu_cost.audit.store import AuditStore
 
-    rows = AuditStore().ensure_schema().fetch("job_usage_of", {"job_id": str(args.job), "until": now})
+    store = AuditStore().ensure_schema()
+    rows = store.fetch("job_usage_of", {"job_id": str(args.job), "until": now})
     if not rows:
         raise GpuCostError(f"job {args.job}: the agent has not seen it (no job rows in the audit store); "
                            "pass --jobs TRACE or --source sim")
     r = rows[0]
-    return {"job_id": str(args.job), "user": r.get("user_name") or "", "account": r.get("account") or "",
-            "partition": r.get("partition_name") or "", "name": r.get("job_name") or "",
-            "start_ts": r.get("start_ts"), "time_limit_s": r.get("time_limit_s"),
-            "gpus": r.get("gpus_requested") or r.get("gpus") or 0}
+    seen: dict[str, Any] = {
+        "job_id": str(args.job), "user": r.get("user_name") or "", "account": r.get("account") or "",
+        "partition": r.get("partition_name") or "", "name": r.get("job_name") or "", "start_ts": r.get("start_ts"),
+        "time_limit_s": r.get("time_limit_s"), "gpus": r.get("gpus_requested") or r.get("gpus") or 0}
+    # read as the nightly reads these rows (forecast.history.store_jobs): a job missing from a later
+    # sweep ended at its last sighting
+    if store.fetch("job_rows_after", {"since": r["ts"], "until": now}):
+        seen["end_ts"] = float(r["ts"])
+    return seen
 
 
 def _eta(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

@@ -152,9 +152,9 @@ def store_jobs(store: AuditStore, since: float, until: float) -> pd.DataFrame:
     from gpu_cost.errors import AuditError
 
     try:
-        rows = store.fetch("job_usage_between", {"since": since, "until": until})
-    except (AuditError, KeyError) as exc:
-        logger.info("no per-sweep job rows in the audit store (%s)", exc)
+        rows = store.fetch("job_usage_between", {"since": since, "until": until, "min_gpus": 0})
+    except AuditError as exc:
+        logger.warning("per-sweep job rows could not be read from the audit store: %s", exc)
         rows = []
     if not rows:
         return jobs_frame([])

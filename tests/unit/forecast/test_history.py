@@ -54,3 +54,35 @@ def test_sim_history_is_deterministic_and_ends_by_now() -> None:
     assert len(a) > 50 and a.equals(b)
     assert (a["end_ts"].dropna() <= now).all()
     assert a["end_ts"].isna().any()  # some still running
+
+
+def test_the_agents_own_job_rows_are_a_history(tmp_path, policy, store) -> None:  # type: ignore[no-untyped-def]
+    """Sweeps write per-job rows; the nightly's ``store`` source reads them back as finished and running jobs."""
+    import yaml
+
+    from gpu_cost import sweep
+    from gpu_cost.forecast import nightly
+    from gpu_cost.sources.sim import load_scenario
+    from gpu_cost.timeutil import iso
+    from tests.fixtures.core import NOW
+
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump({
+        "seed": 1, "anchor": iso(NOW), "nodes": [{"name": "g1", "gpus": 4, "model": "a100"}],
+        "jobs": [
+            {"job_id": "3001", "user": "ann", "account": "nlp", "partition": "batch", "name": "short",
+             "behaviour": "training", "node": "g1", "gpus": [0], "start": "-2h", "end": "-30m", "time_limit": "4h"},
+            {"job_id": "3002", "user": "bo", "account": "cv", "partition": "batch", "name": "long",
+             "behaviour": "training", "node": "g1", "gpus": [1, 2], "start": "-3h", "time_limit": "1d"},
+        ]}))
+    sc = load_scenario(path)
+    for i, t in enumerate((NOW - H, NOW)):
+        sweep.run_once(policy, t, store, run_id=f"r{i}", source="sim", scenario=sc)
+    jobs = history.store_jobs(store, NOW - 6 * H, NOW).set_index("job_id")
+    assert set(jobs.index) == {"3001", "3002"}
+    assert jobs.loc["3001", "end_ts"] == NOW - H and jobs.loc["3001", "state"] == "COMPLETED"  # last seen
+    assert pd.isna(jobs.loc["3002", "end_ts"]) and jobs.loc["3002", "state"] == "RUNNING"
+    assert jobs.loc["3002", "user"] == "bo" and jobs.loc["3002", "time_limit_s"] == 86400
+    assert jobs.loc["3002", "start_ts"] == NOW - 3 * H
+    # the nightly's `store` source is that same reading
+    assert len(nightly.load_history(policy, NOW, "store", store)) == 2
