@@ -2,7 +2,8 @@
 
 One implementation for every source that has raw samples (simulator, trace files, replays): a
 dense GPU × time matrix reduced with NumPy. The Prometheus source computes the same columns in
-PromQL. Invalid samples (negative, above 100 %, NaN) are dropped, never read as idle.
+PromQL. Invalid samples (negative, above 100 %, NaN; memory negative or above
+:data:`MAX_MEM_MIB`) are dropped, never read as idle.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ import numpy as np
 import pandas as pd
 
 from gpu_cost.model import GPU_COLUMNS
+
+#: framebuffer readings above this (2 TiB, several times any GPU's memory) are garbage, e.g. DCGM's
+#: blank value 0x7ffffff0 for a field the driver could not read: dropped, never read as memory held
+MAX_MEM_MIB = float(1 << 21)
 
 
 def window_stats(
@@ -80,11 +85,11 @@ def lookback_stats(times: np.ndarray, util: np.ndarray, now: float, lookback_s: 
 
 
 def clean(util: np.ndarray, mem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return copies with impossible values (negative, > 100 %, inf) replaced by NaN."""
+    """Return copies with impossible values (negative, > 100 %, > MAX_MEM_MIB, inf) replaced by NaN."""
     u = np.array(util, dtype=float, copy=True)
     m = np.array(mem, dtype=float, copy=True)
     u[~np.isfinite(u) | (u < 0) | (u > 100)] = np.nan
-    m[~np.isfinite(m) | (m < 0)] = np.nan
+    m[~np.isfinite(m) | (m < 0) | (m > MAX_MEM_MIB)] = np.nan
     return u, m
 
 

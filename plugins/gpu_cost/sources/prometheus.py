@@ -16,7 +16,8 @@ Series are resampled on the policy's ``sample_interval`` grid with subqueries
 for the simulator and traces, so ``stale`` and ``bursts_lb`` mean the same thing for every
 source. Utilisation prefers ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (a 0-1 ratio, scaled to %), falls
 back to ``DCGM_FI_DEV_GPU_UTIL`` and then to nvidia_gpu_exporter's
-``nvidia_smi_utilization_gpu_ratio``. Values outside 0-100 % are dropped, never read as idle.
+``nvidia_smi_utilization_gpu_ratio``. Values outside 0-100 % are dropped, never read as idle;
+framebuffer readings below 0 or above ``aggregate.MAX_MEM_MIB`` are dropped, never read as held.
 
 The server comes from the Airflow connection ``gpu_cost_prometheus`` (``AIRFLOW_CONN_GPU_COST_PROMETHEUS``
 as a URI or JSON, or Airflow's own lookup), else ``GPU_COST_PROMETHEUS_URL``. Connection extras:
@@ -211,8 +212,11 @@ class Dialects:
         return f"({_by(self.util_raw())}) >= 0 <= 100"
 
     def mem_used(self) -> str:
+        """Framebuffer used (MiB) per GPU, negative and absurd values dropped (as aggregate.clean)."""
+        from gpu_cost.aggregate import MAX_MEM_MIB
+
         return (f"({_by(self.s('DCGM_FI_DEV_FB_USED') + ' or ' + self.s('nvidia_smi_memory_used_bytes') + ' / 1048576')})"
-                " >= 0")
+                f" >= 0 <= {MAX_MEM_MIB:.0f}")
 
     def mem_total(self) -> str:
         return _by(f"{self.s('DCGM_FI_DEV_FB_USED')} + {self.s('DCGM_FI_DEV_FB_FREE')}"
