@@ -55,6 +55,21 @@ def _current(ctx: ActionContext, name: str) -> Node | None:
     return None
 
 
+def _precheck(ctx: ActionContext, name: str, argv: Sequence[str]) -> Node | Outcome:
+    """Return the node as Slurm sees it now, or the outcome that ends the action: dry-run, re-check
+    failed, unknown node."""
+    cmd = shlex.join(argv)
+    if ctx.dry_run:
+        return Outcome("skipped", output="dry-run: nothing run", command=cmd, details={"node": name})
+    try:
+        node = _current(ctx, name)
+    except SourceError as exc:
+        return Outcome("failed", error=f"re-check of {name} failed: {exc}", command=cmd)
+    if node is None:
+        return Outcome("failed", error=f"Slurm does not know node {name}", command=cmd)
+    return node
+
+
 def _scontrol(ctx: ActionContext, argv: Sequence[str], name: str, what: str) -> Outcome:
     from gpu_cost.actions.slurm import classify
 
@@ -92,14 +107,9 @@ def power_down(d: Decision, ctx: ActionContext) -> Outcome:
         return Outcome("failed", error=f"{res.command} on {name} exited {res.rc}: {res.stderr.strip()[:300]}",
                        command=f"ssh {name} {res.command}")
     argv = ["scontrol", "update", f"nodename={name}", "state=POWER_DOWN", f"reason={reason}"]
-    if ctx.dry_run:
-        return Outcome("skipped", output="dry-run: nothing run", command=shlex.join(argv), details={"node": name})
-    try:
-        node = _current(ctx, name)
-    except SourceError as exc:
-        return Outcome("failed", error=f"re-check of {name} failed: {exc}", command=shlex.join(argv))
-    if node is None:
-        return Outcome("failed", error=f"Slurm does not know node {name}", command=shlex.join(argv))
+    node = _precheck(ctx, name, argv)
+    if isinstance(node, Outcome):
+        return node
     if node.state.endswith(("~", "%", "!")):
         return Outcome("succeeded", output=f"{name} already powered down ({node.state})", command=shlex.join(argv),
                        details={"node": name, "noop": True})
@@ -116,14 +126,9 @@ def power_up(d: Decision, ctx: ActionContext) -> Outcome:
     if d.evidence.get("outside_slurm"):
         return Outcome("skipped", error=f"{name} is outside Slurm: wake it with the site's IPMI / Wake-on-LAN")
     argv = ["scontrol", "update", f"nodename={name}", "state=POWER_UP"]
-    if ctx.dry_run:
-        return Outcome("skipped", output="dry-run: nothing run", command=shlex.join(argv), details={"node": name})
-    try:
-        node = _current(ctx, name)
-    except SourceError as exc:
-        return Outcome("failed", error=f"re-check of {name} failed: {exc}", command=shlex.join(argv))
-    if node is None:
-        return Outcome("failed", error=f"Slurm does not know node {name}", command=shlex.join(argv))
+    node = _precheck(ctx, name, argv)
+    if isinstance(node, Outcome):
+        return node
     if not node.state.endswith(("~", "%", "!")):
         return Outcome("succeeded", output=f"{name} already up ({node.state})", command=shlex.join(argv),
                        details={"node": name, "noop": True})

@@ -188,26 +188,23 @@ def _signal_argv(job: Job | None, jid: str, signal: str) -> list[str]:
     return ["scancel", f"--signal={signal}", "--full", jid]
 
 
+def _signal(d: Decision, ctx: ActionContext, signal: str, action: str) -> Outcome:
+    jid, job, early = _precheck(d, ctx, _signal_argv(None, job_id_of(d), signal))
+    if early:
+        return early
+    return _outcome(_run(ctx, _signal_argv(job, jid, signal)), jid, action, {"signal": signal})
+
+
 @register("terminate")
 def terminate(d: Decision, ctx: ActionContext) -> Outcome:
     """Ask a job to end: ``scancel --signal=TERM --full <id>`` (the batch shell and every step)."""
-    jid = job_id_of(d)
-    jid, job, early = _precheck(d, ctx, _signal_argv(None, jid, "TERM"))
-    if early:
-        return early
-    argv = _signal_argv(job, jid, "TERM")
-    return _outcome(_run(ctx, argv), jid, "terminate", {"signal": "TERM"})
+    return _signal(d, ctx, "TERM", "terminate")
 
 
 @register("kill")
 def kill(d: Decision, ctx: ActionContext) -> Outcome:
     """End a job now: ``scancel --signal=KILL --full <id>``."""
-    jid = job_id_of(d)
-    jid, job, early = _precheck(d, ctx, _signal_argv(None, jid, "KILL"))
-    if early:
-        return early
-    argv = _signal_argv(job, jid, "KILL")
-    return _outcome(_run(ctx, argv), jid, "kill", {"signal": "KILL"})
+    return _signal(d, ctx, "KILL", "kill")
 
 
 @register("cancel")

@@ -26,13 +26,15 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from gpu_cost.errors import SourceError
 from gpu_cost.model import Job, Node, labels_from_comment
 from gpu_cost.runner import LocalRunner, Runner, SSHRunner
 from gpu_cost.timeutil import epoch
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -317,15 +319,21 @@ def _items(doc: Mapping[str, Any], key: str, command: str) -> list[Mapping[str, 
     return items
 
 
+def _parse_each(doc: Mapping[str, Any], key: str, command: str, build: Callable[[Mapping[str, Any]], T],
+                ident: str) -> list[T]:
+    """Build every entry of ``doc[key]``; the first bad one raises SourceError naming its index and ``ident``."""
+    out = []
+    for i, d in enumerate(_items(doc, key, command)):
+        try:
+            out.append(build(d))
+        except (_Bad, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise SourceError(f"`{command}`: {key}[{i}] ({ident} {d.get(ident)!r:.30}): {exc}") from None
+    return out
+
+
 def parse_jobs(doc: Mapping[str, Any], command: str = "squeue --json") -> list[Job]:
     """Return the jobs of a ``squeue --json`` answer (either shape)."""
-    out = []
-    for i, d in enumerate(_items(doc, "jobs", command)):
-        try:
-            out.append(_job_from_squeue(d))
-        except (_Bad, ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise SourceError(f"`{command}`: jobs[{i}] (job_id {d.get('job_id')!r:.30}): {exc}") from None
-    return out
+    return _parse_each(doc, "jobs", command, _job_from_squeue, "job_id")
 
 
 def _job_from_squeue(d: Mapping[str, Any]) -> Job:
@@ -396,13 +404,7 @@ def _requested_gpus(d: Mapping[str, Any]) -> int:
 
 def parse_sacct(doc: Mapping[str, Any], command: str = "sacct --json") -> list[Job]:
     """Return the jobs of a ``sacct --json -X`` answer (either shape)."""
-    out = []
-    for i, d in enumerate(_items(doc, "jobs", command)):
-        try:
-            out.append(_job_from_sacct(d))
-        except (_Bad, ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise SourceError(f"`{command}`: jobs[{i}] (job_id {d.get('job_id')!r:.30}): {exc}") from None
-    return out
+    return _parse_each(doc, "jobs", command, _job_from_sacct, "job_id")
 
 
 def _job_from_sacct(d: Mapping[str, Any]) -> Job:
@@ -460,13 +462,7 @@ def parse_nodes(doc: Mapping[str, Any], command: str = "sinfo --json") -> list[N
             raise SourceError(f"`{command}`: a node group of 'sinfo' is malformed: {exc}") from None
         items = list(seen.values())
         doc = {"nodes": items}
-    out = []
-    for i, d in enumerate(_items(doc, "nodes", command)):
-        try:
-            out.append(_node(d))
-        except (_Bad, ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise SourceError(f"`{command}`: nodes[{i}] ({d.get('name')!r:.30}): {exc}") from None
-    return out
+    return _parse_each(doc, "nodes", command, _node, "name")
 
 
 def _node(d: Mapping[str, Any]) -> Node:
