@@ -147,16 +147,20 @@ def _backfill(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     return payload, f"wrote {lines} lines ({sc.gpu_count} GPUs, {iso(start)} → {iso(end)}) to {out}"
 
 
-def _state(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+def _host_state(args: argparse.Namespace, host: str) -> dict[str, Any]:
+    """Return what nvidia-smi would show on ``host`` of the scenario at ``--at`` (default now)."""
     from gpu_cost.sources.exporter import nvidia_smi_state
     from gpu_cost.sources.sim import SimCluster
 
     at = epoch(args.at) if args.at else time.time()
-    sc = _scenario(args.scenario)
     try:
-        state = nvidia_smi_state(SimCluster(sc, anchor=at), args.host, at)
+        return nvidia_smi_state(SimCluster(_scenario(args.scenario), anchor=at), host, at)
     except ValueError as exc:
         raise GpuCostError(str(exc)) from None
+
+
+def _state(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    state = _host_state(args, args.host)
     Path(args.out).write_text(json.dumps(state, indent=1), encoding="utf-8")
     return {"out": args.out, "gpus": len(state["gpus"]), "processes": len(state["processes"])}, \
         f"wrote {args.out}: {len(state['gpus'])} GPUs, {len(state['processes'])} processes"
@@ -175,15 +179,7 @@ def load_fake_nvidia_smi() -> Any:
 
 
 def _nvidia_smi(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from gpu_cost.sources.exporter import nvidia_smi_state
-    from gpu_cost.sources.sim import SimCluster
-
-    at = epoch(args.at) if args.at else time.time()
-    sc = _scenario(args.scenario)
-    try:
-        state = nvidia_smi_state(SimCluster(sc, anchor=at), args.node, at)
-    except ValueError as exc:
-        raise GpuCostError(str(exc)) from None
+    state = _host_state(args, args.node)
     argv = [a for a in args.args if a != "--"] if args.args[:1] == ["--"] else list(args.args)
     rc, out, err = load_fake_nvidia_smi().render(argv, state)
     sys.stdout.write(out)
