@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpu_cost.connections import airflow_connection
 from gpu_cost.model import Decision
 from gpu_cost.policy.schema import Policy
 
@@ -104,7 +105,7 @@ def _send(store: AuditStore, d: Decision, channel: str, text: str, run_id: str, 
         if row is not None and row["status"] != "started":
             return {"sent": row["status"] == "succeeded", "action_id": aid, "repeated": False}
         store.execute("action_retry", {"action_id": aid})
-    conn = notify._connection(conn_id)
+    conn = airflow_connection(conn_id)
     if conn is None:
         store.action_finished(aid, "failed", time.time(), error=f"connection {conn_id} is not configured")
         store.set_decision_status(d.decision_id, "failed")

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_cost import paths
 from gpu_cost.actions.base import ActionContext, Outcome, register
+from gpu_cost.connections import airflow_connection
 from gpu_cost.errors import ActionError
 from gpu_cost.model import Decision
 from gpu_cost.policy.schema import Person, Policy
@@ -308,7 +309,7 @@ def deliver(msg: Message, rcpts: Sequence[Recipient], policy: Policy, *, sleep: 
             slack_conn_id: str = SLACK_CONN_ID, smtp_conn_id: str = SMTP_CONN_ID) -> list[Delivery]:
     """Send ``msg`` to ``rcpts``: Slack where possible, then e-mail to whoever Slack did not reach."""
     out: list[Delivery] = []
-    slack_conn = _connection(slack_conn_id)
+    slack_conn = airflow_connection(slack_conn_id)
     use_mail = policy.notifications.email_fallback or slack_conn is None
     mail_can_help = use_mail and any(r.email for r in rcpts)
     reached: set[str] = set()
@@ -333,7 +334,7 @@ def deliver(msg: Message, rcpts: Sequence[Recipient], policy: Policy, *, sleep: 
         reached = {u for dl in out if dl.ok for u in dl.to}
     rest = [r for r in rcpts if r.user not in reached and r.email]
     if rest and use_mail:
-        smtp_conn = _connection(smtp_conn_id)
+        smtp_conn = airflow_connection(smtp_conn_id)
         if smtp_conn is None:
             out.append(Delivery("email", False, [r.user for r in rest], error=f"connection {smtp_conn_id} is not configured"))
         else:
@@ -466,17 +467,6 @@ def send_email(conn_id: str, msg: Message, to: Sequence[str], *, secrets: Sequen
 
 
 # -- connections and secrets -----------------------------------------------------------------------
-def _connection(conn_id: str) -> Any | None:
-    """Return the Airflow connection, or None when it is not configured."""
-    try:
-        from airflow.sdk import BaseHook
-
-        return BaseHook.get_connection(conn_id)
-    except Exception as exc:
-        logger.info("connection %s is not configured (%s)", conn_id, type(exc).__name__)
-        return None
-
-
 def _secrets(conn: Any) -> list[str]:
     out = []
     for value in (getattr(conn, "password", None), getattr(conn, "host", None) if "://" in str(getattr(conn, "host", "")) else None):
@@ -552,12 +542,12 @@ def approval_notifier(conn_id: str = SLACK_CONN_ID, channel: str | None = None) 
             try:
                 self._notify(context)
             except Exception as exc:
-                conn = _connection(self.slack_conn_id)
+                conn = airflow_connection(self.slack_conn_id)
                 logger.warning("approval notice not sent: %s", _scrub(f"{type(exc).__name__}: {exc}",
                                                                       _secrets(conn) if conn else []))
 
         def _notify(self, context: Any) -> None:
-            conn = _connection(self.slack_conn_id)
+            conn = airflow_connection(self.slack_conn_id)
             if conn is None:
                 logger.info("no %s connection: approval request not announced on Slack", self.slack_conn_id)
                 return

@@ -133,9 +133,9 @@ def finish(prep: Mapping[str, Any] | None, approval: Mapping[str, Any] | None,
 
 def action_context(policy: Policy, *, dry_run: bool, now: float, run_id: str, store: Any) -> ActionContext:
     """Return the executors' context: Slurm locally or on the login node, nodes over SSH."""
-    from gpu_cost.actions.notify import _connection
+    from gpu_cost.connections import airflow_connection
 
-    slurm: Runner = SSHRunner(SLURM_SSH_CONN_ID) if _connection(SLURM_SSH_CONN_ID) is not None else LocalRunner()
+    slurm: Runner = SSHRunner(SLURM_SSH_CONN_ID) if airflow_connection(SLURM_SSH_CONN_ID) is not None else LocalRunner()
     node_runner: Callable[[str], Runner] = lambda host: SSHRunner(NODE_SSH_CONN_ID, host=host)  # noqa: E731
     return ActionContext(policy=policy, dry_run=dry_run, now=now, run_id=run_id, slurm=slurm,
                          node_runner=node_runner, sleep=time.sleep, extra={"store": store})

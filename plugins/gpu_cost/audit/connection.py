@@ -8,14 +8,11 @@ file under ``GPU_COST_HOME`` (``~/.gpu_cost/audit.db``). Passwords never reach l
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import sys
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, urlsplit
 
-from gpu_cost import paths
+from gpu_cost import connections, paths
 from gpu_cost.errors import AuditError
 
 logger = logging.getLogger(__name__)
@@ -23,62 +20,14 @@ logger = logging.getLogger(__name__)
 CONN_ID = "gpu_cost_db"
 
 
-def conn_env_var(conn_id: str) -> str:
-    return f"AIRFLOW_CONN_{conn_id.upper()}"
-
-
 def audit_url(conn_id: str = CONN_ID) -> str:
     """Return the SQLAlchemy URL of the audit store."""
-    raw = os.environ.get(conn_env_var(conn_id))
-    if raw:
-        return url_from_conn(_parse_env(raw, conn_id))
-    if "airflow" in sys.modules and os.environ.get("GPU_COST_AIRFLOW_LOOKUP", "1") == "1":
-        conn = _airflow_lookup(conn_id)
-        if conn is not None:
-            return url_from_conn(conn)
+    conn = connections.lookup(conn_id, AuditError)
+    if conn is not None:
+        return url_from_conn(conn)
     path = paths.state_dir() / "audit.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
-
-
-def _parse_env(raw: str, conn_id: str) -> dict[str, Any]:
-    raw = raw.strip()
-    if raw.startswith("{"):
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise AuditError(f"{conn_env_var(conn_id)}: not valid JSON: {exc.msg}") from None
-        return dict(data)
-    parts = urlsplit(raw)
-    scheme = parts.scheme.split("+")[0]
-    if scheme == "sqlite":
-        # Airflow: sqlite://<path as host>; SQLAlchemy: sqlite:////abs/path
-        path = unquote(parts.netloc + parts.path) if parts.netloc else unquote(parts.path)
-        if raw.startswith("sqlite:////"):
-            path = "/" + raw[len("sqlite:////"):]
-        elif raw.startswith("sqlite:///"):
-            path = raw[len("sqlite:///"):]
-        return {"conn_type": "sqlite", "host": path}
-    return {
-        "conn_type": "postgres" if scheme in ("postgres", "postgresql") else scheme,
-        "host": parts.hostname,
-        "port": parts.port,
-        "login": unquote(parts.username) if parts.username else None,
-        "password": unquote(parts.password) if parts.password else None,
-        "schema": parts.path.lstrip("/") or None,
-    }
-
-
-def _airflow_lookup(conn_id: str) -> dict[str, Any] | None:
-    try:
-        from airflow.sdk import BaseHook
-
-        c = BaseHook.get_connection(conn_id)
-    except Exception as exc:
-        logger.debug("no Airflow connection %s: %s", conn_id, type(exc).__name__)
-        return None
-    return {"conn_type": c.conn_type, "host": c.host, "port": c.port, "login": c.login, "password": c.password,
-            "schema": c.schema, "extra": c.extra_dejson}
 
 
 def url_from_conn(conn: dict[str, Any]) -> str:

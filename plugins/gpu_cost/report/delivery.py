@@ -17,6 +17,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from gpu_cost.connections import airflow_connection
 from gpu_cost.errors import GpuCostError
 from gpu_cost.policy.schema import Policy
 
@@ -30,22 +31,12 @@ def slack_text(kpis: Mapping[str, Any], link: str | None) -> str:
     return str(_env().get_template("slack.txt.j2").render(k=kpis, link=link)).strip()
 
 
-def _connection(conn_id: str) -> Any | None:
-    try:
-        from airflow.sdk import BaseHook
-
-        return BaseHook.get_connection(conn_id)
-    except Exception as exc:  # not found / no secrets backend: both mean "not configured"
-        logger.debug("connection %s lookup: %s", conn_id, exc)
-        return None
-
-
 def post_report(result: Mapping[str, Any], policy: Policy, conn_id: str) -> dict[str, Any]:
     """Post the summary and the main chart of a written report; return what was done."""
     from gpu_cost.report.charts import MAIN_CHART
     from gpu_cost.report.render import _root
 
-    conn = _connection(conn_id)
+    conn = airflow_connection(conn_id)
     if conn is None:
         logger.info("Slack connection %s is not configured: report not posted (it is at %s)", conn_id, result["report"])
         return {"posted": False, "why": f"connection {conn_id} not configured"}

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shlex
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_cost import connections
 from gpu_cost.errors import SourceError
 from gpu_cost.model import GpuProcess
 from gpu_cost.runner import Runner
@@ -198,27 +197,8 @@ def parse_inspect(text: str, host: str) -> NodeInspection:
 
 
 def _conn_extra(conn_id: str) -> dict[str, Any] | None:
-    raw = os.environ.get(f"AIRFLOW_CONN_{conn_id.upper()}")
-    if raw:
-        raw = raw.strip()
-        if raw.startswith("{"):
-            try:
-                extra = json.loads(raw).get("extra") or {}
-            except (json.JSONDecodeError, AttributeError):
-                raise SourceError(f"AIRFLOW_CONN_{conn_id.upper()}: not a valid JSON connection") from None
-            return json.loads(extra) if isinstance(extra, str) else dict(extra)
-        from urllib.parse import parse_qsl, urlsplit
-
-        q = dict(parse_qsl(urlsplit(raw).query))
-        return json.loads(q["__extra__"]) if "__extra__" in q else q
-    if "airflow" in sys.modules and os.environ.get("GPU_COST_AIRFLOW_LOOKUP", "1") == "1":
-        try:
-            from airflow.sdk import BaseHook
-
-            return dict(BaseHook.get_connection(conn_id).extra_dejson)
-        except Exception as exc:
-            logger.debug("no Airflow connection %s: %s", conn_id, type(exc).__name__)
-    return None
+    conn = connections.lookup(conn_id, SourceError)
+    return None if conn is None else dict(conn.get("extra") or {})
 
 
 def configured(conn_id: str = CONN_ID) -> bool:
@@ -242,7 +222,7 @@ class NodeAccess:
     def from_connection(cls, conn_id: str = CONN_ID) -> NodeAccess:
         extra = _conn_extra(conn_id)
         if extra is None:
-            raise SourceError(f"no node SSH connection: set the Airflow connection {conn_id} (AIRFLOW_CONN_{conn_id.upper()})")
+            raise SourceError(f"no node SSH connection: set the Airflow connection {conn_id} ({connections.env_var(conn_id)})")
         cmd = extra.get("node_command") or WRAPPER
         command = tuple(shlex.split(cmd)) if isinstance(cmd, str) else tuple(str(c) for c in cmd)
         hosts = extra.get("hosts") or {}

@@ -29,20 +29,17 @@ a GPU missing from some answers is *stale*, never idle.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 import numpy as np
 
-from gpu_cost.audit.connection import _airflow_lookup, conn_env_var
+from gpu_cost import connections
 from gpu_cost.errors import SourceError
 
 logger = logging.getLogger(__name__)
@@ -88,51 +85,18 @@ def configured(conn_id: str = CONN_ID) -> bool:
 
 def prometheus_config(conn_id: str = CONN_ID) -> PromConfig:
     """Return the configuration of the Prometheus server the agent reads."""
-    raw = os.environ.get(conn_env_var(conn_id))
-    if raw:
-        return _config_from_conn(_parse_conn(raw, conn_id), conn_id)
-    if "airflow" in sys.modules and os.environ.get("GPU_COST_AIRFLOW_LOOKUP", "1") == "1":
-        conn = _airflow_lookup(conn_id)
-        if conn is not None:
-            return _config_from_conn(conn, conn_id)
+    conn = connections.lookup(conn_id, SourceError)
+    if conn is not None:
+        return _config_from_conn(conn, conn_id)
     url = os.environ.get(URL_ENV)
     if url:
         return PromConfig(url=url.rstrip("/"))
     raise SourceError(f"no Prometheus configured: set the Airflow connection {conn_id} "
-                      f"({conn_env_var(conn_id)}) or {URL_ENV}")
-
-
-def _parse_conn(raw: str, conn_id: str) -> dict[str, Any]:
-    raw = raw.strip()
-    if raw.startswith("{"):
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise SourceError(f"{conn_env_var(conn_id)}: not valid JSON: {exc.msg}") from None
-        if not isinstance(data, dict):
-            raise SourceError(f"{conn_env_var(conn_id)}: must be a JSON object")
-        return data
-    parts = urlsplit(raw)
-    if not parts.hostname:
-        raise SourceError(f"{conn_env_var(conn_id)}: no host in {raw!r}")
-    extra = dict(parse_qsl(parts.query))
-    if "__extra__" in extra:
-        extra = json.loads(extra["__extra__"])
-    return {
-        "conn_type": parts.scheme, "host": parts.hostname, "port": parts.port,
-        "login": unquote(parts.username) if parts.username else None,
-        "password": unquote(parts.password) if parts.password else None,
-        "schema": parts.path.lstrip("/") or None, "extra": extra,
-    }
+                      f"({connections.env_var(conn_id)}) or {URL_ENV}")
 
 
 def _config_from_conn(conn: Mapping[str, Any], conn_id: str) -> PromConfig:
     extra = conn.get("extra") or {}
-    if isinstance(extra, str):
-        try:
-            extra = json.loads(extra) if extra.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise SourceError(f"connection {conn_id}: extra is not valid JSON: {exc.msg}") from None
     host = str(conn.get("host") or "")
     if not host:
         raise SourceError(f"connection {conn_id}: no host")
