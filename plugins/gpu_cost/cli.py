@@ -28,6 +28,10 @@ def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 
 
+def add_policy(p: argparse.ArgumentParser, what: str = "policy file") -> None:
+    p.add_argument("--policy", help=f"{what} (default: GPU_COST_POLICY or the shipped default)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-cost", description="GPU Cost Agent: find and reclaim wasted GPU time.")
     parser.add_argument("--version", action="version", version=f"gpu-cost {__version__}")

@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from gpu_cost.cli import add_json
+from gpu_cost.cli import add_json, add_policy
 from gpu_cost.errors import GpuCostError
 from gpu_cost.timeutil import epoch, format_duration, iso
 
@@ -46,7 +46,7 @@ def register(sub: Any) -> None:
     n.add_argument("--source", choices=["sim", "slurm", "store", "trace"], default="sim", help="job history source")
     n.add_argument("--jobs", help="jobs trace (source trace)")
     n.add_argument("--at", help="instant of the run (ISO 8601 or epoch; default: now, floored to the hour)")
-    n.add_argument("--policy", help="policy file (default: GPU_COST_POLICY or the shipped default)")
+    add_policy(n)
     n.add_argument("--workers", type=int, default=1, help="processes fitting batches in parallel")
     add_json(n)
     n.set_defaults(handler=_nightly)

@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from gpu_cost.cli import add_json
+from gpu_cost.cli import add_json, add_policy
 from gpu_cost.policy import load_policy
 from gpu_cost.timeutil import epoch, iso
 
@@ -17,12 +17,12 @@ def register(sub: Any) -> None:
     plan = psub.add_parser("plan", help="show which nodes the off-hours run would power down / up now")
     plan.add_argument("--source", choices=["sim", "slurm", "prometheus"], default=None,
                       help="sim (default with the shipped policy), slurm (nodes and jobs), prometheus (with GPU metrics)")
-    plan.add_argument("--policy", help="policy file (default: GPU_COST_POLICY or the shipped default)")
+    add_policy(plan)
     plan.add_argument("--at", help="instant to plan for (ISO 8601 or epoch; default: now)")
     add_json(plan)
     plan.set_defaults(handler=_plan)
     week = psub.add_parser("week", help="what the default policy would save over a simulated week")
-    week.add_argument("--policy", help="policy file (default: GPU_COST_POLICY or the shipped default)")
+    add_policy(week)
     week.add_argument("--nodes", type=int, default=16, help="simulated nodes (8 GPUs each)")
     week.add_argument("--days", type=float, default=7.0)
     week.add_argument("--seed", type=int, default=0)

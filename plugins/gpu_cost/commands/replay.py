@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpu_cost.cli import add_json
+from gpu_cost.cli import add_json, add_policy
 
 
 def register(sub: Any) -> None:
@@ -15,7 +15,7 @@ def register(sub: Any) -> None:
     p.add_argument("--samples", help="GPU samples (CSV or Parquet: ts, host, gpu, util, mem_used_mib, ...); "
                                      "without it only allocated GPU-hours can be reported")
     p.add_argument("--jobs", required=True, help="jobs (CSV or Parquet: job_id, user, start_ts, ...)")
-    p.add_argument("--policy", help="policy file (default: GPU_COST_POLICY or the shipped default)")
+    add_policy(p)
     p.add_argument("--mode", choices=["enforce", "notify", "dry-run"], default="enforce",
                    help="replay as if in this mode (default: enforce)")
     p.add_argument("--approvals", choices=["approve", "reject"], default="approve",

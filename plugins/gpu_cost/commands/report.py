@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from gpu_cost.cli import add_json
+from gpu_cost.cli import add_json, add_policy
 from gpu_cost.errors import GpuCostError
 
 
@@ -15,7 +15,7 @@ def register(sub: Any) -> None:
     p.add_argument("--since", help="start, ISO 8601 or epoch (default: Monday of the previous week)")
     p.add_argument("--until", help="end, exclusive (default: Monday of this week)")
     p.add_argument("--out", help="folder or URL (default: GPU_COST_REPORT_DIR or the policy's report.out_dir)")
-    p.add_argument("--policy", help="policy file (default: GPU_COST_POLICY or the shipped default)")
+    add_policy(p)
     add_json(p)
     p.set_defaults(handler=_report)
 

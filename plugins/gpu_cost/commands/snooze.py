@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.cli import add_json
+from gpu_cost.cli import add_json, add_policy
 from gpu_cost.errors import GpuCostError
 from gpu_cost.timeutil import epoch, iso, parse_duration
 
@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
     when.add_argument("--until", help="until when (ISO 8601 or epoch seconds)")
     p.add_argument("--reason", help="the justification (required)")
     p.add_argument("--by", help="who asks (default: the current user)")
-    p.add_argument("--policy", help="policy file bounding the duration (default: GPU_COST_POLICY or the shipped one)")
+    add_policy(p, "policy file bounding the duration")
     p.add_argument("--list", action="store_true", help="list the snoozes in force")
     add_json(p)
     p.set_defaults(handler=_snooze)

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.cli import add_json
+from gpu_cost.cli import add_json, add_policy
 from gpu_cost.policy import load_policy
 from gpu_cost.sweep import run_once
 from gpu_cost.timeutil import epoch, iso
@@ -18,7 +18,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("sweep", help="run one sweep now, outside Airflow")
     p.add_argument("--source", choices=["sim", "prometheus"], help="data source (default: the policy's)")
     p.add_argument("--mode", choices=["dry-run", "notify", "enforce"], help="override the policy's mode")
-    p.add_argument("--policy", help="policy file (default: GPU_COST_POLICY or the shipped default)")
+    add_policy(p)
     p.add_argument("--scenario", help="simulator scenario file (source sim)")
     p.add_argument("--at", help="instant to look at (ISO 8601 or epoch; default: now)")
     add_json(p)
