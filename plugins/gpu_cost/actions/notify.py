@@ -358,30 +358,21 @@ def send_webhook(conn_id: str, text: str, *, sleep: Callable[[float], None], sec
 
     dl = Delivery("slack-webhook", False)
     try:
-        # our own retry loop below reports every attempt; the SDK's own handlers would hide them
+        # our own retry loop reports every attempt; the SDK's own handlers would hide them
         client = SlackWebhookHook(slack_webhook_conn_id=conn_id, retry_handlers=[]).client
     except Exception as exc:
         dl.error = _scrub(f"{type(exc).__name__}: {exc}", secrets)
         return dl
     body = {"text": text, "unfurl_links": False}
-    for attempt in range(1, MAX_ATTEMPTS + 1):
+
+    def attempt() -> tuple[int, dict[str, Any], str]:
         try:
             resp = client.send_dict(body)
-            status, headers, answer = int(resp.status_code), dict(resp.headers or {}), str(resp.body or "")
+            return int(resp.status_code), dict(resp.headers or {}), str(resp.body or "")
         except Exception as exc:
-            status, headers, answer = 0, {}, _scrub(f"{type(exc).__name__}: {exc}", secrets)
-        wait = _retry_wait(status, headers, attempt)
-        dl.attempts.append({"attempt": attempt, "status": status, "retry_in_s": wait})
-        if 200 <= status < 300:
-            dl.ok = True
-            return dl
-        dl.error = f"HTTP {status or 'error'}: {_scrub(answer, secrets)[:200]}"
-        if wait is None or attempt == MAX_ATTEMPTS:
-            return dl
-        logger.warning("Slack webhook answered %s; retrying in %.1fs (attempt %d/%d)", status or "error", wait,
-                       attempt, MAX_ATTEMPTS)
-        sleep(wait)
-    return dl
+            return 0, {}, _scrub(f"{type(exc).__name__}: {exc}", secrets)
+
+    return _with_retries(dl, attempt, "Slack webhook", sleep, secrets)
 
 
 def send_api(conn_id: str, channel: str, text: str, *, sleep: Callable[[float], None],
@@ -396,27 +387,38 @@ def send_api(conn_id: str, channel: str, text: str, *, sleep: Callable[[float], 
     except Exception as exc:
         dl.error = _scrub(f"{type(exc).__name__}: {exc}", secrets)
         return dl
-    for attempt in range(1, MAX_ATTEMPTS + 1):
+
+    def attempt() -> tuple[int, dict[str, Any], str]:
         try:
             client.chat_postMessage(channel=channel, text=text, unfurl_links=False)
-            status, headers, answer = 200, {}, ""
+            return 200, {}, ""
         except SlackApiError as exc:
             status = int(getattr(exc.response, "status_code", 0) or 0)
             headers = dict(getattr(exc.response, "headers", {}) or {})
             answer = str(exc.response.get("error", "")) if exc.response is not None else str(exc)
-            if status == 200:  # Slack said ok=false (channel_not_found, not_authed...): not retryable
-                status = 400
+            # Slack said ok=false (channel_not_found, not_authed...): not retryable
+            return (400 if status == 200 else status), headers, answer
         except Exception as exc:
-            status, headers, answer = _status_of(exc), {}, f"{type(exc).__name__}: {exc}"
-        wait = _retry_wait(status, headers, attempt)
-        dl.attempts.append({"attempt": attempt, "status": status, "retry_in_s": wait})
-        if status == 200:
+            return _status_of(exc), {}, f"{type(exc).__name__}: {exc}"
+
+    return _with_retries(dl, attempt, "Slack API", sleep, secrets)
+
+
+def _with_retries(dl: Delivery, attempt: Callable[[], tuple[int, dict[str, Any], str]], what: str,
+                  sleep: Callable[[float], None], secrets: Sequence[str]) -> Delivery:
+    """Call ``attempt`` (→ HTTP status, headers, answer) until a 2xx or a final answer, at most
+    :data:`MAX_ATTEMPTS` times, waiting as :func:`_retry_wait` says; every attempt is recorded in ``dl``."""
+    for n in range(1, MAX_ATTEMPTS + 1):
+        status, headers, answer = attempt()
+        wait = _retry_wait(status, headers, n)
+        dl.attempts.append({"attempt": n, "status": status, "retry_in_s": wait})
+        if 200 <= status < 300:
             dl.ok = True
             return dl
         dl.error = f"HTTP {status or 'error'}: {_scrub(answer, secrets)[:200]}"
-        if wait is None or attempt == MAX_ATTEMPTS:
+        if wait is None or n == MAX_ATTEMPTS:
             return dl
-        logger.warning("Slack API answered %s; retrying in %.1fs (attempt %d/%d)", status or "error", wait, attempt,
+        logger.warning("%s answered %s; retrying in %.1fs (attempt %d/%d)", what, status or "error", wait, n,
                        MAX_ATTEMPTS)
         sleep(wait)
     return dl
