@@ -135,12 +135,17 @@ def waste_by_team(k: Mapping[str, Any]) -> bytes:
                 va="center", fontsize=9, color=INK)
     ax.set_xlim(0, top * 1.38)
     ax.set_xlabel("GPU-hours")
-    ax.grid(axis="x", color=GRID)
-    ax.set_axisbelow(True)
-    for s in ("top", "right"):
-        ax.spines[s].set_visible(False)
-    ax.legend(loc="lower right", frameon=False, fontsize=9)
+    _frame(ax, "x", loc="lower right")
     return _png(plt, fig)
+
+
+def _frame(ax: Any, grid: str, **legend: Any) -> None:
+    """The house style: light grid along ``grid`` behind the data, no top/right spines, a plain legend."""
+    ax.grid(axis=grid, color=GRID)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.legend(frameon=False, fontsize=9, **legend)
 
 
 def cumulative_savings(k: Mapping[str, Any]) -> bytes:
@@ -187,10 +192,7 @@ def cumulative_savings(k: Mapping[str, Any]) -> bytes:
     ax.set_xlim(dt.datetime.fromtimestamp(since, tz=dt.UTC), dt.datetime.fromtimestamp(until, tz=dt.UTC))
     ax.set_ylim(bottom=0)
     ax.set_ylabel("GPU-hours")
-    ax.grid(axis="y", color=GRID)
-    for s in ("top", "right"):
-        ax.spines[s].set_visible(False)
-    ax.legend(loc="upper left", frameon=False, fontsize=9)
+    _frame(ax, "y", loc="upper left")
     return _png(plt, fig)
 
 
@@ -224,11 +226,7 @@ def actions_over_time(k: Mapping[str, Any]) -> bytes:
                 label="would have (dry-run)")
     ax.set_xticks(x, labels)
     ax.set_ylabel("events")
-    ax.grid(axis="y", color=GRID)
-    ax.set_axisbelow(True)
-    for s in ("top", "right"):
-        ax.spines[s].set_visible(False)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize=9)
+    _frame(ax, "y", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _png(plt, fig)
 
 
