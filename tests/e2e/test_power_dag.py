@@ -10,6 +10,7 @@ import pendulum
 import pytest
 
 from gpu_cost.audit.store import AuditStore
+from tests.fixtures.airflow_db import fresh_dag
 from tests.fixtures.airflow_db import respond_when_waiting as _respond
 
 pytestmark = pytest.mark.e2e
@@ -37,14 +38,7 @@ def respond_when_waiting(dag_id: str, task_id: str, chosen: list[str], timeout: 
 
 @pytest.fixture
 def dag(airflow_db):  # type: ignore[no-untyped-def]
-    """A freshly parsed DAG (``dag.test(run_conf=...)`` leaves the conf in the DAG's params)."""
-    from airflow.dag_processing.dagbag import DagBag
-
-    from tests.fixtures.core import ROOT
-
-    bag = DagBag(dag_folder=str(ROOT / "dags" / f"{DAG_ID}.py"))
-    assert not bag.import_errors, bag.import_errors
-    return bag.dags[DAG_ID]
+    return fresh_dag(DAG_ID)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpu_cost.audit.store import AuditStore
+from tests.fixtures.airflow_db import fresh_dag
 from tests.fixtures.airflow_db import respond_when_waiting as _respond
 from tests.unit.policy.helpers import Effects, install
 
@@ -37,13 +38,8 @@ def respond_when_waiting(dag_id: str, task_id: str, chosen: list[str], timeout: 
 
 @pytest.fixture(scope="module")
 def sweep_dag():  # type: ignore[no-untyped-def]
-    """A DAG object of our own: ``dag.test(run_conf=...)`` leaves the conf in the DAG's params,
-    so the session's shared dagbag must not see our enforce-mode policies."""
-    from airflow.dag_processing.dagbag import DagBag
-
-    from tests.fixtures.core import ROOT
-
-    return DagBag(dag_folder=str(ROOT / "dags" / "gpu_zombie_sweep.py")).dags["gpu_zombie_sweep"]
+    """Our own DAG object: the session's shared dagbag must not see our enforce-mode policies."""
+    return fresh_dag("gpu_zombie_sweep")
 
 
 @pytest.fixture
