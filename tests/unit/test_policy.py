@@ -10,6 +10,7 @@ from gpu_cost.errors import PolicyError
 from gpu_cost.policy import load_policy, parse_policy
 from gpu_cost.policy.schema import Policy
 from tests.fixtures.core import ROOT
+from tests.unit.policy.helpers import assert_policy_error
 
 
 def test_shipped_policies_load_and_are_inert() -> None:
@@ -69,11 +70,7 @@ BAD = [
 
 @pytest.mark.parametrize(("text", "pattern"), [(t, p) for _, t, p in BAD], ids=[i for i, _, _ in BAD])
 def test_bad_policy_names_file_path_and_reason(tmp_path: Path, text: str, pattern: str) -> None:
-    f = tmp_path / "bad.yaml"
-    f.write_text(text)
-    with pytest.raises(PolicyError, match=pattern) as exc:
-        load_policy(f)
-    assert str(exc.value).startswith(str(f))
+    assert_policy_error(tmp_path / "bad.yaml", text, pattern)
 
 
 def test_missing_file() -> None:

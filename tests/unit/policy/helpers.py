@@ -36,6 +36,19 @@ def process_finding(pid: int = 4242, *, user: str = "bob", gpus: int = 1, now: f
                              "util_max": 5})
 
 
+def assert_policy_error(path: Any, text: str, pattern: str) -> None:
+    """Write ``text`` to ``path``: loading it must raise PolicyError matching ``pattern``, starting with the file."""
+    import pytest
+
+    from gpu_cost.errors import PolicyError
+    from gpu_cost.policy import load_policy
+
+    path.write_text(text)
+    with pytest.raises(PolicyError, match=pattern) as exc:
+        load_policy(path)
+    assert str(exc.value).startswith(f"{path}: ")
+
+
 def policy_from(text: str = "", **top: Any) -> Policy:
     p = parse_policy(text, "<test>")
     if top:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost.errors import PolicyError
-from gpu_cost.policy import load_policy, parse_policy
+from gpu_cost.policy import parse_policy
+from tests.unit.policy.helpers import assert_policy_error
 
 BAD = [
     ("demote-after-kill", "rules: {idle_allocation: {ladder: [{action: kill}, {action: demote}]}}",
@@ -35,11 +35,7 @@ BAD = [
 
 @pytest.mark.parametrize(("text", "pattern"), [(t, p) for _, t, p in BAD], ids=[i for i, _, _ in BAD])
 def test_contradictions_name_file_path_and_reason(tmp_path: Path, text: str, pattern: str) -> None:
-    f = tmp_path / "p.yaml"
-    f.write_text(text)
-    with pytest.raises(PolicyError, match=pattern) as exc:
-        load_policy(f)
-    assert str(exc.value).startswith(f"{f}: ")
+    assert_policy_error(tmp_path / "p.yaml", text, pattern)
 
 
 GOOD = [
