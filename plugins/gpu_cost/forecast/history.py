@@ -171,14 +171,25 @@ def store_jobs(store: AuditStore, since: float, until: float) -> pd.DataFrame:
     return normalise_jobs(out, "audit store job rows")
 
 
-def sim_jobs(now: float, days: float, *, nodes: int = 16, seed: int = 0) -> pd.DataFrame:
-    """Return the simulator's job trace over the ``days`` before ``now`` (fast, deterministic)."""
-    from gpu_cost.sources.sim import SimCluster, generate_scenario
+def sim_jobs(now: float, days: float, *, nodes: int = 16, seed: int = 0, with_scenario: bool = False) -> pd.DataFrame:
+    """Return the simulator's job trace over the ``days`` before ``now`` (fast, deterministic).
 
-    scen = generate_scenario(nodes=nodes, days=days, seed=seed)
-    trace = SimCluster(scen, now).jobs_trace(now - days * 86400.0, now)
-    if trace.empty:
+    The history is a generated ``nodes``-node cluster; with ``with_scenario`` the jobs of the
+    simulated cluster the sweep observes (the shipped or ``GPU_COST_SCENARIO`` scenario, anchored at
+    ``now`` as the sweep anchors it) are added, so its running jobs get end-time forecasts too.
+    """
+    import pandas as pd
+
+    from gpu_cost.sources.sim import SimCluster, generate_scenario, load_scenario
+
+    start = now - days * 86400.0
+    traces = [SimCluster(generate_scenario(nodes=nodes, days=days, seed=seed), now).jobs_trace(start, now)]
+    if with_scenario:
+        traces.append(SimCluster(load_scenario(), now).jobs_trace(start, now))
+    traces = [t for t in traces if not t.empty]
+    if not traces:
         return jobs_frame([])
+    trace = pd.concat(traces, ignore_index=True)
     trace = trace.assign(end_ts=trace["end_ts"].where(trace["end_ts"].notna() & (trace["end_ts"] <= now)))
     return normalise_jobs(trace, "simulator")
 

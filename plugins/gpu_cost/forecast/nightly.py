@@ -55,7 +55,7 @@ def load_history(policy: Policy, now: float, source: str, store: AuditStore | No
     days = policy.forecast.history / 86400.0
     since = now - policy.forecast.history
     if source == "sim":
-        return hist_mod.sim_jobs(now, min(days, policy.forecast.sim_days), nodes=sim_nodes)
+        return hist_mod.sim_jobs(now, min(days, policy.forecast.sim_days), nodes=sim_nodes, with_scenario=True)
     if source == "trace":
         if not jobs_path:
             raise GpuCostError("forecast: source 'trace' needs a jobs file (param 'jobs')")

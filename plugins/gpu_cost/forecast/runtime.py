@@ -12,7 +12,9 @@ time since the class last finished a job. The conditional distribution of the ra
 features is read off the training jobs nearest in that feature space (k nearest neighbours): its
 median is the point estimate, its 90th percentile the p90. Sparse classes thereby borrow from the
 coarser level and from similar histories elsewhere (the shrinkage across the hierarchy); a class
-with no history at any level gets the training set's distribution for its limit.
+with no history at any level gets the training set's distribution for its limit. A job that is
+still running is forecast given how long it has run (only the similar jobs that ran longer count;
+see :func:`predict`), so its likely end is never in the past.
 
 **Prophet (classes with enough history over time).** A class with at least ``min_class_jobs``
 training jobs over at least two weeks also gets a Prophet fit of its ratio over time (trend +
@@ -207,9 +209,18 @@ class RuntimeModel:
                 "prophet_fits": self.stats.fits, "prophet_failed": self.stats.failed}
 
 
+#: a running job's end is read off at least this many similar jobs that ran at least as long
+MIN_SURVIVORS = 5
+
+
 def _knn_quantiles(Xtr: np.ndarray, rtr: np.ndarray, X: np.ndarray, k: int,
-                   qs: Sequence[float] = (0.5, Q)) -> np.ndarray:
-    """Return, per row of ``X``, the quantiles ``qs`` of ``rtr`` over its ``k`` nearest training rows."""
+                   qs: Sequence[float] = (0.5, Q), floor: np.ndarray | None = None) -> np.ndarray:
+    """Return, per row of ``X``, the quantiles ``qs`` of ``rtr`` over its ``k`` nearest training rows.
+
+    ``floor`` (per row, NaN for none): a running job's elapsed ratio; only neighbours that ran
+    longer count (the distribution given that the job is still running), and a row with fewer than
+    :data:`MIN_SURVIVORS` of them is left NaN for the caller's fallback.
+    """
     import numpy as np
 
     out = np.full((len(X), len(qs)), np.nan)
@@ -222,8 +233,27 @@ def _knn_quantiles(Xtr: np.ndarray, rtr: np.ndarray, X: np.ndarray, k: int,
         xb = X[s:s + step]
         d = (xb**2).sum(1)[:, None] + sq[None, :] - 2.0 * xb @ Xtr.T
         nn = np.argpartition(d, k - 1, axis=1)[:, :k] if k < len(Xtr) else np.tile(np.arange(len(Xtr)), (len(xb), 1))
-        out[s:s + step] = np.quantile(rtr[nn], qs, axis=1).T
+        vals = rtr[nn]
+        if floor is None or np.isnan(floor[s:s + step]).all():
+            out[s:s + step] = np.quantile(vals, qs, axis=1).T
+            continue
+        fb = floor[s:s + step]
+        alive = np.isnan(fb)[:, None] | (vals > np.nan_to_num(fb, nan=-1.0)[:, None])
+        enough = alive.sum(1) >= np.where(np.isnan(fb), 1, MIN_SURVIVORS)
+        if enough.any():
+            block = out[s:s + step]
+            block[enough] = np.nanquantile(np.where(alive, vals, np.nan)[enough], qs, axis=1).T
     return out
+
+
+def _survivor_quantiles(r: np.ndarray, floor: float) -> tuple[float, float] | None:
+    """Return the (p50, p90) ratio of the ratios in ``r`` above ``floor``; None when none is."""
+    import numpy as np
+
+    alive = r[r > floor]
+    if not len(alive):
+        return None
+    return float(np.quantile(alive, 0.5)), float(np.quantile(alive, Q))
 
 
 def _prior(jobs: pd.DataFrame, r: np.ndarray) -> dict[int, tuple[float, float]]:
@@ -261,19 +291,32 @@ def _k(k: int, n: int) -> int:
     return max(1, min(k, n // 3 if n >= 30 else n))
 
 
-def predict(model: RuntimeModel, jobs: pd.DataFrame, history: pd.DataFrame | None = None) -> pd.DataFrame:
+def predict(model: RuntimeModel, jobs: pd.DataFrame, history: pd.DataFrame | None = None,
+            now: float | None = None) -> pd.DataFrame:
     """Return per job ``job_id, p50_s, p90_s, method, level, class`` (runtimes, capped at the limit).
 
     ``history`` (default: the model's) is what the features may look at; only jobs finished before
     each job's submit time count. Jobs without a time limit get no prediction (NaN).
+
+    ``now``: a job that started before it is still running, so its runtime is at least what it has
+    run: its quantiles are those of the similar jobs that ran longer (its neighbours; too few of
+    them: the training jobs of its limit; none at all: it is expected to run to its limit, method
+    ``limit``). Prophet's class quantiles are kept only while the job has run less than their median.
+    Without ``now`` (a job at submit, as the backtest scores it) nothing is conditioned.
     """
     import numpy as np
     import pandas as pd
 
     hist = model.history if history is None else history
     X, level, _ = features(jobs, hist)
-    q = _knn_quantiles(model.X, model.r, X, model.k)
     lim = jobs["time_limit_s"].to_numpy(dtype=float)
+    floor = np.full(len(jobs), np.nan)
+    if now is not None:
+        start = jobs["start_ts"].to_numpy(dtype=float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ran = np.clip((now - start) / lim, 0.0, 1.0)
+        floor = np.where((start == start) & (start < now) & (lim > 0), ran, np.nan)
+    q = _knn_quantiles(model.X, model.r, X, model.k, floor=floor)
     method = np.where(level >= 0, "empirical", "prior").astype(object)
     none = level < 0
     if none.any():
@@ -281,14 +324,31 @@ def predict(model: RuntimeModel, jobs: pd.DataFrame, history: pd.DataFrame | Non
             L = lim[i]
             pr = model.prior.get(int(L)) if L == L else None
             q[i] = pr if pr is not None else model.prior.get(0, (0.5, 1.0))
+    running = np.flatnonzero(floor == floor)
+    if len(running):
+        train_lim = model.history["time_limit_s"].to_numpy(dtype=float) if len(model.r) else np.array([])
+        for i in running:
+            if level[i] >= 0 and q[i, 0] == q[i, 0]:
+                continue  # enough neighbours ran longer
+            same = model.r[train_lim == lim[i]]
+            qi = _survivor_quantiles(same, floor[i]) if (same > floor[i]).sum() >= MIN_SURVIVORS else None
+            qi = qi or _survivor_quantiles(model.r, floor[i])
+            if qi is None:
+                q[i], method[i] = (1.0, 1.0), "limit"
+            else:
+                q[i], method[i] = qi, "prior"
     pkey = _keys(jobs, PROPHET_LEVEL).to_numpy() if model.prophet else None
     if pkey is not None:
         for key, m in model.prophet.items():
             idx = np.flatnonzero(pkey == key)
             if len(idx):
-                q[idx] = _prophet_quantiles(m, jobs["submit_ts"].fillna(jobs["start_ts"]).to_numpy(dtype=float)[idx])
-                method[idx] = "prophet"
+                pq = _prophet_quantiles(m, jobs["submit_ts"].fillna(jobs["start_ts"]).to_numpy(dtype=float)[idx])
+                keep = ~(floor[idx] >= np.clip(pq[:, 0], 0.0, 1.0))  # not yet past Prophet's median
+                q[idx[keep]] = pq[keep]
+                method[idx[keep]] = "prophet"
     q = np.clip(q, 0.0, 1.0)
+    if len(running):
+        q[running] = np.maximum(q[running], floor[running, None])  # never before now
     q[:, 1] = np.maximum(q[:, 1], q[:, 0])
     return pd.DataFrame({
         "job_id": jobs["job_id"].astype(str).to_numpy(), "p50_s": q[:, 0] * lim, "p90_s": q[:, 1] * lim,
@@ -423,7 +483,7 @@ def job_rows(model: RuntimeModel, jobs: pd.DataFrame, now: float) -> list[dict[s
     run = jobs[jobs["start_ts"].notna() & jobs["end_ts"].isna() & (jobs["time_limit_s"].fillna(0) > 0)]
     if run.empty:
         return []
-    pr = predict(model, run)
+    pr = predict(model, run, now=now)
     out = []
     for (_, job), (_, p) in zip(run.iterrows(), pr.iterrows(), strict=False):
         start = float(job["start_ts"])
@@ -454,7 +514,7 @@ def predicted_ends(store_or_model: AuditStore | RuntimeModel, jobs: Iterable[Any
         return {}
     run = frame[frame["start_ts"].notna() & (frame["time_limit_s"].fillna(0) > 0)]
     if isinstance(store_or_model, RuntimeModel):
-        pr = predict(store_or_model, run)
+        pr = predict(store_or_model, run, now=now)
         return {str(j): float(s) + min(float(p), float(lim)) for j, s, p, lim in
                 zip(run["job_id"], run["start_ts"], pr["p90_s"], run["time_limit_s"], strict=False) if p == p}
     return _ends_from_store(store_or_model, run, now)

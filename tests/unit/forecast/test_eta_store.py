@@ -124,3 +124,26 @@ def test_source_sim_looks_the_job_up_in_the_shipped_scenario(tmp_path: Path) -> 
     assert eta["ended"] is True and eta["job_id"] == "1002" and eta["end_ts"] <= epoch(AT)
     proc = _run(env, "forecast", "eta", "--job", "4242424", "--source", "sim", "--at", AT, "--json")
     assert proc.returncode == 2 and "4242424" in _json(proc)["error"] and "simulated" in _json(proc)["error"]
+
+
+def test_the_nightly_forecasts_the_shipped_scenarios_running_jobs(tmp_path: Path) -> None:
+    """On the embedded default the sweep watches the shipped scenario: after a sim nightly and a sweep
+    at the same instant, each of its running jobs (e.g. 1003, idle for hours) has its own end forecast,
+    and ``forecast eta`` answers from the agent's job rows, within the job's start and time limit."""
+    from gpu_cost.audit.store import AuditStore
+    from gpu_cost.sources.sim import SimCluster, load_scenario
+
+    db = tmp_path / "audit.db"
+    env = {"AIRFLOW_CONN_GPU_COST_DB": json.dumps({"conn_type": "sqlite", "host": str(db)})}
+    assert _ok(env, "sweep", "--at", AT)["source"] == "sim"
+    _ok(env, "forecast", "nightly", "--source", "sim", "--at", AT)
+    running = {j.job_id: j for j in SimCluster(load_scenario(), epoch(AT)).jobs_at(epoch(AT))
+               if j.start_ts is not None}
+    assert "1003" in running
+    own = {str(r["series"]).removeprefix("runtime:job:") for r in AuditStore(f"sqlite:///{db}").query(
+        "SELECT series FROM gpu_cost_forecasts WHERE series LIKE 'runtime:job:%'")}
+    assert set(running) <= own, set(running) - own
+    eta = _ok(env, "forecast", "eta", "--job", "1003", "--at", AT)
+    job = running["1003"]
+    assert eta["job_id"] == "1003" and eta["ended"] is False and eta["basis"].startswith("job forecast"), eta
+    assert epoch(AT) <= eta["p50_end"] <= eta["p90_end"] <= job.start_ts + job.time_limit_s

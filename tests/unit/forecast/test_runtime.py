@@ -108,3 +108,45 @@ def test_predicted_ends_skips_jobs_it_cannot_forecast(jobs) -> None:  # type: ig
     pending = Job(job_id="p1", user="u1", state="PENDING", time_limit_s=3600.0)
     no_limit = Job(job_id="n1", user="u1", start_ts=float(jobs["end_ts"].max()))
     assert runtime.predicted_ends(model, [pending, no_limit], float(jobs["end_ts"].max())) == {}
+
+
+def _running_copy(jobs: pd.DataFrame, i: int, ran_s: float) -> tuple[pd.DataFrame, float]:
+    """Job ``i`` as if it were still running ``ran_s`` after its start; return it and that instant."""
+    job = jobs.iloc[[i]].copy()
+    job["end_ts"] = np.nan
+    job["state"] = "RUNNING"
+    return job, float(job["start_ts"].iloc[0]) + ran_s
+
+
+def test_a_running_job_is_forecast_given_how_long_it_has_run(jobs) -> None:  # type: ignore[no-untyped-def]
+    """A job that has already run past what its class usually takes is not forecast to end in the past:
+    its quantiles are those of the similar jobs that ran longer, between now and its limit."""
+    model = runtime.fit(jobs.iloc[:1200], use_prophet=False)
+    i = 1300
+    lim = float(jobs["time_limit_s"].iloc[i])
+    submit = runtime.predict(model, jobs.iloc[[i]], history=jobs.iloc[:1200]).iloc[0]
+    ran = min(float(submit["p90_s"]) * 1.05 + 60, 0.97 * lim)  # past the unconditional p90
+    job, now = _running_copy(jobs, i, ran)
+    given = runtime.predict(model, job, history=jobs.iloc[:1200], now=now).iloc[0]
+    assert ran <= given["p50_s"] <= given["p90_s"] <= lim + 1e-6, (submit.to_dict(), given.to_dict(), ran)
+    assert given["p90_s"] > submit["p90_s"]
+    # without ``now`` (a job at submit, as the backtest scores it) nothing changes
+    again = runtime.predict(model, job, history=jobs.iloc[:1200]).iloc[0]
+    assert again["p50_s"] == pytest.approx(submit["p50_s"]) and again["p90_s"] == pytest.approx(submit["p90_s"])
+    # a job that has barely started keeps roughly its submit-time forecast
+    early, t = _running_copy(jobs, i, 1.0)
+    first = runtime.predict(model, early, history=jobs.iloc[:1200], now=t).iloc[0]
+    assert first["p90_s"] == pytest.approx(submit["p90_s"], rel=0.05)
+
+
+def test_a_job_that_outlived_every_similar_job_is_expected_to_run_to_its_limit() -> None:
+    """When no training job of its kind ran as long, the honest answer is the limit, named as such."""
+    jobs = synthetic_jobs(600, seed=5)
+    jobs["end_ts"] = jobs["start_ts"] + 0.5 * jobs["time_limit_s"]  # every job used half its limit
+    model = runtime.fit(jobs.iloc[:500], use_prophet=False)
+    job, now = _running_copy(jobs, 550, 0.8 * float(jobs["time_limit_s"].iloc[550]))
+    out = runtime.predict(model, job, history=jobs.iloc[:500], now=now).iloc[0]
+    lim = float(jobs["time_limit_s"].iloc[550])
+    assert out["method"] == "limit" and out["p50_s"] == pytest.approx(lim) and out["p90_s"] == pytest.approx(lim)
+    ends = runtime.predicted_ends(model, job.to_dict("records"), now)
+    assert ends[str(job["job_id"].iloc[0])] == pytest.approx(float(job["start_ts"].iloc[0]) + lim)
