@@ -54,7 +54,8 @@ def _run(dag, conf, answer=None, when=NIGHT):  # type: ignore[no-untyped-def]
     dr = dag.test(run_conf=conf, logical_date=when)
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     store = AuditStore()
-    run = store.query("SELECT * FROM gpu_cost_runs WHERE dag_id = :d ORDER BY started_at DESC", {"d": DAG_ID})[0]
+    run = store.get_run(f"{DAG_ID}:{dr.run_id}")  # this run's row (not "the latest": two runs can start within a tick)
+    assert run is not None, f"no audit row for {dr.run_id}"
     return dr, states, store, run
 
 
