@@ -7,14 +7,18 @@
 of being wrong, caps) and records every decision in the audit store (`gpu_cost_db`). Then it
 branches: recorded-only decisions stop there; decisions that need a human go to `approve` (a
 *Required action* in the UI, default **Reject** after the policy's `approval.timeout`);
-automatic ones go straight to `act`. `finish` closes the run's audit row and pushes the summary
+automatic ones go straight to `act`. A run waiting for an answer does not hold up the sweep:
+later runs go on deciding and acting (they do not ask about the waiting decisions again, and the
+ladder of those targets waits for the answer); the approved decisions are re-checked on fresh
+data before `act_approved` carries them out. `finish` closes the run's audit row and pushes the summary
 to XCom (`summary`).
 
 **Modes.** The policy's `mode` decides what happens: `dry-run` records only (the shipped default),
 `notify` tells people and does nothing destructive, `enforce` acts.
 
 **Knobs.** Params `policy` (path of the policy file) and `source` (`sim` / `prometheus`), or the
-environment variables `GPU_COST_POLICY` and `GPU_COST_SOURCE`; `GPU_COST_SLURM=local|ssh` says
+environment variables `GPU_COST_POLICY` and `GPU_COST_SOURCE`; `GPU_COST_SWEEP_SCHEDULE` (cron,
+default every 5 minutes; `none`: manual triggers only); `GPU_COST_SLURM=local|ssh` says
 where Slurm commands run.
 
 **Owner / triage.** GPU platform team.
@@ -30,6 +34,7 @@ where Slurm commands run.
 from __future__ import annotations
 
 import datetime as dt
+import os
 
 import pendulum
 from airflow.sdk import Param, PokeReturnValue, dag, task
@@ -40,6 +45,14 @@ from gpu_cost.airflow.approval import RecordingApprovalOperator
 DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 2, "retry_delay": dt.timedelta(seconds=30)}
 #: how long the sensor waits for fresh metrics: under the 5-minute schedule, so runs never pile up
 METRICS_WAIT = dt.timedelta(minutes=4)
+#: runs at once. A run that has asked a human marks itself ``awaiting_approval`` and waits (up to the
+#: policy's approval.timeout, 1 h = 12 sweeps by default) while the next sweeps decide and act; they
+#: do not ask about its decisions again. Two runs deciding at once are still kept from both acting by
+#: the run guard in ``act`` (gpu_cost.locks).
+MAX_ACTIVE_RUNS = 16
+#: cron schedule; ``GPU_COST_SWEEP_SCHEDULE`` overrides it (keep it equal to the policy's
+#: sweep.interval), ``none`` leaves only manual triggers
+SCHEDULE = os.environ.get("GPU_COST_SWEEP_SCHEDULE", "*/5 * * * *").strip()
 
 
 def _approval_notifiers() -> list:  # type: ignore[type-arg]
@@ -53,10 +66,10 @@ def _approval_notifiers() -> list:  # type: ignore[type-arg]
 
 @dag(
     dag_id="gpu_zombie_sweep",
-    schedule="*/5 * * * *",
+    schedule=None if SCHEDULE.lower() in ("", "none") else SCHEDULE,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
-    max_active_runs=1,
+    max_active_runs=MAX_ACTIVE_RUNS,
     default_args=DEFAULT_ARGS,
     tags=["gpu-cost", "sweep"],
     doc_md=__doc__,

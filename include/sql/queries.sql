@@ -13,6 +13,13 @@ WHERE run_id = :run_id;
 -- name: get_run
 SELECT * FROM gpu_cost_runs WHERE run_id = :run_id;
 
+-- name: mark_run_awaiting
+UPDATE gpu_cost_runs SET status = 'awaiting_approval' WHERE run_id = :run_id AND status = 'running';
+
+-- name: awaiting_approval
+SELECT decision_id, run_id FROM gpu_cost_decisions
+WHERE requires_approval = 1 AND approval_status = 'pending' AND status = 'decided' AND ts >= :since;
+
 -- name: running_runs
 SELECT * FROM gpu_cost_runs WHERE dag_id = :dag_id AND status = 'running' AND run_id <> :run_id AND started_at >= :since;
 

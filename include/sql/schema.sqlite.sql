@@ -10,7 +10,7 @@ CREATE TABLE IF NOT EXISTS gpu_cost_runs (
     data_ts         TEXT,
     source          TEXT,
     mode            TEXT,
-    status          TEXT NOT NULL DEFAULT 'running',   -- running | ok | degraded | failed | capped
+    status          TEXT NOT NULL DEFAULT 'running',   -- running | awaiting_approval | ok | degraded | failed | capped
     problems        TEXT,                              -- JSON list
     counts          TEXT                               -- JSON object
 );

@@ -41,7 +41,8 @@ UNHEALTHY = frozenset({"degraded"})
 # the most recent finished run of the same DAG before this one
 _PREVIOUS_RUN = """
 SELECT run_id, status, started_at FROM gpu_cost_runs
-WHERE dag_id = :dag_id AND run_id <> :run_id AND status <> 'running' AND started_at <= :started_at
+WHERE dag_id = :dag_id AND run_id <> :run_id AND status NOT IN ('running', 'awaiting_approval')
+  AND started_at <= :started_at
 ORDER BY started_at DESC, run_id DESC LIMIT 1
 """
 

@@ -1,9 +1,11 @@
 """Guards in the audit store that keep two workers from doing the same thing twice.
 
-**Run guard** (:func:`run_conflict`): ``max_active_runs=1`` keeps the scheduler from starting two
-sweeps at once, but a manual ``airflow dags test``, a second deployment or a run cleared while
-another is acting would still overlap. Every sweep run has a ``gpu_cost_runs`` row with status
-``running`` from ``collect`` until ``finish``. Before acting, a run looks for other ``running``
+**Run guard** (:func:`run_conflict`): sweeps overlap when one waits for a human's answer (the DAG
+lets the next runs start), when a run is slower than the schedule, on a manual ``airflow dags
+test``, a second deployment or a run cleared while another is acting. Every sweep run has a
+``gpu_cost_runs`` row with status ``running`` from ``collect`` until ``finish``, except while it
+waits for an approval (``awaiting_approval``: it then acts only on its own approved decisions,
+which no other run asks about again, so it neither blocks nor is blocked). Before acting, a run looks for other ``running``
 rows of the same DAG started within ``max_age_s`` (older ones are runs whose worker died): it
 refuses to act when one of them started first (ordered by ``(started_at, run_id)``, the same
 order for every reader, so of two overlapping runs exactly one acts) or has already started an

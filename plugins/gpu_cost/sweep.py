@@ -98,7 +98,18 @@ def plan(findings: Sequence[Finding], snapshot: Snapshot, policy: Policy, store:
     return decide(
         findings, policy, now=now, escalations=escalations, snoozed_targets=snoozes, degraded=snapshot.degraded,
         total_gpus=len(snapshot.gpus), predicted_end=ends, rejected=rejected,
+        awaiting=awaiting_approval(store, policy, now),
     )
+
+
+def awaiting_approval(store: AuditStore, policy: Policy, now: float) -> dict[str, str]:
+    """Return decision id → run id for the decisions that wait for a human's answer right now.
+
+    A request is answered or times out within ``approval.timeout``; a pending row older than that
+    plus one sweep interval belongs to a run that died before asking, and no longer holds anything.
+    """
+    since = now - policy.approval.timeout - policy.sweep.interval
+    return {str(r["decision_id"]): str(r["run_id"]) for r in store.fetch("awaiting_approval", {"since": since})}
 
 
 def record(p: Plan, store: AuditStore, run_id: str, now: float) -> dict[str, Any]:

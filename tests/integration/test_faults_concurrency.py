@@ -130,3 +130,14 @@ def test_run_guard_one_of_two_overlapping_sweeps_acts(store) -> None:  # type: i
     store.finish_run(f"{dag}:manual", status="ok", finished_at=now)
     store.begin_run(f"{dag}:next", dag_id=dag, started_at=now, data_ts=now, source="sim", mode="enforce")
     assert run_conflict(store, f"{dag}:next", dag, now=now) is None
+    # a run waiting for a human's answer (the approval operator marks it) holds up nobody
+    store.begin_run(f"{dag}:asking", dag_id=dag, started_at=now - 5, data_ts=now - 300, source="sim", mode="enforce")
+    assert run_conflict(store, f"{dag}:next", dag, now=now) == f"{dag}:asking"
+    store.execute("mark_run_awaiting", {"run_id": f"{dag}:asking"})
+    assert store.get_run(f"{dag}:asking")["status"] == "awaiting_approval"
+    assert run_conflict(store, f"{dag}:next", dag, now=now) is None
+    # and the mark never overwrites a finished run's status
+    store.execute("mark_run_awaiting", {"run_id": f"{dag}:next"})
+    store.finish_run(f"{dag}:next", status="ok", finished_at=now)
+    store.execute("mark_run_awaiting", {"run_id": f"{dag}:next"})
+    assert store.get_run(f"{dag}:next")["status"] == "ok"

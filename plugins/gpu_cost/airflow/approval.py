@@ -127,6 +127,8 @@ class RecordingApprovalOperator(ApprovalOperator):
         rows = pending_approvals(store, run_id)
         if not rows:
             raise AirflowSkipException("no decision of this run awaits approval")
+        # the run waits for a human now: other sweeps may decide and act meanwhile (locks.run_conflict)
+        store.execute("mark_run_awaiting", {"run_id": run_id})
         self.response_timeout = dt.timedelta(seconds=policy.approval.timeout)
         self.subject, self.body = approval_text(rows, policy)
         if policy.approval.assigned_users:

@@ -226,8 +226,10 @@ def act(ref: Mapping[str, Any], plan: Mapping[str, Any], which: str) -> dict[str
     from gpu_cost import locks
 
     dag_id = run_id.split(":", 1)[0]
-    other = concurrent_run(store, run_id, dag_id, now, policy.sweep.interval / 2) or locks.run_conflict(
-        store, run_id, dag_id)
+    # approved decisions were asked about once, by this run alone (later runs wait on them), and are
+    # re-checked below: the run guard is for deciding on the same data, not for a human's answer
+    other = None if which == "approved" else (
+        concurrent_run(store, run_id, dag_id, now, policy.sweep.interval / 2) or locks.run_conflict(store, run_id, dag_id))
     if other:
         raise AirflowFailException(f"another sweep run ({other}) is unfinished on the same data: not acting twice")
     expired: dict[str, str] = {}

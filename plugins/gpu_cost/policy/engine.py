@@ -78,6 +78,7 @@ def decide(
     total_gpus: int = 0,
     predicted_end: Mapping[str, float] | None = None,
     rejected: Iterable[str] = (),
+    awaiting: Mapping[str, str] | None = None,
 ) -> Plan:
     """Return the plan for one sweep.
 
@@ -87,6 +88,8 @@ def decide(
     :param degraded: the snapshot is incomplete; nothing destructive may act.
     :param predicted_end: job id → forecast p90 end (epoch seconds).
     :param rejected: decision ids a human rejected; they are not asked again.
+    :param awaiting: decision id → run id, for decisions an earlier run asked a human about and
+        that await the answer: not asked again, and the ladder waits on them (no later rung).
     """
     plan = Plan()
     snoozes = {k: _snooze_info(v) for k, v in (snoozed_targets or {}).items()}
@@ -141,6 +144,10 @@ def decide(
             continue
         d = _decision(f, policy, rung, nxt, episode, mode, track, prot.name if prot else None,
                       prot.level if prot else None, now, degraded, (predicted_end or {}).get(f.job_id or ""))
+        if d.decision_id in (awaiting or {}):
+            plan.waiting.append({"target": f.target, "rule": f.rule, "rung": nxt, "action": rung.action,
+                                 "why": f"awaiting approval (asked by run {(awaiting or {})[d.decision_id]})"})
+            continue
         if d.decision_id in rejected_ids:
             plan.waiting.append({"target": f.target, "rule": f.rule, "rung": nxt, "action": rung.action,
                                  "why": "rejected by a human: not asked again in this episode"})

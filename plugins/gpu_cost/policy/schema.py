@@ -143,8 +143,8 @@ class ApprovalConfig:
 
     #: kill/demote decisions putting more GPU-hours of work at risk than this need approval
     gpu_hours_at_risk: Annotated[float, Range(0, 1e9)] = 24.0
-    #: how long a request waits for an answer; the sweep run waits with it (max_active_runs=1),
-    #: so a long timeout delays the next sweeps
+    #: how long a request waits for an answer; later sweeps go on meanwhile (they do not ask again
+    #: about the waiting decisions, whose ladder waits for the answer)
     timeout: Annotated[float, Dur(), Range(60, 7 * 86400)] = 3600.0
     #: what a timed-out request means; only "reject" is allowed, so silence never kills
     on_timeout: Literal["reject"] = "reject"

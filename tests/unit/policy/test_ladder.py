@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_cost import sweep
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.snooze import snooze
 from tests.fixtures.core import NOW
@@ -194,6 +195,28 @@ def test_rejected_decision_is_not_asked_again(store, effects) -> None:  # type: 
     again = sweep_once(store, policy, [job_finding("23", now=NOW + 600)], NOW + 600)
     assert again.decisions == [] and "rejected by a human" in again.waiting[0]["why"]
     assert effects.calls == []
+
+
+def test_a_decision_awaiting_an_answer_is_not_asked_again_by_later_sweeps(store, effects) -> None:  # type: ignore[no-untyped-def]
+    """A run that asked a human is still waiting: the next sweeps neither ask again nor climb past it,
+    and still act on everything else. Once the request is older than the approval timeout (its run
+    died before asking), it no longer holds the target back."""
+    policy = policy_from(ENFORCE + "approval: {gpu_hours_at_risk: 10, timeout: 1h}\n"
+                                   "rules: {idle_allocation: {ladder: [{action: terminate}, {action: kill, after: 1m}]}}")
+    big = job_finding("31", gpus=8, ran_s=2 * H, now=NOW)
+    first = sweep_once(store, policy, [big], NOW, act=False)
+    (asked,) = first.decisions
+    assert asked.requires_approval and store.get_decision(asked.decision_id)["approval_status"] == "pending"
+    assert sweep.awaiting_approval(store, policy, NOW + 600) == {asked.decision_id: f"test:{int(NOW)}"}
+    small = job_finding("32", gpus=1, ran_s=H, now=NOW + 600)
+    later = sweep_once(store, policy, [job_finding("31", gpus=8, ran_s=2 * H + 600, now=NOW + 600), small], NOW + 600)
+    assert actions(later) == [("job:32", "terminate")]  # the other job is acted on
+    (held,) = [w for w in later.waiting if w["target"] == "job:31"]
+    assert held["why"] == f"awaiting approval (asked by run test:{int(NOW)})" and held["rung"] == 0
+    assert effects.calls == [("terminate", "job:32")]
+    # a request the timeout has long resolved (or that was never shown) holds nothing any more
+    stale = NOW + policy.approval.timeout + policy.sweep.interval + 60
+    assert sweep.awaiting_approval(store, policy, stale) == {}
 
 
 def test_snooze_is_honoured_recorded_once_and_expires(store, effects) -> None:  # type: ignore[no-untyped-def]
