@@ -84,3 +84,30 @@ def test_the_sweeps_approved_branch_rechecks_after_a_long_wait(tmp_path, decided
     assert [d.job_id for d in still] == ["2002"] and list(expired) == [idle["2001"].decision_id]
     rows = {r["job_id"]: r for r in store.decisions_of_run(run_id)}
     assert rows["2001"]["status"] == "expired" and rows["2002"]["status"] != "expired"
+
+
+def test_an_approved_decision_of_an_episode_that_ended_meanwhile_expires(tmp_path, decided, policy, store,  # type: ignore[no-untyped-def]
+                                                                         monkeypatch) -> None:
+    """Later sweeps run while a request waits. One of them saw job 2002 recover (its episode closed)
+    and the next found it idle again (episode 2, ladder from the start): the approval given for
+    episode 1 must not act, although the job is idle right now. 2001's episode was never touched."""
+    _, idle = decided
+    monkeypatch.setenv("GPU_COST_SCENARIO", str(_scenario(tmp_path)))
+    run_id = "gpu_zombie_sweep:manual__asked"
+    store.begin_run(run_id, dag_id="gpu_zombie_sweep", started_at=time.time(), data_ts=NOW, source="sim",
+                    mode="enforce")
+    for d in idle.values():
+        store.execute("insert_escalation", {"rule": d.rule, "target": d.target, "track": d.evidence["track"],
+                                            "episode": d.episode, "now": NOW, "job_id": d.job_id, "user_name": d.user})
+    store.record_decisions(list(idle.values()), run_id)
+    d2 = idle["2002"]
+    key = {"rule": d2.rule, "target": d2.target, "track": d2.evidence["track"]}
+    store.execute("close_escalation", {**key, "now": NOW + 300})
+    store.execute("insert_escalation", {**key, "episode": d2.episode + 1, "now": NOW + 600, "job_id": "2002",
+                                        "user_name": d2.user})
+    still, expired = sweep_tasks.reverify_approved(list(idle.values()), policy, store,
+                                                   {"run_id": run_id, "now": NOW, "source": "sim"})
+    assert [d.job_id for d in still] == ["2001"]  # no newer data for 2001 (the run just began): it holds
+    assert list(expired) == [d2.decision_id]
+    assert f"episode {d2.episode} of job:2002 ended while awaiting approval" in expired[d2.decision_id]
+    assert store.get_decision(d2.decision_id)["status"] == "expired"

@@ -250,11 +250,15 @@ def reverify_approved(decisions: Sequence[Decision], policy: Policy, store: Audi
     """Re-check approved decisions on data as recent as the time spent waiting for the answer.
 
     The instant looked at is the run's data instant plus the wall time since the run began
-    (floored to the sample interval): the approval's wait, carried over to the data. Decisions
-    that no longer hold are marked ``expired`` in ``gpu_cost_decisions`` and not acted on.
+    (floored to the sample interval): the approval's wait, carried over to the data. Later sweeps
+    go on while a run waits, so a decision whose escalation episode they closed (the target
+    recovered, even if it is wasteful again now, in a new episode that starts its ladder over) no
+    longer holds either. Decisions that no longer hold are marked ``expired`` in
+    ``gpu_cost_decisions`` and not acted on.
     """
     from gpu_cost import sweep
 
+    decisions, ended = _episode_ended(decisions, store)
     run_id, now = str(ref["run_id"]), float(ref["now"])
     run = store.get_run(run_id) or {}
     try:
@@ -264,10 +268,25 @@ def reverify_approved(decisions: Sequence[Decision], policy: Policy, store: Audi
     step = policy.sweep.sample_interval
     at = float((now + waited) // step * step)
     still, expired = sweep.reverify(decisions, policy, now, at, ref.get("source"))
+    expired = {**ended, **expired}
     for did, why in expired.items():
         store.set_decision_status(did, "expired")
         logger.warning("approved decision %s not carried out: %s", did, why)
     return still, expired
+
+
+def _episode_ended(decisions: Sequence[Decision], store: AuditStore) -> tuple[list[Decision], dict[str, str]]:
+    """Split off the decisions whose escalation episode is no longer the open one (id → why)."""
+    keep: list[Decision] = []
+    ended: dict[str, str] = {}
+    for d in decisions:
+        row = store.escalation(d.rule, d.target, str(d.evidence.get("track") or "live"))
+        if row is None or (row.get("state") == "open" and int(row["episode"]) == d.episode):
+            keep.append(d)  # no ladder behind it (a manual decision), or its episode still runs
+        else:
+            ended[d.decision_id] = (f"{d.rule} episode {d.episode} of {d.target} ended while awaiting approval "
+                                    f"(now: episode {row['episode']}, {row.get('state')}): the ladder starts over")
+    return keep, ended
 
 
 def finish(context: Mapping[str, Any]) -> dict[str, Any]:
