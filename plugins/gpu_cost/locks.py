@@ -95,9 +95,18 @@ def _owner(rows: Any, d: Decision) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
+def owner_message(d: Decision, owner: dict[str, Any]) -> str:
+    """Return the error of an action skipped because ``owner`` has its effect on ``d.target``."""
+    return (f"{d.target}: already {owner['status']} by action {owner['action_id']} (run {owner.get('run_id')}): "
+            "one effect per target")
+
+
 def start_effect(store: AuditStore, d: Decision, row: dict[str, Any], *,
                  window_s: float = EFFECT_WINDOW_S) -> tuple[bool, dict[str, Any] | None]:
     """Write the ``started`` row of a destructive action and find the action owning its effect, atomically.
+
+    A loser's row is ended ``skipped`` (naming the owner) in the same transaction, so no later
+    racer ever sees it in flight: every loser names the one action that owns the effect.
 
     :param row: the parameters of the ``action_started`` statement.
     :returns: ``(created, owner)``: ``created`` is False when the row existed already (another
@@ -121,9 +130,13 @@ def start_effect(store: AuditStore, d: Decision, row: dict[str, Any], *,
                 "target": d.target, "action_id": row["action_id"], "since": float(row["started_at"]) - window_s,
                 "rule": d.rule,
             })).mappings().all()
+            owner = _owner(rows, d)
+            if owner is not None:
+                conn.execute(sa.text(queries()["action_finished"]), _bind({
+                    "action_id": row["action_id"], "status": "skipped", "finished_at": time.time(), "output": None,
+                    "error": owner_message(d, owner)}))
     except sa.exc.SQLAlchemyError as exc:
         raise AuditError(f"audit write action_started failed: {str(getattr(exc, 'orig', exc)).splitlines()[0][:300]}") from exc
-    owner = _owner(rows, d)
     if owner is not None:
         logger.warning("%s on %s: %s already %s by action %s (run %s): not done twice", d.action, d.target,
                        effect_of(d.action), owner["status"], owner["action_id"], owner.get("run_id"))
@@ -145,4 +158,4 @@ def effect_done(store: AuditStore, action_id: str, d: Decision, *, window_s: flo
 
 
 __all__ = ["EFFECT_LOCK_SQL", "EFFECT_WINDOW_S", "RUN_MAX_AGE_S", "effect_done", "effect_lock_key", "effect_of",
-           "run_conflict", "start_effect"]
+           "owner_message", "run_conflict", "start_effect"]

@@ -130,8 +130,9 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
     if executor is None:
         outcome = Outcome("skipped", error=f"no executor for action {d.action!r} in this deployment")
     elif owner is not None:
-        outcome = Outcome("skipped", error=f"{d.target}: already {owner['status']} by action {owner['action_id']} "
-                                           f"(run {owner.get('run_id')}): one effect per target")
+        from gpu_cost import locks
+
+        outcome = Outcome("skipped", error=locks.owner_message(d, owner))
     else:
         try:
             outcome = executor(d, _ctx_for(ctx, dry_run))
