@@ -305,7 +305,7 @@ def _decide(f: Finding, request: Request, policy: Policy, snap: Snapshot, now: f
         refusal = f"degraded data ({'; '.join(snap.problems)}): nothing destructive"
         reasons.append(refusal)
         action = "none"
-    st = stakes(f, now)
+    st = stakes(f, now, open_ended=policy.cost.open_ended)
     if destructive and action != "none" and st.at_risk > policy.approval.gpu_hours_at_risk:
         needs_approval = True
         reasons.append(f"approval required ({st.at_risk:.1f} GPU-h at risk)")

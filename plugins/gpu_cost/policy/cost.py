@@ -19,12 +19,13 @@ class Stakes:
     basis: str
 
 
-def stakes(f: Finding, now: float, predicted_end: float | None = None) -> Stakes:
+def stakes(f: Finding, now: float, predicted_end: float | None = None,
+           open_ended: float = DEFAULT_HORIZON_S) -> Stakes:
     """Return the stakes of acting on ``f`` at ``now``.
 
     At risk: GPUs x how long the job (or process) has run — the work lost if it was not waste.
     Saved: GPUs x time until it would end anyway — the forecast p90 end when known, else the
-    time limit, else :data:`DEFAULT_HORIZON_S`.
+    time limit, else ``open_ended`` seconds (the policy's ``cost.open_ended``).
     """
     started = f.job_start_ts
     if f.target_kind == "process":
@@ -39,6 +40,6 @@ def stakes(f: Finding, now: float, predicted_end: float | None = None) -> Stakes
         ends.append(f.job_start_ts + f.time_limit_s)
         if basis == "default horizon":
             basis = "time limit"
-    end = min(ends) if ends else now + DEFAULT_HORIZON_S
+    end = min(ends) if ends else now + open_ended
     remaining = max(0.0, end - now)
     return Stakes(at_risk=f.gpus * ran / 3600.0, saved=f.gpus * remaining / 3600.0, basis=basis)

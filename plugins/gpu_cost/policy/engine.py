@@ -284,7 +284,7 @@ def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, 
     if destructive and degraded:
         shadow = True
         reasons.append(f"degraded data: would {action}")
-    st = stakes(f, now, predicted)
+    st = stakes(f, now, predicted, policy.cost.open_ended)
     needs_approval = destructive and (level == "approval" or st.at_risk > policy.approval.gpu_hours_at_risk)
     if needs_approval:
         reasons.append(

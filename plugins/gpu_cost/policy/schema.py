@@ -213,6 +213,9 @@ class CostConfig:
     )
     kwh_usd: Annotated[float, Range(0, 100)] = 0.15
     currency: str = "USD"
+    #: how long waste with no end in sight (a zombie process, a job with neither forecast nor time
+    #: limit) counts as freed by an action: the "GPU-h freed" of decisions and the savings ledger
+    open_ended: Annotated[float, Dur(), Range(600, 7 * 86400)] = 86400.0
 
     def gpu_hour(self, model: str | None) -> float:
         key = (model or "").lower()

@@ -188,6 +188,18 @@ def test_stakes_above_threshold_need_approval(store, effects) -> None:  # type: 
     assert store.get_decision(by_job["22"].decision_id)["approval_status"] == "pending"
 
 
+@pytest.mark.parametrize(("open_ended", "hours"), [(None, 24.0), ("6h", 6.0)])
+def test_open_ended_waste_counts_the_policys_horizon(store, effects, open_ended, hours) -> None:  # type: ignore[no-untyped-def]
+    """A zombie process has no time limit and no forecast: what killing it frees is ``cost.open_ended``."""
+    text = ENFORCE + "rules: {zombie: {ladder: [{action: kill_process}]}}\n"
+    if open_ended:
+        text += f"cost: {{open_ended: {open_ended}}}\n"
+    p = sweep_once(store, policy_from(text), [process_finding(gpus=2, now=NOW)], NOW, act=False)
+    (d,) = p.decisions
+    assert d.gpu_hours_saved == pytest.approx(2 * hours)
+    assert d.evidence["stakes_basis"] == "default horizon"
+
+
 def test_rejected_decision_is_not_asked_again(store, effects) -> None:  # type: ignore[no-untyped-def]
     policy = policy_from(ENFORCE + "approval: {gpu_hours_at_risk: 0}\nrules: {idle_allocation: {ladder: [{action: cancel}]}}")
     p = sweep_once(store, policy, [job_finding("23", now=NOW)], NOW, act=False)
