@@ -1,0 +1,58 @@
+"""``gpu-cost audit``: what the agent decided about a job, target or user, what it did, and why."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from gpu_cost.cli import add_json, add_policy
+from gpu_cost.errors import GpuCostError
+from gpu_cost.timeutil import epoch, iso, parse_duration
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("audit", help="the audit trail of a job, target or user: decisions, actions, approvals, savings",
+                       description="Read the audit store: every decision about the job, target or user (oldest "
+                                   "first), with its reason, stakes, approval, the actions carried out (command, "
+                                   "outcome, error) and the saving booked. Read-only.")
+    p.add_argument("--job", help="a Slurm job id: its decisions, and those naming it")
+    p.add_argument("--target", help="a target as decisions name it: job:<id>, proc:<host>:<pid>:<start>, node:<name>")
+    p.add_argument("--user", help="decisions about this user's jobs and processes")
+    p.add_argument("--rule", help="only this rule (zombie, idle_allocation, low_efficiency, manual, offhours, ...)")
+    p.add_argument("--since", help="from this instant (ISO 8601 or epoch) or this long ago (e.g. 7d)")
+    p.add_argument("--limit", type=int, default=50, help="the newest this many decisions (default 50, at most 1000)")
+    add_policy(p, "policy file (for the currency)")
+    add_json(p)
+    p.set_defaults(handler=_audit)
+
+
+def _since(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return time.time() - parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        return epoch(value)
+    except (TypeError, ValueError):
+        raise GpuCostError(f"--since {value!r}: not an instant (ISO 8601, epoch) nor a duration (e.g. 7d)") from None
+
+
+def _audit(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    from gpu_cost.audit.store import AuditStore
+    from gpu_cost.audit.trail import render, trail
+    from gpu_cost.policy import load_policy
+
+    if args.limit is not None and args.limit < 1:
+        raise GpuCostError(f"--limit {args.limit}: must be at least 1")
+    since = _since(args.since)
+    store = AuditStore().ensure_schema()
+    entries = trail(store, job=args.job, target=args.target, user=args.user, rule=args.rule, since=since,
+                    limit=args.limit)
+    filters = {k: v for k, v in {"job": args.job, "target": args.target, "user": args.user, "rule": args.rule,
+                                 "since": iso(since) if since is not None else None}.items() if v}
+    what = ", ".join(f"{k} {v}" for k, v in filters.items()) or "the whole cluster"
+    currency = load_policy(args.policy).cost.currency
+    return {"filters": filters, "count": len(entries), "decisions": entries}, render(entries, what, currency)
