@@ -21,7 +21,8 @@ environment variables `GPU_COST_POLICY` and `GPU_COST_SOURCE`; `GPU_COST_SWEEP_S
 default every 5 minutes; `none`: manual triggers only); `GPU_COST_SLURM=local|ssh` says
 where Slurm commands run.
 
-**Owner / triage.** GPU platform team.
+**Owner / triage.** GPU platform team. `gpu-cost audit --job ID` shows what the agent decided
+about a job and did to it, and why.
 - `check_policy` failed: the policy file is invalid (the log names file, path and reason).
 - `metrics_fresh` timed out: the metrics source is silent or stale; nothing was decided
   (`gpu_cost_runs.status = stale`).
