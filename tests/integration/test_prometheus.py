@@ -44,8 +44,11 @@ def _compare(prom, sim, exact: bool) -> None:  # type: ignore[no-untyped-def]
     assert (p["label_job_id"] == s["label_job_id"]).all()
     tol = 0.01 if exact else 2.0
     for col in EXACT:
-        np.testing.assert_allclose(p[col].to_numpy(float), s[col].to_numpy(float), atol=tol if col != "busy_share_lb" else tol / 50,
-                                   err_msg=col)
+        # on live scrapes a window edge can hold one sample more or less than the simulator's grid:
+        # a busy GPU's mean power (~370 W) then moves by a few watts, so power also gets 1.5 % there
+        rtol = 0.015 if col == "power_w" and not exact else 1e-7
+        np.testing.assert_allclose(p[col].to_numpy(float), s[col].to_numpy(float), rtol=rtol,
+                                   atol=tol if col != "busy_share_lb" else tol / 50, err_msg=col)
     for col in ("mem_min_mib", "mem_max_mib", "mem_total_mib"):  # the exporter prints whole MiB
         np.testing.assert_allclose(p[col].to_numpy(float), s[col].to_numpy(float), atol=1.0 if exact else 100.0, err_msg=col)
     for col in COUNTS:
