@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from gpu_cost import reclaim
-from gpu_cost.actions.base import ActionContext
 from gpu_cost.airflow import runtime
+from gpu_cost.airflow.sweep_tasks import action_context
 from gpu_cost.model import as_decisions
-from gpu_cost.policy.schema import Policy
-from gpu_cost.runner import LocalRunner, Runner, SSHRunner
 
 logger = logging.getLogger(__name__)
 
 DAG_ID = "gpu_manual_reclaim"
-SLURM_SSH_CONN_ID = "gpu_cost_slurm_ssh"
-NODE_SSH_CONN_ID = "gpu_cost_node_ssh"
 
 
 def requested_by(context: Mapping[str, Any]) -> str | None:
@@ -84,8 +80,7 @@ def act(prep: Mapping[str, Any], approval: Mapping[str, Any] | None, branch: str
                  if d.action != "none" and reclaim.needs_approval(d) == (branch == "approved")]
     runnable = [d for d in decisions if reclaim.approved(d, approval)]
     held = [d.decision_id for d in decisions if d not in runnable]
-    ctx = action_context(policy, dry_run=bool(prep["dry_run"]), now=float(prep["now"]), run_id=prep["run_id"],
-                         store=store)
+    ctx = action_context(policy, float(prep["now"]), prep["run_id"], dry_run=bool(prep["dry_run"]), store=store)
     results = execute(runnable, ctx, store) if runnable else []
     for r in results:
         logger.info("%s action %s → %s%s", branch, r.get("action_id") or r.get("decision_id"), r["status"],
@@ -131,14 +126,5 @@ def finish(prep: Mapping[str, Any] | None, approval: Mapping[str, Any] | None,
     return summary
 
 
-def action_context(policy: Policy, *, dry_run: bool, now: float, run_id: str, store: Any) -> ActionContext:
-    """Return the executors' context: Slurm locally or on the login node, nodes over SSH."""
-    from gpu_cost.connections import airflow_connection
 
-    slurm: Runner = SSHRunner(SLURM_SSH_CONN_ID) if airflow_connection(SLURM_SSH_CONN_ID) is not None else LocalRunner()
-    node_runner: Callable[[str], Runner] = lambda host: SSHRunner(NODE_SSH_CONN_ID, host=host)  # noqa: E731
-    return ActionContext(policy=policy, dry_run=dry_run, now=now, run_id=run_id, slurm=slurm,
-                         node_runner=node_runner, sleep=time.sleep, extra={"store": store})
-
-
-__all__ = ["act", "action_context", "finish", "prepare", "requested_by"]
+__all__ = ["act", "finish", "prepare", "requested_by"]

@@ -26,8 +26,8 @@ logger = logging.getLogger(__name__)
 SWEEP_DAG_ID = "gpu_zombie_sweep"
 #: task ids the ``route`` branch may choose
 ACT_TASK, APPROVE_TASK = "act", "approve"
-#: SSH connections used by actions
-SLURM_SSH_CONN, NODE_SSH_CONN = "gpu_cost_slurm_ssh", "gpu_cost_node_ssh"
+#: SSH connection of the GPU nodes (node-side actions)
+NODE_SSH_CONN = "gpu_cost_node_ssh"
 
 
 def check_policy(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -148,19 +148,16 @@ def slurm_runner() -> Any:
     """Return the runner for Slurm commands: ``GPU_COST_SLURM=local`` (this host) or ``ssh``.
 
     ``ssh`` runs them on a login node over the SSH connection ``gpu_cost_slurm_ssh``. Unset:
-    None (Slurm actions then fail with a clear outcome instead of guessing).
+    None, and the executors take :func:`gpu_cost.sources.slurm.default_runner` (SSH when that
+    connection is configured, else this host), as the Slurm source does.
     """
     mode = os.environ.get("GPU_COST_SLURM", "").strip().lower()
     if not mode:
         return None
     if mode not in ("local", "ssh"):
         raise GpuCostError(f"GPU_COST_SLURM={mode!r}: use local or ssh")
-    try:
-        from gpu_cost.sources.slurm import default_runner
-    except ImportError:
-        from gpu_cost.runner import LocalRunner, SSHRunner
+    from gpu_cost.sources.slurm import default_runner
 
-        return SSHRunner(SLURM_SSH_CONN) if mode == "ssh" else LocalRunner()
     return default_runner(ssh=mode == "ssh")
 
 
@@ -172,12 +169,13 @@ def node_runner(host: str) -> Any:
 
 
 def action_context(policy: Policy, now: float, run_id: str | None, *, dry_run: bool = False,
-                   sleep: Callable[[float], None] | None = None) -> Any:
-    """Return the :class:`~gpu_cost.actions.base.ActionContext` the executors get."""
+                   store: AuditStore | None = None, sleep: Callable[[float], None] | None = None) -> Any:
+    """Return the :class:`~gpu_cost.actions.base.ActionContext` the executors get (sweep and manual reclaim)."""
     from gpu_cost.actions.base import ActionContext
 
     return ActionContext(policy=policy, dry_run=dry_run, now=now, run_id=run_id, slurm=slurm_runner(),
-                         node_runner=node_runner, sleep=sleep or time.sleep)
+                         node_runner=node_runner, sleep=sleep or time.sleep,
+                         extra={"store": store} if store is not None else {})
 
 
 def concurrent_run(store: AuditStore, run_id: str, dag_id: str, data_ts: float, window_s: float) -> str | None:
@@ -195,7 +193,7 @@ def act_on(decisions: Sequence[Decision], policy: Policy, store: AuditStore, run
     """Execute acting decisions through the dispatcher (audit row before and after, once per id)."""
     from gpu_cost.actions import dispatch
 
-    ctx = ctx or action_context(policy, now, run_id)
+    ctx = ctx or action_context(policy, now, run_id, store=store)
     results = dispatch.execute(list(decisions), ctx, store)
     by_status: dict[str, int] = {}
     for r in results:

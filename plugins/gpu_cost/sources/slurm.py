@@ -568,7 +568,13 @@ def _sacct_time(ts: float) -> str:
 
 
 def default_runner(*, ssh: bool | None = None, conn_id: str = SSH_CONN_ID) -> Runner:
-    """Return the runner for Slurm commands: SSH to the login node when asked or configured, else local."""
+    """Return the runner for Slurm commands: SSH to the login node when asked or configured, else local.
+
+    Configured: the connection ``conn_id`` is known (its ``AIRFLOW_CONN_*`` variable, or inside
+    Airflow its own lookup), or ``GPU_COST_SLURM_SSH=1``.
+    """
     if ssh is None:
-        ssh = f"AIRFLOW_CONN_{conn_id.upper()}" in os.environ or os.environ.get("GPU_COST_SLURM_SSH", "") == "1"
+        from gpu_cost import connections
+
+        ssh = os.environ.get("GPU_COST_SLURM_SSH", "") == "1" or connections.lookup(conn_id, SourceError) is not None
     return SSHRunner(conn_id) if ssh else LocalRunner()
