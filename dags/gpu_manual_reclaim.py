@@ -31,7 +31,6 @@ import datetime as dt
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from gpu_cost.actions.notify import approval_notifier
 from gpu_cost.airflow import reclaim_tasks
 from gpu_cost.airflow.approval import RecordingApprovalOperator
 from gpu_cost.reclaim import FORM_ACTIONS, ID_PATTERN, MAX_TARGETS, MIN_REASON, TARGET_KINDS
@@ -95,11 +94,7 @@ def gpu_manual_reclaim() -> None:
         return reclaim_tasks.act(prep, None, "automatic")
 
     # skips itself when no decision of the run needs a human; Reject (or the timeout) skips `act_approved`
-    approve = RecordingApprovalOperator(
-        task_id="approve",
-        policy_param="policy",
-        notifiers=[n for n in [approval_notifier()] if n is not None],
-    )
+    approve = RecordingApprovalOperator(task_id="approve", policy_param="policy")
 
     @task
     def act_approved(prep, ti=None):  # type: ignore[no-untyped-def]

@@ -56,15 +56,6 @@ MAX_ACTIVE_RUNS = 16
 SCHEDULE = os.environ.get("GPU_COST_SWEEP_SCHEDULE", "*/5 * * * *").strip()
 
 
-def _approval_notifiers() -> list:  # type: ignore[type-arg]
-    try:
-        from gpu_cost.actions.notify import approval_notifier
-    except ImportError:
-        return []
-    notifier = approval_notifier()
-    return [notifier] if notifier is not None else []
-
-
 @dag(
     dag_id="gpu_zombie_sweep",
     schedule=None if SCHEDULE.lower() in ("", "none") else SCHEDULE,
@@ -122,7 +113,7 @@ def gpu_zombie_sweep() -> None:
     def finish(**context):  # type: ignore[no-untyped-def]
         return sweep_tasks.finish(context)
 
-    approve = RecordingApprovalOperator(task_id="approve", notifiers=_approval_notifiers())
+    approve = RecordingApprovalOperator(task_id="approve")
 
     cfg = check_policy()
     ref = collect(cfg)

@@ -103,7 +103,8 @@ class RecordingApprovalOperator(ApprovalOperator):
 
     Skips itself when nothing awaits approval. On *Approve* downstream runs; on *Reject* or
     timeout the direct downstream tasks are skipped. Pushes XCom ``decision``:
-    ``{chosen, by, at, timed_out, decision_ids}``.
+    ``{chosen, by, at, timed_out, decision_ids}``. Without ``notifiers`` the request is announced
+    on Slack with its link (:func:`gpu_cost.actions.notify.approval_notifier`; never fails the task).
 
     :param policy_param: the DAG param naming the policy file.
     """
@@ -112,6 +113,10 @@ class RecordingApprovalOperator(ApprovalOperator):
         kwargs.setdefault("subject", "GPU cost agent: actions awaiting approval")
         kwargs.setdefault("defaults", self.REJECT)
         kwargs.setdefault("response_timeout", DEFAULT_TIMEOUT)
+        if "notifiers" not in kwargs:
+            from gpu_cost.actions.notify import approval_notifier
+
+            kwargs["notifiers"] = [n for n in [approval_notifier()] if n is not None]
         super().__init__(**kwargs)
         self.policy_param = policy_param
 
