@@ -32,6 +32,25 @@ def add_policy(p: argparse.ArgumentParser, what: str = "policy file") -> None:
     p.add_argument("--policy", help=f"{what} (default: GPU_COST_POLICY or the shipped default)")
 
 
+def instant_arg(value: str, flag: str, *, before: float | None = None) -> float:
+    """Return the epoch of an ISO 8601 / epoch ``value``; with ``before``, a duration (``7d``) counts back from it.
+
+    Raises GpuCostError naming ``flag`` and the value.
+    """
+    from gpu_cost.timeutil import epoch, parse_duration
+
+    if before is not None:
+        try:
+            return before - parse_duration(value)
+        except ValueError:
+            pass
+    try:
+        return epoch(value)
+    except (TypeError, ValueError):
+        kinds = "an ISO 8601 date/instant or epoch seconds" + (", nor a duration (e.g. 7d)" if before is not None else "")
+        raise GpuCostError(f"{flag} {value!r}: not {kinds}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-cost", description="GPU Cost Agent: find and reclaim wasted GPU time.")
     parser.add_argument("--version", action="version", version=f"gpu-cost {__version__}")

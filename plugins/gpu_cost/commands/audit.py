@@ -6,9 +6,9 @@ import argparse
 import time
 from typing import Any
 
-from gpu_cost.cli import add_json, add_policy
+from gpu_cost.cli import add_json, add_policy, instant_arg
 from gpu_cost.errors import GpuCostError
-from gpu_cost.timeutil import epoch, iso, parse_duration
+from gpu_cost.timeutil import iso
 
 
 def register(sub: Any) -> None:
@@ -27,19 +27,6 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=_audit)
 
 
-def _since(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return time.time() - parse_duration(value)
-    except ValueError:
-        pass
-    try:
-        return epoch(value)
-    except (TypeError, ValueError):
-        raise GpuCostError(f"--since {value!r}: not an instant (ISO 8601, epoch) nor a duration (e.g. 7d)") from None
-
-
 def _audit(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.audit.store import AuditStore
     from gpu_cost.audit.trail import render, trail
@@ -47,7 +34,7 @@ def _audit(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     if args.limit is not None and args.limit < 1:
         raise GpuCostError(f"--limit {args.limit}: must be at least 1")
-    since = _since(args.since)
+    since = instant_arg(args.since, "--since", before=time.time()) if args.since else None
     store = AuditStore().ensure_schema()
     entries = trail(store, job=args.job, target=args.target, user=args.user, rule=args.rule, since=since,
                     limit=args.limit)

@@ -6,9 +6,9 @@ import argparse
 import time
 from typing import Any
 
-from gpu_cost.cli import add_json, add_policy
+from gpu_cost.cli import add_json, add_policy, instant_arg
 from gpu_cost.errors import GpuCostError
-from gpu_cost.timeutil import epoch, format_duration, iso
+from gpu_cost.timeutil import format_duration, iso
 
 
 def register(sub: Any) -> None:
@@ -65,18 +65,11 @@ def _hours(value: str, flag: str = "--horizon") -> int:
     return round(secs / 3600)
 
 
-def _instant(value: str, what: str) -> float:
-    try:
-        return epoch(value)
-    except ValueError as exc:
-        raise GpuCostError(f"{what} {value!r}: not an ISO 8601 date/instant or epoch seconds ({exc})") from None
-
-
 def _backtest(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.forecast import backtest, history
 
     jobs = history.load_jobs(args.jobs)
-    out = backtest.runtime_backtest(jobs, _instant(args.split, "--split"), k=args.k,
+    out = backtest.runtime_backtest(jobs, instant_arg(args.split, "--split"), k=args.k,
                                     min_class_jobs=args.min_class_jobs, use_prophet=not args.no_prophet)
     text = "\n".join([
         f"end-time backtest on {args.jobs}: {out['n_train']} training jobs, {out['n_test']} test jobs "
@@ -148,7 +141,7 @@ def _eta(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.audit.store import AuditStore
     from gpu_cost.forecast import runtime
 
-    now = _instant(args.at, "--at") if args.at else time.time()
+    now = instant_arg(args.at, "--at") if args.at else time.time()
     job = _find_job(args, now)
     if job.get("end_ts") is not None and job["end_ts"] == job["end_ts"] and float(job["end_ts"]) <= now:
         out = {"job_id": str(args.job), "ended": True, "end_ts": float(job["end_ts"])}
@@ -174,7 +167,7 @@ def _nightly(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.policy import load_policy
 
     policy = load_policy(args.policy)
-    now = _instant(args.at, "--at") if args.at else time.time()
+    now = instant_arg(args.at, "--at") if args.at else time.time()
     now = float(now // 3600 * 3600)
     store = AuditStore().ensure_schema()
     out = nightly.run(policy, now, store, args.source, jobs_path=args.jobs, workers=args.workers)

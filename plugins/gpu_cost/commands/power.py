@@ -6,9 +6,9 @@ import argparse
 import time
 from typing import Any
 
-from gpu_cost.cli import add_json, add_policy
+from gpu_cost.cli import add_json, add_policy, instant_arg
 from gpu_cost.policy import load_policy
-from gpu_cost.timeutil import epoch, iso
+from gpu_cost.timeutil import iso
 
 
 def register(sub: Any) -> None:
@@ -46,7 +46,7 @@ def _plan(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.airflow.power_tasks import make_plan
 
     policy = load_policy(args.policy)
-    now = epoch(args.at) if args.at else time.time()
+    now = instant_arg(args.at, "--at") if args.at else time.time()
     now = float(now // policy.sweep.sample_interval * policy.sweep.sample_interval)
     source = args.source or ("sim" if policy.sweep.source in ("sim", "trace") else policy.sweep.source)
     store = None

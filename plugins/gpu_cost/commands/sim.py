@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cost import paths
-from gpu_cost.cli import add_json
+from gpu_cost.cli import add_json, instant_arg
 from gpu_cost.errors import GpuCostError
-from gpu_cost.timeutil import epoch, iso, parse_duration
+from gpu_cost.timeutil import iso, parse_duration
 
 
 def register(sub: Any) -> None:
@@ -122,11 +122,8 @@ def _backfill(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.sources.exporter import openmetrics_history
     from gpu_cost.sources.sim import SimCluster, resolve_anchor
 
-    end = epoch(args.end) if args.end else time.time()
-    try:
-        start = end - parse_duration(args.start)
-    except ValueError:
-        start = epoch(args.start)
+    end = instant_arg(args.end, "--end") if args.end else time.time()
+    start = instant_arg(args.start, "--start", before=end)
     if start >= end:
         raise GpuCostError(f"--start {args.start} is not before --end")
     labels = {}
@@ -152,7 +149,7 @@ def _host_state(args: argparse.Namespace, host: str) -> dict[str, Any]:
     from gpu_cost.sources.exporter import nvidia_smi_state
     from gpu_cost.sources.sim import SimCluster
 
-    at = epoch(args.at) if args.at else time.time()
+    at = instant_arg(args.at, "--at") if args.at else time.time()
     try:
         return nvidia_smi_state(SimCluster(_scenario(args.scenario), anchor=at), host, at)
     except ValueError as exc:

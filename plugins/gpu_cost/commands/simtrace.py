@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_cost.cli import add_json
+from gpu_cost.cli import add_json, instant_arg
 from gpu_cost.errors import GpuCostError
-from gpu_cost.timeutil import epoch, iso
+from gpu_cost.timeutil import iso
 
 
 def register(sub: Any) -> None:
@@ -40,7 +40,7 @@ def register(sub: Any) -> None:
 def _simtrace(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.days <= 0 or args.gpus <= 0 or args.gpus_per_node <= 0:
         raise GpuCostError("--days, --gpus and --gpus-per-node must be positive")
-    end = epoch(args.end) if args.end else float(int(time.time()) // 3600 * 3600)
+    end = instant_arg(args.end, "--end") if args.end else float(int(time.time()) // 3600 * 3600)
     out = write_sim_trace(Path(args.out), days=args.days, gpus=args.gpus, gpus_per_node=args.gpus_per_node,
                           jobs_per_node=args.jobs_per_node, seed=args.seed, end=end,
                           sample_interval=args.sample_interval, fmt=args.format)

@@ -8,10 +8,10 @@ import time
 from typing import Any
 
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.cli import add_json, add_policy
+from gpu_cost.cli import add_json, add_policy, instant_arg
 from gpu_cost.policy import load_policy
 from gpu_cost.sweep import run_once
-from gpu_cost.timeutil import epoch, iso
+from gpu_cost.timeutil import iso
 
 
 def register(sub: Any) -> None:
@@ -29,7 +29,7 @@ def _sweep(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     policy = load_policy(args.policy)
     if args.mode:
         policy = _with_mode(policy, args.mode)
-    now = epoch(args.at) if args.at else time.time()
+    now = instant_arg(args.at, "--at") if args.at else time.time()
     now = float(now // policy.sweep.sample_interval * policy.sweep.sample_interval)
     store = AuditStore().ensure_schema()
     kwargs: dict[str, Any] = {}
