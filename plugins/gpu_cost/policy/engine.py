@@ -94,6 +94,7 @@ def decide(
     plan = Plan()
     snoozes = {k: _snooze_info(v) for k, v in (snoozed_targets or {}).items()}
     rejected_ids = set(rejected)
+    awaiting = awaiting or {}
     found_keys: set[tuple[str, str, str]] = set()
     notes = policy.notifications
     for f in findings:
@@ -144,9 +145,9 @@ def decide(
             continue
         d = _decision(f, policy, rung, nxt, episode, mode, track, prot.name if prot else None,
                       prot.level if prot else None, now, degraded, (predicted_end or {}).get(f.job_id or ""))
-        if d.decision_id in (awaiting or {}):
+        if d.decision_id in awaiting:
             plan.waiting.append({"target": f.target, "rule": f.rule, "rung": nxt, "action": rung.action,
-                                 "why": f"awaiting approval (asked by run {(awaiting or {})[d.decision_id]})"})
+                                 "why": f"awaiting approval (asked by run {awaiting[d.decision_id]})"})
             continue
         if d.decision_id in rejected_ids:
             plan.waiting.append({"target": f.target, "rule": f.rule, "rung": nxt, "action": rung.action,
