@@ -1,15 +1,19 @@
--- Privileges on the audit store, PostgreSQL. Run by the tables' owner, after schema.postgresql.sql,
--- in the audit database (never Airflow's metadata database). Idempotent: safe to run again.
+-- Privileges on the audit store, PostgreSQL. Run by the tables' owner after the schema is at head
+-- (`gpu-cost db upgrade` runs this file after migrating), in the audit database (never Airflow's
+-- metadata database). Idempotent: safe to run again.
 --
 -- Roles (created here without a password if missing, which needs CREATEROLE; deploy/postgres/ creates
 -- them first with LOGIN and a password, so the owner alone can run this file):
---   gpu_cost_agent   the agent, connection `gpu_cost_db`: appends and reads; updates only the columns
---                    that the named statements of queries.sql update; never deletes, truncates or
---                    changes what was decided or done.
+--   gpu_cost_agent   the agent, connection `gpu_cost_db`: reads everything; appends to the decision
+--                    and action history (no UPDATE, DELETE or TRUNCATE at all there: a status change,
+--                    an approval or an outcome is a new event row, the current state is a view);
+--                    updates only the state and result columns that the named statements of
+--                    queries.sql update.
 --   gpu_cost_reader  dashboards and reports (Grafana): read only.
 --
 -- When a statement in queries.sql starts to UPDATE another column (or an upsert another column),
--- grant that column here: tests/integration/test_grants.py checks the two files agree.
+-- grant that column here: tests/integration/test_grants.py checks the two files agree. A table a
+-- later migration adds gets its INSERT grant here (SELECT comes by default).
 
 DO $$
 BEGIN
@@ -26,29 +30,39 @@ GRANT USAGE ON SCHEMA public TO gpu_cost_agent, gpu_cost_reader;
 
 -- Nothing beyond what is granted below: no DELETE, TRUNCATE, REFERENCES or TRIGGER for anyone but the owner.
 REVOKE ALL ON ALL TABLES IN SCHEMA public FROM PUBLIC, gpu_cost_agent, gpu_cost_reader;
+-- tables, views and the schema version: everyone reads
 GRANT SELECT ON ALL TABLES IN SCHEMA public TO gpu_cost_agent, gpu_cost_reader;
-GRANT INSERT ON ALL TABLES IN SCHEMA public TO gpu_cost_agent;
--- tables the owner adds later get the same (UPDATE stays column by column, below)
 ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT SELECT ON TABLES TO gpu_cost_agent, gpu_cost_reader;
-ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT INSERT ON TABLES TO gpu_cost_agent;
+-- INSERT is granted table by table (below), never by default: not on the views, not on the schema version
+ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE INSERT ON TABLES FROM gpu_cost_agent;
 
+-- History: SELECT and INSERT only. What was decided and started (the logs), every later status change,
+-- approval and outcome (the events), snoozes, the savings ledger and the policy each run pinned are never
+-- updated nor deleted.
+GRANT INSERT ON gpu_cost_decision_log, gpu_cost_decision_events, gpu_cost_action_log, gpu_cost_action_events,
+    gpu_cost_snoozes, gpu_cost_savings, gpu_cost_run_policies TO gpu_cost_agent;
+
+-- State, not history: a run's row, its snapshot and the escalation ladders are the agent's working state
+-- (what a run is doing now, how far a target's ladder went); their history is in the decisions and
+-- actions above. The agent updates only the columns its statements update.
+GRANT INSERT ON gpu_cost_runs, gpu_cost_snapshots, gpu_cost_escalations TO gpu_cost_agent;
 -- finish_run
 GRANT UPDATE (finished_at, status, problems, counts) ON gpu_cost_runs TO gpu_cost_agent;
 -- save_snapshot (a retried collect replaces the run's snapshot)
 GRANT UPDATE (ts, payload) ON gpu_cost_snapshots TO gpu_cost_agent;
--- set_decision_status, set_approval: what was decided (rule, target, action, reason, evidence) is never rewritten
-GRANT UPDATE (status, approval_status, approved_by, approved_at) ON gpu_cost_decisions TO gpu_cost_agent;
--- action_finished, action_retry: what was run (action, target, command, started_at) is never rewritten
-GRANT UPDATE (status, finished_at, output, error, attempt) ON gpu_cost_actions TO gpu_cost_agent;
 -- insert_escalation (re-opened episode), touch_escalation, advance_escalation, close_escalation, snooze_escalations
 GRANT UPDATE (episode, rung, state, first_seen, last_seen, last_action_at, closed_at, job_id, user_name,
     snoozed_until, snooze_reason, snoozed_by) ON gpu_cost_escalations TO gpu_cost_agent;
--- upsert_usage (a re-run sweep rewrites its own interval's summary)
-GRANT UPDATE (interval_s, gpus, total_gpu_s, allocated_gpu_s, busy_gpu_s, idle_alloc_gpu_s, zombie_gpu_s, util_sum)
-    ON gpu_cost_usage TO gpu_cost_agent;
--- upsert_job_usage (the same, per job)
+
+-- Results derived from the data (usage summaries, forecasts): a re-run of the same data instant
+-- replaces its rows; the statements never let an older data instant replace a newer one.
+GRANT INSERT ON gpu_cost_usage, gpu_cost_jobs_usage, gpu_cost_forecasts TO gpu_cost_agent;
+-- upsert_usage
+GRANT UPDATE (interval_s, gpus, total_gpu_s, allocated_gpu_s, busy_gpu_s, idle_alloc_gpu_s, zombie_gpu_s, util_sum,
+    run_id, data_ts) ON gpu_cost_usage TO gpu_cost_agent;
+-- upsert_job_usage
 GRANT UPDATE (interval_s, user_name, account, partition_name, gpu_model, job_name, gpus, gpus_requested, gpus_busy,
-    gpus_active, gpus_stale, work_gpus, time_limit_s, start_ts) ON gpu_cost_jobs_usage TO gpu_cost_agent;
--- upsert_forecast (a re-run forecast replaces its own horizon)
-GRANT UPDATE (kind, yhat, yhat_lower, yhat_upper, model, created_at, extra) ON gpu_cost_forecasts TO gpu_cost_agent;
--- gpu_cost_snoozes and gpu_cost_savings: append-only, no UPDATE at all.
+    gpus_active, gpus_stale, work_gpus, time_limit_s, start_ts, run_id, data_ts) ON gpu_cost_jobs_usage TO gpu_cost_agent;
+-- upsert_forecast
+GRANT UPDATE (kind, yhat, yhat_lower, yhat_upper, model, created_at, extra, run_id, data_ts)
+    ON gpu_cost_forecasts TO gpu_cost_agent;

@@ -1,5 +1,7 @@
 -- Named, parameterised statements of the audit store (SQLite and PostgreSQL alike).
--- Each block starts with "-- name: <name>"; parameters are :named.
+-- Each block starts with "-- name: <name>"; parameters are :named (a list value binds an IN list).
+-- Decisions and actions are history: their statements only INSERT (into the *_log and *_events
+-- tables) and read the views gpu_cost_decisions / gpu_cost_actions for the current state.
 
 -- name: insert_run
 INSERT INTO gpu_cost_runs (run_id, dag_id, started_at, data_ts, source, mode, status)
@@ -31,7 +33,7 @@ ON CONFLICT (run_id) DO UPDATE SET ts = excluded.ts, payload = excluded.payload;
 SELECT payload FROM gpu_cost_snapshots WHERE run_id = :run_id;
 
 -- name: insert_decision
-INSERT INTO gpu_cost_decisions (
+INSERT INTO gpu_cost_decision_log (
     decision_id, run_id, ts, rule, target_kind, target, action, mode, rung, episode, job_id, user_name,
     account, partition_name, host, gpus, reason, protection, requires_approval, approval_status, status,
     gpu_hours_at_risk, gpu_hours_saved, evidence)
@@ -50,24 +52,43 @@ SELECT * FROM gpu_cost_decisions WHERE run_id = :run_id ORDER BY ts, decision_id
 -- name: decisions_between
 SELECT * FROM gpu_cost_decisions WHERE ts >= :since AND ts < :until ORDER BY ts, decision_id;
 
+-- name: decisions_by_ids
+SELECT * FROM gpu_cost_decisions WHERE decision_id IN :ids ORDER BY ts, decision_id;
+
+-- name: decision_events
+SELECT * FROM gpu_cost_decision_events WHERE decision_id = :decision_id ORDER BY event_id;
+
 -- name: set_decision_status
-UPDATE gpu_cost_decisions SET status = :status WHERE decision_id = :decision_id;
+-- a new event, only when the status changes
+INSERT INTO gpu_cost_decision_events (decision_id, status, recorded_by, run_id, note)
+SELECT d.decision_id, :status, :recorded_by, :run_id, :note FROM gpu_cost_decisions d
+WHERE d.decision_id = :decision_id AND d.status <> :status;
 
 -- name: set_approval
-UPDATE gpu_cost_decisions SET approval_status = :approval_status, approved_by = :approved_by, approved_at = :approved_at
-WHERE decision_id = :decision_id;
+INSERT INTO gpu_cost_decision_events (decision_id, approval_status, approved_by, approved_at, recorded_by, run_id, note)
+SELECT l.decision_id, :approval_status, :approved_by, :approved_at, :approved_by, :run_id, :note
+FROM gpu_cost_decision_log l WHERE l.decision_id = :decision_id;
 
 -- name: action_started
-INSERT INTO gpu_cost_actions (action_id, decision_id, run_id, action, target, executor, dry_run, status, started_at, attempt, command)
-VALUES (:action_id, :decision_id, :run_id, :action, :target, :executor, :dry_run, 'started', :started_at, :attempt, :command)
+INSERT INTO gpu_cost_action_log (action_id, decision_id, run_id, action, target, executor, dry_run, started_at, attempt, command)
+VALUES (:action_id, :decision_id, :run_id, :action, :target, :executor, :dry_run, :started_at, :attempt, :command)
 ON CONFLICT (action_id) DO NOTHING;
 
 -- name: action_finished
-UPDATE gpu_cost_actions SET status = :status, finished_at = :finished_at, output = :output, error = :error
-WHERE action_id = :action_id AND status = 'started';
+-- the outcome of an action still started; the unique (action_id, prev_event_id) lets one of two
+-- concurrent writers land, as a row lock did for an UPDATE
+INSERT INTO gpu_cost_action_events (action_id, prev_event_id, status, finished_at, output, error, attempt)
+SELECT a.action_id, COALESCE((SELECT MAX(e.event_id) FROM gpu_cost_action_events e WHERE e.action_id = a.action_id), 0),
+       :status, :finished_at, :output, :error, a.attempt
+FROM gpu_cost_actions a WHERE a.action_id = :action_id AND a.status = 'started'
+ON CONFLICT (action_id, prev_event_id) DO NOTHING;
 
 -- name: action_retry
-UPDATE gpu_cost_actions SET attempt = attempt + 1 WHERE action_id = :action_id;
+INSERT INTO gpu_cost_action_events (action_id, prev_event_id, status, finished_at, output, error, attempt)
+SELECT a.action_id, COALESCE((SELECT MAX(e.event_id) FROM gpu_cost_action_events e WHERE e.action_id = a.action_id), 0),
+       a.status, a.finished_at, a.output, a.error, a.attempt + 1
+FROM gpu_cost_actions a WHERE a.action_id = :action_id
+ON CONFLICT (action_id, prev_event_id) DO NOTHING;
 
 -- name: get_action
 SELECT * FROM gpu_cost_actions WHERE action_id = :action_id;
@@ -116,29 +137,33 @@ ON CONFLICT (snooze_id) DO NOTHING;
 SELECT * FROM gpu_cost_snoozes WHERE until_ts > :now ORDER BY until_ts DESC;
 
 -- name: upsert_usage
+-- a re-run of the same data instant replaces its rows; an older data instant never replaces a newer one
 INSERT INTO gpu_cost_usage (ts, interval_s, host, gpu_model, user_name, account, partition_name, gpus, total_gpu_s,
-    allocated_gpu_s, busy_gpu_s, idle_alloc_gpu_s, zombie_gpu_s, util_sum)
+    allocated_gpu_s, busy_gpu_s, idle_alloc_gpu_s, zombie_gpu_s, util_sum, run_id, data_ts)
 VALUES (:ts, :interval_s, :host, :gpu_model, :user_name, :account, :partition_name, :gpus, :total_gpu_s,
-    :allocated_gpu_s, :busy_gpu_s, :idle_alloc_gpu_s, :zombie_gpu_s, :util_sum)
+    :allocated_gpu_s, :busy_gpu_s, :idle_alloc_gpu_s, :zombie_gpu_s, :util_sum, :run_id, :data_ts)
 ON CONFLICT (ts, host, user_name, account, partition_name, gpu_model) DO UPDATE SET
     interval_s = excluded.interval_s, gpus = excluded.gpus, total_gpu_s = excluded.total_gpu_s,
     allocated_gpu_s = excluded.allocated_gpu_s, busy_gpu_s = excluded.busy_gpu_s,
-    idle_alloc_gpu_s = excluded.idle_alloc_gpu_s, zombie_gpu_s = excluded.zombie_gpu_s, util_sum = excluded.util_sum;
+    idle_alloc_gpu_s = excluded.idle_alloc_gpu_s, zombie_gpu_s = excluded.zombie_gpu_s, util_sum = excluded.util_sum,
+    run_id = excluded.run_id, data_ts = excluded.data_ts
+WHERE excluded.data_ts >= gpu_cost_usage.data_ts;
 
 -- name: usage_between
 SELECT * FROM gpu_cost_usage WHERE ts > :since AND ts <= :until;
 
 -- name: upsert_job_usage
 INSERT INTO gpu_cost_jobs_usage (ts, job_id, interval_s, user_name, account, partition_name, gpu_model, job_name, gpus,
-    gpus_requested, gpus_busy, gpus_active, gpus_stale, work_gpus, time_limit_s, start_ts)
+    gpus_requested, gpus_busy, gpus_active, gpus_stale, work_gpus, time_limit_s, start_ts, run_id, data_ts)
 VALUES (:ts, :job_id, :interval_s, :user_name, :account, :partition_name, :gpu_model, :job_name, :gpus,
-    :gpus_requested, :gpus_busy, :gpus_active, :gpus_stale, :work_gpus, :time_limit_s, :start_ts)
+    :gpus_requested, :gpus_busy, :gpus_active, :gpus_stale, :work_gpus, :time_limit_s, :start_ts, :run_id, :data_ts)
 ON CONFLICT (ts, job_id) DO UPDATE SET
     interval_s = excluded.interval_s, user_name = excluded.user_name, account = excluded.account,
     partition_name = excluded.partition_name, gpu_model = excluded.gpu_model, job_name = excluded.job_name,
     gpus = excluded.gpus, gpus_requested = excluded.gpus_requested, gpus_busy = excluded.gpus_busy,
     gpus_active = excluded.gpus_active, gpus_stale = excluded.gpus_stale, work_gpus = excluded.work_gpus,
-    time_limit_s = excluded.time_limit_s, start_ts = excluded.start_ts;
+    time_limit_s = excluded.time_limit_s, start_ts = excluded.start_ts, run_id = excluded.run_id, data_ts = excluded.data_ts
+WHERE excluded.data_ts >= gpu_cost_jobs_usage.data_ts;
 
 -- name: job_usage_between
 SELECT * FROM gpu_cost_jobs_usage WHERE ts > :since AND ts <= :until AND gpus >= :min_gpus ORDER BY ts, job_id;
@@ -150,26 +175,56 @@ SELECT * FROM gpu_cost_jobs_usage WHERE job_id = :job_id AND ts <= :until ORDER 
 SELECT 1 AS later FROM gpu_cost_jobs_usage WHERE ts > :since AND ts <= :until LIMIT 1;
 
 -- name: insert_saving
-INSERT INTO gpu_cost_savings (saving_id, decision_id, ts, kind, target, user_name, account, gpu_model, gpus, gpu_hours, kwh, usd, basis)
-VALUES (:saving_id, :decision_id, :ts, :kind, :target, :user_name, :account, :gpu_model, :gpus, :gpu_hours, :kwh, :usd, :basis)
+INSERT INTO gpu_cost_savings (saving_id, decision_id, ts, kind, target, user_name, account, gpu_model, gpus, gpu_hours, kwh, usd,
+    basis, run_id, data_ts)
+VALUES (:saving_id, :decision_id, :ts, :kind, :target, :user_name, :account, :gpu_model, :gpus, :gpu_hours, :kwh, :usd,
+    :basis, :run_id, :data_ts)
 ON CONFLICT (saving_id) DO NOTHING;
 
 -- name: savings_between
 SELECT * FROM gpu_cost_savings WHERE ts >= :since AND ts < :until ORDER BY ts;
 
 -- name: upsert_forecast
-INSERT INTO gpu_cost_forecasts (series, horizon_ts, kind, yhat, yhat_lower, yhat_upper, model, created_at, extra)
-VALUES (:series, :horizon_ts, :kind, :yhat, :yhat_lower, :yhat_upper, :model, :created_at, :extra)
+-- a re-run of the same data instant replaces its rows; an older data instant (the 02:00 nightly after a
+-- manual run on newer data) never replaces a newer one
+INSERT INTO gpu_cost_forecasts (series, horizon_ts, kind, yhat, yhat_lower, yhat_upper, model, created_at, extra,
+    run_id, data_ts)
+VALUES (:series, :horizon_ts, :kind, :yhat, :yhat_lower, :yhat_upper, :model, :created_at, :extra, :run_id, :data_ts)
 ON CONFLICT (series, horizon_ts) DO UPDATE SET
     kind = excluded.kind, yhat = excluded.yhat, yhat_lower = excluded.yhat_lower, yhat_upper = excluded.yhat_upper,
-    model = excluded.model, created_at = excluded.created_at, extra = excluded.extra;
+    model = excluded.model, created_at = excluded.created_at, extra = excluded.extra,
+    run_id = excluded.run_id, data_ts = excluded.data_ts
+WHERE excluded.data_ts >= gpu_cost_forecasts.data_ts;
 
 -- name: forecasts_of
-SELECT * FROM gpu_cost_forecasts WHERE series LIKE :pattern AND horizon_ts >= :since ORDER BY series, horizon_ts;
+-- of each series, the rows of its newest data instant only (an older run's other horizons are not mixed in)
+SELECT * FROM gpu_cost_forecasts f
+WHERE f.series LIKE :pattern AND f.horizon_ts >= :since
+  AND f.data_ts = (SELECT MAX(n.data_ts) FROM gpu_cost_forecasts n WHERE n.series = f.series)
+ORDER BY f.series, f.horizon_ts;
+
+-- name: forecast_at
+-- one stored row as its run wrote it (the nightly's steps read their own run's history rows)
+SELECT * FROM gpu_cost_forecasts WHERE series = :series AND horizon_ts = :horizon_ts;
 
 -- name: action_reopen
 -- tried again by a later sweep: a notice held back by the per-user rate limit, or an action that
 -- failed (controller down, node unreachable) fewer than max_attempts times
-UPDATE gpu_cost_actions SET status = 'started', finished_at = NULL, error = NULL
-WHERE action_id = :action_id
-  AND ((status = 'skipped' AND error LIKE 'rate limit:%') OR (status = 'failed' AND attempt < :max_attempts));
+INSERT INTO gpu_cost_action_events (action_id, prev_event_id, status, finished_at, output, error, attempt)
+SELECT a.action_id, COALESCE((SELECT MAX(e.event_id) FROM gpu_cost_action_events e WHERE e.action_id = a.action_id), 0),
+       'started', NULL, a.output, NULL, a.attempt
+FROM gpu_cost_actions a
+WHERE a.action_id = :action_id
+  AND ((a.status = 'skipped' AND a.error LIKE 'rate limit:%') OR (a.status = 'failed' AND a.attempt < :max_attempts))
+ON CONFLICT (action_id, prev_event_id) DO NOTHING;
+
+-- ---------------------------------------------------------------------------------------------
+-- Pinned policies (one per run; INSERT only)
+
+-- name: pin_policy
+INSERT INTO gpu_cost_run_policies (run_id, name, sha256, content, pinned_at)
+VALUES (:run_id, :name, :sha256, :content, :pinned_at)
+ON CONFLICT (run_id) DO NOTHING;
+
+-- name: pinned_policy
+SELECT run_id, name, sha256, content, pinned_at FROM gpu_cost_run_policies WHERE run_id = :run_id;

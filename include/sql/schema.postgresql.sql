@@ -1,6 +1,13 @@
 -- Audit store schema, PostgreSQL dialect. Table names are a contract; columns may grow.
 -- Times are TIMESTAMPTZ (the store binds ISO 8601 UTC text).
--- Nothing is ever deleted: decisions and actions are appended, actions updated once on completion.
+-- This file describes the head revision of the migrations in plugins/gpu_cost/audit/migrations/: a fresh
+-- store is created from it (and stamped at head); an existing one is migrated. Change both together
+-- (tests/unit/test_audit_migrations.py compares them).
+-- Nothing is ever deleted or rewritten: what was decided and done is in the *_log tables, every later
+-- status change, approval and outcome is a new row of an *_events table, and gpu_cost_decisions and
+-- gpu_cost_actions are views of the current state (the latest event of each kind wins, by event_id).
+-- Every stored result (usage, job usage, forecasts, savings) names the run and the data instant it
+-- came from (run_id, data_ts); an upsert never lets an older data instant replace a newer one.
 
 CREATE TABLE IF NOT EXISTS gpu_cost_runs (
     run_id          TEXT PRIMARY KEY,
@@ -21,7 +28,7 @@ CREATE TABLE IF NOT EXISTS gpu_cost_snapshots (
     payload         TEXT NOT NULL                      -- Snapshot JSON
 );
 
-CREATE TABLE IF NOT EXISTS gpu_cost_decisions (
+CREATE TABLE IF NOT EXISTS gpu_cost_decision_log (
     decision_id     TEXT PRIMARY KEY,                  -- hash of (rule, target, episode, rung)
     run_id          TEXT,
     ts              TIMESTAMPTZ NOT NULL,
@@ -41,18 +48,31 @@ CREATE TABLE IF NOT EXISTS gpu_cost_decisions (
     reason          TEXT,
     protection      TEXT,
     requires_approval INTEGER NOT NULL DEFAULT 0,
-    approval_status TEXT,                              -- pending | approved | rejected | timed_out
-    approved_by     TEXT,
-    approved_at     TIMESTAMPTZ,
-    status          TEXT NOT NULL DEFAULT 'decided',   -- decided | recorded | acted | rejected | capped | failed | expired
+    approval_status TEXT,                              -- as decided: pending (or NULL)
+    status          TEXT NOT NULL DEFAULT 'decided',   -- as decided
     gpu_hours_at_risk DOUBLE PRECISION NOT NULL DEFAULT 0,
     gpu_hours_saved DOUBLE PRECISION NOT NULL DEFAULT 0,
     evidence        TEXT                               -- JSON object
 );
-CREATE INDEX IF NOT EXISTS ix_gpu_cost_decisions_ts ON gpu_cost_decisions (ts);
-CREATE INDEX IF NOT EXISTS ix_gpu_cost_decisions_target ON gpu_cost_decisions (target);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_decision_log_ts ON gpu_cost_decision_log (ts);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_decision_log_target ON gpu_cost_decision_log (target);
 
-CREATE TABLE IF NOT EXISTS gpu_cost_actions (
+-- a status change (status set) or an approval answer (approval_status set), appended
+CREATE TABLE IF NOT EXISTS gpu_cost_decision_events (
+    event_id        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    decision_id     TEXT NOT NULL,
+    ts              TIMESTAMPTZ NOT NULL DEFAULT now(), -- when it was written
+    status          TEXT,                              -- decided | recorded | acted | rejected | capped | failed | expired
+    approval_status TEXT,                              -- pending | approved | rejected | timed_out
+    approved_by     TEXT,
+    approved_at     TIMESTAMPTZ,
+    recorded_by     TEXT,
+    run_id          TEXT,
+    note            TEXT
+);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_decision_events_decision ON gpu_cost_decision_events (decision_id, event_id);
+
+CREATE TABLE IF NOT EXISTS gpu_cost_action_log (
     action_id       TEXT PRIMARY KEY,                  -- decision_id + ":" + step
     decision_id     TEXT NOT NULL,
     run_id          TEXT,
@@ -60,15 +80,53 @@ CREATE TABLE IF NOT EXISTS gpu_cost_actions (
     target          TEXT NOT NULL,
     executor        TEXT,
     dry_run         INTEGER NOT NULL DEFAULT 0,
-    status          TEXT NOT NULL,                     -- started | succeeded | failed | skipped
     started_at      TIMESTAMPTZ NOT NULL,
-    finished_at     TIMESTAMPTZ,
     attempt         INTEGER NOT NULL DEFAULT 1,
-    command         TEXT,
-    output          TEXT,
-    error           TEXT
+    command         TEXT
 );
-CREATE INDEX IF NOT EXISTS ix_gpu_cost_actions_decision ON gpu_cost_actions (decision_id);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_action_log_decision ON gpu_cost_action_log (decision_id);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_action_log_target ON gpu_cost_action_log (target);
+
+-- the action's whole state after a change (finished, retried, reopened), appended; prev_event_id is
+-- the event it follows (0: the started row), so of two concurrent changes of one state only one lands
+CREATE TABLE IF NOT EXISTS gpu_cost_action_events (
+    event_id        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    action_id       TEXT NOT NULL,
+    prev_event_id   BIGINT NOT NULL DEFAULT 0,
+    ts              TIMESTAMPTZ NOT NULL DEFAULT now(), -- when it was written
+    status          TEXT NOT NULL,                     -- started | succeeded | failed | skipped
+    finished_at     TIMESTAMPTZ,
+    output          TEXT,
+    error           TEXT,
+    attempt         INTEGER NOT NULL DEFAULT 1,
+    UNIQUE (action_id, prev_event_id)
+);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_action_events_action ON gpu_cost_action_events (action_id, event_id);
+
+-- current state of every decision (the columns of the former table, in its order)
+CREATE OR REPLACE VIEW gpu_cost_decisions AS
+SELECT l.decision_id, l.run_id, l.ts, l.rule, l.target_kind, l.target, l.action, l.mode, l.rung, l.episode,
+       l.job_id, l.user_name, l.account, l.partition_name, l.host, l.gpus, l.reason, l.protection,
+       l.requires_approval,
+       CASE WHEN a.event_id IS NULL THEN l.approval_status ELSE a.approval_status END AS approval_status,
+       a.approved_by, a.approved_at,
+       COALESCE(s.status, l.status) AS status,
+       l.gpu_hours_at_risk, l.gpu_hours_saved, l.evidence
+FROM gpu_cost_decision_log l
+LEFT JOIN gpu_cost_decision_events s ON s.event_id = (
+    SELECT MAX(e.event_id) FROM gpu_cost_decision_events e WHERE e.decision_id = l.decision_id AND e.status IS NOT NULL)
+LEFT JOIN gpu_cost_decision_events a ON a.event_id = (
+    SELECT MAX(e.event_id) FROM gpu_cost_decision_events e
+    WHERE e.decision_id = l.decision_id AND e.approval_status IS NOT NULL);
+
+-- current state of every action (the columns of the former table, in its order)
+CREATE OR REPLACE VIEW gpu_cost_actions AS
+SELECT l.action_id, l.decision_id, l.run_id, l.action, l.target, l.executor, l.dry_run,
+       COALESCE(e.status, 'started') AS status, l.started_at, e.finished_at, COALESCE(e.attempt, l.attempt) AS attempt,
+       l.command, e.output, e.error
+FROM gpu_cost_action_log l
+LEFT JOIN gpu_cost_action_events e ON e.event_id = (
+    SELECT MAX(x.event_id) FROM gpu_cost_action_events x WHERE x.action_id = l.action_id);
 
 CREATE TABLE IF NOT EXISTS gpu_cost_escalations (
     rule            TEXT NOT NULL,
@@ -108,11 +166,13 @@ CREATE TABLE IF NOT EXISTS gpu_cost_forecasts (
     model           TEXT,
     created_at      TIMESTAMPTZ NOT NULL,
     extra           TEXT,                              -- JSON
+    run_id          TEXT,                              -- the run that wrote it
+    data_ts         TIMESTAMPTZ NOT NULL,          -- the data instant it came from
     PRIMARY KEY (series, horizon_ts)
 );
 
 CREATE TABLE IF NOT EXISTS gpu_cost_usage (
-    ts              TIMESTAMPTZ NOT NULL,                     -- end of the interval
+    ts              TIMESTAMPTZ NOT NULL,          -- end of the interval
     interval_s      DOUBLE PRECISION NOT NULL,
     host            TEXT NOT NULL,
     gpu_model       TEXT NOT NULL DEFAULT '',
@@ -126,6 +186,8 @@ CREATE TABLE IF NOT EXISTS gpu_cost_usage (
     idle_alloc_gpu_s DOUBLE PRECISION NOT NULL DEFAULT 0,
     zombie_gpu_s    DOUBLE PRECISION NOT NULL DEFAULT 0,
     util_sum        DOUBLE PRECISION NOT NULL DEFAULT 0,           -- Σ utilisation % × GPU-seconds / 100
+    run_id          TEXT,                              -- the run that wrote it
+    data_ts         TIMESTAMPTZ NOT NULL,          -- the data instant it came from
     PRIMARY KEY (ts, host, user_name, account, partition_name, gpu_model)
 );
 
@@ -142,11 +204,13 @@ CREATE TABLE IF NOT EXISTS gpu_cost_savings (
     gpu_hours       DOUBLE PRECISION NOT NULL DEFAULT 0,
     kwh             DOUBLE PRECISION NOT NULL DEFAULT 0,
     usd             DOUBLE PRECISION NOT NULL DEFAULT 0,
-    basis           TEXT                               -- how the saving was computed
+    basis           TEXT,                          -- how the saving was computed
+    run_id          TEXT,                              -- the run that wrote it
+    data_ts         TIMESTAMPTZ NOT NULL           -- the data instant it came from
 );
 
 CREATE TABLE IF NOT EXISTS gpu_cost_jobs_usage (
-    ts              TIMESTAMPTZ NOT NULL,                     -- end of the interval (sweep instant)
+    ts              TIMESTAMPTZ NOT NULL,          -- end of the interval (sweep instant)
     job_id          TEXT NOT NULL,
     interval_s      DOUBLE PRECISION NOT NULL,
     user_name       TEXT NOT NULL DEFAULT '',
@@ -162,5 +226,17 @@ CREATE TABLE IF NOT EXISTS gpu_cost_jobs_usage (
     work_gpus       DOUBLE PRECISION NOT NULL DEFAULT 0,           -- sum of utilisation / 100
     time_limit_s    DOUBLE PRECISION,
     start_ts        DOUBLE PRECISION,                              -- epoch seconds
+    run_id          TEXT,                              -- the run that wrote it
+    data_ts         TIMESTAMPTZ NOT NULL,          -- the data instant it came from
     PRIMARY KEY (ts, job_id)
+);
+
+-- The policy each run decided under, pinned when the run starts: every later task of the run, and
+-- an approval answered later, reads it from here (an edit of the file mid-run changes nothing).
+CREATE TABLE IF NOT EXISTS gpu_cost_run_policies (
+    run_id          TEXT PRIMARY KEY,
+    name            TEXT NOT NULL,                 -- the policy's name (file in the policy directory)
+    sha256          TEXT NOT NULL,                 -- of the content
+    content         TEXT NOT NULL,                 -- the YAML as read
+    pinned_at       TIMESTAMPTZ NOT NULL
 );

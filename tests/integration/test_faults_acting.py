@@ -226,7 +226,7 @@ def test_ssh_target_unreachable_or_hanging_fails_within_timeout(kind, silent_por
         "extra": {"key_file": str(key), "no_host_key_check": True, "look_for_keys": False}}))
     target = "proc:gpu01:4242:1795960000"
     d = Decision(decision_id=decision_id("zombie", target, 1, 1), ts=time.time(), rule="zombie", target_kind="process",
-                 target=target, action="kill_process", mode="enforce", rung=1, host="gpu01", gpus=1,
+                 target=target, action="kill_process", mode="enforce", rung=1, host="gpu01", gpus=1, user="nobody",
                  reason="test", evidence={"gpu_uuid": "GPU-0000"})
     ctx = ActionContext(policy=_policy(), dry_run=False, now=time.time(), run_id="ssh-fault",
                         node_runner=lambda host: SSHRunner("faults_node", host="127.0.0.1", conn_timeout=2),

@@ -1,16 +1,19 @@
 """The audit store's grants (include/sql/grants.postgresql.sql), tried for real on PostgreSQL.
 
-The tables are created by their owner; the agent role (connection ``gpu_cost_db``) then runs every
-named write of ``include/sql/queries.sql`` through :class:`AuditStore`, and fails to DELETE,
-TRUNCATE, DROP or UPDATE a column that records what was decided or done. The reader role (Grafana)
-only reads.
+The tables are created by their owner (``gpu-cost db upgrade``, which applies the grants); the
+agent role (connection ``gpu_cost_db``) then runs every named write of ``include/sql/queries.sql``
+through :class:`AuditStore` and a whole sweep's writes, and fails to DELETE, TRUNCATE, DROP or
+UPDATE anything of the decision and action history (rewriting a failed action as succeeded,
+setting who approved). The reader role (Grafana) only reads.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +28,10 @@ pytestmark = pytest.mark.integration
 SQL = ROOT / "include" / "sql"
 #: every audit table of the schema file
 TABLES = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", (SQL / "schema.postgresql.sql").read_text()))
+#: the views of the current state
+VIEWS = tuple(re.findall(r"CREATE OR REPLACE VIEW (\w+)", (SQL / "schema.postgresql.sql").read_text()))
+#: decision and action history: the agent may only SELECT and INSERT
+HISTORY = ("gpu_cost_decision_log", "gpu_cost_decision_events", "gpu_cost_action_log", "gpu_cost_action_events")
 
 #: text values that must make sense to a statement (a status, a LIKE pattern, JSON columns)
 _TEXT = {"status": "ok", "approval_status": "approved", "track": "dry-run", "kind": "gpu", "mode": "dry-run",
@@ -36,7 +43,7 @@ def _params(sql: str, types: dict[str, str]) -> dict[str, Any]:
     from gpu_cost.audit import store
 
     out: dict[str, Any] = {}
-    for name in re.findall(r"(?<!:):([a-z_]+)", sql):
+    for name in re.findall(r"(?<!:):([a-z_][a-z_0-9]*)", sql):
         kind = types.get(name, "text")
         if name in store._TIME_COLUMNS or name in ("now", "since", "until", "until_ts") or "timestamp" in kind:
             out[name] = NOW
@@ -55,10 +62,21 @@ def _writes() -> dict[str, str]:
     return {n: q for n, q in queries().items() if re.match(r"\s*(INSERT|UPDATE)\b", q, re.I)}
 
 
-def _psql(port: int, user: str, db: str, *args: str) -> None:
-    r = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(port), "-U", user,
-                        "-d", db, *args], capture_output=True, text=True)
-    assert r.returncode == 0, f"psql {args} as {user}: {r.stderr.strip()}"
+def gpu_cost_db(*args: str) -> dict[str, Any]:
+    """Run ``gpu-cost db ... --json`` as the deployment does; return its JSON object."""
+    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "db", *args, "--json"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)])})
+    assert r.returncode == 0, f"gpu-cost db {args}: {r.stdout} {r.stderr[-2000:]}"
+    return dict(json.loads(r.stdout))
+
+
+def _roles_and_database(port: int, name: str) -> None:
+    env = {**os.environ, "PGHOST": "127.0.0.1", "PGPORT": str(port), "POSTGRES_USER": "postgres",
+           "GPU_COST_DB_NAME": name, "GPU_COST_OWNER_PASSWORD": "owner-pw", "GPU_COST_AGENT_PASSWORD": "agent'pw",
+           "GPU_COST_READER_PASSWORD": "reader pw"}
+    r = subprocess.run(["bash", str(ROOT / "deploy" / "postgres" / "initdb.d" / "00-roles.sh")], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.fixture(scope="module")
@@ -66,25 +84,21 @@ def audit_db(postgres_server: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """A fresh audit database set up as docker-compose does it.
 
     deploy/postgres/initdb.d/00-roles.sh as the superuser (roles, database), then, as the owner,
-    schema.postgresql.sql and grants.postgresql.sql (service ``gpu-cost-db-init``; run twice here
-    because every ``docker compose up`` runs it again).
+    ``gpu-cost db upgrade`` (schema at head, then grants.postgresql.sql: service ``gpu-cost-db-init``;
+    run twice here because every ``docker compose up`` runs it again).
     """
     port = int(postgres_server["port"])  # type: ignore[call-overload]
     name = f"grants_{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "PGHOST": "127.0.0.1", "PGPORT": str(port), "POSTGRES_USER": "postgres",
-           "GPU_COST_DB_NAME": name, "GPU_COST_OWNER_PASSWORD": "owner-pw", "GPU_COST_AGENT_PASSWORD": "agent'pw",
-           "GPU_COST_READER_PASSWORD": "reader pw"}
-    for _ in range(2):
-        r = subprocess.run(["bash", str(ROOT / "deploy" / "postgres" / "initdb.d" / "00-roles.sh")], env=env,
-                           capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        _psql(port, "gpu_cost_owner", name, "-f", str(SQL / "schema.postgresql.sql"),
-              "-f", str(SQL / "grants.postgresql.sql"))
     base = f"postgresql+psycopg2://{{}}@127.0.0.1:{port}/{name}"
+    for i in range(2):
+        _roles_and_database(port, name)
+        out = gpu_cost_db("upgrade", "--url", base.format("gpu_cost_owner"))
+        assert out["grants"] is True
+        assert out["created"] is (i == 0)
     eng = sa.create_engine(base.format("gpu_cost_owner"))
     try:
         with eng.connect() as conn:
-            types = dict(conn.execute(sa.text(
+            types: dict[str, str] = dict(conn.execute(sa.text(
                 "SELECT column_name, data_type FROM information_schema.columns "
                 "WHERE table_name LIKE 'gpu_cost%' ORDER BY table_name")).all())
     finally:
@@ -148,18 +162,39 @@ def test_agent_cannot_delete_or_truncate(audit_db, table: str) -> None:  # type:
     assert "permission denied" in _denied(audit_db["agent"], f"TRUNCATE {table}")
 
 
+@pytest.mark.parametrize("table", VIEWS)
+def test_agent_cannot_write_the_views(audit_db, table: str) -> None:  # type: ignore[no-untyped-def]
+    eng = sa.create_engine(audit_db["agent"])
+    try:
+        for sql in (f"DELETE FROM {table}", f"UPDATE {table} SET status = 'succeeded'", f"TRUNCATE {table}"):
+            with pytest.raises(sa.exc.DBAPIError) as err, eng.begin() as conn:
+                conn.exec_driver_sql(sql)
+            message = str(err.value.orig)
+            assert "permission denied" in message or "cannot" in message or "is not a table" in message, message
+    finally:
+        eng.dispose()
+
+
 @pytest.mark.parametrize("sql", [
-    "UPDATE gpu_cost_decisions SET action = 'cancel'",
-    "UPDATE gpu_cost_decisions SET reason = 'rewritten', evidence = '{}'",
-    "UPDATE gpu_cost_decisions SET target = 'job:0', mode = 'enforce'",
-    "UPDATE gpu_cost_actions SET command = 'scancel 1'",
-    "UPDATE gpu_cost_actions SET target = 'job:0', dry_run = 0",
+    "UPDATE gpu_cost_decision_log SET action = 'cancel'",
+    "UPDATE gpu_cost_decision_log SET reason = 'rewritten', evidence = '{}'",
+    "UPDATE gpu_cost_decision_log SET target = 'job:0', mode = 'enforce'",
+    "UPDATE gpu_cost_decision_log SET status = 'acted', approval_status = 'approved'",
+    "UPDATE gpu_cost_decision_events SET approved_by = 'someone-else', approval_status = 'approved'",
+    "UPDATE gpu_cost_decision_events SET status = 'acted'",
+    "UPDATE gpu_cost_action_log SET command = 'scancel 1'",
+    "UPDATE gpu_cost_action_log SET target = 'job:0', dry_run = 0",
+    "UPDATE gpu_cost_action_events SET status = 'succeeded', error = NULL WHERE status = 'failed'",
+    "UPDATE gpu_cost_action_events SET attempt = 1",
+    "INSERT INTO gpu_cost_schema_version VALUES ('0001_baseline')",
+    "UPDATE gpu_cost_schema_version SET version_num = '0001_baseline'",
     "UPDATE gpu_cost_runs SET started_at = now(), mode = 'enforce'",
     "UPDATE gpu_cost_savings SET usd = 1e9",
     "UPDATE gpu_cost_snoozes SET until_ts = now()",
     "UPDATE gpu_cost_usage SET host = 'elsewhere'",
-    "DROP TABLE gpu_cost_actions",
-    "ALTER TABLE gpu_cost_decisions DROP COLUMN reason",
+    "DROP TABLE gpu_cost_action_log",
+    "DROP VIEW gpu_cost_actions",
+    "ALTER TABLE gpu_cost_decision_log DROP COLUMN reason",
     "CREATE TABLE gpu_cost_extra (x int)",
 ], ids=lambda s: " ".join(s.split()[:4]))
 def test_agent_cannot_rewrite_history(audit_db, sql: str) -> None:  # type: ignore[no-untyped-def]
@@ -188,17 +223,108 @@ def test_update_grants_match_queries_sql(audit_db) -> None:  # type: ignore[no-u
     assert sorted(granted - needed) == [], "granted but no statement updates them: revoke"
 
 
+def test_history_is_select_and_insert_only(audit_db) -> None:  # type: ignore[no-untyped-def]
+    """No UPDATE, DELETE or TRUNCATE on decision and action history, at table or column level, for anyone but the owner."""
+    eng = sa.create_engine(audit_db["owner"])
+    try:
+        with eng.connect() as conn:
+            tables = set(conn.execute(sa.text(
+                "SELECT grantee, table_name, privilege_type FROM information_schema.table_privileges "
+                "WHERE grantee IN ('gpu_cost_agent', 'gpu_cost_reader', 'PUBLIC')")).all())
+            columns = set(conn.execute(sa.text(
+                "SELECT DISTINCT grantee, table_name, privilege_type FROM information_schema.column_privileges "
+                "WHERE grantee IN ('gpu_cost_agent', 'gpu_cost_reader', 'PUBLIC') AND privilege_type <> 'SELECT' "
+                "AND privilege_type <> 'INSERT'")).all())
+    finally:
+        eng.dispose()
+    for table in (*HISTORY, *VIEWS, "gpu_cost_savings", "gpu_cost_snoozes", "gpu_cost_run_policies"):
+        agent = {p for g, t, p in tables if g == "gpu_cost_agent" and t == table}
+        assert agent == ({"SELECT"} if table in VIEWS else {"SELECT", "INSERT"}), (table, agent)
+        assert {p for g, t, p in tables if g == "gpu_cost_reader" and t == table} == {"SELECT"}, table
+        assert not [c for c in columns if c[1] == table], (table, columns)
+    assert {p for g, t, p in tables if t == "gpu_cost_schema_version" and g != "PUBLIC"} == {"SELECT"}
+
+
+def test_agent_writes_history_but_never_rewrites_it(agent_store, audit_db) -> None:  # type: ignore[no-untyped-def]
+    """Decide, approve, act, fail, retry, succeed: all as the agent; then try to rewrite it and fail."""
+    from gpu_cost import locks
+    from gpu_cost.model import Decision
+
+    run_id = f"hist:{uuid.uuid4().hex[:6]}"
+    d = Decision(decision_id=f"{run_id}:d", ts=NOW, rule="zombie", target_kind="job", target=f"job:{run_id}",
+                 action="cancel", mode="enforce", requires_approval=True, gpus=2, reason="idle")
+    assert agent_store.record_decisions([d], run_id) == 1
+    assert agent_store.record_decisions([d], run_id) == 0  # idempotent
+    agent_store.set_approval(d.decision_id, "approved", "oncall@example.org", NOW + 10, run_id=run_id)
+    aid = f"{d.decision_id}:cancel"
+    row = {"action_id": aid, "decision_id": d.decision_id, "run_id": run_id, "action": "cancel", "target": d.target,
+           "executor": "test", "dry_run": 0, "started_at": NOW + 20, "attempt": 1, "command": None}
+    assert locks.start_effect(agent_store, d, row) == (True, None)
+    agent_store.action_finished(aid, "failed", NOW + 21, error="slurmctld down")
+    assert agent_store.execute("action_reopen", {"action_id": aid, "max_attempts": 3}) == 1
+    agent_store.execute("action_retry", {"action_id": aid})
+    agent_store.action_finished(aid, "succeeded", NOW + 30, output="$ scancel 1")
+    agent_store.action_finished(aid, "failed", NOW + 31, error="late")  # an ended action keeps its outcome
+    agent_store.set_decision_status(d.decision_id, "acted", run_id=run_id)
+    got = agent_store.get_action(aid)
+    assert (got["status"], got["attempt"], got["finished_at"]) == ("succeeded", 2, NOW + 30)
+    dec = agent_store.get_decision(d.decision_id)
+    assert (dec["status"], dec["approval_status"], dec["approved_by"]) == ("acted", "approved", "oncall@example.org")
+    assert [(e["status"], e["approval_status"]) for e in agent_store.decision_events(d.decision_id)] == [
+        (None, "approved"), ("acted", None)]
+    assert agent_store.decisions_by_ids([d.decision_id, "unknown"]) == [dec]
+
+    for sql in (f"UPDATE gpu_cost_action_events SET status = 'failed' WHERE action_id = '{aid}'",
+                f"UPDATE gpu_cost_decision_events SET approved_by = 'mallory' WHERE decision_id = '{d.decision_id}'",
+                f"DELETE FROM gpu_cost_action_events WHERE action_id = '{aid}'",
+                f"DELETE FROM gpu_cost_decision_events WHERE decision_id = '{d.decision_id}'"):
+        assert "permission denied" in _denied(audit_db["agent"], sql)
+    assert agent_store.get_action(aid) == got and agent_store.get_decision(d.decision_id) == dec
+
+
+def test_agent_on_an_old_schema_is_told_what_to_run(postgres_server) -> None:  # type: ignore[no-untyped-def]
+    """A store left at the baseline: the agent may not migrate it; the error names the owner's command."""
+    from gpu_cost.audit.migrations import baseline_statements, head
+    from gpu_cost.audit.store import AuditStore
+    from gpu_cost.errors import AuditError
+
+    port = int(postgres_server["port"])
+    name = f"old_{uuid.uuid4().hex[:8]}"
+    _roles_and_database(port, name)
+    base = f"postgresql+psycopg2://{{}}@127.0.0.1:{port}/{name}"
+    eng = sa.create_engine(base.format("gpu_cost_owner"))
+    try:
+        with eng.begin() as conn:
+            for stmt in baseline_statements("postgresql"):
+                conn.exec_driver_sql(stmt)
+            conn.exec_driver_sql("GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA public TO gpu_cost_agent")
+    finally:
+        eng.dispose()
+    with pytest.raises(AuditError, match=r"gpu-cost db upgrade"):
+        AuditStore(base.format("gpu_cost_agent") + "?application_name=old").ensure_schema()
+    assert gpu_cost_db("current", "--url", base.format("gpu_cost_owner"))["current"] is None
+    out = gpu_cost_db("upgrade", "--url", base.format("gpu_cost_owner"))
+    assert (out["from"], out["to"], out["created"]) == (None, head(), False)
+    store = AuditStore(base.format("gpu_cost_agent") + "?application_name=new").ensure_schema()
+    assert store.get_run("none") is None
+    assert gpu_cost_db("current", "--url", base.format("gpu_cost_agent"))["at_head"] is True
+
+
 def test_reader_only_reads(audit_db) -> None:  # type: ignore[no-untyped-def]
     eng = sa.create_engine(audit_db["reader"])
     try:
         with eng.connect() as conn:
-            for table in TABLES:
+            for table in (*TABLES, *VIEWS):
                 conn.execute(sa.text(f"SELECT COUNT(*) FROM {table}")).scalar_one()
     finally:
         eng.dispose()
     assert "permission denied" in _denied(audit_db["reader"], "INSERT INTO gpu_cost_snoozes VALUES "
                                                              "('x', 't', now(), 'r', 'u', now())")
-    assert "permission denied" in _denied(audit_db["reader"], "UPDATE gpu_cost_decisions SET status = 'x'")
+    assert "permission denied" in _denied(audit_db["reader"], "INSERT INTO gpu_cost_decision_events (decision_id, "
+                                                             "status) VALUES ('x', 'acted')")
+    for table in HISTORY:
+        assert "permission denied" in _denied(audit_db["reader"], f"DELETE FROM {table}")
+    assert "permission denied" in _denied(audit_db["reader"], "UPDATE gpu_cost_decision_log SET status = 'x'")
 
 
 def test_store_as_agent_runs_no_ddl(audit_db) -> None:  # type: ignore[no-untyped-def]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import re
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -35,14 +37,25 @@ def start_ts(pid: int) -> int:
     return int(btime + ticks / os.sysconf("SC_CLK_TCK"))
 
 
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    """A process started by the test, standing for a leftover training process."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-    yield proc
+OWNER = "nobody"  # a non-root user every test machine has: the leftover processes run as it
+
+
+def spawn(argv: list[str], user: str | None = OWNER, **kw: object) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, start_new_session=True, user=user, **kw)  # type: ignore[call-overload,no-any-return]
+
+
+def reap(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait(5)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A process started by the test as a plain user, standing for a leftover training process."""
+    proc = spawn(["/bin/sleep", "600"])
+    yield proc
+    reap(proc)
 
 
 @pytest.fixture
@@ -52,10 +65,11 @@ def wrapper_conn(sshd_node: SshNode, monkeypatch: pytest.MonkeyPatch) -> NodeAcc
     return NodeAccess.from_connection()
 
 
-def _decision(pid: int, start: int, gpu_uuid: str = GPU0) -> Decision:
+def _decision(pid: int, start: int, gpu_uuid: str = GPU0, user: str = OWNER,
+              evidence: dict[str, object] | None = None) -> Decision:
     return Decision(decision_id=f"d{pid}", ts=time.time(), rule="zombie", target_kind="process",
                     target=f"proc:gpu01:{pid}:{start}", action="kill_process", mode="enforce", host="gpu01", gpus=1,
-                    evidence={"pid": pid, "process_start_ts": start, "gpu_uuid": gpu_uuid})
+                    user=user, evidence={"pid": pid, "process_start_ts": start, "gpu_uuid": gpu_uuid, **(evidence or {})})
 
 
 def _ctx(policy, access: NodeAccess, dry_run: bool = False) -> ActionContext:  # type: ignore[no-untyped-def]
@@ -65,11 +79,17 @@ def _ctx(policy, access: NodeAccess, dry_run: bool = False) -> ActionContext:  #
 
 @pytest.mark.parametrize(
     "command",
-    [["ls"], [";rm", "-rf", "/tmp/x"], ["inspect;", "ls"], ["inspect", ";", "ls"], ["kill-process", "12x", "1", GPU0, "TERM"],
-     ["kill-process", "1", "1", GPU0, "TERM"], ["kill-process", "123", "1", "not-a-uuid", "TERM"],
-     ["kill-process", "123", "1", GPU0, "HUP"], ["power-off", "now"], ["bash", "-c", "id"]],
-    ids=["ls", "semicolon-rm", "glued-semicolon", "separate-semicolon", "bad-pid", "pid-1", "bad-uuid", "bad-signal",
-         "extra-arg", "bash"],
+    [["ls"], [";rm", "-rf", "/tmp/x"], ["inspect;", "ls"], ["inspect", ";", "ls"],
+     ["kill-process", "12x", "1", GPU0, OWNER, "TERM"], ["kill-process", "1", "1", GPU0, OWNER, "TERM"],
+     ["kill-process", "9999999999", "1", GPU0, OWNER, "TERM"], ["kill-process", "99999999", "1", GPU0, OWNER, "TERM"],
+     ["kill-process", "-5", "1", GPU0, OWNER, "TERM"], ["kill-process", "123", "-1", GPU0, OWNER, "TERM"],
+     ["kill-process", "123", "1e9", GPU0, OWNER, "TERM"], ["kill-process", "123", "1", "not-a-uuid", OWNER, "TERM"],
+     ["kill-process", "123", "1", GPU0, OWNER, "HUP"], ["kill-process", "123", "1", GPU0, "TERM"],
+     ["kill-process", "123", "1", GPU0, "a/b", "TERM"], ["kill-process", "123", "1", GPU0, OWNER, "TERM", "yes"],
+     ["power-off", "now"], ["bash", "-c", "id"]],
+    ids=["ls", "semicolon-rm", "glued-semicolon", "separate-semicolon", "non-numeric-pid", "pid-1", "ten-digit-pid",
+         "pid-over-pid-max", "negative-pid", "negative-start", "exponent-start", "bad-uuid", "bad-signal",
+         "no-owner", "bad-owner", "bad-flag", "extra-arg", "bash"],
 )
 def test_wrapper_refuses_anything_else(sshd_node: SshNode, command: list[str]) -> None:
     res = sshd_node.ssh(sshd_node.wrapper_key, *command)
@@ -77,6 +97,9 @@ def test_wrapper_refuses_anything_else(sshd_node: SshNode, command: list[str]) -
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["ok"] is False and out["code"] == 2
     assert "uid=" not in res.stdout and "bin" not in res.stdout.split('"error"')[0]
+    # one line on stderr, never a traceback
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr + res.stdout, res.stderr
+    assert res.stderr.startswith("gpu-cost-node-action: ")
 
 
 def test_plain_key_sees_the_fake_nvidia_smi_first_on_path(sshd_node: SshNode) -> None:
@@ -127,9 +150,8 @@ def test_kill_orphan_process_through_the_wrapper(sshd_node: SshNode, wrapper_con
 
 
 def test_kill_escalates_to_sigkill(sshd_node: SshNode, wrapper_conn: NodeAccess, policy) -> None:  # type: ignore[no-untyped-def]
-    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                                 "print('ready', flush=True); time.sleep(600)"], stdout=subprocess.PIPE,
-                                start_new_session=True)
+    # SIGTERM ignored by the shell stays ignored in the sleep it becomes
+    stubborn = spawn(["/bin/sh", "-c", "trap '' TERM; echo ready; exec /bin/sleep 600"], stdout=subprocess.PIPE)
     try:
         assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == b"ready"
         sshd_node.set_state(gpus=GPUS, processes=[{"pid": stubborn.pid, "gpu_uuid": GPU0, "used_mib": 2048}])
@@ -176,3 +198,115 @@ def test_power_off_only_without_gpu_processes(sshd_node: SshNode, sleeper) -> No
     free = sshd_node.ssh(sshd_node.wrapper_key, "gpu-cost-node-action", "power-off")
     assert free.returncode == 0, free.stderr
     assert sshd_node.systemctl_log.read_text().split() == ["poweroff"]
+
+
+# -- processes that are not ours ----------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_squeue(sshd_node: SshNode) -> Iterator[Callable[[str, int], None]]:
+    """Put a ``squeue`` first on the node's PATH that prints ``out`` (on stderr when ``rc`` is not 0)."""
+    path = sshd_node.bin / "squeue"
+
+    def answer(out: str, rc: int = 0) -> None:
+        stream = "" if rc == 0 else " >&2"
+        path.write_text(f"#!/bin/sh\necho '{out}'{stream}\nexit {rc}\n")
+        path.chmod(0o755)
+
+    yield answer
+    path.unlink(missing_ok=True)
+
+
+def _kill(sshd_node: SshNode, access: NodeAccess, policy, proc: subprocess.Popen[bytes], user: str = OWNER,  # type: ignore[no-untyped-def]
+          evidence: dict[str, object] | None = None):
+    from gpu_cost.actions.node import kill_process
+
+    sshd_node.set_state(gpus=GPUS, processes=[{"pid": proc.pid, "gpu_uuid": GPU0, "used_mib": 2048}])
+    return kill_process(_decision(proc.pid, start_ts(proc.pid), user=user, evidence=evidence), _ctx(policy, access))
+
+
+def _untouched(proc: subprocess.Popen[bytes]) -> None:
+    time.sleep(0.3)
+    assert proc.poll() is None, "a process that is not ours must never be signalled"
+
+
+def test_refuses_a_root_process(sshd_node: SshNode, wrapper_conn: NodeAccess, policy) -> None:  # type: ignore[no-untyped-def]
+    proc = spawn(["/bin/sleep", "600"], user=None)  # the tests run as root
+    try:
+        out = _kill(sshd_node, wrapper_conn, policy, proc, user="root", evidence={"act_on_system": True})
+        _untouched(proc)
+        assert out.status == "skipped" and out.details["result"] == "refused", (out.error, out.output)
+        assert out.error == f"process {proc.pid} runs as root (uid 0): never touching it"
+    finally:
+        reap(proc)
+
+
+def test_refuses_another_owner(sshd_node: SshNode, wrapper_conn: NodeAccess, policy, sleeper) -> None:  # type: ignore[no-untyped-def]
+    out = _kill(sshd_node, wrapper_conn, policy, sleeper, user="alice")
+    _untouched(sleeper)
+    assert out.status == "skipped" and out.details["result"] == "refused", (out.error, out.output)
+    assert f"belongs to {OWNER} (uid {pwd.getpwnam(OWNER).pw_uid}), not alice" in (out.error or "")
+
+
+def test_system_account_only_when_the_policy_names_it(sshd_node: SshNode, wrapper_conn: NodeAccess, policy) -> None:  # type: ignore[no-untyped-def]
+    proc = spawn(["/bin/sleep", "600"], user="daemon")  # uid 1
+    try:
+        out = _kill(sshd_node, wrapper_conn, policy, proc, user="daemon")
+        _untouched(proc)
+        assert out.status == "skipped" and "system account daemon (uid 1)" in (out.error or ""), out.error
+        allowed = _kill(sshd_node, wrapper_conn, policy, proc, user="daemon", evidence={"act_on_system": True})
+        assert allowed.status == "succeeded", (allowed.error, allowed.output)
+        assert proc.wait(10) == -15
+    finally:
+        reap(proc)
+
+
+@pytest.mark.parametrize(
+    ("var", "squeue", "rc", "expect"),
+    [("SLURM_JOB_ID", "RUNNING", 0, "skipped"), ("SLURM_JOBID", "SUSPENDED", 0, "skipped"),
+     ("SLURM_JOB_ID", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)", 1, "failed"),
+     ("SLURM_JOB_ID", "slurm_load_jobs error: Invalid job id specified", 1, "succeeded"),
+     ("SLURM_JOB_ID", "COMPLETED", 0, "succeeded")],
+    ids=["running", "suspended-old-variable", "squeue-unreachable", "job-purged", "job-completed"],
+)
+def test_slurm_job_in_the_environment(sshd_node: SshNode, wrapper_conn: NodeAccess, policy, fake_squeue,  # type: ignore[no-untyped-def]
+                                      var: str, squeue: str, rc: int, expect: str) -> None:
+    fake_squeue(squeue, rc)
+    proc = spawn(["/bin/sleep", "600"], env={"PATH": "/usr/bin:/bin", var: "4242"})
+    try:
+        out = _kill(sshd_node, wrapper_conn, policy, proc)
+        assert out.status == expect, (out.error, out.output)
+        if expect == "succeeded":
+            assert proc.wait(10) == -15
+            return
+        _untouched(proc)
+        if expect == "skipped":
+            assert out.error == f"process {proc.pid} belongs to Slurm job 4242, still {squeue} per squeue: not touching it"
+        else:  # cannot check: refuse, fail safe
+            assert out.error is not None and out.error.startswith("TERM failed (5): cannot check Slurm job 4242")
+            assert "Unable to contact slurm controller" in out.error
+    finally:
+        reap(proc)
+
+
+def test_no_pidfd_no_signal(sshd_node: SshNode, wrapper_conn: NodeAccess, policy) -> None:  # type: ignore[no-untyped-def]
+    # a thread's id is a PID to /proc but pidfd_open refuses it (EINVAL: not a thread-group leader);
+    # a plain kill() of it would hit the whole process
+    proc = spawn(["/usr/bin/python3", "-c", "import threading, time; t = threading.Thread(target=time.sleep, "
+                  "args=(600,), daemon=True); t.start(); print(t.native_id, flush=True); time.sleep(600)"],
+                 stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        tid = int(proc.stdout.readline())
+        assert tid != proc.pid and os.path.exists(f"/proc/{tid}/stat")
+        from gpu_cost.actions.node import kill_process
+
+        sshd_node.set_state(gpus=GPUS, processes=[{"pid": tid, "gpu_uuid": GPU0, "used_mib": 2048}])
+        out = kill_process(_decision(tid, start_ts(tid)), _ctx(policy, wrapper_conn))
+        _untouched(proc)
+        assert out.status == "failed", (out.error, out.output)
+        # EINVAL on older kernels, ENOENT on newer ones: either way not "gone", and no plain kill()
+        assert re.fullmatch(rf"TERM failed \(5\): cannot hold process {tid} by a pidfd \((Invalid argument|"
+                            r"No such file or directory)\): not signalling it", out.error or ""), out.error
+    finally:
+        reap(proc)

@@ -11,6 +11,7 @@ import pytest
 from gpu_cost.errors import SourceError
 from gpu_cost.sources.nodes import (
     container_from_cgroup,
+    container_of,
     job_from_cgroup,
     parse_apps,
     parse_gpus,
@@ -68,6 +69,18 @@ def test_cgroup_attribution(name: str, job: str | None, container: str | None) -
     assert container_from_cgroup(text(name)) == container
 
 
+@pytest.mark.parametrize(
+    ("cgroup", "expected"),
+    [(text("cgroup-docker.txt"), ("docker", "4f6c3a1be2d9")), (text("cgroup-k8s.txt"), ("kubepods", "9d8c7b6a5f4e")),
+     ("0::/machine.slice/libpod-" + "ab" * 32 + ".scope\n", ("podman", "abababababab")),
+     ("0::/system.slice/cri-containerd-" + "cd" * 32 + ".scope\n", ("containerd", "cdcdcdcdcdcd")),
+     (text("cgroup-user.txt"), None), (text("cgroup-slurm-v2.txt"), None)],
+    ids=["docker", "kubernetes-pod", "podman", "containerd", "user-session", "slurm"],
+)
+def test_container_runtime_from_cgroup(cgroup: str, expected: tuple[str, str] | None) -> None:
+    assert container_of(cgroup) == expected
+
+
 def test_inspect_attributes_processes() -> None:
     stat = text("proc-stat.txt")
     doc = {
@@ -83,6 +96,8 @@ def test_inspect_attributes_processes() -> None:
     assert (orphan.pid, orphan.job_id, orphan.user, orphan.gpu, orphan.start_ts) == (48213, None, "bob", 0, 1701234567.0)
     assert orphan.name == "python3 (train) x"
     assert [(p.job_id, p.gpu) for p in job_procs] == [("81234", 1), ("81234", 2)]  # cgroup wins over the environment
+    doc["procs"]["48213"]["cgroup"] = text("cgroup-docker.txt")  # type: ignore[index]
+    assert parse_inspect(json.dumps(doc), "gpu01").processes[0].container == "docker:4f6c3a1be2d9"
     doc["apps"] = {"rc": 9, "stdout": "", "stderr": "NVIDIA-SMI has failed"}
     with pytest.raises(SourceError, match="gpu01: nvidia-smi failed"):
         parse_inspect(json.dumps(doc), "gpu01")
@@ -100,7 +115,7 @@ def test_fake_nvidia_smi_prints_the_real_formats(tmp_path) -> None:  # type: ign
     gpus = [{"index": i, "uuid": u, "name": "NVIDIA A100-SXM4-80GB", "memory_total": 81920, "memory_used": m,
              "utilization": ut} for i, (u, m, ut) in enumerate([("GPU-8f2c1d90-3e5a-4b17-9c2e-5da9abb51763", 71234, 97),
                                                                 ("GPU-1f027ee8-6e1e-2b8c-0108-3d370e5f0418", 36864, 0)])]
-    state = {"gpus": gpus, "processes": [{"pid": 48213, "gpu_uuid": gpus[0]["uuid"], "used_mib": 71230}]}
+    state: dict[str, object] = {"gpus": gpus, "processes": [{"pid": 48213, "gpu_uuid": gpus[0]["uuid"], "used_mib": 71230}]}
     plain = _fake_smi(tmp_path, state, "--query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu",
                       "--format=csv,noheader,nounits")
     assert plain.stdout == text("query-gpu.csv").split("2, GPU")[0]

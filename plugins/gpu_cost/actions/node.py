@@ -1,11 +1,15 @@
 """Node actions over SSH, always through the node wrapper: kill an orphan GPU process safely.
 
-``kill_process`` sends ``kill-process <pid> <start_ts> <gpu_uuid> TERM`` to the node wrapper
-(``include/node/gpu-cost-node-action``), which re-checks ON THE NODE that the PID still has the
-start time, GPU UUID and (absent) Slurm job the agent saw, and refuses otherwise — so a PID reused
-by another process is never signalled. Then it waits the grace period (``ctx.sleep``), checks
-again (signal ``0``), and sends ``KILL`` if the process is still there. A process already gone
-counts as done. Dry-run runs nothing and reports the command it would have run.
+``kill_process`` sends ``kill-process <pid> <start_ts> <gpu_uuid> <owner> TERM`` to the node
+wrapper (``include/node/gpu-cost-node-action``), which re-checks ON THE NODE that the PID still has
+the start time, owner, GPU UUID and (absent) Slurm job the agent saw, and refuses otherwise — so a
+PID reused by another process is never signalled, nor a process of root, of a running Slurm job or
+(without ``system-ok``, sent when the zombie rule's ``act_on_owners`` allowed it) of a system
+account. Then it waits the grace period (``ctx.sleep``), checks again (signal ``0``), and sends
+``KILL`` if the process is still there. A process already gone counts as done; a refusal is
+``skipped`` with the node's one-line reason; bad arguments or a failed tool on the node (no pidfd,
+squeue unreachable) are ``failed`` with it. Dry-run runs nothing and reports the command it would
+have run.
 
 Policy: the zombie ladder's ``kill_process`` rung::
 
@@ -35,15 +39,18 @@ DEFAULT_GRACE_S = 30.0
 EXIT_GONE, EXIT_REFUSED = 3, 4
 
 
-def parse_target(d: Decision) -> tuple[str, int, int, str]:
-    """Return ``(host, pid, start_ts, gpu_uuid)`` of a ``proc:<host>:<pid>:<start>`` decision."""
+def parse_target(d: Decision) -> tuple[str, int, int, str, str]:
+    """Return ``(host, pid, start_ts, gpu_uuid, owner)`` of a ``proc:<host>:<pid>:<start>`` decision."""
     parts = d.target.split(":")
     if len(parts) != 4 or parts[0] != "proc" or not parts[2].isdigit() or not parts[3].isdigit():
         raise ValueError(f"target {d.target!r} is not proc:<host>:<pid>:<start_ts>")
     uuid = str((d.evidence or {}).get("gpu_uuid") or "")
     if not uuid:
         raise ValueError(f"decision {d.decision_id} has no gpu_uuid in its evidence: the node cannot re-check it")
-    return parts[1], int(parts[2]), int(parts[3]), uuid
+    owner = d.user or ""
+    if not owner:
+        raise ValueError(f"decision {d.decision_id} names no owner of the process: the node cannot re-check it")
+    return parts[1], int(parts[2]), int(parts[3]), uuid, owner
 
 
 def _details(res: Completed) -> dict[str, Any]:
@@ -57,13 +64,21 @@ def _details(res: Completed) -> dict[str, Any]:
     return {"stdout": res.stdout[-300:], "stderr": res.stderr[-300:]}
 
 
+def _reason(res: Completed) -> str:
+    """The node's one-line reason: the wrapper's JSON ``error``, else the end of what it printed."""
+    error = _details(res).get("error")
+    if isinstance(error, str) and error:
+        return error
+    return (res.stderr or res.stdout).strip()[-300:]
+
+
 @register("kill_process")
 def kill_process(d: Decision, ctx: ActionContext) -> Outcome:
     """TERM, grace, re-check, KILL an orphan GPU process — through the node wrapper only."""
     from gpu_cost.sources.nodes import NodeAccess
 
     try:
-        host, pid, start, uuid = parse_target(d)
+        host, pid, start, uuid, owner = parse_target(d)
     except ValueError as exc:
         return Outcome("failed", error=str(exc))
     access = ctx.extra.get("node_access")
@@ -75,7 +90,9 @@ def kill_process(d: Decision, ctx: ActionContext) -> Outcome:
                 access = NodeAccess()
             else:
                 return Outcome("failed", error=str(exc))
-    term = access.argv("kill-process", pid, start, uuid, "TERM")
+    # uid 1-999 only when the policy's act_on_owners named the owner (the rule says so in the evidence)
+    system_ok = ("system-ok",) if (d.evidence or {}).get("act_on_system") else ()
+    term = access.argv("kill-process", pid, start, uuid, owner, "TERM", *system_ok)
     command = " ".join(term)
     if ctx.dry_run:
         logger.info("dry-run: would run on %s: %s", host, command)
@@ -86,7 +103,7 @@ def kill_process(d: Decision, ctx: ActionContext) -> Outcome:
     steps: list[str] = []
 
     def call(signal_name: str) -> Completed:
-        res = runner.run(access.argv("kill-process", pid, start, uuid, signal_name), timeout=60)
+        res = runner.run(access.argv("kill-process", pid, start, uuid, owner, signal_name, *system_ok), timeout=60)
         steps.append(f"{signal_name}: rc={res.rc} {json.dumps(_details(res), sort_keys=True)}")
         return res
 
@@ -94,11 +111,12 @@ def kill_process(d: Decision, ctx: ActionContext) -> Outcome:
     if res.rc == EXIT_GONE:
         return Outcome("succeeded", output="\n".join(steps), command=command, details={"result": "already gone"})
     if res.rc == EXIT_REFUSED:
-        # the node no longer sees the process we found (PID reused, GPU released, or in a job now)
-        return Outcome("skipped", output="\n".join(steps), error=_details(res).get("error", "refused by the node"),
+        # the node no longer sees the process we found (PID reused, GPU released, in a job now) or
+        # will not touch it (root, another owner, a system account): final, not retried
+        return Outcome("skipped", output="\n".join(steps), error=_reason(res) or "refused by the node",
                        command=command, details={"result": "refused"})
     if res.rc != 0:
-        return Outcome("failed", output="\n".join(steps), error=f"TERM failed ({res.rc}): {(res.stderr or res.stdout).strip()[:300]}",
+        return Outcome("failed", output="\n".join(steps), error=f"TERM failed ({res.rc}): {_reason(res)}",
                        command=command)
     sleep(grace)
     res = call("0")
@@ -106,12 +124,13 @@ def kill_process(d: Decision, ctx: ActionContext) -> Outcome:
         # gone, or no longer the GPU-holding process we signalled
         return Outcome("succeeded", output="\n".join(steps), command=command, details={"result": "exited after TERM"})
     if res.rc != 0:
-        return Outcome("failed", output="\n".join(steps), error=f"check after TERM failed ({res.rc})", command=command)
+        return Outcome("failed", output="\n".join(steps), error=f"check after TERM failed ({res.rc}): {_reason(res)}",
+                       command=command)
     res = call("KILL")
     if res.rc in (EXIT_GONE, EXIT_REFUSED):
         return Outcome("succeeded", output="\n".join(steps), command=command, details={"result": "exited before KILL"})
     if res.rc != 0:
-        return Outcome("failed", output="\n".join(steps), error=f"KILL failed ({res.rc})", command=command)
+        return Outcome("failed", output="\n".join(steps), error=f"KILL failed ({res.rc}): {_reason(res)}", command=command)
     for _ in range(10):
         sleep(0.5)
         res = call("0")

@@ -1,8 +1,13 @@
 """The audit store: decisions, actions, escalations, usage, savings, forecasts.
 
 SQLAlchemy Core over the ``gpu_cost_db`` connection; the schema and every statement live in
-``include/sql/``. Writes are idempotent (``ON CONFLICT``): writing the same decision twice keeps
-one row, and an action row exists before its effect starts. Nothing is deleted.
+``include/sql/``, schema changes in :mod:`gpu_cost.audit.migrations`. Writes are idempotent (``ON
+CONFLICT``): writing the same decision twice keeps one row, and an action row exists before its
+effect starts. Decisions and actions are history: what was decided and started is written once
+(``gpu_cost_decision_log``, ``gpu_cost_action_log``), every later status change, approval and
+outcome is a new event row, and ``gpu_cost_decisions`` / ``gpu_cost_actions`` are views of the
+current state. Nothing is deleted or rewritten. Stored results (usage, forecasts, savings) name
+their run and data instant; an older data instant never replaces a newer one.
 """
 
 from __future__ import annotations
@@ -27,9 +32,13 @@ from gpu_cost.timeutil import epoch, iso
 
 logger = logging.getLogger(__name__)
 
+#: result writes whose rows carry ``run_id`` and ``data_ts``; the column that gives a row's data
+#: instant when its writer names none (the row's own instant: what a run at that instant saw)
+_RESULT_INSTANT = {"upsert_usage": "ts", "upsert_job_usage": "ts", "insert_saving": "ts", "upsert_forecast": "created_at"}
+
 _TIME_COLUMNS = {
     "started_at", "finished_at", "data_ts", "ts", "approved_at", "first_seen", "last_seen", "last_action_at",
-    "closed_at", "snoozed_until", "until_ts", "created_at", "horizon_ts",
+    "closed_at", "snoozed_until", "until_ts", "created_at", "horizon_ts", "pinned_at",
 }
 
 
@@ -99,22 +108,53 @@ class AuditStore:
 
     # -- plumbing ----------------------------------------------------------------------------
     def ensure_schema(self) -> AuditStore:
-        """Create the tables from ``include/sql/`` if they do not exist (idempotent)."""
+        """Bring the store to the schema this code needs (idempotent).
+
+        A store at head is used as it is (no DDL: the agent's role may not own the tables). A
+        SQLite store is created or migrated here. A PostgreSQL store not at head is migrated when
+        the connected role may (the tables' owner, a superuser); otherwise AuditError names the
+        command its owner runs.
+        """
         if self._ready:
             return self
+        from gpu_cost.audit import migrations
+
         try:
-            with self.engine.begin() as conn:
-                statements = schema_statements(self.dialect)
-                if self.dialect == "postgresql" and _schema_present(conn, statements):
-                    # the agent's role may not own the tables (least privilege): no DDL when nothing is missing
-                    self._ready = True
-                    return self
-                for stmt in statements:
-                    conn.exec_driver_sql(stmt)
+            with self.engine.connect() as conn:
+                st = migrations.state(conn)
+                allowed = st.at_head or migrations.can_migrate(conn)
+            if not st.at_head:
+                if not allowed:
+                    raise AuditError(
+                        f"audit store {redact(self.url)} is at schema {st.current or 'before migrations'}, this "
+                        f"version needs {st.head}: as the tables' owner run `gpu-cost db upgrade --url "
+                        f"<owner's URL>` (docker compose: `docker compose run --rm gpu-cost-db-init`)")
+                migrations.upgrade(self.engine, schema_statements(self.dialect))
         except sa.exc.SQLAlchemyError as exc:
             raise AuditError(f"audit store {redact(self.url)} unavailable: {_short(exc)}") from exc
         self._ready = True
         return self
+
+    def schema_state(self) -> dict[str, Any]:
+        """Return ``{current, head, at_head, state}`` of the store's schema (no change made)."""
+        from gpu_cost.audit import migrations
+
+        try:
+            with self.engine.connect() as conn:
+                return migrations.state(conn).as_dict()
+        except sa.exc.SQLAlchemyError as exc:
+            raise AuditError(f"audit store {redact(self.url)} unavailable: {_short(exc)}") from exc
+
+    def upgrade(self) -> dict[str, Any]:
+        """Migrate the store to head as the connected role (its owner); return ``{from, to, created}``."""
+        from gpu_cost.audit import migrations
+
+        try:
+            out = migrations.upgrade(self.engine, schema_statements(self.dialect))
+        except sa.exc.SQLAlchemyError as exc:
+            raise AuditError(f"audit store {redact(self.url)}: migration failed: {_short(exc)}") from exc
+        self._ready = True
+        return out
 
     def ping(self) -> None:
         """Raise AuditError unless the store answers."""
@@ -133,9 +173,9 @@ class AuditStore:
                 if isinstance(params, Sequence) and not isinstance(params, Mapping):
                     if not params:
                         return 0
-                    res = conn.execute(stmt, [_bind(p) for p in params])
+                    res = conn.execute(stmt, [_bind(_defaults(name, p)) for p in params])
                 else:
-                    res = conn.execute(stmt, _bind(params or {}))
+                    res = conn.execute(stmt, _bind(_defaults(name, params or {})))
                 return int(res.rowcount or 0)
         except sa.exc.SQLAlchemyError as exc:
             raise AuditError(f"audit write {name} failed on {redact(self.url)}: {_short(exc)}") from exc
@@ -143,9 +183,13 @@ class AuditStore:
     def fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Run a named query; return rows as dicts with times as epoch seconds."""
         self.ensure_schema()
+        stmt = sa.text(queries()[name])
+        lists = [k for k, v in (params or {}).items() if isinstance(v, list | tuple)]
+        if lists:
+            stmt = stmt.bindparams(*(sa.bindparam(k, expanding=True) for k in lists))
         try:
             with self.engine.connect() as conn:
-                rows = conn.execute(sa.text(queries()[name]), _bind(params or {})).mappings().all()
+                rows = conn.execute(stmt, _bind(params or {})).mappings().all()
         except sa.exc.SQLAlchemyError as exc:
             raise AuditError(f"audit read {name} failed on {redact(self.url)}: {_short(exc)}") from exc
         return [_row(r) for r in rows]
@@ -192,12 +236,29 @@ class AuditStore:
     def decisions_of_run(self, run_id: str) -> list[dict[str, Any]]:
         return self.fetch("decisions_of_run", {"run_id": run_id})
 
-    def set_decision_status(self, decision_id: str, status: str) -> None:
-        self.execute("set_decision_status", {"decision_id": decision_id, "status": status})
+    def decisions_by_ids(self, ids: Iterable[str]) -> list[dict[str, Any]]:
+        """Return the current state of these decisions (as :meth:`get_decision`), in time order; unknown ids are left out."""
+        wanted = list(dict.fromkeys(str(i) for i in ids))
+        rows: list[dict[str, Any]] = []
+        for start in range(0, len(wanted), 500):
+            rows += self.fetch("decisions_by_ids", {"ids": wanted[start:start + 500]})
+        return sorted(rows, key=lambda r: (float(r["ts"]), str(r["decision_id"])))
 
-    def set_approval(self, decision_id: str, status: str, by: str | None, at: float | None) -> None:
+    def decision_events(self, decision_id: str) -> list[dict[str, Any]]:
+        """Return the status changes and approval answers of a decision, oldest first (``event_id`` order)."""
+        return self.fetch("decision_events", {"decision_id": decision_id})
+
+    def set_decision_status(self, decision_id: str, status: str, *, run_id: str | None = None,
+                            note: str | None = None, by: str | None = None) -> None:
+        """Append a status change (nothing when the status is already ``status``)."""
+        self.execute("set_decision_status", {"decision_id": decision_id, "status": status, "recorded_by": by,
+                                             "run_id": run_id, "note": note})
+
+    def set_approval(self, decision_id: str, status: str, by: str | None, at: float | None, *,
+                     run_id: str | None = None, note: str | None = None) -> None:
+        """Append an approval answer (``pending``, ``approved``, ``rejected``, ``timed_out``)."""
         self.execute("set_approval", {"decision_id": decision_id, "approval_status": status, "approved_by": by,
-                                      "approved_at": at})
+                                      "approved_at": at, "run_id": run_id, "note": note})
 
     # -- actions ------------------------------------------------------------------------------
     def action_started(self, *, action_id: str, decision_id: str, run_id: str | None, action: str, target: str,
@@ -211,6 +272,7 @@ class AuditStore:
 
     def action_finished(self, action_id: str, status: str, finished_at: float, output: str | None = None,
                         error: str | None = None) -> None:
+        """Append the outcome of an action still ``started`` (an action already ended keeps its outcome)."""
         self.execute("action_finished", {"action_id": action_id, "status": status, "finished_at": finished_at,
                                          "output": _clip(output), "error": _clip(error)})
 
@@ -235,7 +297,8 @@ class AuditStore:
     def table_counts(self) -> dict[str, int]:
         out = {}
         for t in ("gpu_cost_runs", "gpu_cost_decisions", "gpu_cost_actions", "gpu_cost_escalations", "gpu_cost_usage",
-                  "gpu_cost_savings", "gpu_cost_forecasts", "gpu_cost_snapshots"):
+                  "gpu_cost_savings", "gpu_cost_forecasts", "gpu_cost_snapshots", "gpu_cost_decision_events",
+                  "gpu_cost_action_events"):
             out[t] = int(self.query(f"SELECT COUNT(*) AS n FROM {t}")[0]["n"])
         return out
 
@@ -252,18 +315,16 @@ def decision_row(d: Decision, run_id: str, status: str = "decided") -> dict[str,
     }
 
 
-def _schema_present(conn: Any, statements: Sequence[str]) -> bool:
-    """Return True when every table and index the schema file creates already exists."""
-    names = set()
-    for stmt in statements:
-        m = re.match(r"CREATE\s+(?:TABLE|INDEX)\s+IF\s+NOT\s+EXISTS\s+(\w+)", stmt, flags=re.I)
-        if m:
-            names.add(m.group(1).lower())
-    rows = conn.exec_driver_sql(
-        "SELECT tablename AS n FROM pg_tables WHERE schemaname = current_schema() "
-        "UNION SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
-    ).all()
-    return names <= {r[0].lower() for r in rows}
+def _defaults(name: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Give a result row whose writer named no run or data instant ``run_id`` NULL and its own instant."""
+    instant = _RESULT_INSTANT.get(name)
+    if instant is None or ("data_ts" in params and "run_id" in params):
+        return params
+    out = dict(params)
+    out.setdefault("run_id", None)
+    if out.get("data_ts") is None:
+        out["data_ts"] = out.get(instant)
+    return out
 
 
 def _bind(params: Mapping[str, Any]) -> dict[str, Any]:

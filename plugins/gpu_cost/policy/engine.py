@@ -309,8 +309,13 @@ def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, 
 def _why(f: Finding) -> str:
     ev = f.evidence
     if f.rule == "zombie":
-        return (f"{f.gpus} GPU(s) hold {ev.get('mem_min_mib')} MiB at ≤{ev.get('util_max')}% for "
+        text = (f"{f.gpus} GPU(s) hold {ev.get('mem_min_mib')} MiB at ≤{ev.get('util_max')}% for "
                 f"{int(ev.get('window_s', 0)) // 60} min with no running job")
+        if ev.get("foreign_owner") and f.action == "advise":
+            why = ("the node never signals uid 0" if ev["foreign_owner"] == "root"
+                   else "rules.zombie.act_on_owners does not name it")
+            text += f" — a {ev['foreign_owner']} process, not ours: reported only ({why})"
+        return text
     if f.rule == "idle_allocation":
         text = (f"job {f.job_id}: all {f.gpus} allocated GPU(s) ≤{ev.get('util_max')}% for "
                 f"{int(ev.get('window_s', 0)) // 60} min")

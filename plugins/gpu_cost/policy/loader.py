@@ -101,6 +101,7 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
             if d.nice == 0 and not d.qos and not d.partition:
                 raise PolicyError(src, "demote", f"{base}.ladder has a demote rung but demote sets no nice, qos or "
                                                  "partition: the rung would change nothing")
+    _check_owners(src, policy)
     le, idle = policy.rules.low_efficiency, policy.rules.idle_allocation
     if le.enabled and idle.enabled and le.util_mean_max <= idle.util_max:
         raise PolicyError(src, "rules.low_efficiency.util_mean_max",
@@ -172,6 +173,21 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
 
 #: rungs that end the target: nothing milder can follow them
 _ENDING = {"kill", "cancel", "kill_process"}
+
+
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}\$?$")
+
+
+def _check_owners(src: str, policy: Policy) -> None:
+    z = policy.rules.zombie
+    for key, names in (("act_on_owners", z.act_on_owners), ("system_users", z.system_users)):
+        for i, owner in enumerate(names):
+            if key == "act_on_owners" and owner == "root":
+                raise PolicyError(src, f"rules.zombie.{key}[{i}]", "root's processes are never killed (the node "
+                                                                   "wrapper refuses uid 0): they are only reported")
+            if not _USER.match(owner):
+                raise PolicyError(src, f"rules.zombie.{key}[{i}]", f"{owner!r} is not a user name"
+                                  + (" (or one of the words system, container)" if key == "act_on_owners" else ""))
 
 
 def _check_ladder_order(src: str, base: str, actions: Sequence[str]) -> None:

@@ -57,6 +57,13 @@ class ZombieRule:
     mem_min_mib: Annotated[float, Range(0, 10_000_000)] = 1024.0
     window: Annotated[float, Dur(), Range(60, 86400)] = 900.0
     ladder: tuple[Rung, ...] = (Rung("notify", 0.0), Rung("kill_process", 900.0))
+    #: processes outside Slurm that are not ours: those of a system account (``system``: uid
+    #: under 1000 on the node, or a name in ``system_users``) or in a container (``container``)
+    #: are only reported unless listed here, by that word or by the owner's user name. Processes
+    #: of root (uid 0) are never killed: the node wrapper refuses them.
+    act_on_owners: tuple[str, ...] = ()
+    #: account names that count as system accounts whatever their uid
+    system_users: tuple[str, ...] = ("nobody",)
 
 
 @dataclass(frozen=True)

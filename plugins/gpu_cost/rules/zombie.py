@@ -7,11 +7,20 @@ Policy (``rules.zombie``)::
       mem_min_mib: 1024    # memory held, MiB, throughout the window
       window: 15m
       ladder: [{action: notify}, {action: kill_process, after: 15m}]
+      act_on_owners: []    # also act on: system, container, or user names (never root)
+      system_users: [nobody]
 
 A GPU qualifies when it is fresh (enough recent samples), attributed to no running job, and idle
 with memory held over the whole window. With process data (nvidia-smi over SSH) each orphan
 process is one finding (target ``proc:<host>:<pid>:<start>``); without it the GPU is the target
 and only notification is possible.
+
+Processes outside Slurm are not ours by default: one of root, of a system account (a name in
+``system_users``) or in a container is reported, never killed (the finding's action is
+``advise``, its evidence says ``foreign_owner``: ``root``, ``system`` or ``container:<runtime>``),
+unless ``act_on_owners`` names that kind or the owner. Root never: the node wrapper refuses uid 0,
+and a system account by uid (1-999, which only the node sees) unless the evidence carries
+``act_on_system`` (``system`` or the owner's name listed).
 """
 
 from __future__ import annotations
@@ -22,6 +31,30 @@ from gpu_cost.model import Finding, GpuProcess, Snapshot
 from gpu_cost.policy.schema import Policy, ZombieRule
 from gpu_cost.rules import register
 from gpu_cost.rules.common import r
+
+
+def foreign_owner(p: GpuProcess, cfg: ZombieRule) -> str | None:
+    """Return why a process is not ours by default (``root``, ``system``, ``container:<runtime>``), or None."""
+    if p.container:
+        runtime, sep, _ = p.container.partition(":")
+        return f"container:{runtime}" if sep else "container"
+    if p.user == "root":
+        return "root"
+    if p.user and p.user in cfg.system_users:
+        return "system"
+    return None
+
+
+def owner_allowed(kind: str, user: str, cfg: ZombieRule) -> str | None:
+    """Return the ``act_on_owners`` entry that lets the rule act on a foreign owner, or None."""
+    allowed = set(cfg.act_on_owners)
+    if kind == "root":
+        return None  # the node wrapper refuses uid 0 whatever the policy says
+    if kind.startswith("container"):
+        return "container" if "container" in allowed else None
+    if "system" in allowed:
+        return "system"
+    return user if user and user in allowed else None
 
 
 @register("zombie")
@@ -81,9 +114,20 @@ def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]
         ev = dict(entry["evidence"])
         ev.update({"pid": p.pid, "process_start_ts": p.start_ts, "gpu_uuid": p.gpu_uuid, "process_mem_mib": r(entry["mem"], 0),
                    "process_name": p.name, "former_job": p.job_id})
+        action = "kill_process"
+        kind = foreign_owner(p, cfg)
+        if kind is not None:
+            ev["foreign_owner"] = kind
+            allowed_by = owner_allowed(kind, p.user, cfg)
+            if allowed_by is None:
+                action = "advise"  # reported, never killed: rules.zombie.act_on_owners does not name it
+            else:
+                ev["act_on_owner"] = allowed_by
+        if action == "kill_process" and ("system" in cfg.act_on_owners or (p.user and p.user in cfg.act_on_owners)):
+            ev["act_on_system"] = True  # the node may signal this owner even with a uid under 1000
         findings.append(
             Finding(
-                rule="zombie", target_kind="process", target=key, action="kill_process", gpus=len(entry["gpus"]),
+                rule="zombie", target_kind="process", target=key, action=action, gpus=len(entry["gpus"]),
                 user=p.user or None, host=p.host, gpu_ids=tuple(entry["gpus"]), job_id=p.job_id, evidence=ev,
             )
         )

@@ -5,8 +5,9 @@ runs ``nvidia-smi --query-gpu=...`` and ``--query-compute-apps=pid,gpu_uuid,used
 for each PID, ``/proc/<pid>/stat`` (start time: field 22 plus the boot time) and
 ``/proc/<pid>/cgroup``. The raw text comes back as JSON and is parsed here, so a node never runs
 more than the wrapper. Each process is attributed to a Slurm job (``job_<id>`` in its cgroup path,
-else ``SLURM_JOB_ID`` in its environment), a container (docker, containerd, podman, Kubernetes
-pods), or nothing: an orphan.
+else ``SLURM_JOB_ID`` in its environment), a container (docker, containerd, podman, cri-o,
+Kubernetes pods: ``GpuProcess.container`` is ``<runtime>:<short id>``, e.g. ``docker:4f6c3a1be2d9``),
+or nothing: an orphan.
 
 Connection ``gpu_cost_node_ssh`` (Airflow SSH provider). Extras read here besides the provider's:
 ``node_command`` (the wrapper as the node runs it: a list or a shell-quoted string, default
@@ -38,11 +39,11 @@ GPU_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used", "utilizati
 APP_FIELDS = ("pid", "gpu_uuid", "used_memory")
 _JOB = re.compile(r"/job_([0-9]+)(?:/|$)")
 _CONTAINER = (
-    re.compile(r"/docker[-/]([0-9a-f]{12,64})(?:\.scope)?"),
-    re.compile(r"cri-containerd-([0-9a-f]{12,64})\.scope"),
-    re.compile(r"/libpod-([0-9a-f]{12,64})(?:\.scope)?"),
-    re.compile(r"crio-([0-9a-f]{12,64})(?:\.scope)?"),
-    re.compile(r"/kubepods[^\n]*/([0-9a-f]{64})$"),
+    ("docker", re.compile(r"/docker[-/]([0-9a-f]{12,64})(?:\.scope)?")),
+    ("containerd", re.compile(r"cri-containerd-([0-9a-f]{12,64})\.scope")),
+    ("podman", re.compile(r"/libpod-([0-9a-f]{12,64})(?:\.scope)?")),
+    ("cri-o", re.compile(r"crio-([0-9a-f]{12,64})(?:\.scope)?")),
+    ("kubepods", re.compile(r"/kubepods[^\n]*/([0-9a-f]{64})$")),
 )
 _NA = {"[N/A]", "[Not Supported]", "N/A", ""}
 
@@ -146,12 +147,22 @@ def job_from_cgroup(text: str) -> str | None:
 
 def container_from_cgroup(text: str) -> str | None:
     """Return a short container id from a ``/proc/<pid>/cgroup`` (docker, containerd, podman, k8s), or None."""
+    found = container_of(text)
+    return found[1] if found else None
+
+
+def container_of(text: str) -> tuple[str, str] | None:
+    """Return ``(runtime, short id)`` of a containerised ``/proc/<pid>/cgroup``, or None.
+
+    The runtime is ``kubepods`` for anything under a Kubernetes pod (whichever runtime runs it),
+    else ``docker``, ``containerd``, ``podman`` or ``cri-o``.
+    """
     for line in text.splitlines():
         path = line.split(":", 2)[-1]
-        for rx in _CONTAINER:
+        for runtime, rx in _CONTAINER:
             m = rx.search(path)
             if m:
-                return m.group(1)[:12]
+                return ("kubepods" if "/kubepods" in path else runtime), m.group(1)[:12]
     return None
 
 
@@ -186,8 +197,10 @@ def parse_inspect(text: str, host: str) -> NodeInspection:
         cgroup = info.get("cgroup") or ""
         job = job_from_cgroup(cgroup) or (str(info["slurm_job_id"]) if info.get("slurm_job_id") else None)
         name = stat[stat.find("(") + 1:stat.rfind(")")] if "(" in stat else ""
+        found = container_of(cgroup)
+        container = f"{found[0]}:{found[1]}" if found else None
         out.append(GpuProcess(host=host, pid=pid, gpu_uuid=uuid, gpu=index_of.get(uuid), used_mib=used,
-                              start_ts=float(int(start)), job_id=job, container=container_from_cgroup(cgroup),
+                              start_ts=float(int(start)), job_id=job, container=container,
                               user=str(info.get("user", "")), name=name))
     return NodeInspection(host=host, gpus=gpus, processes=out)
 

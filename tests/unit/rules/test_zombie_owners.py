@@ -1,0 +1,147 @@
+"""Processes outside Slurm are not ours by default: root, system accounts and containers are reported only."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from gpu_cost.actions.base import ActionContext
+from gpu_cost.errors import PolicyError
+from gpu_cost.model import Decision
+from gpu_cost.policy import parse_policy
+from gpu_cost.policy.engine import decide
+from gpu_cost.policy.schema import Policy
+from gpu_cost.rules import run_rules
+from gpu_cost.snapshot import from_matrix
+from gpu_cost.sources.sim import SimCluster, scenario_from_dict
+from tests.fixtures.core import NOW
+
+NODE = {"name": "g1", "gpus": 4, "model": "a100", "mem_total_mib": 40960}
+ZOMBIE = {"job_id": "1", "user": "u", "account": "acct", "node": "g1", "gpus": [0], "start": "-4h", "end": "-1h",
+          "name": "train", "behaviour": "zombie"}
+
+
+def zombie_findings(policy: Policy, **proc: object):  # type: ignore[no-untyped-def]
+    """The zombie findings of one simulated leftover process, its fields replaced by ``proc``."""
+    cluster = SimCluster(scenario_from_dict({"seed": 3, "anchor": "now", "nodes": [NODE], "jobs": [ZOMBIE]}), anchor=NOW)
+    m = cluster.matrix(NOW - policy.sweep.lookback, NOW)
+    procs = [dataclasses.replace(p, **proc) for p in cluster.processes_at(NOW)]  # type: ignore[arg-type]
+    assert procs, "the scenario must leave a process on the GPU"
+    snap = from_matrix(policy=policy, now=NOW, source="sim", hosts=m.hosts, gpus=m.gpus, uuids=m.uuids, models=m.models,
+                       mem_total=m.mem_total, times=m.times, util=m.util, mem=m.mem, power=m.power, job=m.job,
+                       jobs=cluster.jobs_at(NOW), processes=procs, nodes=cluster.nodes_at(NOW))
+    return [f for f in run_rules(snap, policy) if f.rule == "zombie"]
+
+
+def policy(owners: str = "[]", system_users: str = "[nobody]") -> Policy:
+    return parse_policy(f"mode: enforce\nrules: {{zombie: {{act_on_owners: {owners}, system_users: {system_users}}}}}\n",
+                        "p.yaml")
+
+
+@pytest.mark.parametrize(
+    ("proc", "foreign"),
+    [({"user": "root"}, "root"), ({"user": "nobody"}, "system"), ({"user": "svc-gpu"}, "system"),
+     ({"user": "u", "container": "docker:4f6c3a1be2d9"}, "container:docker"),
+     ({"user": "u", "container": "kubepods:9d8c7b6a5f4e"}, "container:kubepods")],
+    ids=["root", "system-default-name", "system-configured-name", "docker", "kubernetes"],
+)
+def test_foreign_owner_is_reported_never_killed(proc: dict[str, object], foreign: str) -> None:
+    pol = policy(system_users="[nobody, svc-gpu]")
+    (f,) = zombie_findings(pol, **proc)
+    assert (f.action, f.evidence["foreign_owner"]) == ("advise", foreign)
+    assert "act_on_system" not in f.evidence and "act_on_owner" not in f.evidence
+    # the engine turns it into advice only, at every rung, with the reason in the decision
+    plan = decide([f], pol, now=NOW, escalations={})
+    (d,) = plan.decisions
+    assert d.action == "advise" and not d.destructive
+    assert f"a {foreign} process, not ours: reported only" in d.reason
+    later = decide([f], pol, now=NOW + 7200, escalations={("zombie", f.target, "live"): {
+        "state": "open", "episode": 1, "rung": 0, "first_seen": NOW, "last_action_at": NOW}})
+    assert later.decisions == [] and later.waiting[0]["why"] == "ladder complete"
+
+
+def test_a_plain_user_process_is_still_killed() -> None:
+    (f,) = zombie_findings(policy(), user="alice")
+    assert f.action == "kill_process" and "foreign_owner" not in f.evidence and "act_on_system" not in f.evidence
+
+
+@pytest.mark.parametrize(
+    ("owners", "proc", "allowed_by"),
+    [("[container]", {"user": "u", "container": "docker:4f6c3a1be2d9"}, "container"),
+     ("[system]", {"user": "nobody"}, "system"),
+     ("[nobody]", {"user": "nobody"}, "nobody")],
+    ids=["container-word", "system-word", "user-name"],
+)
+def test_act_on_owners_lets_the_rule_act(owners: str, proc: dict[str, object], allowed_by: str) -> None:
+    (f,) = zombie_findings(policy(owners), **proc)
+    assert f.action == "kill_process" and f.evidence["act_on_owner"] == allowed_by
+    assert bool(f.evidence.get("act_on_system")) == (allowed_by != "container")
+
+
+def test_naming_a_user_lets_the_node_signal_it_below_uid_1000() -> None:
+    # a service account the agent cannot recognise by name: only the node sees its uid, so the
+    # evidence tells the node that the policy named it
+    (f,) = zombie_findings(policy("[trainer]"), user="trainer")
+    assert f.action == "kill_process" and f.evidence["act_on_system"] is True and "foreign_owner" not in f.evidence
+
+
+@pytest.mark.parametrize(
+    ("owners", "proc"),
+    [("[system, alice]", {"user": "root"}), ("[system]", {"user": "u", "container": "podman:abababababab"}),
+     ("[container]", {"user": "nobody"}), ("[u]", {"user": "u", "container": "docker:4f6c3a1be2d9"})],
+    ids=["root-never", "system-is-not-container", "container-is-not-system", "user-name-is-not-container"],
+)
+def test_act_on_owners_opens_only_what_it_names(owners: str, proc: dict[str, object]) -> None:
+    (f,) = zombie_findings(policy(owners), **proc)
+    assert f.action == "advise"
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [("act_on_owners: [root]", r"act_on_owners\[0\]: root's processes are never killed"),
+     ("act_on_owners: [system, 'a b']", r"act_on_owners\[1\]: 'a b' is not a user name"),
+     ("system_users: ['x;y']", r"system_users\[0\]: 'x;y' is not a user name"),
+     ("act_on_owners: container", r"act_on_owners"),
+     ("act_on_owner: [system]", r"unknown key")],
+    ids=["root", "space", "system-users-bad", "not-a-list", "misspelt"],
+)
+def test_policy_key_is_checked(text: str, pattern: str) -> None:
+    with pytest.raises(PolicyError, match=pattern):
+        parse_policy(f"rules: {{zombie: {{{text}}}}}\n", "p.yaml")
+
+
+def test_defaults_act_on_no_foreign_owner() -> None:
+    z = Policy().rules.zombie
+    assert z.act_on_owners == () and z.system_users == ("nobody",)
+
+
+def _ctx(dry_run: bool = True) -> ActionContext:
+    from gpu_cost.sources.nodes import NodeAccess
+
+    return ActionContext(policy=Policy(), dry_run=dry_run, now=time.time(), run_id="t",
+                         extra={"node_access": NodeAccess(command=("wrapper",))})
+
+
+def _decision(user: str | None, **evidence: object) -> Decision:
+    return Decision(decision_id="d1", ts=NOW, rule="zombie", target_kind="process", target="proc:g1:4242:1700000000",
+                    action="kill_process", mode="enforce", host="g1", gpus=1, user=user,
+                    evidence={"gpu_uuid": "GPU-0f0e0d0c-0000-0000-0000-000000000001", **evidence})
+
+
+def test_the_action_sends_the_owner_and_system_ok_only_when_the_policy_named_it() -> None:
+    from gpu_cost.actions.node import kill_process
+
+    plain = kill_process(_decision("alice"), _ctx())
+    assert plain.status == "skipped"
+    assert plain.command == "wrapper kill-process 4242 1700000000 GPU-0f0e0d0c-0000-0000-0000-000000000001 alice TERM"
+    named = kill_process(_decision("trainer", act_on_system=True), _ctx())
+    assert (named.command or "").endswith(" trainer TERM system-ok")
+
+
+def test_the_action_refuses_a_decision_without_owner() -> None:
+    from gpu_cost.actions.node import kill_process
+
+    out = kill_process(_decision(None), _ctx(dry_run=False))
+    assert out.status == "failed" and "names no owner" in (out.error or "")
