@@ -9,7 +9,8 @@ start of an episode. It records a decision with rule ``agent_health`` (target ``
 evidence: the problems) and, when ``notifications.slack_channel`` is configured, posts to it
 through the Slack connection of :mod:`gpu_cost.actions.notify` (``gpu_cost_slack``), with the
 audit row written before the post and updated after, as for every action. The decision id comes
-from the run id, so a retried task never alerts twice.
+from the run id, so a retried task never alerts twice. The problems are redacted
+(:func:`gpu_cost.redact.redact`) before they are quoted anywhere.
 
 Policy::
 
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from gpu_cost.connections import airflow_connection
 from gpu_cost.model import Decision
 from gpu_cost.policy.schema import Policy
+from gpu_cost.redact import redact_all
 
 if TYPE_CHECKING:
     from gpu_cost.audit.store import AuditStore
@@ -68,6 +70,7 @@ def degraded_alert(store: AuditStore, policy: Policy, *, run_id: str, dag_id: st
     """
     if status not in UNHEALTHY:
         return None
+    problems = redact_all(problems)  # quoted in the alert, the decision and the log: no credentials
     run = store.get_run(run_id)
     started = float(run["started_at"]) if run and run.get("started_at") is not None else time.time()
     prev = previous_run(store, dag_id, run_id, started)

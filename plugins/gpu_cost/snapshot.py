@@ -11,6 +11,7 @@ from gpu_cost.aggregate import extra_window, gpu_frame
 from gpu_cost.correlate import attribute
 from gpu_cost.model import GpuProcess, Job, Node, Snapshot
 from gpu_cost.policy.schema import Policy
+from gpu_cost.redact import redact_all
 
 
 def rule_windows(policy: Policy) -> tuple[float, list[float]]:
@@ -55,7 +56,7 @@ def from_matrix(
         for w in others
     }
     frame, disagreements = attribute(frame, jobs, processes)
-    found = list(problems)
+    found = redact_all(problems)  # they are stored, returned and alerted on: no credentials
     if len(frame) and frame["stale"].all():
         found.append("every GPU series is stale or missing")
     return Snapshot(

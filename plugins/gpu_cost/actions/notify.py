@@ -13,7 +13,8 @@ Message bodies are Jinja2 templates in ``include/templates/notify/``. Each user 
 ``gpu_cost_actions`` rows, so the limit holds however many workers send. Slack's 429 is retried
 after its ``Retry-After``, 5xx with exponential backoff, both bounded; every attempt is reported
 in the outcome. Dry-run sends nothing and returns the rendered message. Connection secrets (the
-webhook URL, tokens, SMTP passwords) never reach a log line, an outcome or an audit row.
+webhook URL, tokens, SMTP passwords) never reach a log line, an outcome or an audit row, and
+Slack texts pass through :func:`gpu_cost.redact.redact`.
 
 Policy example::
 
@@ -43,6 +44,7 @@ from gpu_cost.connections import airflow_connection
 from gpu_cost.errors import ActionError
 from gpu_cost.model import Decision
 from gpu_cost.policy.schema import Person, Policy
+from gpu_cost.redact import redact
 from gpu_cost.timeutil import format_duration, iso
 
 if TYPE_CHECKING:
@@ -357,6 +359,7 @@ def send_webhook(conn_id: str, text: str, *, sleep: Callable[[float], None], sec
     from airflow.providers.slack.hooks.slack_webhook import SlackWebhookHook
 
     dl = Delivery("slack-webhook", False)
+    text = redact(text)  # a notice or alert quoting an error must not carry its credentials out
     try:
         # our own retry loop reports every attempt; the SDK's own handlers would hide them
         client = SlackWebhookHook(slack_webhook_conn_id=conn_id, retry_handlers=[]).client
@@ -382,6 +385,7 @@ def send_api(conn_id: str, channel: str, text: str, *, sleep: Callable[[float], 
     from slack_sdk.errors import SlackApiError
 
     dl = Delivery("slack-api", False)
+    text = redact(text)  # a notice or alert quoting an error must not carry its credentials out
     try:
         client = SlackHook(slack_conn_id=conn_id, retry_handlers=[]).client
     except Exception as exc:
@@ -490,9 +494,8 @@ def _secrets(conn: Any) -> list[str]:
 def _scrub(text: str, secrets: Sequence[str]) -> str:
     for s in sorted(secrets, key=len, reverse=True):
         text = text.replace(s, "***")
-    # anything that still looks like a webhook path or a Slack token
-    text = re.sub(r"hooks\.slack\.com/services/\S+", "hooks.slack.com/services/***", text)
-    return re.sub(r"xox[abpr]-[A-Za-z0-9-]+", "xox*-***", text)
+    # anything that still looks like a credential: URL passwords, webhook paths, tokens
+    return redact(text)
 
 
 def _describe(dl: Delivery) -> str:

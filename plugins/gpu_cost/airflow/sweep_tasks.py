@@ -334,6 +334,9 @@ def finish(context: Mapping[str, Any]) -> dict[str, Any]:
         if failed:
             status = "failed"
             problems.append(f"{len(failed)} action(s) failed: see gpu_cost_actions")
+    from gpu_cost.redact import redact_all
+
+    problems = redact_all(problems)  # stored, alerted on, returned to XCom, raised: no credentials
     counts = {k: v for k, v in (summary or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)}
     counts["acted"] = sum(a.get("decisions", 0) for a in acted)
     counts["expired"] = sum(len(a.get("expired") or {}) for a in acted)

@@ -2,22 +2,25 @@
 
 Order: the ``AIRFLOW_CONN_GPU_COST_DB`` environment variable (URI or JSON, as Airflow reads it);
 inside an Airflow process, Airflow's own connection lookup (secrets backends); otherwise a SQLite
-file under ``GPU_COST_HOME`` (``~/.gpu_cost/audit.db``). Passwords never reach logs: use
-:func:`redact` to print a URL.
+file under ``GPU_COST_HOME`` (``~/.gpu_cost/audit.db``). Passwords never reach logs: print a URL
+through :func:`gpu_cost.redact.redact` (re-exported here as ``redact``).
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from gpu_cost import connections, paths
 from gpu_cost.errors import AuditError
+from gpu_cost.redact import redact
 
 logger = logging.getLogger(__name__)
 
 CONN_ID = "gpu_cost_db"
+
+__all__ = ["CONN_ID", "audit_url", "redact", "url_from_conn"]
 
 
 def audit_url(conn_id: str = CONN_ID) -> str:
@@ -45,11 +48,3 @@ def url_from_conn(conn: dict[str, Any]) -> str:
         port = f":{conn['port']}" if conn.get("port") else ""
         return f"postgresql+psycopg2://{auth}{conn.get('host') or 'localhost'}{port}/{conn.get('schema') or 'gpu_cost'}"
     raise AuditError(f"gpu_cost_db: connection type {ctype!r} is not supported (use sqlite or postgres)")
-
-
-def redact(url: str) -> str:
-    """Return the URL with any password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@").replace(f":{quote(parts.password, safe='')}@", ":***@")
-    return url

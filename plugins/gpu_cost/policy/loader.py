@@ -43,7 +43,7 @@ def load_policy(path: str | Path | None = None) -> Policy:
 def parse_policy(text: str, source: str = "<string>") -> Policy:
     """Parse policy YAML text; ``source`` names it in errors."""
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text, source)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -58,6 +58,52 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
     check_policy(policy, data)
     return policy
 
+
+def _load_yaml(text: str, source: str) -> Any:
+    """Return the YAML document in ``text``; a key given twice in one mapping is a PolicyError.
+
+    PyYAML keeps the last of two equal keys silently, so ``mode: dry-run`` followed by
+    ``mode: enforce`` would load as enforce, and a second ``protections: []`` would wipe the first.
+    """
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_duplicates(node, source)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_duplicates(root: yaml.Node, source: str) -> None:
+    """Raise PolicyError naming both lines of the earliest key that repeats inside one mapping."""
+    dups: list[tuple[int, str, int]] = []  # (line, dotted key, line of the first)
+    seen_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen_nodes:  # an alias: already checked where its anchor is
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], int] = {}
+            for key, value in node.value:
+                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                    stack.append((value, path))  # a merge (<<) may override: that is what it is for
+                    continue
+                line = key.start_mark.line + 1
+                dotted = f"{path}.{key.value}" if path else str(key.value)
+                if (key.tag, key.value) in first:
+                    dups.append((line, dotted, first[key.tag, key.value]))
+                else:
+                    first[key.tag, key.value] = line
+                stack.append((value, dotted))
+    if dups:
+        line, dotted, at = min(dups)
+        raise PolicyError(source, f"line {line}", f"duplicate key {dotted!r} (first at line {at})")
 
 def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
     """Check what types cannot: contradictions and absurd values. Raise PolicyError on the first."""

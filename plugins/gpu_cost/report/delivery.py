@@ -20,6 +20,7 @@ from typing import Any
 from gpu_cost.connections import airflow_connection
 from gpu_cost.errors import GpuCostError
 from gpu_cost.policy.schema import Policy
+from gpu_cost.redact import redact
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,6 @@ def slack_text(kpis: Mapping[str, Any], link: str | None) -> str:
 
 def post_report(result: Mapping[str, Any], policy: Policy, conn_id: str) -> dict[str, Any]:
     """Post the summary and the main chart of a written report; return what was done."""
-    from gpu_cost.report.charts import MAIN_CHART
     from gpu_cost.report.render import _root
 
     conn = airflow_connection(conn_id)
@@ -42,8 +42,21 @@ def post_report(result: Mapping[str, Any], policy: Policy, conn_id: str) -> dict
         return {"posted": False, "why": f"connection {conn_id} not configured"}
     folder = _root(result["folder"])
     kpis = json.loads((folder / "kpis.json").read_text(encoding="utf-8"))
-    text = slack_text(kpis, str(result["report"]))
+    text = redact(slack_text(kpis, str(result["report"])))  # the link may be a storage URL with credentials
     ctype = (conn.conn_type or "").lower()
+    try:
+        return _post(conn, conn_id, ctype, text, kpis, folder, policy)
+    except GpuCostError:
+        raise
+    except Exception as exc:  # the Slack SDK's errors may quote the webhook URL or a token
+        raise GpuCostError(f"report not posted through {conn_id}: {redact(f'{type(exc).__name__}: {exc}')[:300]}") from None
+
+
+def _post(conn: Any, conn_id: str, ctype: str, text: str, kpis: Mapping[str, Any], folder: Any,
+          policy: Policy) -> dict[str, Any]:
+    """Post ``text`` (and, through the Web API, the main chart) on ``conn``."""
+    from gpu_cost.report.charts import MAIN_CHART
+
     if ctype == "slackwebhook":
         from airflow.providers.slack.hooks.slack_webhook import SlackWebhookHook
 

@@ -11,7 +11,8 @@
   process cgroups; disagreements are listed, not guessed away).
 
 A source that fails does not raise: its failure goes into ``Snapshot.problems``, which makes the
-snapshot *degraded* (decisions from it are never destructive). ``check_fresh`` is the sweep's
+snapshot *degraded* (decisions from it are never destructive). Problems are redacted
+(:func:`gpu_cost.redact.redact`): they end in the audit store, XCom and the health alert. ``check_fresh`` is the sweep's
 sensor: Prometheus answers and its newest DCGM sample is within ``sweep.max_staleness``.
 """
 
@@ -27,6 +28,7 @@ from typing import Any
 from gpu_cost.errors import SourceError
 from gpu_cost.model import GpuProcess, Job, Node, Snapshot
 from gpu_cost.policy.schema import Policy
+from gpu_cost.redact import redact, redact_all
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +124,7 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     if not len(frame) and not any(p.startswith("prometheus:") for p in problems):
         problems.append("prometheus: no GPU series (check the exporters and the connection's selector)")
     nodes = _merge_nodes(nodes, frame, node_stats)
+    problems = redact_all(problems)  # a source's error may quote a URL with its credentials
     elapsed = time.monotonic() - started
     LAST_STATS.clear()
     LAST_STATS.update({"queries": float(prom.queries_made if prom is not None else 0), "seconds": elapsed})
@@ -184,9 +187,9 @@ def check_fresh(policy: Policy, now: float, *, prometheus: Any = None) -> tuple[
         prom = prometheus or PrometheusSource()
         newest = prom.newest_sample_ts(now)
     except SourceError as exc:
-        return False, str(exc)
+        return False, redact(exc)
     if newest is None:
-        return False, f"Prometheus at {prom.config.url} has no GPU sample in the 5 minutes before {now:.0f}"
+        return False, f"Prometheus at {redact(prom.config.url)} has no GPU sample in the 5 minutes before {now:.0f}"
     age = now - newest
     if age > policy.sweep.max_staleness:
         return False, f"the newest GPU sample is {age:.0f}s old (max_staleness {policy.sweep.max_staleness:g}s)"

@@ -24,7 +24,8 @@ as a URI or JSON, or Airflow's own lookup), else ``GPU_COST_PROMETHEUS_URL``. Co
 ``selector`` (label matchers added to every GPU selector, e.g. ``job="dcgm"``), ``node_selector``
 (the same for node_exporter), ``timeout`` (seconds), ``verify`` (TLS), ``headers``. A server that
 cannot be reached, times out or answers nonsense raises :class:`~gpu_cost.errors.SourceError`;
-a GPU missing from some answers is *stale*, never idle.
+a GPU missing from some answers is *stale*, never idle. Errors name the server with its
+credentials redacted (:func:`gpu_cost.redact.redact`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import numpy as np
 
 from gpu_cost import connections
 from gpu_cost.errors import SourceError
+from gpu_cost.redact import redact
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ INFO_LABELS = ("modelName", "hpc_job", "pod", "namespace")
 # connection
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class PromConfig:
     """Where Prometheus is and how to read it.
 
@@ -72,6 +74,12 @@ class PromConfig:
     verify: bool = True
     headers: Mapping[str, str] = field(default_factory=dict)
     auth: tuple[str, str] | None = None
+
+    def __repr__(self) -> str:
+        # a repr lands in logs and tracebacks: no password, no Authorization header
+        return (f"PromConfig(url={redact(self.url)!r}, selector={self.selector!r}, node_selector={self.node_selector!r}, "
+                f"timeout={self.timeout!r}, verify={self.verify!r}, headers={sorted(self.headers)!r}, "
+                f"auth={'(***)' if self.auth else None})")
 
 
 def configured(conn_id: str = CONN_ID) -> bool:
@@ -340,29 +348,30 @@ class PrometheusSource:
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
         self.queries_made += 1
+        where = redact(self.config.url)  # the URL may carry user:password@
         try:
             result = self.client.custom_query(promql, params={"time": f"{at:.3f}"}, timeout=self.config.timeout)
         except requests.exceptions.Timeout:
-            raise SourceError(f"Prometheus at {self.config.url} did not answer the {what} query within "
+            raise SourceError(f"Prometheus at {where} did not answer the {what} query within "
                               f"{self.config.timeout:g}s") from None
         except requests.exceptions.RequestException as exc:
             if "timed out" in str(exc):
-                raise SourceError(f"Prometheus at {self.config.url} did not answer the {what} query within "
+                raise SourceError(f"Prometheus at {where} did not answer the {what} query within "
                                   f"{self.config.timeout:g}s") from None
-            raise SourceError(f"Prometheus at {self.config.url} cannot be reached ({what} query): "
-                              f"{type(exc).__name__}: {str(exc).split(' with url:')[0][:200]}") from None
+            raise SourceError(f"Prometheus at {where} cannot be reached ({what} query): "
+                              f"{type(exc).__name__}: {redact(str(exc).split(' with url:')[0])[:200]}") from None
         except PrometheusApiClientException as exc:
-            raise SourceError(f"Prometheus at {self.config.url} refused the {what} query: {str(exc)[:300]}") from None
+            raise SourceError(f"Prometheus at {where} refused the {what} query: {redact(exc)[:300]}") from None
         except ValueError as exc:  # JSON decoding
-            raise SourceError(f"Prometheus at {self.config.url} answered the {what} query with invalid JSON: {exc}") from None
+            raise SourceError(f"Prometheus at {where} answered the {what} query with invalid JSON: {redact(exc)}") from None
         except (KeyError, TypeError, IndexError):  # JSON without data.result: not a Prometheus answer
-            raise SourceError(f"Prometheus at {self.config.url} answered the {what} query without data.result") from None
+            raise SourceError(f"Prometheus at {where} answered the {what} query without data.result") from None
         if not isinstance(result, list):
-            raise SourceError(f"Prometheus at {self.config.url}: the {what} query did not return a vector")
+            raise SourceError(f"Prometheus at {where}: the {what} query did not return a vector")
         for s in result:
             metric = s.get("metric", {}) if isinstance(s, Mapping) else None
             if not isinstance(metric, Mapping) or not all(isinstance(v, str) for v in metric.values()):
-                raise SourceError(f"Prometheus at {self.config.url}: the {what} query returned a malformed sample: "
+                raise SourceError(f"Prometheus at {where}: the {what} query returned a malformed sample: "
                                   f"{str(s)[:200]}")
         return result
 

@@ -1,0 +1,114 @@
+"""Keep secrets inside their connection: one function that blanks credentials out of any text.
+
+Every place text leaves the agent (an exception message, ``gpu_cost_runs.problems``, an XCom value,
+a log record, a notice, the health alert, the weekly report) passes it through :func:`redact`,
+which replaces with ``***``:
+
+- the password of a URL's user info: ``https://user:pass@host`` → ``https://user:***@host``;
+- credential query parameters: ``?password=``, ``token=``, ``apikey=``/``api_key=``, ``secret=``,
+  ``access_token=``, ``signature=`` and their kin → ``?password=***``;
+- the secret path of a Slack webhook: ``hooks.slack.com/services/T…/B…/…`` → ``hooks.slack.com/services/***``;
+- Slack tokens (``xoxb-…``) and ``Bearer``/``Basic`` authorization values.
+
+:func:`install` makes the package's log records pass through it too (see there why not a plain
+logger filter).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from typing import Any
+
+#: the package whose log records are redacted
+PACKAGE = "gpu_cost"
+MASK = "***"
+
+# scheme://user:password@ — the password runs to the last "@" before the path (an unquoted "@" in it)
+_USERINFO = re.compile(r"(?P<head>\b[a-z][a-z0-9+.\-]*://[^\s:/?#@'\"<>]*):(?P<pw>[^\s/?#'\"<>]*)@", re.I)
+_QUERY = re.compile(
+    r"(?P<head>[?&;](?:[a-z0-9_.\-]*[_.\-])?(?:password|passwd|pwd|token|api[_\-]?key|apikey|secret|signature"
+    r"|sig|key|auth)=)(?P<value>[^&#\s'\"<>]+)", re.I)
+_SLACK_HOOK = re.compile(r"(?P<head>hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/)[^\s'\"<>)]+", re.I)
+_SLACK_TOKEN = re.compile(r"\bxox[abposr]-[A-Za-z0-9-]+")
+# a token has a digit or punctuation in it: "Bearer authentication" stays readable
+_AUTH_HEADER = re.compile(r"(?P<head>\bBearer\s+|\bAuthorization:\s*Basic\s+)"
+                          r"(?=[A-Za-z0-9._~+/=\-]*[0-9._~+/=\-])[A-Za-z0-9._~+/=\-]{8,}")
+
+
+def redact(text: Any) -> str:
+    """Return ``text`` (made a string) with every credential it carries replaced by ``***``."""
+    s = str(text)
+    if not s:
+        return s
+    s = _USERINFO.sub(lambda m: f"{m['head']}:{MASK}@" if m["pw"] else m[0], s)
+    s = _QUERY.sub(lambda m: f"{m['head']}{MASK}", s)
+    s = _SLACK_HOOK.sub(lambda m: f"{m['head']}{MASK}", s)
+    s = _SLACK_TOKEN.sub("xox*-" + MASK, s)
+    return _AUTH_HEADER.sub(lambda m: f"{m['head']}{MASK}", s)
+
+
+def redact_all(texts: Iterable[Any]) -> list[str]:
+    """Return every text of ``texts`` redacted (problems lists, error lists)."""
+    return [redact(t) for t in texts]
+
+
+class RedactFilter(logging.Filter):
+    """Redact a log record's message, arguments and traceback in place; never drops a record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        redact_record(record)
+        return True
+
+
+def redact_record(record: logging.LogRecord) -> logging.LogRecord:
+    """Redact ``record`` in place (its formatted message, then its traceback) and return it."""
+    try:
+        message = record.getMessage()
+    except (TypeError, ValueError):  # a malformed %-format: leave it to the handler to report
+        return record
+    clean = redact(message)
+    if clean != message:
+        record.msg, record.args = clean, ()
+    if record.exc_info and record.exc_info[0] is not None and not record.exc_text:
+        text = logging.Formatter().formatException(record.exc_info)
+        clean = redact(text)
+        if clean != text:
+            record.exc_text = clean  # formatters print exc_text when it is set
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)
+    return record
+
+
+_FILTER = RedactFilter()
+_installed = False
+
+
+def install() -> None:
+    """Redact every log record of the ``gpu_cost`` loggers (idempotent).
+
+    A filter on the ``gpu_cost`` logger alone would miss ``gpu_cost.sources.prometheus``'s records:
+    Python runs only the emitting logger's filters, not its ancestors', on a propagated record. So
+    the filter goes on the package logger *and* the record factory passes the package's records
+    through it, whatever logger of the package made them and whatever handler prints them.
+    """
+    global _installed
+    if _installed:
+        return
+    logging.getLogger(PACKAGE).addFilter(_FILTER)
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        if record.name == PACKAGE or record.name.startswith(PACKAGE + "."):
+            redact_record(record)
+        return record
+
+    logging.setLogRecordFactory(factory)
+    _installed = True
+
+
+install()
+
+__all__ = ["MASK", "RedactFilter", "install", "redact", "redact_all", "redact_record"]
