@@ -136,8 +136,10 @@ def test_audit_db_is_separate_from_the_metadata_db(compose) -> None:  # type: ig
     db = compose["services"]["gpu-cost-db"]
     assert db["volumes"] != compose["services"]["postgres"]["volumes"]
     init = compose["services"]["gpu-cost-db-init"]
-    assert "/sql/schema.postgresql.sql" in init["command"] and "/sql/grants.postgresql.sql" in init["command"]
-    assert _env(init)["PGUSER"] == "gpu_cost_owner"
+    # migrations to head, then include/sql/grants.postgresql.sql, as the tables' owner
+    assert init["entrypoint"] == ["gpu-cost"] and init["command"][:2] == ["db", "upgrade"]
+    assert "--no-grants" not in init["command"]
+    assert urlsplit(_expand(_env(init)["AIRFLOW_CONN_GPU_COST_DB"])).username == "gpu_cost_owner"
     assert any(v.startswith("./deploy/postgres/initdb.d:/docker-entrypoint-initdb.d") for v in db["volumes"])
 
 

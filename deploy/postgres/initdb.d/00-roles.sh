@@ -2,11 +2,13 @@
 # Roles and database of the audit store (connection `gpu_cost_db`), on the audit PostgreSQL server.
 #
 # Run once by the postgres image on a fresh data volume (/docker-entrypoint-initdb.d), as the
-# server's superuser; safe to run again by hand. The tables are then created and granted by the
-# owner (service `gpu-cost-db-init`: include/sql/schema.postgresql.sql, then grants.postgresql.sql).
+# server's superuser; safe to run again by hand. The tables are then created (or migrated to the
+# head revision, keeping every row) and granted by the owner: service `gpu-cost-db-init` runs
+# `gpu-cost db upgrade` (Alembic migrations, then include/sql/grants.postgresql.sql).
 #
 #   gpu_cost_owner   owns the database and the tables; runs DDL; nothing else uses it
-#   gpu_cost_agent   the agent (Airflow connection gpu_cost_db): INSERT, SELECT, UPDATE of status columns
+#   gpu_cost_agent   the agent (Airflow connection gpu_cost_db): SELECT; INSERT only into the decision and
+#                    action history; UPDATE of a few state columns (runs, snapshots, escalations, results)
 #   gpu_cost_reader  Grafana and reports: SELECT only
 #
 # Passwords come from the environment (see .env.example); psql quotes them (:'var'), so any
