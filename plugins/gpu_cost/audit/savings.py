@@ -156,7 +156,7 @@ def record_action_saving(store: AuditStore, decision: Decision, outcome: Outcome
     row = saving_row(decision, ctx.policy, store, ctx.now)
     if row is None:
         return
-    n = store.execute("insert_saving", row)
+    n = store.execute("insert_saving", {**row, "run_id": ctx.run_id, "data_ts": ctx.now})
     if n:
         logger.info("saving %s: %.2f GPU-h, %.2f %s (%s)", row["saving_id"], row["gpu_hours"], row["usd"],
                     ctx.policy.cost.currency, row["basis"])

@@ -71,13 +71,23 @@ def load_history(policy: Policy, now: float, source: str, store: AuditStore | No
     return hist_mod.store_jobs(store, since, now)
 
 
+def run_key(now: float, run_id: str | None = None) -> str:
+    """Return the run id the stored rows name: the caller's, else ``forecast__<epoch>`` (a run outside Airflow)."""
+    return run_id or f"forecast__{int(now)}"
+
+
+def _upsert(store: AuditStore, rows: list[dict[str, Any]], now: float, run_id: str | None) -> int:
+    """Upsert forecast rows naming their run and data instant (``now``): an older run never replaces a newer one."""
+    return store.execute("upsert_forecast", [{**r, "run_id": run_key(now, run_id), "data_ts": now} for r in rows])
+
+
 def _history_row(series: str, now: float, payload: Mapping[str, Any]) -> dict[str, Any]:
     return {"series": series, "horizon_ts": now, "kind": "history", "yhat": None, "yhat_lower": None,
             "yhat_upper": None, "model": None, "created_at": now, "extra": json.dumps(payload, separators=(",", ":"))}
 
 
 def extract(policy: Policy, now: float, source: str, store: AuditStore, *, jobs_path: str | None = None,
-            jobs: pd.DataFrame | None = None) -> dict[str, Any]:
+            jobs: pd.DataFrame | None = None, run_id: str | None = None) -> dict[str, Any]:
     """Read the history, store jobs and hourly demand series; return ``{now, keys, ...}`` (small)."""
     src = history_source(source)
     if jobs is None:
@@ -89,15 +99,16 @@ def extract(policy: Policy, now: float, source: str, store: AuditStore, *, jobs_
     if len(jobs):  # a shorter history than the window: leading empty hours are no demand signal
         since = max(since, float(jobs["submit_ts"].fillna(jobs["start_ts"]).min()) // 3600 * 3600)
     series = hist_mod.demand_series(jobs, since, now, policy.forecast.dimensions)
-    store.execute("upsert_forecast", [_history_row("history:jobs", now, {c: _col(jobs[c]) for c in _JOB_COLS})])
-    keys = store_series(store, series, now)
+    _upsert(store, [_history_row("history:jobs", now, {c: _col(jobs[c]) for c in _JOB_COLS})], now, run_id)
+    keys = store_series(store, series, now, run_id=run_id)
     finished = int(jobs["end_ts"].notna().sum())
     logger.info("forecast history from %s: %d jobs (%d finished), %d demand series", src, len(jobs), finished,
                 len(keys))
-    return {"now": now, "source": src, "jobs": len(jobs), "finished_jobs": finished, "keys": keys}
+    return {"now": now, "source": src, "jobs": len(jobs), "finished_jobs": finished, "keys": keys,
+            "run_id": run_key(now, run_id)}
 
 
-def store_series(store: AuditStore, series: pd.DataFrame, now: float) -> list[str]:
+def store_series(store: AuditStore, series: pd.DataFrame, now: float, *, run_id: str | None = None) -> list[str]:
     """Store each hourly series (``ts, key, value``) as one ``history:<key>`` row; return the keys kept.
 
     A series that never saw any demand is left out (nothing to forecast).
@@ -112,7 +123,7 @@ def store_series(store: AuditStore, series: pd.DataFrame, now: float) -> list[st
         keys.append(str(key))
         rows.append(_history_row(f"history:{key}", now, {"t0": float(g["ts"].iloc[0]), "step": 3600.0,
                                                           "values": np.round(g["value"].to_numpy(), 3).tolist()}))
-    store.execute("upsert_forecast", rows)
+    _upsert(store, rows, now, run_id)
     return keys
 
 
@@ -123,8 +134,8 @@ def _col(s: pd.Series) -> list[Any]:
 
 
 def _load_row(store: AuditStore, series: str, now: float) -> dict[str, Any]:
-    rows = [r for r in store.fetch("forecasts_of", {"pattern": series, "since": now})
-            if r["series"] == series and abs(float(r["horizon_ts"]) - now) < 1]
+    # this run's own row (a newer run's rows do not hide it from this run's later steps)
+    rows = store.fetch("forecast_at", {"series": series, "horizon_ts": now})
     if not rows:
         raise GpuCostError(f"forecast: no stored {series} for the run at {now} (run extract first)")
     return json.loads(rows[0]["extra"])
@@ -150,8 +161,8 @@ def make_batches(ref: Mapping[str, Any], size: int, horizon_s: float) -> list[di
     """Split the series keys into batches of ``size``: the arguments of the mapped fit tasks."""
     keys = list(ref.get("keys", []))
     horizon_h = math.ceil(horizon_s / 3600.0)
-    return [{"now": ref["now"], "keys": keys[i:i + size], "horizon_h": horizon_h, "batch": i // size}
-            for i in range(0, len(keys), max(1, size))]
+    return [{"now": ref["now"], "keys": keys[i:i + size], "horizon_h": horizon_h, "batch": i // size,
+             "run_id": ref.get("run_id")} for i in range(0, len(keys), max(1, size))]
 
 
 def fit_batch(store: AuditStore, batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -167,7 +178,7 @@ def fit_batch(store: AuditStore, batch: Mapping[str, Any]) -> dict[str, Any]:
     for key in batch["keys"]:
         ts, v = stored_series(store, key, now)
         fc = demand.forecast(ts, v, int(batch["horizon_h"]), stats=stats)
-        n_rows += store.execute("upsert_forecast", demand.forecast_rows(key, fc, now)) or len(fc.ts)
+        n_rows += _upsert(store, demand.forecast_rows(key, fc, now), now, batch.get("run_id")) or len(fc.ts)
         models[fc.model] = models.get(fc.model, 0) + 1
         chosen = [fc.scores[m] for m in fc.model.split("+") if m in fc.scores]
         if chosen and fc.baseline_smape is not None:
@@ -180,7 +191,8 @@ def fit_batch(store: AuditStore, batch: Mapping[str, Any]) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def fit_runtime(store: AuditStore, policy: Policy, now: float, *, backtest_days: float = 7.0) -> dict[str, Any]:
+def fit_runtime(store: AuditStore, policy: Policy, now: float, *, backtest_days: float = 7.0,
+                run_id: str | None = None) -> dict[str, Any]:
     """Fit the end-time model on the stored history; upsert class and running-job rows; backtest it."""
     from gpu_cost.forecast import backtest, runtime
 
@@ -193,7 +205,7 @@ def fit_runtime(store: AuditStore, policy: Policy, now: float, *, backtest_days:
     model = runtime.fit(jobs, now=now, min_class_jobs=policy.forecast.min_class_jobs)
     rows = runtime.class_rows(model, now)
     job_rows = runtime.job_rows(model, jobs, now)
-    store.execute("upsert_forecast", rows + job_rows)
+    _upsert(store, rows + job_rows, now, run_id)
     figures: dict[str, Any] | None = None
     split = now - backtest_days * 86400.0
     if (done["end_ts"] < split).sum() >= 30 and (done["start_ts"] >= split).sum() >= 10:
@@ -209,7 +221,7 @@ def fit_runtime(store: AuditStore, policy: Policy, now: float, *, backtest_days:
 
 
 def finish(store: AuditStore, now: float, batches: Iterable[Mapping[str, Any]],
-           runtime_out: Mapping[str, Any] | None) -> dict[str, Any]:
+           runtime_out: Mapping[str, Any] | None, *, run_id: str | None = None) -> dict[str, Any]:
     """Sum the batch summaries, write the backtest rows, return the figures for XCom."""
     batches = list(batches)
     models: dict[str, int] = {}
@@ -231,7 +243,7 @@ def finish(store: AuditStore, now: float, batches: Iterable[Mapping[str, Any]],
         rows.append({"series": "backtest:runtime", "horizon_ts": now, "kind": "backtest", "yhat": rt_fig.get("mae_s"),
                      "yhat_lower": None, "yhat_upper": rt_fig.get("baseline_limit_mae_s"),
                      "model": "mae_s vs time limit", "created_at": now, "extra": json.dumps(rt_fig)})
-    store.execute("upsert_forecast", rows)
+    _upsert(store, rows, now, run_id)
     out = {"now": now, "demand": demand_fig, "runtime": {**{k: v for k, v in (runtime_out or {}).items()
                                                                 if k != "backtest"}, "backtest": rt_fig or None}}
     logger.info("nightly forecast: %s", json.dumps(out, default=str))
@@ -243,9 +255,12 @@ def _round(v: float | None) -> float | None:
 
 
 def run(policy: Policy, now: float, store: AuditStore, source: str | None = "sim", *, jobs_path: str | None = None,
-        jobs: pd.DataFrame | None = None, workers: int = 1) -> dict[str, Any]:
-    """Run the whole nightly in this process (the CLI and the bench): same steps as the DAG."""
-    ref = extract(policy, now, source or "sim", store, jobs_path=jobs_path, jobs=jobs)
+        jobs: pd.DataFrame | None = None, workers: int = 1, run_id: str | None = None) -> dict[str, Any]:
+    """Run the whole nightly in this process (the CLI and the bench): same steps as the DAG.
+
+    :param run_id: the run the stored rows name (default ``forecast__<epoch of now>``).
+    """
+    ref = extract(policy, now, source or "sim", store, jobs_path=jobs_path, jobs=jobs, run_id=run_id)
     batches = make_batches(ref, policy.forecast.series_per_task, policy.forecast.horizon)
     if workers > 1 and len(batches) > 1:
         from concurrent.futures import ProcessPoolExecutor
@@ -254,8 +269,8 @@ def run(policy: Policy, now: float, store: AuditStore, source: str | None = "sim
             results = list(pool.map(_fit_batch_url, [store.url] * len(batches), batches))
     else:
         results = [fit_batch(store, b) for b in batches]
-    rt = fit_runtime(store, policy, now)
-    return finish(store, now, results, rt)
+    rt = fit_runtime(store, policy, now, run_id=ref["run_id"])
+    return finish(store, now, results, rt, run_id=ref["run_id"])
 
 
 def _fit_batch_url(url: str, batch: Mapping[str, Any]) -> dict[str, Any]:

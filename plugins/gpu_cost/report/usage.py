@@ -141,10 +141,16 @@ def job_usage_rows(snapshot: Snapshot, policy: Policy, interval_s: float | None 
     return rows
 
 
-def record_usage(store: AuditStore, snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> dict[str, int]:
-    """Write both usage tables for one sweep (idempotent); return the row counts."""
-    rows = usage_rows(snapshot, policy, interval_s)
-    jobs = job_usage_rows(snapshot, policy, interval_s)
+def record_usage(store: AuditStore, snapshot: Snapshot, policy: Policy, interval_s: float | None = None, *,
+                 run_id: str | None = None) -> dict[str, int]:
+    """Write both usage tables for one sweep (idempotent); return the row counts.
+
+    Rows name ``run_id`` (default ``sweep__<epoch of the snapshot>``, for a write outside a run) and the
+    snapshot's instant as their data instant: an older snapshot never replaces a newer one's rows.
+    """
+    origin = {"run_id": run_id or f"sweep__{int(snapshot.ts)}", "data_ts": snapshot.ts}
+    rows = [{**r, **origin} for r in usage_rows(snapshot, policy, interval_s)]
+    jobs = [{**r, **origin} for r in job_usage_rows(snapshot, policy, interval_s)]
     store.execute("upsert_usage", rows)
     store.execute("upsert_job_usage", jobs)
     logger.debug("usage at %s: %d group rows, %d job rows", snapshot.ts, len(rows), len(jobs))
