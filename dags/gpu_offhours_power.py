@@ -12,7 +12,9 @@ itself when a job needs one. Each powered-down node-hour goes to the savings led
 **Safety.** Dry-run by default (param `dry_run`, and the policy's mode must be `enforce`). More
 than `offhours.approval_over_nodes` nodes in one run need a human (Approve / Reject; no answer
 within `approval.timeout` = Reject). Waking never waits for approval. Every action has an audit
-row before and after (`gpu_cost_actions`).
+row before and after (`gpu_cost_actions`). The act steps read what to do from the audit store by
+the run id (XCom carries only the run id and a summary). Nodes a protection names
+(`match: {nodes: [...]}`) or that run a protected job are never powered down.
 
 **Owner / triage.** GPU platform team. A node that stays `idle~` during the day: check
 `gpu_cost_actions` for a failed `power_up` and Slurm's `ResumeProgram` log. A node that never goes
@@ -57,12 +59,12 @@ def gpu_offhours_power() -> None:
     approve = RecordingApprovalOperator(task_id="approve")
 
     @task
-    def power_up(p):  # type: ignore[no-untyped-def]
-        return power_tasks.act_task(p, "power_up")
+    def power_up(p, **context):  # type: ignore[no-untyped-def]
+        return power_tasks.act_task(p, "power_up", context)
 
     @task(trigger_rule="none_failed_min_one_success")
-    def power_down(p):  # type: ignore[no-untyped-def]
-        return power_tasks.act_task(p, "power_down")
+    def power_down(p, **context):  # type: ignore[no-untyped-def]
+        return power_tasks.act_task(p, "power_down", context)
 
     @task(trigger_rule="all_done")
     def record(p, **context):  # type: ignore[no-untyped-def]

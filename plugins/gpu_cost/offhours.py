@@ -13,9 +13,15 @@ pending work fits in the GPUs left up, and the forecast demand for the next ``wa
 in the nodes that stay up. Degraded data (stale GPUs, missing metrics) never powers anything down.
 
 *Which.* Only idle nodes (Slurm state ``idle`` with no flag, no GPU allocated, no running job, no
-GPU process, every GPU seen idle), never excluded nodes or partitions, always leaving a warm
-reserve of idle nodes per partition, most power-hungry first, at most ``max_nodes_per_run``;
-more than ``approval_over_nodes`` need a human.
+GPU process, every GPU seen idle), never excluded nodes or partitions, never a node a protection
+names (``match: {nodes: [gpu-a*]}``, any level: the hourly run asks no one, so ``approval`` too
+keeps it up) nor one a protected job runs on or holds, always leaving a warm reserve of idle nodes
+per partition, most power-hungry first, at most ``max_nodes_per_run``; more than
+``approval_over_nodes`` need a human. Why a node stays up is in :attr:`PowerPlan.skipped`.
+
+*By hand.* :func:`vet_power_down` puts an operator's power-down request through the same
+selection (idle, exclusions, protections, reserve, cap) without the window, utilisation and
+demand conditions; a node an ``approval`` protection names goes through marked for a human.
 
 *Waking.* Outside the windows every node the agent powered down (Slurm reason starting with
 ``offhours.reason``) comes back; inside, enough of them come back for pending jobs that do not fit
@@ -34,8 +40,9 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpu_cost.errors import PolicyError
-from gpu_cost.model import Node, Snapshot
-from gpu_cost.policy.schema import OffhoursConfig, Policy, Window
+from gpu_cost.model import Job, Node, Snapshot
+from gpu_cost.policy.protections import job_protection, node_protection
+from gpu_cost.policy.schema import OffhoursConfig, Policy, Protection, Window
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +104,13 @@ class NodeChoice:
     power_basis: str = ""
     gpus: int = 0
     partitions: tuple[str, ...] = ()
+    #: the protection that lets the node go only with a human's approval (manual requests only)
+    protection: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "reason": self.reason, "power_w": round(self.power_w, 1),
-                "power_basis": self.power_basis, "gpus": self.gpus, "partitions": list(self.partitions)}
+                "power_basis": self.power_basis, "gpus": self.gpus, "partitions": list(self.partitions),
+                "protection": self.protection}
 
 
 @dataclass
@@ -247,25 +257,104 @@ def plan_power(snapshot: Snapshot, policy: Policy, now: float, *, forecast_gpus:
         return plan
 
     # -- which -------------------------------------------------------------------------------------
-    busy_hosts = {h for j in snapshot.running_jobs() for h in j.nodes} | {
-        h for j in snapshot.running_jobs() for h, _ in j.gpu_alloc}
+    sel = _select(snapshot, policy, None, cap_gpus=(free_up - plan.pending_gpus, total_up - (forecast_gpus or 0.0)),
+                  reason=f"idle in the off-hours window (cluster {util if util is not None else 0:.1f}%)")
+    plan.down, plan.reserve, plan.skipped, plan.capped = sel.chosen, sel.reserve, sel.skipped, sel.capped
+    plan.needs_approval = len(sel.chosen) > cfg.approval_over_nodes
+    return plan
+
+
+def vet_power_down(snapshot: Snapshot, policy: Policy, now: float, names: Iterable[str], *,
+                   override_protections: bool = False) -> tuple[list[NodeChoice], dict[str, str]]:
+    """Return the requested nodes that may be powered down now, and why each other one may not.
+
+    The manual power-down (``gpu_manual_reclaim``, ``target_kind=node``, ``action=power_down``)
+    passes the same checks as the hourly plan, by the same code, except the time window, the
+    cluster's utilisation and the demand (pending or forecast): the node is idle (Slurm state
+    ``idle``, nothing allocated, no job or GPU process, its GPUs seen idle in fresh metrics), not in
+    ``offhours.exclude_nodes`` / ``exclude_partitions``, no protection covers it or a job on it,
+    every partition keeps its warm reserve, and at most ``offhours.max_nodes_per_run`` go (most
+    power-hungry first). A protection of level ``approval`` naming the node lets it through with
+    :attr:`NodeChoice.protection` set: the caller must ask a human. ``override_protections`` lets
+    ``never`` / ``notify_only`` protections naming the node through the same way (the caller
+    records the override and asks a second person); a protected *job* on the node always refuses it.
+
+    Degraded data (``snapshot.problems``) refuses every node, as it holds the hourly plan. ``now``
+    is the instant of the request (logged in the policy's zone; no window is checked). Example::
+
+        chosen, refused = vet_power_down(snap, policy, now, ["gpu01", "gpu07"])
+        for c in chosen:       # NodeChoice(node="gpu01", power_w=480.0, protection=None, ...)
+            decide_power_down(c.node, needs_human=c.protection is not None)
+        for node, why in refused.items():   # {"gpu07": "a job runs there"}
+            logger.info("not powering %s down: %s", node, why)
+    """
+    wanted = list(dict.fromkeys(names))
+    if snapshot.degraded:
+        why = "degraded data, nothing powered down: " + "; ".join(snapshot.problems)[:200]
+        return [], dict.fromkeys(wanted, why)
+    known = {n.name for n in snapshot.nodes}
+    sel = _select(snapshot, policy, set(wanted) & known, cap_gpus=None, override_protections=override_protections,
+                  reason="manual power-down: idle, passes the off-hours checks")
+    refused = {name: "not in the current snapshot" for name in wanted if name not in known}
+    chosen = {c.node for c in sel.chosen}
+    for name in wanted:
+        if name in known and name not in chosen:
+            refused[name] = sel.skipped.get(name, "not idle")
+    logger.info("manual power-down at %s: %s may go, refused %s", local_time(policy.offhours, now).isoformat(),
+                [c.node for c in sel.chosen], refused)
+    return sel.chosen, {name: refused[name] for name in wanted if name in refused}
+
+
+@dataclass
+class _Selection:
+    chosen: list[NodeChoice] = field(default_factory=list)
+    reserve: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    capped: int = 0
+
+
+def _select(snapshot: Snapshot, policy: Policy, wanted: set[str] | None, *, cap_gpus: tuple[float, float] | None,
+            reason: str, override_protections: bool = False) -> _Selection:
+    """Choose nodes to power down among ``wanted`` (None: every node): idle, allowed, reserve kept, capped.
+
+    ``cap_gpus`` is (free GPUs left for pending work, GPUs left for forecast demand); None checks
+    no demand. Without ``wanted`` (the hourly plan) a protection of any level keeps a node up;
+    with it (a manual request) ``approval`` and overridden protections go through, marked.
+    """
+    cfg = policy.offhours
+    nodes = list(snapshot.nodes)
+    running = snapshot.running_jobs()
+    busy_hosts = {h for j in running for h in j.nodes} | {h for j in running for h, _ in j.gpu_alloc}
     proc_hosts = {p.host for p in snapshot.processes}
+    held = _jobs_by_host(snapshot)
     gpus = snapshot.gpus
-    candidates: list[tuple[Node, float, str]] = []
+    out = _Selection()
+    candidates: list[tuple[Node, float, str, Protection | None]] = []
     idle_up: dict[str, list[str]] = {}
     for n in nodes:
         why_not = _why_not_idle(n, cfg, busy_hosts, proc_hosts, gpus, policy)
         if why_not is None:
+            # every idle node counts toward the reserve, excluded and protected ones too: they stay up
             for p in n.partitions or ("",):
                 idle_up.setdefault(p, []).append(n.name)
-            excl = _excluded(n, cfg)
-            if excl:
-                plan.skipped[n.name] = excl
-                continue
-            watts, basis = node_power(snapshot, n, cfg)
-            candidates.append((n, watts, basis))
-        elif not _powered_down(n):
-            plan.skipped[n.name] = why_not
+        if wanted is not None and n.name not in wanted:
+            continue
+        blocked, mark = _protected(n, held.get(n.name, ()), policy, manual=wanted is not None,
+                                   override=override_protections)
+        if blocked:
+            if wanted is not None or not _powered_down(n):
+                out.skipped[n.name] = blocked
+            continue
+        if why_not is not None:
+            if wanted is not None or not _powered_down(n):
+                out.skipped[n.name] = why_not
+            continue
+        excl = _excluded(n, cfg)
+        if excl:
+            out.skipped[n.name] = excl
+            continue
+        watts, basis = node_power(snapshot, n, cfg)
+        candidates.append((n, watts, basis, mark))
     # most power-hungry first; the frugal ones stay up as the reserve
     candidates.sort(key=lambda c: (-c[1], c[0].name))
     partition_size: dict[str, int] = {}
@@ -275,33 +364,65 @@ def plan_power(snapshot: Snapshot, policy: Policy, now: float, *, forecast_gpus:
     reserve_need = {p: max(cfg.warm_reserve_nodes, math.ceil(cfg.warm_reserve_share * size))
                     for p, size in partition_size.items()}
     remaining_idle = {p: len(v) for p, v in idle_up.items()}
-    cap_free = free_up - plan.pending_gpus
-    cap_total = total_up - (forecast_gpus or 0.0)
-    chosen: list[NodeChoice] = []
-    over_cap = 0
-    for n, watts, basis in candidates:
+    cap_free, cap_total = cap_gpus if cap_gpus is not None else (math.inf, math.inf)
+    for n, watts, basis, mark in candidates:
         parts = n.partitions or ("",)
-        if any(remaining_idle.get(p, 0) - 1 < reserve_need.get(p, 0) for p in parts):
-            plan.reserve.append(n.name)
+        short = [p for p in parts if remaining_idle.get(p, 0) - 1 < reserve_need.get(p, 0)]
+        if short:
+            out.reserve.append(n.name)
+            out.skipped[n.name] = (f"kept up as the warm reserve of partition {short[0] or '(none)'} "
+                                   f"({reserve_need.get(short[0], 0)} idle node(s))")
             continue
         if cap_free - n.gpus_total < 0 or cap_total - n.gpus_total < 0:
-            plan.reserve.append(n.name)
-            plan.skipped[n.name] = "kept up: pending or forecast demand needs its GPUs"
+            out.reserve.append(n.name)
+            out.skipped[n.name] = "kept up: pending or forecast demand needs its GPUs"
             continue
-        if len(chosen) >= cfg.max_nodes_per_run:
-            over_cap += 1
-            plan.skipped[n.name] = f"cap offhours.max_nodes_per_run={cfg.max_nodes_per_run} reached"
+        if len(out.chosen) >= cfg.max_nodes_per_run:
+            out.capped += 1
+            out.skipped[n.name] = f"cap offhours.max_nodes_per_run={cfg.max_nodes_per_run} reached"
             continue
         for p in parts:
             remaining_idle[p] = remaining_idle.get(p, 0) - 1
         cap_free -= n.gpus_total
         cap_total -= n.gpus_total
-        chosen.append(NodeChoice(n.name, f"idle in the off-hours window (cluster {util if util is not None else 0:.1f}%)",
-                                 power_w=watts, power_basis=basis, gpus=n.gpus_total, partitions=n.partitions))
-    plan.down = chosen
-    plan.capped = over_cap
-    plan.needs_approval = len(chosen) > cfg.approval_over_nodes
-    return plan
+        why = reason
+        if mark is not None:
+            why += (f"; protection {mark.name!r} ({mark.level})"
+                    + (": a human must approve" if mark.level == "approval" else " overridden: a second person must approve"))
+        out.chosen.append(NodeChoice(n.name, why, power_w=watts, power_basis=basis, gpus=n.gpus_total,
+                                     partitions=n.partitions, protection=None if mark is None else mark.name))
+    return out
+
+
+def _jobs_by_host(snapshot: Snapshot) -> dict[str, list[Job]]:
+    """Return, per node, the jobs that run on it or hold it (pending jobs with nodes assigned)."""
+    out: dict[str, list[Job]] = {}
+    for j in snapshot.jobs:
+        if j.running or j.pending:
+            for h in dict.fromkeys((*j.nodes, *(h for h, _ in j.gpu_alloc))):
+                out.setdefault(h, []).append(j)
+    return out
+
+
+def _protected(n: Node, jobs: Iterable[Job], policy: Policy, *, manual: bool,
+               override: bool) -> tuple[str | None, Protection | None]:
+    """Return (why the node may not go down, the protection that lets it go only with a human).
+
+    Both are None when nothing protects the node.
+    """
+    for j in jobs:
+        prot = job_protection(j, policy.protections)
+        if prot is not None:
+            return f"protected by {prot.name!r} ({prot.level}): job {j.job_id} runs there or holds it", None
+    prot = node_protection(n.name, policy.protections)
+    if prot is None:
+        return None, None
+    if not manual:
+        return (f"protected by {prot.name!r} ({prot.level}): the policy names this node, never powered down "
+                "automatically"), None
+    if prot.level == "approval" or override:
+        return None, prot
+    return f"protected by {prot.name!r} ({prot.level}): the policy names this node", None
 
 
 def _why_not_idle(n: Node, cfg: OffhoursConfig, busy_hosts: set[str], proc_hosts: set[str], gpus: Any,

@@ -1,4 +1,5 @@
-"""``gpu_offhours_power`` through Airflow (``dag.test()``): dry-run on the simulator; approval both ways on real Slurm."""
+"""``gpu_offhours_power`` through Airflow (``dag.test()``): dry-run on the simulator; approval both ways on real
+Slurm; the act step trusts the audit store, not XCom."""
 
 from __future__ import annotations
 
@@ -111,5 +112,47 @@ def test_approval_reject_then_approve_on_real_slurm(dag, audit, slurm_cluster, m
         assert sorted(new) in (["gpu01", "gpu02"], ["gpu[01-02]"])  # the SuspendProgram got the names
         acts = store.query("SELECT status, output FROM gpu_cost_actions")
         assert {a["status"] for a in acts} == {"succeeded"} and len(acts) == 2
+    finally:
+        c.resume_all()
+
+
+def test_act_step_acts_on_the_store_not_on_a_tampered_xcom(dag, audit, slurm_cluster, monkeypatch) -> None:
+    from gpu_cost.airflow import power_tasks
+
+    c = slurm_cluster
+    monkeypatch.setenv("SLURM_CONF", str(c.conf))
+    policy = audit / "policy.yaml"
+    policy.write_text("mode: enforce\noffhours: {warm_reserve_nodes: 1, require_gpu_metrics: false}\n")
+    monkeypatch.setenv("GPU_COST_POLICY", str(policy))  # the deployment's default: no param names a file
+    plan_task = power_tasks.plan_task
+
+    def tampered(params, context):  # type: ignore[no-untyped-def]
+        out = plan_task(params, context)
+        rows = [r for r in AuditStore().decisions_of_run(out["run_id"]) if r["action"] == "power_down"]
+        assert len(rows) == 1, rows  # one of the two idle nodes goes, the other is the warm reserve
+        spare = next(n for n in c.nodes if f"node:{n}" != rows[0]["target"])
+        # what a bug or a hand on the XCom table could pass on: the reserve node put first under the
+        # recorded (live, unapproved-free) decision's id, and an extra decision of its own
+        forged = {**rows[0], "target": f"node:{spare}", "host": spare, "mode": "enforce", "evidence": {}}
+        extra = {**forged, "decision_id": "forged-extra"}
+        out["decisions"] = [forged, extra, *out.get("decisions", [])]
+        out["down"] = [{"node": spare}]
+        return out
+
+    monkeypatch.setattr(power_tasks, "plan_task", tampered)
+    before = c.suspend_log()
+    try:
+        dr, states, store, run = _run(dag, {"source": "slurm", "dry_run": False})
+        assert dr.state == "success", states
+        assert states["approve"] == "skipped" and states["power_down"] == "success", states
+        (row,) = [r for r in store.decisions_of_run(run["run_id"]) if r["action"] == "power_down"]
+        chosen = row["target"].removeprefix("node:")
+        spare = next(n for n in c.nodes if n != chosen)
+        assert row["status"] == "acted"
+        acts = store.query("SELECT target, status FROM gpu_cost_actions")
+        assert acts == [{"target": row["target"], "status": "succeeded"}]
+        c.wait_node(chosen, lambda s: "POWERED_DOWN" in s, 45)
+        assert c.suspend_log()[len(before):].split() == [chosen]
+        assert c.node_state(spare) == "IDLE"
     finally:
         c.resume_all()

@@ -13,8 +13,8 @@ import time_machine
 
 from gpu_cost.errors import PolicyError
 from gpu_cost.model import GPU_COLUMNS, GpuProcess, Job, Node, Snapshot
-from gpu_cost.offhours import in_window, plan_power, savings_rows
-from gpu_cost.policy.schema import OffhoursConfig, Policy, Window
+from gpu_cost.offhours import in_window, plan_power, savings_rows, vet_power_down
+from gpu_cost.policy.schema import Match, OffhoursConfig, Policy, Protection, Window
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -203,3 +203,113 @@ def test_savings_rows_per_node_hour() -> None:
     r = rows[0]
     assert r["kind"] == "power" and r["target"] == "node:gpu02" and r["kwh"] == pytest.approx(0.48)
     assert r["usd"] == pytest.approx(0.072) and r["saving_id"].endswith(str(int(NIGHT)))
+
+
+# -- protections -----------------------------------------------------------------------------------
+def protected(*prots: Protection, **kw) -> Policy:
+    return dataclasses.replace(policy(**kw), protections=prots)
+
+
+@pytest.mark.parametrize("level", ["never", "notify_only", "approval"])
+def test_a_node_a_protection_names_is_never_powered_down_by_the_plan(level) -> None:
+    nodes, gpus = cluster(4, power={"gpu03": 120.0})
+    pol = protected(Protection(name="serving", level=level, match=Match(nodes=("gpu0[13]",))),
+                    warm_reserve_nodes=0, max_nodes_per_run=10)
+    p = plan_power(snap(nodes, gpus), pol, NIGHT)
+    assert [c.node for c in p.down] == ["gpu02", "gpu04"]  # gpu03 is the hungriest, yet stays up
+    for name in ("gpu01", "gpu03"):
+        assert p.skipped[name].startswith(f"protected by 'serving' ({level})"), p.skipped[name]
+    assert not p.needs_approval  # the hourly run asks no one about protected nodes: it leaves them up
+
+
+def test_a_protection_naming_nodes_and_users_covers_jobs_there_not_the_idle_node() -> None:
+    nodes, gpus = cluster(3)
+    pol = protected(Protection(name="alice on a", level="never", match=Match(nodes=("gpu*",), users=("alice",))),
+                    warm_reserve_nodes=0)
+    assert {c.node for c in plan_power(snap(nodes, gpus), pol, NIGHT).down} == {"gpu01", "gpu02", "gpu03"}
+
+
+def test_a_node_running_or_holding_a_protected_job_is_skipped_with_the_protections_name() -> None:
+    nodes, gpus = cluster(4)
+    label = Protection(name="no-interrupt label", level="never", match=Match(labels=("no-interrupt",)))
+    acct = Protection(name="vip account", level="approval", match=Match(accounts=("vip",)))
+    running = Job(job_id="11", user="u", labels=("no-interrupt",), nodes=("gpu01",), gpu_alloc=(("gpu01", (0,)),))
+    # a pending job Slurm already placed on gpu02 (its node is listed): it holds the node
+    held = Job(job_id="12", user="v", state="PENDING", account="vip", nodes=("gpu02",), gpus_requested=1)
+    plain = Job(job_id="13", user="w", state="PENDING", account="other", nodes=("gpu03",), gpus_requested=1)
+    p = plan_power(snap(nodes, gpus, jobs=[running, held, plain]), protected(label, acct, warm_reserve_nodes=0), NIGHT)
+    assert p.skipped["gpu01"] == "protected by 'no-interrupt label' (never): job 11 runs there or holds it"
+    assert p.skipped["gpu02"] == "protected by 'vip account' (approval): job 12 runs there or holds it"
+    assert {c.node for c in p.down} == {"gpu03", "gpu04"}  # an unprotected pending job does not hold its node
+
+
+# -- the manual power-down -------------------------------------------------------------------------
+def test_vet_refuses_busy_excluded_protected_and_unknown_nodes() -> None:
+    nodes, gpus = cluster(6)
+    job = Job(job_id="7", user="u", nodes=("gpu02",), gpu_alloc=(("gpu02", (0,)),))
+    pol = protected(Protection(name="debug boxes", level="never", match=Match(nodes=("gpu04",))),
+                    warm_reserve_nodes=0, exclude_nodes=("gpu03",), max_nodes_per_run=10)
+    chosen, refused = vet_power_down(snap(nodes, gpus, jobs=[job]), pol, NIGHT,
+                                     ["gpu01", "gpu02", "gpu03", "gpu04", "gpu99", "gpu01"])
+    assert [c.node for c in chosen] == ["gpu01"]
+    assert "manual power-down" in chosen[0].reason and chosen[0].protection is None
+    assert refused == {
+        "gpu02": "a job runs there",
+        "gpu03": "excluded by offhours.exclude_nodes (gpu03)",
+        "gpu04": "protected by 'debug boxes' (never): the policy names this node",
+        "gpu99": "not in the current snapshot",
+    }
+
+
+def test_vet_ignores_the_window_and_utilisation_but_not_stale_metrics_or_degraded_data() -> None:
+    nodes, gpus = cluster(3)
+    gpus = [dict(r, util_mean=60.0) if r["host"] == "gpu01" else r for r in gpus]  # a busy cluster mean...
+    gpus = [dict(r, util_max=60.0) if r["host"] == "gpu01" else r for r in gpus]  # ...from gpu01's GPUs
+    gpus = [dict(r, stale=True) if r["host"] == "gpu03" else r for r in gpus]
+    s = dataclasses.replace(snap(nodes, gpus), ts=DAY)
+    chosen, refused = vet_power_down(s, policy(warm_reserve_nodes=0), DAY, ["gpu01", "gpu02", "gpu03"])
+    assert [c.node for c in chosen] == ["gpu02"]  # daytime and a busy cluster do not matter by hand
+    assert refused == {"gpu01": "a GPU was busy in the window", "gpu03": "stale GPU metrics"}
+    bad = dataclasses.replace(s, problems=("prometheus: timeout",))
+    chosen, refused = vet_power_down(bad, policy(warm_reserve_nodes=0), DAY, ["gpu02"])
+    assert chosen == [] and "degraded data" in refused["gpu02"]
+
+
+def test_vet_keeps_the_warm_reserve_and_the_cap() -> None:
+    nodes, gpus = cluster(6, power={"gpu05": 200.0, "gpu06": 150.0})
+    s = snap(nodes, gpus)
+    every = [n.name for n in nodes]
+    # reserve of 2 idle nodes in 'batch': 4 of 6 may go, but the cap allows 3, the hungriest first
+    chosen, refused = vet_power_down(s, policy(warm_reserve_nodes=2, max_nodes_per_run=3), NIGHT, every)
+    assert [c.node for c in chosen] == ["gpu05", "gpu06", "gpu01"]
+    assert refused == dict.fromkeys(["gpu02", "gpu03", "gpu04"], "cap offhours.max_nodes_per_run=3 reached")
+    # a reserve of 4: two may go, the four frugal ones stay up
+    chosen, refused = vet_power_down(s, policy(warm_reserve_nodes=4, max_nodes_per_run=10), NIGHT, every)
+    assert [c.node for c in chosen] == ["gpu05", "gpu06"]
+    assert set(refused) == {"gpu01", "gpu02", "gpu03", "gpu04"}
+    assert all(v == "kept up as the warm reserve of partition batch (4 idle node(s))" for v in refused.values())
+    # asking for only two nodes still keeps the reserve counted over the whole partition
+    chosen, refused = vet_power_down(s, policy(warm_reserve_nodes=5, max_nodes_per_run=10), NIGHT, ["gpu01", "gpu02"])
+    assert [c.node for c in chosen] == ["gpu01"] and "warm reserve of partition batch" in refused["gpu02"]
+    # the nodes other requests or the plan left idle count: with a reserve of 6 nothing may go
+    chosen, refused = vet_power_down(s, policy(warm_reserve_nodes=6), NIGHT, ["gpu01"])
+    assert chosen == [] and "warm reserve" in refused["gpu01"]
+
+
+def test_vet_passes_approval_and_overridden_protections_marked_for_a_human() -> None:
+    nodes, gpus = cluster(3)
+    ask = Protection(name="ask first", level="approval", match=Match(nodes=("gpu01",)))
+    never = Protection(name="hands off", level="never", match=Match(nodes=("gpu02",)))
+    pol = protected(ask, never, warm_reserve_nodes=0)
+    chosen, refused = vet_power_down(snap(nodes, gpus), pol, NIGHT, ["gpu01", "gpu02"])
+    assert [(c.node, c.protection) for c in chosen] == [("gpu01", "ask first")]
+    assert "a human must approve" in chosen[0].reason and "hands off" in refused["gpu02"]
+    chosen, refused = vet_power_down(snap(nodes, gpus), pol, NIGHT, ["gpu01", "gpu02"], override_protections=True)
+    assert [(c.node, c.protection) for c in chosen] == [("gpu01", "ask first"), ("gpu02", "hands off")]
+    assert refused == {} and "overridden" in chosen[1].reason
+    # a protected job on the node refuses it even with the override
+    job = Job(job_id="8", user="u", state="PENDING", labels=("no-interrupt",), nodes=("gpu03",), gpus_requested=1)
+    label = Protection(name="no-interrupt label", level="never", match=Match(labels=("no-interrupt",)))
+    chosen, refused = vet_power_down(snap(nodes, gpus, jobs=[job]), protected(label, warm_reserve_nodes=0), NIGHT,
+                                     ["gpu03"], override_protections=True)
+    assert chosen == [] and refused["gpu03"].startswith("protected by 'no-interrupt label'")

@@ -1,5 +1,10 @@
 """Task bodies of ``gpu_offhours_power``: plan → (approval) → act → record; small JSON values for XCom.
 
+The plan step writes the run's decisions and its snapshot to the audit store; XCom carries the
+run id and a summary (counts, what held the run, why nodes stayed up). The act steps read the
+decisions back from the store by the run id and act only on the ones the store allows (live,
+not yet done, approved where approval is required): nothing in XCom can add a node to power down.
+
 Also the functions ``gpu-cost power plan`` calls (:func:`snapshot_for`, :func:`make_plan`).
 """
 
@@ -86,7 +91,8 @@ def decisions_of(plan: Any, policy: Policy, now: float, mode: str) -> list[Decis
             out.append(Decision(
                 decision_id=decision_id(RULE, f"{target}:{action}", episode, 0, track), ts=now, rule=RULE,
                 target_kind="node", target=target, action=action, mode=mode, host=c.node, gpus=c.gpus,
-                reason=c.reason, requires_approval=action == "power_down" and plan.needs_approval,
+                reason=c.reason, protection=c.protection,
+                requires_approval=action == "power_down" and (plan.needs_approval or c.protection is not None),
                 evidence={"power_w": c.power_w, "power_basis": c.power_basis, "partitions": list(c.partitions),
                           "cluster_util": plan.cluster_util, "local_time": plan.local_time},
             ))
@@ -95,7 +101,7 @@ def decisions_of(plan: Any, policy: Policy, now: float, mode: str) -> list[Decis
 
 # -- tasks --------------------------------------------------------------------------------------
 def plan_task(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
-    """Take the snapshot, plan, record the decisions; return the plan summary."""
+    """Take the snapshot, plan, record the decisions and the snapshot; return the run id and a summary."""
     from gpu_cost.airflow import runtime
 
     policy = runtime.policy_from(params)
@@ -111,13 +117,15 @@ def plan_task(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str
     plan, snap = make_plan(policy, now, source, store)
     decisions = decisions_of(plan, policy, now, mode)
     store.record_decisions(decisions, run_id, status="decided" if mode != "dry-run" else "recorded")
-    power = {n.name: list(_power(snap, n, policy)) for n in snap.nodes}
-    summary = plan.to_dict()
-    summary.update({"run_id": run_id, "policy": policy.source, "source": source, "mode": mode, "now": now,
-                    "decisions": [d.to_dict() for d in decisions], "node_power": power,
-                    "nodes": [n.to_dict() for n in snap.nodes]})
-    logger.info("power plan at %s (%s, in window: %s): down %s, up %s, held %s", summary["local_time"], mode,
-                plan.in_window, [c.node for c in plan.down], [c.node for c in plan.up], plan.held)
+    store.save_snapshot(run_id, now, snap.to_json())  # the record step's nodes and power come from here
+    full = plan.to_dict()
+    summary = {"run_id": run_id, "policy": policy.source, "source": source, "mode": mode, "now": now,
+               "in_window": plan.in_window, "local_time": plan.local_time, "held": list(plan.held),
+               "needs_approval": plan.needs_approval, "idle_kw": full["idle_kw"], "skipped": dict(plan.skipped),
+               "counts": {"down": len(plan.down), "up": len(plan.up), "reserve": len(plan.reserve),
+                          "capped": plan.capped, "decisions": len(decisions)}}
+    logger.info("power plan at %s (%s, in window: %s): down %s, up %s, held %s, kept up %s", plan.local_time, mode,
+                plan.in_window, [c.node for c in plan.down], [c.node for c in plan.up], plan.held, plan.skipped)
     return summary
 
 
@@ -128,54 +136,97 @@ def _power(snap: Snapshot, node: Any, policy: Policy) -> tuple[float, str]:
 
 
 def needs_approval(plan: Mapping[str, Any]) -> bool:
-    return bool(plan.get("needs_approval")) and plan.get("mode") != "dry-run" and bool(plan.get("down"))
+    return bool(plan.get("needs_approval")) and plan.get("mode") != "dry-run" and bool(plan.get("counts", {}).get("down"))
 
 
-def act_task(plan: Mapping[str, Any], action: str) -> dict[str, Any]:
-    """Carry out the plan's ``action`` decisions (audit rows around each); dry-run does nothing."""
+def decision_of_row(row: Mapping[str, Any]) -> Decision:
+    """Return the :class:`Decision` a ``gpu_cost_decisions`` row stores (column names differ in places)."""
+    data = dict(row)
+    data["user"], data["partition"] = data.pop("user_name", None), data.pop("partition_name", None)
+    ev = data.get("evidence")
+    data["evidence"] = json.loads(ev) if isinstance(ev, str) and ev else dict(ev or {})
+    data["ts"] = float(data["ts"])
+    data["rung"], data["episode"], data["gpus"] = int(data["rung"]), int(data["episode"]), int(data.get("gpus") or 0)
+    data["requires_approval"] = bool(data.get("requires_approval"))
+    data["reason"] = data.get("reason") or ""
+    for k in ("gpu_hours_at_risk", "gpu_hours_saved"):
+        data[k] = float(data.get(k) or 0.0)
+    return Decision.from_dict(data)
+
+
+#: decision statuses an act step may carry out (``failed``: the dispatcher retries, bounded)
+ACTABLE_STATUSES = frozenset({"decided", "failed"})
+
+
+def may_act(row: Mapping[str, Any]) -> bool:
+    """Return whether a stored decision may be carried out now: live, not done or refused, approved if asked."""
+    if row["mode"] == "dry-run" or row["status"] not in ACTABLE_STATUSES:
+        return False
+    return not row["requires_approval"] or row["approval_status"] == "approved"
+
+
+def act_task(plan: Mapping[str, Any], action: str, context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Carry out this run's ``action`` decisions as the audit store has them (audit rows around each).
+
+    The run is the task's own (``context``) or, without a context, the one XCom names; the
+    decisions, their mode and their approvals come from the store, never from XCom.
+    """
     from gpu_cost.actions.base import ActionContext
     from gpu_cost.actions.dispatch import execute
     from gpu_cost.airflow import runtime
-    from gpu_cost.model import as_decisions
+    from gpu_cost.errors import AuditError
 
-    decisions = [d for d in as_decisions(plan.get("decisions", [])) if d.action == action]
-    if plan.get("mode") == "dry-run" or not decisions:
-        return {"action": action, "acted": 0, "results": [], "dry_run": plan.get("mode") == "dry-run"}
-    policy = runtime.policy_from({"policy": plan.get("policy")})
+    run_id = runtime.audit_run_id(context) if context is not None else str(plan["run_id"])
+    if plan.get("run_id") not in (None, run_id):
+        logger.warning("XCom names run %s, this task belongs to %s: acting on %s", plan.get("run_id"), run_id, run_id)
     store = runtime.store()
-    if action == "power_down":
-        approved = {r["decision_id"] for r in store.decisions_of_run(plan["run_id"])
-                    if not r["requires_approval"] or r["approval_status"] == "approved"}
-        decisions = [d for d in decisions if d.decision_id in approved]
-    ctx = ActionContext(policy=policy, dry_run=False, now=float(plan["now"]), run_id=plan["run_id"])
-    results = execute(decisions, ctx, store)
+    run = store.get_run(run_id)
+    if run is None:
+        raise AuditError(f"no audit row for run {run_id}: nothing planned, nothing to act on")
+    rows = [r for r in store.decisions_of_run(run_id) if r["rule"] == RULE and r["action"] == action]
+    acting = [decision_of_row(r) for r in rows if may_act(r)]
+    dry_run = run["mode"] == "dry-run"
+    if dry_run or not acting:
+        logger.info("%s: %d decision(s) of %s, none to act on (mode %s)", action, len(rows), run_id, run["mode"])
+        return {"action": action, "acted": 0, "results": [], "dry_run": dry_run}
+    params = (context or {}).get("params") or {"policy": plan.get("policy")}
+    policy = runtime.policy_from(params)
+    ctx = ActionContext(policy=policy, dry_run=False, now=float(run["data_ts"]), run_id=run_id)
+    results = execute(acting, ctx, store)
+    logger.info("%s on %s: %s", action, [d.target for d in acting], [r.get("status") for r in results])
     return {"action": action, "acted": sum(1 for r in results if r.get("status") == "succeeded"), "results": results}
 
 
 def record_task(plan: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
     """Write the hour's power savings and finish the run's audit row; return the run summary."""
     from gpu_cost.airflow import runtime
-    from gpu_cost.model import Node
     from gpu_cost.offhours import savings_rows
 
-    policy = runtime.policy_from({"policy": plan.get("policy")})
+    run_id = runtime.audit_run_id(context) if context.get("dag_run") is not None else str(plan["run_id"])
+    policy = runtime.policy_from(context.get("params") or {"policy": plan.get("policy")})
     store = runtime.store()
-    nodes = [Node.from_dict(n) for n in plan.get("nodes", [])]
-    power = {k: (float(v[0]), str(v[1])) for k, v in (plan.get("node_power") or {}).items()}
-    now = float(plan["now"])
-    rows = savings_rows(nodes, power, policy.offhours, policy.cost.kwh_usd, now - 3600.0) if plan.get("mode") != "dry-run" else []
+    run = store.get_run(run_id) or {}
+    mode = run.get("mode") or plan.get("mode")
+    now = float(run.get("data_ts") or plan["now"])
+    rows: list[dict[str, Any]] = []
+    if mode != "dry-run":
+        snap = Snapshot.from_json(store.load_snapshot(run_id))
+        power = {n.name: _power(snap, n, policy) for n in snap.nodes}
+        rows = savings_rows(snap.nodes, power, policy.offhours, policy.cost.kwh_usd, now - 3600.0)
     saved = store.execute("insert_saving", rows) if rows else 0
     ti = context.get("ti")
     answer = ti.xcom_pull(task_ids="approve", key="decision") if ti is not None else None
-    rows_now = store.decisions_of_run(plan["run_id"])
+    rows_now = store.decisions_of_run(run_id)
     acted = [r for r in rows_now if r["status"] == "acted"]
-    counts = {"down": len(plan.get("down", [])), "up": len(plan.get("up", [])), "acted": len(acted),
+    planned = plan.get("counts") or {}
+    counts = {"down": planned.get("down", 0), "up": planned.get("up", 0), "acted": len(acted),
               "savings_rows": saved, "kwh": round(sum(r["kwh"] for r in rows), 3),
               "approval": (answer or {}).get("status"), "in_window": plan.get("in_window"),
-              "held": plan.get("held", []), "idle_kw": plan.get("idle_kw")}
-    store.finish_run(plan["run_id"], status="ok", finished_at=time.time(), counts=counts)
-    logger.info("power run %s: %s", plan["run_id"], json.dumps(counts, default=str))
-    return {"run_id": plan["run_id"], "mode": plan.get("mode"), **counts}
+              "held": plan.get("held", []), "idle_kw": plan.get("idle_kw"), "reserve": planned.get("reserve", 0),
+              "skipped": plan.get("skipped", {})}
+    store.finish_run(run_id, status="ok", finished_at=time.time(), counts=counts)
+    logger.info("power run %s: %s", run_id, json.dumps(counts, default=str))
+    return {"run_id": run_id, "mode": mode, **counts}
 
 
 def summary_text(counts: Mapping[str, Any], mode: str | None) -> str:

@@ -1,11 +1,16 @@
-"""Protections: who and what the agent treats gently."""
+"""Protections: who and what the agent treats gently.
+
+A protection matches findings (:func:`matches`); the off-hours power path asks about a node
+itself (:func:`node_protection`: only ``match.nodes`` can name a bare node) and about each job on it
+(:func:`job_protection`).
+"""
 
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable
 
-from gpu_cost.model import Finding
+from gpu_cost.model import Finding, Job
 from gpu_cost.policy.schema import Match, Protection
 
 #: most restrictive first
@@ -40,3 +45,24 @@ def protection_for(f: Finding, protections: Iterable[Protection]) -> Protection 
         if matches(p.match, f) and (best is None or LEVEL_ORDER[p.level] < LEVEL_ORDER[best.level]):
             best = p
     return best
+
+
+def node_protection(name: str, protections: Iterable[Protection]) -> Protection | None:
+    """Return the most restrictive protection naming node ``name`` itself, or None.
+
+    A bare node has no user, account, partition, QOS, job name or label, so only protections whose
+    match is ``nodes`` alone cover it; ``{nodes: [gpu-a*], users: [alice]}`` covers alice's jobs
+    there (see :func:`job_protection`), not the idle node.
+    """
+    f = Finding(rule="offhours", target_kind="node", target=f"node:{name}", action="power_down", gpus=0,
+                host=name, nodes=(name,))
+    return protection_for(f, protections)
+
+
+def job_protection(job: Job, protections: Iterable[Protection]) -> Protection | None:
+    """Return the most restrictive protection covering ``job`` (on every node it runs on or holds), or None."""
+    hosts = tuple(dict.fromkeys((*job.nodes, *(h for h, _ in job.gpu_alloc))))
+    f = Finding(rule="offhours", target_kind="job", target=f"job:{job.job_id}", action="none", gpus=job.gpu_count,
+                job_id=job.job_id, user=job.user, account=job.account, partition=job.partition, qos=job.qos,
+                name=job.name, labels=job.labels, nodes=hosts, host=hosts[0] if len(hosts) == 1 else None)
+    return protection_for(f, protections)

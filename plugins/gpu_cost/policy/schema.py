@@ -107,7 +107,8 @@ class Rules:
 class Match:
     """What a protection covers. Lists are alternatives; different keys must all match.
 
-    Patterns (names, nodes) are shell globs (``serve-*``, ``gpu0[1-4]``).
+    Patterns (names, nodes) are shell globs (``serve-*``, ``gpu0[1-4]``). A match of ``nodes``
+    alone also covers the bare node: off-hours power never powers it down automatically.
     """
 
     users: tuple[str, ...] = ()
