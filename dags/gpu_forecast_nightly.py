@@ -15,6 +15,7 @@ model; writes everything to `gpu_cost_forecasts` in the audit store (`gpu_cost_d
 
 **Knobs.** Params `policy` (policy file), `source` (`sim` / `slurm` / `store` / `trace`) and `jobs`
 (trace file for `trace`); or `GPU_COST_FORECAST_SOURCE` / `GPU_COST_SOURCE`.
+`GPU_COST_FORECAST_SCHEDULE` (cron, default `0 2 * * *`; `none`: manual triggers only).
 
 **Owner / triage.** GPU platform team. `extract` failing: the history source is unreachable (see
 its log). A `fit_demand` map index failing: that batch's series keep yesterday's forecasts
@@ -30,14 +31,14 @@ import datetime as dt
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from gpu_cost.airflow import forecast_tasks
+from gpu_cost.airflow import forecast_tasks, runtime
 
 DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 2, "retry_delay": dt.timedelta(minutes=2)}
 
 
 @dag(
     dag_id="gpu_forecast_nightly",
-    schedule="0 2 * * *",
+    schedule=runtime.schedule("GPU_COST_FORECAST_SCHEDULE", "0 2 * * *"),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -45,7 +46,7 @@ DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 2, "retry_delay": dt.timedel
     tags=["gpu-cost", "forecast"],
     doc_md=__doc__,
     params={
-        "policy": Param(None, type=["null", "string"], description="Policy file; empty: GPU_COST_POLICY or the default"),
+        "policy": runtime.policy_param(),
         "source": Param(None, type=["null", "string"], enum=[None, "sim", "slurm", "store", "trace"],
                         description="Job history source; empty: GPU_COST_FORECAST_SOURCE, GPU_COST_SOURCE or the policy's"),
         "jobs": Param(None, type=["null", "string"], description="Jobs trace file (source trace)"),

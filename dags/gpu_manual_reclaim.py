@@ -31,7 +31,7 @@ import datetime as dt
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from gpu_cost.airflow import reclaim_tasks
+from gpu_cost.airflow import reclaim_tasks, runtime
 from gpu_cost.airflow.approval import RecordingApprovalOperator
 from gpu_cost.reclaim import FORM_ACTIONS, ID_PATTERN, MAX_TARGETS, MIN_REASON, TARGET_KINDS
 
@@ -60,8 +60,7 @@ PARAMS = {
     # nullable: an empty required-looking string field would keep the UI's Trigger button disabled
     "override_justification": Param(None, type=["null", "string"], maxLength=500, title="Override justification",
                                     description=f"Required (at least {MIN_REASON} characters) when overriding."),
-    "policy": Param(None, type=["null", "string"], title="Policy file",
-                    description="Empty: GPU_COST_POLICY or the shipped default."),
+    "policy": runtime.policy_param(),
     "source": Param(None, type=["null", "string"], enum=[None, "sim", "prometheus"], title="Data source",
                     description="Empty: GPU_COST_SOURCE or the policy's."),
 }
@@ -89,16 +88,17 @@ def gpu_manual_reclaim() -> None:
         except ReclaimRequestError as exc:  # a bad request never gets better by retrying
             raise AirflowFailException(str(exc)) from exc
 
+    # the act steps read what to do from the audit store by the run's id, never from XCom
     @task
-    def act(prep):  # type: ignore[no-untyped-def]
-        return reclaim_tasks.act(prep, None, "automatic")
+    def act(prep, **context):  # type: ignore[no-untyped-def]
+        return reclaim_tasks.act(prep, "automatic", context)
 
     # skips itself when no decision of the run needs a human; Reject (or the timeout) skips `act_approved`
-    approve = RecordingApprovalOperator(task_id="approve", policy_param="policy")
+    approve = RecordingApprovalOperator(task_id="approve")
 
     @task
-    def act_approved(prep, ti=None):  # type: ignore[no-untyped-def]
-        return reclaim_tasks.act(prep, ti.xcom_pull(task_ids="approve", key="decision"), "approved")
+    def act_approved(prep, **context):  # type: ignore[no-untyped-def]
+        return reclaim_tasks.act(prep, "approved", context)
 
     @task(trigger_rule="all_done")
     def finish(ti=None):  # type: ignore[no-untyped-def]

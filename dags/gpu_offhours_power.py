@@ -16,6 +16,8 @@ row before and after (`gpu_cost_actions`). The act steps read what to do from th
 the run id (XCom carries only the run id and a summary). Nodes a protection names
 (`match: {nodes: [...]}`) or that run a protected job are never powered down.
 
+**Knobs.** `GPU_COST_POWER_SCHEDULE` (cron, default `@hourly`; `none`: manual triggers only).
+
 **Owner / triage.** GPU platform team. A node that stays `idle~` during the day: check
 `gpu_cost_actions` for a failed `power_up` and Slurm's `ResumeProgram` log. A node that never goes
 down: the run's `gpu_cost_runs.counts.held` says why (busy cluster, pending high-priority work,
@@ -29,7 +31,7 @@ import datetime as dt
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from gpu_cost.airflow import power_tasks
+from gpu_cost.airflow import power_tasks, runtime
 from gpu_cost.airflow.approval import RecordingApprovalOperator
 
 DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 1, "retry_delay": dt.timedelta(minutes=2)}
@@ -37,7 +39,7 @@ DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 1, "retry_delay": dt.timedel
 
 @dag(
     dag_id="gpu_offhours_power",
-    schedule="@hourly",
+    schedule=runtime.schedule("GPU_COST_POWER_SCHEDULE", "@hourly"),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -46,7 +48,7 @@ DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 1, "retry_delay": dt.timedel
     doc_md=__doc__,
     params={
         "dry_run": Param(True, type="boolean", description="Record what would be done; power nothing"),
-        "policy": Param(None, type=["null", "string"], description="Policy file; empty: GPU_COST_POLICY or the default"),
+        "policy": runtime.policy_param(),
         "source": Param(None, type=["null", "string"], enum=[None, "sim", "slurm", "prometheus"],
                         description="sim, slurm (nodes and jobs only) or prometheus (with GPU metrics)"),
     },

@@ -13,6 +13,8 @@ chart). The last task returns the report's location (XCom `return_value` of `fil
 folder, or an object-storage URL (`s3://...`) written through `ObjectStoragePath`.
 
 **Knobs.** Params `since` / `until` (ISO 8601; both or neither), `policy`, `out_dir`, `slack`.
+`GPU_COST_REPORT_SCHEDULE` (cron in `GPU_COST_REPORT_TZ`, default `0 8 * * 1`; `none`: manual
+triggers only).
 
 **Owner / triage.** GPU platform team. An empty report means no sweep wrote usage that week
 (check `gpu_zombie_sweep`). `slack` logs "not configured" when connection `gpu_cost_slack` is
@@ -27,15 +29,17 @@ import os
 import pendulum
 from airflow.sdk import CronTriggerTimetable, Param, dag, task
 
-from gpu_cost.airflow import report_tasks
+from gpu_cost.airflow import report_tasks, runtime
 
 DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 2, "retry_delay": dt.timedelta(minutes=2)}
 REPORT_TZ = os.environ.get("GPU_COST_REPORT_TZ", "UTC")
+#: cron in REPORT_TZ; ``GPU_COST_REPORT_SCHEDULE=none`` leaves only manual triggers
+REPORT_CRON = runtime.schedule("GPU_COST_REPORT_SCHEDULE", "0 8 * * 1")
 
 
 @dag(
     dag_id="gpu_weekly_cost_report",
-    schedule=CronTriggerTimetable("0 8 * * 1", timezone=REPORT_TZ),
+    schedule=CronTriggerTimetable(REPORT_CRON, timezone=REPORT_TZ) if REPORT_CRON else None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -45,7 +49,7 @@ REPORT_TZ = os.environ.get("GPU_COST_REPORT_TZ", "UTC")
     params={
         "since": Param(None, type=["null", "string"], description="Start (ISO 8601); empty: the previous week"),
         "until": Param(None, type=["null", "string"], description="End, exclusive (ISO 8601); empty: the previous week"),
-        "policy": Param(None, type=["null", "string"], description="Policy file; empty: GPU_COST_POLICY or the default"),
+        "policy": runtime.policy_param(),
         "out_dir": Param(None, type=["null", "string"], description="Folder or URL; empty: GPU_COST_REPORT_DIR or the policy's"),
         "slack": Param(True, type="boolean", description="Post the summary and the main chart to Slack"),
     },
@@ -68,8 +72,8 @@ def gpu_weekly_cost_report() -> None:
         return report_tasks.files(ref)
 
     @task
-    def slack(result, params=None):  # type: ignore[no-untyped-def]
-        return report_tasks.slack(result, params or {})
+    def slack(result, params=None, **context):  # type: ignore[no-untyped-def]
+        return report_tasks.slack(result, params or {}, context)
 
     slack(files(charts(kpis(period()))))
 

@@ -35,12 +35,11 @@ about a job and did to it, and why.
 from __future__ import annotations
 
 import datetime as dt
-import os
 
 import pendulum
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
-from gpu_cost.airflow import sweep_tasks
+from gpu_cost.airflow import runtime, sweep_tasks
 from gpu_cost.airflow.approval import RecordingApprovalOperator
 
 DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 2, "retry_delay": dt.timedelta(seconds=30)}
@@ -53,12 +52,12 @@ METRICS_WAIT = dt.timedelta(minutes=4)
 MAX_ACTIVE_RUNS = 16
 #: cron schedule; ``GPU_COST_SWEEP_SCHEDULE`` overrides it (keep it equal to the policy's
 #: sweep.interval), ``none`` leaves only manual triggers
-SCHEDULE = os.environ.get("GPU_COST_SWEEP_SCHEDULE", "*/5 * * * *").strip()
+SCHEDULE = runtime.schedule("GPU_COST_SWEEP_SCHEDULE", "*/5 * * * *")
 
 
 @dag(
     dag_id="gpu_zombie_sweep",
-    schedule=None if SCHEDULE.lower() in ("", "none") else SCHEDULE,
+    schedule=SCHEDULE,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=MAX_ACTIVE_RUNS,
@@ -66,15 +65,15 @@ SCHEDULE = os.environ.get("GPU_COST_SWEEP_SCHEDULE", "*/5 * * * *").strip()
     tags=["gpu-cost", "sweep"],
     doc_md=__doc__,
     params={
-        "policy": Param(None, type=["null", "string"], description="Policy file; empty: GPU_COST_POLICY or the default"),
+        "policy": runtime.policy_param(),
         "source": Param(None, type=["null", "string"], enum=[None, "sim", "prometheus"],
                         description="Data source; empty: GPU_COST_SOURCE or the policy's"),
     },
 )
 def gpu_zombie_sweep() -> None:
     @task
-    def check_policy(params=None):  # type: ignore[no-untyped-def]
-        return sweep_tasks.check_policy(params or {})
+    def check_policy(params=None, **context):  # type: ignore[no-untyped-def]
+        return sweep_tasks.check_policy(params or {}, context)
 
     @task.sensor(mode="reschedule", poke_interval=30, timeout=METRICS_WAIT.total_seconds())
     def metrics_fresh(cfg, **context):  # type: ignore[no-untyped-def]
@@ -101,13 +100,14 @@ def gpu_zombie_sweep() -> None:
     def route(summary):  # type: ignore[no-untyped-def]
         return sweep_tasks.route(summary)
 
+    # the act steps read what to do from the audit store by the run's id, never from XCom
     @task
-    def act(ref, plan):  # type: ignore[no-untyped-def]
-        return sweep_tasks.act(ref, plan, "automatic")
+    def act(ref, **context):  # type: ignore[no-untyped-def]
+        return sweep_tasks.act(ref, "automatic", context)
 
     @task
-    def act_approved(ref, plan):  # type: ignore[no-untyped-def]
-        return sweep_tasks.act(ref, plan, "approved")
+    def act_approved(ref, **context):  # type: ignore[no-untyped-def]
+        return sweep_tasks.act(ref, "approved", context)
 
     @task(trigger_rule="all_done")
     def finish(**context):  # type: ignore[no-untyped-def]
@@ -121,8 +121,8 @@ def gpu_zombie_sweep() -> None:
     plan = decide(ref, detect(ref))
     summary = record(ref, plan)
     branch = route(summary)
-    automatic = act(ref, plan)
-    approved = act_approved(ref, plan)
+    automatic = act(ref)
+    approved = act_approved(ref)
     branch >> [automatic, approve]
     approve >> approved
     [automatic, approved] >> finish()

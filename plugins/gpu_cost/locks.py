@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpu_cost.model import KILL_ACTIONS, Decision
 
 if TYPE_CHECKING:
     from gpu_cost.audit.store import AuditStore
+    from gpu_cost.policy.schema import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -96,17 +98,55 @@ def _owner(rows: Any, d: Decision) -> dict[str, Any] | None:
 
 
 def owner_message(d: Decision, owner: dict[str, Any]) -> str:
-    """Return the error of an action skipped because ``owner`` has its effect on ``d.target``."""
+    """Return the error of an action skipped because ``owner`` has its effect on ``d.target`` (or a cap)."""
+    if owner.get("cap"):
+        return str(owner["cap"])
     return (f"{d.target}: already {owner['status']} by action {owner['action_id']} (run {owner.get('run_id')}): "
             "one effect per target")
 
 
+@dataclass(frozen=True)
+class CapCheck:
+    """What the rolling caps need to judge one more destructive action (see :func:`start_effect`)."""
+
+    policy: Policy
+    entry: str
+    total_gpus: int
+    now: float
+
+
+#: takes the one transaction advisory lock every destructive start shares, for the rolling caps
+CAPS_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext('gpu_cost_caps'))"
+
+_RECENT_DESTRUCTIVE = """
+SELECT a.action_id, a.action, a.target, a.run_id, a.started_at, d.gpus FROM gpu_cost_actions a
+LEFT JOIN gpu_cost_decisions d ON d.decision_id = a.decision_id
+WHERE a.dry_run = 0 AND a.started_at >= :since AND a.action_id <> :action_id AND a.status <> 'skipped'
+"""
+
+
+def recent_destructive(rows: Any) -> list[dict[str, Any]]:
+    """Return the destructive action rows of ``rows`` with their way in (``entry``)."""
+    from gpu_cost.model import DESTRUCTIVE_ACTIONS
+    from gpu_cost.policy.engine import entry_of
+    from gpu_cost.timeutil import epoch
+
+    return [{**dict(r), "entry": entry_of(r["run_id"]), "started_at": epoch(r["started_at"])}
+            for r in rows if r["action"] in DESTRUCTIVE_ACTIONS]
+
+
 def start_effect(store: AuditStore, d: Decision, row: dict[str, Any], *,
-                 window_s: float = EFFECT_WINDOW_S) -> tuple[bool, dict[str, Any] | None]:
+                 window_s: float = EFFECT_WINDOW_S,
+                 caps: CapCheck | None = None) -> tuple[bool, dict[str, Any] | None]:
     """Write the ``started`` row of a destructive action and find the action owning its effect, atomically.
 
     A loser's row is ended ``skipped`` (naming the owner) in the same transaction, so no later
     racer ever sees it in flight: every loser names the one action that owns the effect.
+
+    With ``caps``, the same transaction counts the destructive actions every way in started in
+    the last day (PostgreSQL: under one advisory lock shared by all of them; SQLite: under the
+    database's write lock, taken by the insert) and ends this row ``skipped`` with the cap's
+    reason when one more would exceed a rolling cap: parallel runs and workers see one count.
 
     :param row: the parameters of the ``action_started`` statement.
     :returns: ``(created, owner)``: ``created`` is False when the row existed already (another
@@ -122,6 +162,8 @@ def start_effect(store: AuditStore, d: Decision, row: dict[str, Any], *,
     try:
         with store.engine.begin() as conn:
             if store.dialect == "postgresql":
+                if caps is not None:
+                    conn.execute(sa.text(CAPS_LOCK_SQL))
                 conn.execute(sa.text(EFFECT_LOCK_SQL), {"key": effect_lock_key(d.target)})
             created = conn.execute(sa.text(queries()["action_started"]), _bind(row)).rowcount > 0
             if not created:
@@ -131,13 +173,24 @@ def start_effect(store: AuditStore, d: Decision, row: dict[str, Any], *,
                 "rule": d.rule,
             })).mappings().all()
             owner = _owner(rows, d)
+            if owner is None and caps is not None:
+                from gpu_cost.policy.engine import rolling_cap_violation
+
+                history = conn.execute(sa.text(_RECENT_DESTRUCTIVE), _bind({
+                    "since": caps.now - 86400.0, "action_id": row["action_id"]})).mappings().all()
+                why = rolling_cap_violation(recent_destructive(history), d, caps.policy, entry=caps.entry,
+                                            total_gpus=caps.total_gpus, now=caps.now)
+                if why:
+                    owner = {"cap": why, "action_id": None, "status": "capped", "run_id": None}
             if owner is not None:
                 conn.execute(sa.text(queries()["action_finished"]), _bind({
                     "action_id": row["action_id"], "status": "skipped", "finished_at": time.time(), "output": None,
                     "error": owner_message(d, owner)}))
     except sa.exc.SQLAlchemyError as exc:
         raise AuditError(f"audit write action_started failed: {str(getattr(exc, 'orig', exc)).splitlines()[0][:300]}") from exc
-    if owner is not None:
+    if owner is not None and owner.get("cap"):
+        logger.warning("%s on %s not done: %s", d.action, d.target, owner["cap"])
+    elif owner is not None:
         logger.warning("%s on %s: %s already %s by action %s (run %s): not done twice", d.action, d.target,
                        effect_of(d.action), owner["status"], owner["action_id"], owner.get("run_id"))
     return True, owner
@@ -157,5 +210,16 @@ def effect_done(store: AuditStore, action_id: str, d: Decision, *, window_s: flo
     return owner
 
 
-__all__ = ["EFFECT_LOCK_SQL", "EFFECT_WINDOW_S", "RUN_MAX_AGE_S", "effect_done", "effect_lock_key", "effect_of",
-           "owner_message", "run_conflict", "start_effect"]
+__all__ = [
+    "CAPS_LOCK_SQL",
+    "EFFECT_LOCK_SQL",
+    "EFFECT_WINDOW_S",
+    "RUN_MAX_AGE_S",
+    "CapCheck",
+    "effect_done",
+    "effect_lock_key",
+    "effect_of",
+    "owner_message",
+    "run_conflict",
+    "start_effect",
+]

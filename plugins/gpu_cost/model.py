@@ -268,6 +268,10 @@ class Snapshot:
     def degraded(self) -> bool:
         return bool(self.problems)
 
+    def gpu_count(self) -> int:
+        """Return the cluster's GPUs as this snapshot shows them: GPUs in the metrics, else Slurm's GRES (0: unknown)."""
+        return max(len(self.gpus), sum(int(n.gpus_total or 0) for n in self.nodes))
+
     def running_jobs(self) -> list[Job]:
         return [j for j in self.jobs if j.running]
 
@@ -474,6 +478,24 @@ class Decision:
     def from_dict(cls, d: Mapping[str, Any]) -> Decision:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Decision:
+        """Return the decision a ``gpu_cost_decisions`` row stores (the audit store's column names)."""
+        import json
+
+        ev = row.get("evidence")
+        return cls(
+            decision_id=row["decision_id"], ts=float(row["ts"]), rule=row["rule"], target_kind=row["target_kind"],
+            target=row["target"], action=row["action"], mode=row["mode"], rung=int(row["rung"] or 0),
+            episode=int(row["episode"] or 1), job_id=row.get("job_id"), user=row.get("user_name"),
+            account=row.get("account"), partition=row.get("partition_name"), host=row.get("host"),
+            gpus=int(row.get("gpus") or 0), reason=row.get("reason") or "", protection=row.get("protection"),
+            requires_approval=bool(row.get("requires_approval")),
+            gpu_hours_at_risk=float(row.get("gpu_hours_at_risk") or 0),
+            gpu_hours_saved=float(row.get("gpu_hours_saved") or 0),
+            evidence=json.loads(ev) if isinstance(ev, str) and ev else dict(ev or {}),
+        )
 
     def summary(self) -> dict[str, Any]:
         """Return the small dict the CLI and XCom carry."""

@@ -32,9 +32,7 @@ from typing import Any
 
 from gpu_cost.errors import GpuCostError
 from gpu_cost.model import DESTRUCTIVE_ACTIONS, Decision, Finding, Job, Snapshot
-from gpu_cost.policy.cost import stakes
-from gpu_cost.policy.engine import check_caps
-from gpu_cost.policy.protections import protection_for
+from gpu_cost.policy.engine import Ask, check_caps, guard, identity_of
 from gpu_cost.policy.schema import Policy
 
 logger = logging.getLogger(__name__)
@@ -105,10 +103,6 @@ class ReclaimPlan:
     def needs_approval(self) -> bool:
         return any(needs_approval(d) for d in self.decisions)
 
-    def to_xcom(self) -> dict[str, Any]:
-        return {"decisions": [d.to_dict() for d in self.decisions], "refused": self.refused,
-                "cap_violation": self.cap_violation, "needs_approval": self.needs_approval}
-
 
 def parse_request(params: Mapping[str, Any], requested_by: str | None = None) -> Request:
     """Validate the form's params; raise :class:`ReclaimRequestError` naming every problem."""
@@ -162,9 +156,16 @@ def parse_request(params: Mapping[str, Any], requested_by: str | None = None) ->
                    override_justification=justification if override else "", requested_by=requested_by)
 
 
-def manual_decision_id(run_key: str, request: Request, target: str) -> str:
+def run_mode(request: Request, policy: Policy) -> str:
+    """Return the mode a request runs in: what it asks for, under the policy's mode as the ceiling."""
+    from gpu_cost.policy.schema import milder
+
+    return milder(policy.mode, "dry-run" if request.dry_run else "enforce")
+
+
+def manual_decision_id(run_key: str, request: Request, target: str, track: str | None = None) -> str:
     """Return the decision id: the same run, params and target always give the same id."""
-    track = "dry-run" if request.dry_run else "live"
+    track = track or ("dry-run" if request.dry_run else "live")
     raw = f"{RULE}|{run_key}|{request.fingerprint()}|{target}|{request.action}|{track}".encode()
     return hashlib.sha256(raw).hexdigest()[:20]
 
@@ -175,7 +176,7 @@ def plan(request: Request, policy: Policy, snapshot: Snapshot, *, now: float, ru
     Unknown targets raise :class:`ReclaimRequestError` (nothing is done); protected ones are
     recorded with action ``none`` unless the request overrides protections.
     """
-    findings, unknown = resolve(request, snapshot)
+    findings, unknown = resolve(request, snapshot, policy)
     if unknown:
         raise ReclaimRequestError("manual reclaim refused before any action:\n- " + "\n- ".join(unknown))
     out = ReclaimPlan()
@@ -184,16 +185,17 @@ def plan(request: Request, policy: Policy, snapshot: Snapshot, *, now: float, ru
         out.decisions.append(d)
         if refusal:
             out.refused.append({"target": f.target, "why": refusal})
-    out.cap_violation = check_caps(out.decisions, policy, len(snapshot.gpus))
+    out.cap_violation = check_caps(out.decisions, policy, snapshot.gpu_count())
     if out.cap_violation:
         raise ReclaimRequestError(f"manual reclaim refused before any action: {out.cap_violation}")
     return out
 
 
-def resolve(request: Request, snap: Snapshot) -> tuple[list[Finding], list[str]]:
-    """Return one finding per concrete target, and why any id could not be resolved."""
+def resolve(request: Request, snap: Snapshot, policy: Policy | None = None) -> tuple[list[Finding], list[str]]:
+    """Return one finding per concrete target, and why any id could not be resolved (or may not be acted on)."""
     findings: list[Finding] = []
     unknown: list[str] = []
+    power_nodes: list[str] = []
     running = {j.job_id: j for j in snap.jobs if j.running or j.pending}
     destructive = request.action in DESTRUCTIVE_ACTIONS
     for ident in request.target_ids:
@@ -223,9 +225,7 @@ def resolve(request: Request, snap: Snapshot) -> tuple[list[Finding], list[str]]
                     unknown.append(f"node {ident}: runs job(s) {', '.join(j.job_id for j in jobs)}; "
                                    "cancel or wait for them before powering it down")
                 else:
-                    findings.append(Finding(rule=RULE, target_kind="node", target=f"node:{ident}", action="power_down",
-                                            gpus=node.gpus_total, host=ident, nodes=(ident,),
-                                            evidence={"node_state": node.state}))
+                    power_nodes.append(ident)
             elif not jobs:
                 unknown.append(f"node {ident}: no running job there, nobody to notify")
             else:
@@ -250,7 +250,26 @@ def resolve(request: Request, snap: Snapshot) -> tuple[list[Finding], list[str]]
                                     gpus=max(1, len(gpu_ids)),
                                     user=proc.user or None, host=host, gpu_ids=gpu_ids, job_id=proc.job_id,
                                     nodes=(host,), evidence=ev))
+    if power_nodes:
+        findings.extend(_power_findings(request, power_nodes, snap, policy, unknown))
     return findings, unknown
+
+
+def _power_findings(request: Request, names: list[str], snap: Snapshot, policy: Policy | None,
+                    unknown: list[str]) -> list[Finding]:
+    """Vet a manual power-down by the off-hours path's own checks (idle, exclusions, protections,
+    warm reserve, ``offhours.max_nodes_per_run``); append why a node may not go to ``unknown``."""
+    from gpu_cost.offhours import vet_power_down
+
+    chosen, refused = vet_power_down(snap, policy or Policy(), snap.ts, names,
+                                     override_protections=request.override_protections)
+    unknown.extend(f"node {name}: {why}" for name, why in refused.items())
+    nodes = {n.name: n for n in snap.nodes}
+    return [Finding(rule=RULE, target_kind="node", target=f"node:{c.node}", action="power_down", gpus=c.gpus,
+                    host=c.node, nodes=(c.node,),
+                    evidence={"node_state": nodes[c.node].state, "power_w": c.power_w, "power_basis": c.power_basis,
+                              "partitions": list(c.partitions), "vetted": c.reason})
+            for c in chosen]
 
 
 def _job_finding(job: Job, action: str) -> Finding:
@@ -265,73 +284,35 @@ def _job_finding(job: Job, action: str) -> Finding:
 
 def _decide(f: Finding, request: Request, policy: Policy, snap: Snapshot, now: float,
             run_key: str) -> tuple[Decision, str | None]:
+    """Decide one target through the engine's guards (:func:`gpu_cost.policy.engine.guard`)."""
     from gpu_cost.rules.common import declared_inference
 
-    action = request.action
-    destructive = action in DESTRUCTIVE_ACTIONS
     who = request.requested_by or "an operator"
-    reasons = [f"manual {action} requested by {who}: {request.reason}"]
-    evidence: dict[str, Any] = dict(f.evidence)
-    evidence.update({"gpu_ids": list(f.gpu_ids), "requested_by": request.requested_by, "request_reason": request.reason,
-                     "policy_mode": policy.mode})
-    if f.name:
-        evidence["job_name"] = f.name
-    refusal: str | None = None
-    needs_approval = False
-    prot = protection_for(f, policy.protections)
-    blocks = prot is not None and (prot.level == "never" or (prot.level == "notify_only" and destructive))
-    if prot is not None and blocks:
-        if request.override_protections:
-            evidence["override"] = {"protection": prot.name, "level": prot.level, "by": request.requested_by,
-                                    "justification": request.override_justification}
-            reasons.append(f"protection {prot.name!r} ({prot.level}) OVERRIDDEN by {who}: "
-                           f"{request.override_justification}; a second person must approve")
-            needs_approval = True
-        else:
-            refusal = (f"protected by {prot.name!r} ({prot.level}); not acted on — set override_protections "
-                       "with a justification to override")
-            reasons.append(refusal)
-            action = "none"
-    elif prot is not None and prot.level == "approval" and destructive:
-        needs_approval = True
-        reasons.append(f"approval required (protection {prot.name})")
+    ask = Ask(entry="manual", mode="dry-run" if request.dry_run else "enforce", requested_by=request.requested_by,
+              override=request.override_justification if request.override_protections else None)
     job = snap.job(f.job_id) if f.job_id else None
     inference = declared_inference(job, policy.inference) if job is not None else None
-    if inference and destructive and action != "none":
-        evidence["inference"] = inference
-        needs_approval = True
-        reasons.append(f"looks like an inference service ({inference}): approval required")
-    if snap.degraded and destructive and action != "none":
-        refusal = f"degraded data ({'; '.join(snap.problems)}): nothing destructive"
-        reasons.append(refusal)
-        action = "none"
-    st = stakes(f, now, open_ended=policy.cost.open_ended)
-    if destructive and action != "none" and st.at_risk > policy.approval.gpu_hours_at_risk:
-        needs_approval = True
-        reasons.append(f"approval required ({st.at_risk:.1f} GPU-h at risk)")
-    evidence["stakes_basis"] = st.basis
-    mode = "dry-run" if request.dry_run else "enforce"
+    v = guard(f, request.action, policy, now=now, ask=ask, degraded=snap.degraded, problems=snap.problems,
+              inference=inference)
+    refusal = v.refusal
+    if refusal is None and request.action in DESTRUCTIVE_ACTIONS and v.mode == "dry-run" and not request.dry_run:
+        # held back (degraded data, the policy's mode): say so in the refusals the operator reads
+        refusal = next((r for r in v.reasons if "would" in r or "ceiling" in r), None)
+    evidence: dict[str, Any] = dict(f.evidence)
+    evidence.update(v.evidence)
+    evidence.update({"gpu_ids": list(f.gpu_ids), "requested_by": request.requested_by, "request_reason": request.reason,
+                     "policy_mode": policy.mode, "entry": "manual", "track": v.track})
+    evidence.update(identity_of(f))
+    destructive = v.action in DESTRUCTIVE_ACTIONS
     return Decision(
-        decision_id=manual_decision_id(run_key, request, f.target), ts=now, rule=RULE, target_kind=f.target_kind,
-        target=f.target, action=action, mode=mode, job_id=f.job_id, user=f.user, account=f.account,
-        partition=f.partition, host=f.host, gpus=f.gpus, reason="; ".join(reasons),
-        protection=prot.name if prot else None, requires_approval=needs_approval and action != "none",
-        gpu_hours_at_risk=round(st.at_risk, 3) if destructive else 0.0,
-        gpu_hours_saved=round(st.saved, 3) if destructive else 0.0, evidence=evidence,
+        decision_id=manual_decision_id(run_key, request, f.target, v.track), ts=now, rule=RULE,
+        target_kind=f.target_kind, target=f.target, action=v.action, mode=v.mode, job_id=f.job_id, user=f.user,
+        account=f.account, partition=f.partition, host=f.host, gpus=f.gpus,
+        reason="; ".join([f"manual {request.action} requested by {who}: {request.reason}", *v.reasons]),
+        protection=v.protection, requires_approval=v.requires_approval,
+        gpu_hours_at_risk=round(v.stakes_at_risk, 3) if destructive else 0.0,
+        gpu_hours_saved=round(v.stakes_saved, 3) if destructive else 0.0, evidence=evidence,
     ), refusal
-
-
-def approval_text(p: ReclaimPlan) -> str:
-    """Return the Markdown body of the approval request: every acting decision and why."""
-    lines = ["| target | action | GPUs | GPU-h at risk | why |", "| --- | --- | --- | --- | --- |"]
-    for d in p.decisions:
-        if d.acts:
-            why = d.reason.replace("|", "/").replace("\n", " ")
-            lines.append(f"| `{d.target}` | {d.action} | {d.gpus} | {d.gpu_hours_at_risk:g} | {why} |")
-    if p.refused:
-        lines.append("")
-        lines.append("Refused: " + "; ".join(f"`{r['target']}`: {r['why']}" for r in p.refused))
-    return "\n".join(lines)
 
 
 def needs_approval(decision: Decision) -> bool:
@@ -339,14 +320,6 @@ def needs_approval(decision: Decision) -> bool:
     return bool(decision.requires_approval and decision.acts)
 
 
-def approved(decision: Decision, approval: Mapping[str, Any] | None) -> bool:
-    """Return True when ``decision`` may go to its executor: no approval needed, dry-run, or approved."""
-    if not needs_approval(decision):
-        return True
-    if not approval:
-        return False
-    return "Approve" in (approval.get("chosen") or []) and not approval.get("timed_out", False)
-
-
 __all__ = ["ACTIONS_BY_KIND", "FORM_ACTIONS", "ID_PATTERN", "TARGET_KINDS", "ReclaimPlan", "ReclaimRequestError",
-           "Request", "approval_text", "approved", "manual_decision_id", "needs_approval", "parse_request", "plan", "resolve"]
+           "Request", "manual_decision_id", "needs_approval", "parse_request", "plan", "resolve",
+           "run_mode"]

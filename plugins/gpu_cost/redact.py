@@ -101,7 +101,8 @@ def install() -> None:
 
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = previous(*args, **kwargs)
-        if record.name == PACKAGE or record.name.startswith(PACKAGE + "."):
+        name = record.name if isinstance(record.name, str) else ""  # structlog makes records without a name
+        if name == PACKAGE or name.startswith(PACKAGE + "."):
             redact_record(record)
         return record
 

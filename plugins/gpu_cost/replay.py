@@ -92,6 +92,8 @@ class ReplayResult:
     decisions: dict[str, int] = field(default_factory=dict)
     approvals_requested: int = 0
     capped_sweeps: int = 0
+    #: destructive actions the rolling caps held back (caps.rolling / caps.entry_points.sweep)
+    rolling_capped: int = 0
     degraded_sweeps: int = 0
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -184,6 +186,8 @@ class _Replay:
                  res: ReplayResult) -> None:
         self.res = res
         self.approvals = approvals
+        #: destructive actions carried out so far, in trace time, for the engine's rolling caps
+        self.history: list[dict[str, Any]] = []
         self._dense(samples)
         n_g = len(self.hosts)
         times = self.times
@@ -372,7 +376,7 @@ class _Replay:
             if plan.cap_violation:
                 self.res.capped_sweeps += 1
             else:
-                self._act(plan.decisions, store, t)
+                self._act(plan.decisions, store, t, snap.gpu_count())
             self.res.sweeps += 1
             t += step
 
@@ -398,7 +402,12 @@ class _Replay:
             ))
         return out
 
-    def _act(self, decisions: list[Decision], store: Any, t: float) -> None:
+    def _act(self, decisions: list[Decision], store: Any, t: float, total_gpus: int) -> None:
+        """Carry out the engine's acting decisions in simulation; the approvals and the rolling caps
+        (the engine's own :func:`~gpu_cost.policy.engine.rolling_cap_violation`, counted in trace time)
+        decide what happens, as the dispatcher's do on a cluster."""
+        from gpu_cost.policy.engine import rolling_cap_violation
+
         for d in decisions:
             if not d.acts:
                 continue
@@ -407,6 +416,13 @@ class _Replay:
                 if self.approvals == "reject":
                     store.set_approval(d.decision_id, "rejected", "replay", t)
                     continue
+            if d.destructive:
+                if rolling_cap_violation([h for h in self.history if h["started_at"] > t - 86400.0], d, self.policy,
+                                         entry="sweep", total_gpus=total_gpus, now=t):
+                    self.res.rolling_capped += 1
+                    continue
+                self.history.append({"started_at": t, "gpus": d.gpus, "entry": "sweep", "target": d.target,
+                                     "action": d.action})
             store.execute("advance_escalation", {"rule": d.rule, "target": d.target, "track": "live",
                                                  "episode": d.episode, "rung": d.rung, "now": t})
             entry = {"ts": iso(t), "target": d.target, "job_id": d.job_id, "rule": d.rule, "action": d.action,

@@ -97,7 +97,7 @@ def plan(findings: Sequence[Finding], snapshot: Snapshot, policy: Policy, store:
     ]
     return decide(
         findings, policy, now=now, escalations=escalations, snoozed_targets=snoozes, degraded=snapshot.degraded,
-        total_gpus=len(snapshot.gpus), predicted_end=ends, rejected=rejected,
+        total_gpus=snapshot.gpu_count(), predicted_end=ends, rejected=rejected,
         awaiting=awaiting_approval(store, policy, now),
     )
 
@@ -162,7 +162,7 @@ def run_once(policy: Policy, now: float, store: AuditStore, run_id: str | None =
     started = time.time()
     snap = collect(policy, now, source, **kwargs)
     store.begin_run(run_id, dag_id=dag_id, started_at=started, data_ts=now, source=snap.source, mode=policy.mode)
-    record_usage(store, snap, policy)
+    record_usage(store, snap, policy, run_id=run_id)
     findings = detect(snap, policy)
     p = plan(findings, snap, policy, store, now)
     counts = record(p, store, run_id, now)

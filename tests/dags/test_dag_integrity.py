@@ -92,3 +92,37 @@ def test_retry_delay_is_set(dagbag) -> None:  # type: ignore[no-untyped-def]
         for t in dag.tasks:
             if t.retries:
                 assert t.retry_delay >= dt.timedelta(seconds=5)
+
+
+SCHEDULE_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    from airflow.dag_processing.dagbag import DagBag
+    bag = DagBag(dag_folder=sys.argv[1])
+    print(json.dumps({d.dag_id: None if type(d.timetable).__name__ == "NullTimetable" else
+                      str(getattr(d.timetable, "summary", d.timetable)) for d in bag.dags.values()}))
+    """
+)
+
+SCHEDULE_KNOBS = {"gpu_zombie_sweep": "SWEEP", "gpu_forecast_nightly": "FORECAST", "gpu_offhours_power": "POWER",
+                  "gpu_weekly_cost_report": "REPORT"}
+
+
+@pytest.mark.parametrize("value", ["none", "17 3 * * *"])
+def test_every_scheduled_dag_has_an_environment_schedule_knob(tmp_path, value: str) -> None:  # type: ignore[no-untyped-def]
+    """Test clusters switch schedules off, so no run appears that depends on today's date."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(SCHEDULE_PROBE)
+    env = {**os.environ, **{f"GPU_COST_{k}_SCHEDULE": value for k in SCHEDULE_KNOBS.values()}}
+    r = subprocess.run([sys.executable, str(probe), str(ROOT / "dags")], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    summaries = json.loads(r.stdout.strip().splitlines()[-1])
+    for dag_id in SCHEDULE_KNOBS:
+        if value == "none":
+            assert summaries[dag_id] is None, (dag_id, summaries[dag_id])
+        else:
+            assert "17 3 * * *" in summaries[dag_id], (dag_id, summaries[dag_id])
+    assert summaries["gpu_manual_reclaim"] is None

@@ -22,16 +22,18 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD), ids=sorted(BAD))
-def test_bad_policy_fails_in_check_policy_before_collect(case, airflow_db, dagbag, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_bad_policy_fails_in_check_policy_before_collect(case, airflow_db, dagbag, tmp_path,  # type: ignore[no-untyped-def]
+                                                        monkeypatch) -> None:
     from gpu_cost.audit.store import AuditStore
 
     text, path = BAD[case]
     policy = tmp_path / f"{case}.yaml"
     policy.write_text(text)
+    monkeypatch.setenv("GPU_COST_POLICY_DIR", str(tmp_path))
     dag = dagbag.dags["gpu_zombie_sweep"]
     store = AuditStore().ensure_schema()
     snapshots_before = store.table_counts()["gpu_cost_snapshots"]
-    dr = dag.test(run_conf={"policy": str(policy), "source": "sim"})
+    dr = dag.test(run_conf={"policy": case, "source": "sim"})
     tis = {ti.task_id: ti for ti in dr.get_task_instances()}
     assert dr.state == "failed"
     assert tis["check_policy"].state == "failed"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pendulum
 import pytest
 import yaml
 
@@ -13,6 +14,9 @@ from gpu_cost.forecast.demand import expected_demand
 from tests.fixtures.core import ROOT
 
 pytestmark = pytest.mark.e2e
+
+#: the run's data instant, fixed: the history and the horizon do not move with the wall clock
+WHEN = pendulum.datetime(2026, 11, 30, 2, 0, tz="UTC")  # a Monday, at the nightly's 02:00
 
 
 def _policy(tmp_path: Path) -> Path:
@@ -23,9 +27,11 @@ def _policy(tmp_path: Path) -> Path:
     return path
 
 
-def test_forecast_dag_maps_fits_and_fills_the_forecasts_table(airflow_db, dagbag, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_forecast_dag_maps_fits_and_fills_the_forecasts_table(airflow_db, dagbag, tmp_path,  # type: ignore[no-untyped-def]
+                                                              monkeypatch) -> None:
     dag = dagbag.dags["gpu_forecast_nightly"]
-    dr = dag.test(run_conf={"policy": str(_policy(tmp_path)), "source": "sim"})
+    monkeypatch.setenv("GPU_COST_POLICY_DIR", str(tmp_path))
+    dr = dag.test(run_conf={"policy": _policy(tmp_path).stem, "source": "sim"}, logical_date=WHEN)
     tis = dr.get_task_instances()
     states = {(ti.task_id, ti.map_index): ti.state for ti in tis}
     assert dr.state == "success", states

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
+import pendulum
 import pytest
 
 from gpu_cost.audit.store import AuditStore
@@ -15,9 +16,26 @@ pytestmark = pytest.mark.e2e
 
 DAG_ID = "gpu_manual_reclaim"
 
+#: the runs' data instant, fixed: at the default scenario's anchor (the start of a UTC day) the
+#: simulated cluster is exactly the shipped picture, whatever the wall clock says
+WHEN = pendulum.datetime(2026, 11, 30, tz="UTC")
+
+
+#: the deployment's policy for these runs: the shipped one, enforcing, with the runs' requester
+#: (``dag.test()`` triggers as ``dag_test``) an operator and ``approver`` the override approver
+OPS_POLICY = "ops"
+
 
 @pytest.fixture
-def dag(airflow_db):  # type: ignore[no-untyped-def]
+def dag(airflow_db, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    from tests.fixtures.core import ROOT
+
+    shipped = (ROOT / "include" / "policy" / "default.yaml").read_text()
+    ops = (shipped.replace("mode: dry-run", "mode: enforce", 1).replace("  operators: []", "  operators: [dag_test]", 1)
+           .replace("  override_approvers: []", "  override_approvers: [approver, dag_test]", 1))
+    assert ops.count("dag_test") == 2
+    (tmp_path / f"{OPS_POLICY}.yaml").write_text(ops)
+    monkeypatch.setenv("GPU_COST_POLICY_DIR", str(tmp_path))
     return fresh_dag(DAG_ID)
 
 
@@ -29,7 +47,7 @@ def slack(slack_sink, monkeypatch):  # type: ignore[no-untyped-def]
 
 
 def _run(dag, conf):  # type: ignore[no-untyped-def]
-    dr = dag.test(run_conf=conf)
+    dr = dag.test(run_conf={"policy": OPS_POLICY, **conf}, logical_date=WHEN)
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     return dr, states
 
@@ -78,8 +96,9 @@ def test_dry_run_is_the_default_and_acts_on_nothing(dag, slack) -> None:  # type
     (row,) = _decisions(dr)
     assert row["rule"] == "manual" and row["mode"] == "dry-run" and row["action"] == "notify"
     assert row["job_id"] == "1003" and row["user_name"] == "carol"
-    (action,) = _actions([row])
-    assert action["status"] == "skipped" and action["dry_run"] == 1 and "dry-run: would notify carol" in action["output"]
+    # recorded as the sweep records a dry-run decision: no action row, no approval, nothing sent
+    assert row["status"] == "recorded" and not row["requires_approval"]
+    assert _actions([row]) == []
     assert slack.requests == []
     assert AuditStore().get_run(f"{DAG_ID}:{dr.run_id}")["status"] == "ok"
 
@@ -103,10 +122,9 @@ def test_protection_is_honoured_without_override(dag, slack) -> None:  # type: i
     rows = {r["job_id"]: r for r in _decisions(dr)}
     assert rows["1007"]["action"] == "none" and rows["1007"]["protection"] == "no-interrupt label"
     assert "protected by 'no-interrupt label'" in rows["1007"]["reason"]
-    assert rows["1003"]["action"] == "demote"
-    actions = _actions(list(rows.values()))
-    assert [a["decision_id"] for a in actions] == [rows["1003"]["decision_id"]]  # nothing for the protected job
-    assert actions[0]["status"] == "skipped" and "scontrol update jobid=1003 nice=" in actions[0]["output"]
+    assert rows["1003"]["action"] == "demote" and rows["1003"]["mode"] == "dry-run"
+    assert rows["1003"]["status"] == rows["1007"]["status"] == "recorded"
+    assert _actions(list(rows.values())) == []  # a dry run acts on nothing, protected or not
 
 
 def respond_when_waiting(dag_id: str, task_id: str, chosen: list[str], timeout: float = 240) -> bool:

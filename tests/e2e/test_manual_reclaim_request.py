@@ -20,6 +20,18 @@ def req(**kw):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
+def policy():  # type: ignore[no-untyped-def]
+    """The shipped policy, enforcing, with alice as an operator and lead as the override approver."""
+    from gpu_cost.policy import load_policy
+    from gpu_cost.policy.schema import ManualConfig
+    from tests.fixtures.core import ROOT
+
+    shipped = load_policy(ROOT / "include" / "policy" / "default.yaml")
+    return dataclasses.replace(shipped, mode="enforce",
+                               manual=ManualConfig(operators=("alice",), override_approvers=("lead", "alice")))
+
+
+@pytest.fixture(scope="module")
 def snap():  # type: ignore[no-untyped-def]
     from gpu_cost.policy import load_policy
     from tests.fixtures.core import ROOT
@@ -80,6 +92,7 @@ def test_protection_refuses_unless_overridden(policy, snap) -> None:  # type: ig
     assert d.evidence["override"] == {"protection": "no-interrupt label", "level": "never", "by": "alice",
                                       "justification": "research lead agreed, ticket 42"}
     assert "OVERRIDDEN by alice" in d.reason
+    assert d.evidence["approvers"] == ["lead"], "the requester never approves their own override"
 
 
 def test_cost_of_being_wrong_asks_for_approval(policy, snap) -> None:  # type: ignore[no-untyped-def]
@@ -131,7 +144,9 @@ def test_zombie_process_and_idle_node(policy, snap) -> None:  # type: ignore[no-
 def test_degraded_data_never_acts_destructively(policy, snap) -> None:  # type: ignore[no-untyped-def]
     bad = dataclasses.replace(snap, problems=("prometheus: newest sample 20 min old",))
     p = reclaim.plan(req(action="cancel", dry_run=False), policy, bad, now=NOW, run_key="r")
-    assert p.decisions[0].action == "none" and "degraded data" in p.refused[0]["why"]
+    (d,) = p.decisions
+    # recorded as the sweep records it: what it would have done, in dry-run, never acting
+    assert not d.acts and d.mode == "dry-run" and "degraded data" in p.refused[0]["why"]
 
 
 def test_caps_refuse_a_run_that_would_touch_too_much(policy, snap) -> None:  # type: ignore[no-untyped-def]

@@ -46,6 +46,7 @@ def dag(airflow_db):  # type: ignore[no-untyped-def]
 def audit(tmp_path: Path, monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_DB", json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "audit.db")}))
     monkeypatch.setenv("GPU_COST_APPROVAL_NOTIFY", "0")
+    monkeypatch.setenv("GPU_COST_POLICY_DIR", str(tmp_path))  # the deployment's policies: runs name one
     return tmp_path
 
 
@@ -66,7 +67,7 @@ def test_dry_run_on_the_simulator_records_and_powers_nothing(dag, audit, monkeyp
     monkeypatch.setenv("GPU_COST_SCENARIO", str(scenario))
     policy = audit / "policy.yaml"
     policy.write_text("offhours: {warm_reserve_nodes: 1, util_max: 50}\n")
-    dr, states, store, run = _run(dag, {"policy": str(policy), "source": "sim"})
+    dr, states, store, run = _run(dag, {"policy": policy.stem, "source": "sim"})
     assert dr.state == "success", states
     assert states["approve"] == "skipped" and states["record"] == "success"
     rows = store.decisions_of_run(run["run_id"])
@@ -91,7 +92,7 @@ def test_approval_reject_then_approve_on_real_slurm(dag, audit, slurm_cluster, m
     monkeypatch.setenv("SLURM_CONF", str(c.conf))
     policy = audit / "policy.yaml"
     policy.write_text(ENFORCE)
-    conf = {"policy": str(policy), "source": "slurm", "dry_run": False}
+    conf = {"policy": policy.stem, "source": "slurm", "dry_run": False}
     before = c.suspend_log()
     dr, states, store, run = _run(dag, conf, ["Reject"])
     assert dr.state == "success", states

@@ -12,6 +12,7 @@ import json
 import threading
 from pathlib import Path
 
+import pendulum
 import pytest
 
 from gpu_cost.audit.store import AuditStore
@@ -20,6 +21,10 @@ from tests.fixtures.airflow_db import respond_when_waiting as _respond
 from tests.unit.policy.helpers import Effects, install
 
 pytestmark = pytest.mark.e2e
+
+#: the runs' data instant, fixed: at the default scenario's anchor (the start of a UTC day) the
+#: simulated cluster is exactly the shipped picture, whatever the wall clock says
+WHEN = pendulum.datetime(2026, 11, 30, tz="UTC")
 
 POLICY = """
 mode: enforce
@@ -45,6 +50,7 @@ def sweep_dag():  # type: ignore[no-untyped-def]
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_DB", json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "audit.db")}))
+    monkeypatch.setenv("GPU_COST_POLICY_DIR", str(tmp_path))  # the deployment's policies: runs name one
     monkeypatch.setenv("GPU_COST_APPROVAL_NOTIFY", "0")
     effects = Effects()
     install(monkeypatch, effects)
@@ -54,7 +60,7 @@ def env(tmp_path: Path, monkeypatch):  # type: ignore[no-untyped-def]
 def _run(dag, policy_file: Path, answer: list[str] | None = None):  # type: ignore[no-untyped-def]
     if answer is not None:
         threading.Thread(target=respond_when_waiting, args=(dag.dag_id, "approve", answer), daemon=True).start()
-    dr = dag.test(run_conf={"policy": str(policy_file), "source": "sim"})
+    dr = dag.test(run_conf={"policy": policy_file.stem, "source": "sim"}, logical_date=WHEN)
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     store = AuditStore()
     run = store.get_run(f"gpu_zombie_sweep:{dr.run_id}")

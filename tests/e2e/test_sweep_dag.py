@@ -18,7 +18,7 @@ def test_sweep_dag_records_expected_decisions(airflow_db, dagbag, tmp_path, monk
     monkeypatch.setenv("GPU_COST_SCENARIO", str(tmp_path / "scenario.yaml"))
     dag = dagbag.dags["gpu_zombie_sweep"]
     # explicit conf: dag.test(run_conf=...) by another test leaves its conf in the shared DAG's params
-    dr = dag.test(run_conf={"policy": str(ROOT / "include" / "policy" / "default.yaml"), "source": "sim"})
+    dr = dag.test(run_conf={"policy": "default", "source": "sim"})
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     assert dr.state == "success", states
     store = AuditStore()

@@ -30,15 +30,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DAG_ID = "gpu_forecast_nightly"
 MAPPED = "fit_demand"
 LOGICAL_DATE = "2026-11-29T02:00:00+00:00"
-CONF = {"policy": str(ROOT / "tests" / "dags_scale" / "forecast_policy.yaml"), "source": "sim"}
+#: the deployment's policy directory of this test: the run names its policy
+POLICY_DIR = ROOT / "tests" / "dags_scale"
+CONF = {"policy": "forecast_policy", "source": "sim"}
 #: columns of gpu_cost_forecasts that are results (created_at is the wall clock of the write)
 FORECAST_COLUMNS = "series, horizon_ts, kind, yhat, yhat_lower, yhat_upper, model, extra"
 
 
 def _results(value: Any) -> Any:
-    """Drop what measures the run rather than the result (durations in seconds)."""
+    """Drop what measures or names the run rather than the result (durations in seconds, the run's id)."""
     if isinstance(value, dict):
-        return {k: _results(v) for k, v in value.items() if k != "seconds"}
+        return {k: _results(v) for k, v in value.items() if k not in ("seconds", "run_id")}
     if isinstance(value, list):
         return [_results(v) for v in value]
     if isinstance(value, float):
@@ -46,11 +48,13 @@ def _results(value: Any) -> Any:
     return value
 
 
-def _forecasts(url: str) -> list[tuple[Any, ...]]:
+def _forecasts(url: str, run_id: str) -> list[tuple[Any, ...]]:
+    """Return the forecast rows the DAG run ``run_id`` wrote (each row names the run that wrote it)."""
     from gpu_cost.audit.store import AuditStore
 
     store = AuditStore(url)
-    rows = store.query(f"SELECT {FORECAST_COLUMNS} FROM gpu_cost_forecasts ORDER BY series, horizon_ts")
+    rows = store.query(f"SELECT {FORECAST_COLUMNS} FROM gpu_cost_forecasts WHERE run_id = :run "
+                       "ORDER BY series, horizon_ts", {"run": f"{DAG_ID}:{run_id}"})
     store.engine.dispose()
     return [tuple(_results(json.loads(v) if k == "extra" and v else v) for k, v in r.items()) for r in rows]
 
@@ -74,7 +78,7 @@ def _local_run(workdir: Path) -> tuple[dict[tuple[str, int], Any], list[tuple[An
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
         "AIRFLOW_CONN_GPU_COST_DB": json.dumps({"conn_type": "sqlite", "host": str(home / "audit.db")}),
-        "GPU_COST_HOME": str(home / "gpu_cost"), "PYTHONPATH": str(ROOT),
+        "GPU_COST_HOME": str(home / "gpu_cost"), "PYTHONPATH": str(ROOT), "GPU_COST_POLICY_DIR": str(POLICY_DIR),
     })
     airflow = str(Path(sys.executable).parent / "airflow")
     for argv in ([airflow, "db", "migrate"], [airflow, "dags", "test", DAG_ID, LOGICAL_DATE, "-c", json.dumps(CONF)]):
@@ -83,14 +87,15 @@ def _local_run(workdir: Path) -> tuple[dict[tuple[str, int], Any], list[tuple[An
     engine = sa.create_engine(f"sqlite:///{home / 'airflow.db'}")
     try:
         with engine.connect() as conn:
-            state = conn.execute(sa.text("SELECT state FROM dag_run WHERE dag_id = :d"), {"d": DAG_ID}).scalar_one()
+            state, run_id = conn.execute(sa.text("SELECT state, run_id FROM dag_run WHERE dag_id = :d"),
+                                         {"d": DAG_ID}).one()
             rows = conn.execute(sa.text("SELECT task_id, map_index, value FROM xcom WHERE dag_id = :d "
                                         "AND key = 'return_value'"), {"d": DAG_ID}).all()
     finally:
         engine.dispose()
     assert state == "success", state
     xcoms = {(t, m): json.loads(v) if isinstance(v, str) else v for t, m, v in rows}
-    return xcoms, _forecasts(f"sqlite:///{home / 'audit.db'}")
+    return xcoms, _forecasts(f"sqlite:///{home / 'audit.db'}", run_id)
 
 
 def test_forecast_fits_spread_over_two_celery_workers_with_local_results(celery_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -106,6 +111,8 @@ def test_forecast_fits_spread_over_two_celery_workers_with_local_results(celery_
         return state if state in ("success", "failed") else None
 
     state = c.wait("DAG run finished", finished, timeout=240)
+    runs = c.api("GET", f"/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
+    assert [r["dag_run_id"] for r in runs] == [run_id], "only the triggered run may write to the audit store"
     tis = c.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run_id)}/taskInstances?limit=100")["task_instances"]
     assert state == "success", (
         f"run {run_id} {state}: " + str(sorted((t["task_id"], t["map_index"], t["state"], t["hostname"]) for t in tis))
@@ -126,7 +133,7 @@ def test_forecast_fits_spread_over_two_celery_workers_with_local_results(celery_
     for (task_id, map_index), local_value in sorted(local_xcoms.items()):
         assert _results(_xcom(c, run_id, task_id, map_index)) == _results(local_value), (task_id, map_index)
     assert {k for k in local_xcoms if k[0] == MAPPED} == {(MAPPED, i) for i in range(len(batches))}
-    celery_forecasts = _forecasts(c.audit_url)
+    celery_forecasts = _forecasts(c.audit_url, run_id)
     assert len(celery_forecasts) == len(local_forecasts) > 0
     assert {r[2] for r in celery_forecasts} >= {"demand", "runtime", "backtest"}
     assert celery_forecasts == local_forecasts

@@ -42,6 +42,9 @@ class ActionContext:
     :param slurm: runs Slurm commands (local, or on a login node over SSH).
     :param node_runner: returns a runner for a node name (SSH through the node wrapper).
     :param sleep: injectable for grace periods (tests pass a fast one; production time.sleep).
+    :param source: where the decisions' data came from; simulated data (``sim``, ``trace``) never
+        drives an executor that touches the cluster.
+    :param cluster_gpus: the cluster's GPU count, for the rolling GPU-share caps (0: unknown).
     """
 
     policy: Policy
@@ -52,6 +55,12 @@ class ActionContext:
     node_runner: Callable[[str], Runner] | None = None
     sleep: Callable[[float], None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None
+    cluster_gpus: int = 0
+
+
+#: sources whose data is made up (the simulator, a replayed trace): never a reason to touch a cluster
+SIMULATED_SOURCES = frozenset({"sim", "trace"})
 
 
 Executor = Callable[[Decision, ActionContext], Outcome]
@@ -62,6 +71,8 @@ def register(*actions: str) -> Callable[[Executor], Executor]:
     """Register an executor for one or more action names."""
 
     def wrap(fn: Executor) -> Executor:
+        # every registered executor reaches a real system (Slurm, a node, a chat tool)
+        fn.touches_cluster = True  # type: ignore[attr-defined]
         for a in actions:
             REGISTRY[a] = fn
         return fn

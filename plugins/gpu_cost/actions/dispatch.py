@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gpu_cost.actions.base import REGISTRY, ActionContext, Outcome
+from gpu_cost.actions.base import REGISTRY, SIMULATED_SOURCES, ActionContext, Outcome
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.errors import AuditError
 from gpu_cost.model import Decision
@@ -109,9 +109,14 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
         }
         if executor is not None and not dry_run and d.destructive:
             from gpu_cost import locks
+            from gpu_cost.policy.engine import entry_of
 
-            # one effect per target: the manual reclaim and the sweep (different decision ids) never both act
-            created, owner = locks.start_effect(store, d, row)
+            # one effect per target: the manual reclaim and the sweep (different decision ids) never both act;
+            # and, for executors that reach the cluster, the rolling caps counted over every way in, in the
+            # same transaction (a simulated week's executors touch nothing and count nothing)
+            caps = locks.CapCheck(policy=ctx.policy, entry=entry_of(ctx.run_id), total_gpus=ctx.cluster_gpus,
+                                  now=float(row["started_at"])) if getattr(executor, "touches_cluster", False) else None
+            created, owner = locks.start_effect(store, d, row, caps=caps)
         else:
             created = store.action_started(action_id=aid, decision_id=d.decision_id, run_id=ctx.run_id,
                                            action=d.action, target=d.target, executor=str(row["executor"]),
@@ -129,6 +134,8 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
         owner = locks.effect_done(store, aid, d)
     if executor is None:
         outcome = Outcome("skipped", error=f"no executor for action {d.action!r} in this deployment")
+    elif simulated_refusal(d, ctx, executor, dry_run):
+        outcome = Outcome("skipped", error=simulated_refusal(d, ctx, executor, dry_run))
     elif owner is not None:
         from gpu_cost import locks
 
@@ -154,6 +161,20 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
     logger.info("action %s %s → %s%s", d.action, d.target, outcome.status, f" ({outcome.error})" if outcome.error else "")
     return {"decision_id": d.decision_id, "action_id": aid, "status": outcome.status, "error": outcome.error,
             "command": outcome.command, "resumed": resumed}
+
+
+def simulated_refusal(d: Decision, ctx: ActionContext, executor: Any, dry_run: bool) -> str | None:
+    """Return why a destructive effect decided on simulated data may not run, or None.
+
+    A simulated job id is not a real job: ``scancel 1003`` on the simulator's word would end
+    whatever real job has that id. Notices still go out (they say what was seen).
+    """
+    if dry_run or not d.destructive or ctx.source not in SIMULATED_SOURCES:
+        return None
+    if not getattr(executor, "touches_cluster", False):
+        return None
+    return (f"refused: {d.action} on {d.target} was decided on simulated data (source {ctx.source}); simulated "
+            "data never drives a real executor")
 
 
 def _ctx_for(ctx: ActionContext, dry_run: bool) -> ActionContext:

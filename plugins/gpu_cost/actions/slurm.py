@@ -130,7 +130,32 @@ def _precheck(d: Decision, ctx: ActionContext, argv: Sequence[str]) -> tuple[str
     if job is None:
         return jid, None, Outcome("succeeded", output=GONE, command=shlex.join(argv),
                                   details={"job_id": jid, "already_gone": True})
+    changed = identity_mismatch(d, job)
+    if changed:
+        return jid, None, Outcome("skipped", error=f"target changed, not acted on: {changed}", command=shlex.join(argv),
+                                  details={"job_id": jid, "identity": changed})
     return jid, job, None
+
+
+def identity_mismatch(d: Decision, job: Job) -> str | None:
+    """Return how the job Slurm lists now differs from the one decided about, or None when it is the same.
+
+    The same id is not enough: ids are reused (a new controller, a simulated id, a requeue), so
+    the owner, the name and the start time the decision recorded must match too.
+    """
+    ev = d.evidence
+    recorded_start = ev.get("job_start_ts")
+    if d.user and job.user and d.user != job.user:
+        return f"job {job.job_id} belongs to {job.user}, the decision was about {d.user}'s job"
+    name = ev.get("job_name")
+    if name and job.name and name != job.name:
+        return f"job {job.job_id} is named {job.name!r}, the decision was about {name!r}"
+    if recorded_start is not None and job.start_ts is not None and abs(float(recorded_start) - job.start_ts) > 1.0:
+        return (f"job {job.job_id} started at {job.start_ts:.0f}, the decision was about a job started at "
+                f"{float(recorded_start):.0f}")
+    if recorded_start is not None and job.start_ts is None and not job.pending:
+        return f"job {job.job_id} shows no start time, the decision was about a job started at {float(recorded_start):.0f}"
+    return None
 
 
 def _run(ctx: ActionContext, argv: Sequence[str]) -> Completed:

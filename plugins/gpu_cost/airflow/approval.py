@@ -40,8 +40,43 @@ def _default_timeout() -> dt.timedelta:
 #: parse-time fallback; the policy's approval.timeout replaces it when the request is written
 DEFAULT_TIMEOUT = _default_timeout()
 
-#: statuses written to gpu_cost_decisions.approval_status
-APPROVED, REJECTED, TIMED_OUT = "approved", "rejected", "timed_out"
+#: statuses written to gpu_cost_decisions.approval_status; ``refused``: an answer came from someone
+#: who may not give it (the requester of an override, or a user outside the approvers), and counts as a no
+APPROVED, REJECTED, TIMED_OUT, REFUSED = "approved", "rejected", "timed_out", "refused"
+
+#: who wants to act, by the way in (the DAG of the run)
+ASKER = {"sweep": "The sweep wants", "manual": "A manual reclaim asks", "power": "The off-hours power run wants"}
+
+
+def _evidence(row: Mapping[str, Any]) -> dict[str, Any]:
+    import json
+
+    raw = row.get("evidence")
+    try:
+        return json.loads(raw) if isinstance(raw, str) and raw else dict(raw or {})
+    except ValueError:
+        return {}
+
+
+def permitted_approvers(rows: Sequence[Mapping[str, Any]], policy: Any) -> tuple[list[str] | None, set[str]]:
+    """Return (who may answer, who may not) for a request listing ``rows``.
+
+    Who may answer: the override approvers named on an overriding decision (the requester already
+    left out), else ``approval.assigned_users``, else anyone (None). Who may not: whoever requested
+    any of the decisions (a manual reclaim's requester never approves their own request).
+    """
+    requesters = {str(_evidence(r).get("requested_by")) for r in rows if _evidence(r).get("requested_by")}
+    named: list[str] | None = None
+    for r in rows:
+        approvers = _evidence(r).get("approvers")
+        if approvers is not None:
+            listed = [str(a) for a in approvers]
+            named = listed if named is None else [a for a in named if a in listed]
+    if named is None and policy.approval.assigned_users:
+        named = list(policy.approval.assigned_users)
+    if named is not None:
+        named = [a for a in named if a not in requesters]
+    return named, requesters
 
 
 def pending_approvals(store: Any, run_id: str) -> list[dict[str, Any]]:
@@ -50,15 +85,15 @@ def pending_approvals(store: Any, run_id: str) -> list[dict[str, Any]]:
             if r["requires_approval"] and r["approval_status"] == "pending" and r["status"] == "decided"]
 
 
-def approval_text(rows: Sequence[Mapping[str, Any]], policy: Any) -> tuple[str, str]:
-    """Return (subject, Markdown body) of the approval request for ``rows``."""
+def approval_text(rows: Sequence[Mapping[str, Any]], policy: Any, entry: str = "sweep") -> tuple[str, str]:
+    """Return (subject, Markdown body) of the approval request for ``rows`` (``entry``: the way in asking)."""
     import json
 
     at_risk = sum(float(r["gpu_hours_at_risk"] or 0) for r in rows)
     gpus = sum(int(r["gpus"] or 0) for r in rows)
     subject = f"GPU cost agent: approve {len(rows)} action(s) on {gpus} GPU(s), {at_risk:.1f} GPU-h of work at risk?"
     lines = [
-        f"The sweep wants to act on **{len(rows)}** target(s). *Approve* carries out every action below; "
+        f"{ASKER.get(entry, 'The agent wants')} to act on **{len(rows)}** target(s). *Approve* carries out every action below; "
         f"*Reject* (also the answer after {format_duration(policy.approval.timeout)} without one) does none of them, "
         "and they are not asked again in this episode.",
         "",
@@ -105,11 +140,11 @@ class RecordingApprovalOperator(ApprovalOperator):
     timeout the direct downstream tasks are skipped. Pushes XCom ``decision``:
     ``{chosen, by, at, timed_out, decision_ids}``. Without ``notifiers`` the request is announced
     on Slack with its link (:func:`gpu_cost.actions.notify.approval_notifier`; never fails the task).
-
-    :param policy_param: the DAG param naming the policy file.
+    The policy is the one the run pinned; an answer from the requester of the actions, or from
+    someone outside the permitted approvers, is recorded as ``refused`` and counts as a *Reject*.
     """
 
-    def __init__(self, *, policy_param: str = "policy", **kwargs: Any) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("subject", "GPU cost agent: actions awaiting approval")
         kwargs.setdefault("defaults", self.REJECT)
         kwargs.setdefault("response_timeout", DEFAULT_TIMEOUT)
@@ -118,26 +153,26 @@ class RecordingApprovalOperator(ApprovalOperator):
 
             kwargs["notifiers"] = [n for n in [approval_notifier()] if n is not None]
         super().__init__(**kwargs)
-        self.policy_param = policy_param
 
     def execute(self, context: Any) -> Any:
         from airflow.sdk.exceptions import AirflowSkipException
 
         from gpu_cost.airflow import runtime
+        from gpu_cost.policy.engine import entry_of
 
-        params = context.get("params") or {}
-        policy = runtime.policy_from({"policy": params.get(self.policy_param)})
         store = runtime.store()
         run_id = runtime.audit_run_id(context)
+        policy = runtime.run_policy(store, run_id)  # the policy the run decided under, not today's file
         rows = pending_approvals(store, run_id)
         if not rows:
             raise AirflowSkipException("no decision of this run awaits approval")
         # the run waits for a human now: other sweeps may decide and act meanwhile (locks.run_conflict)
         store.execute("mark_run_awaiting", {"run_id": run_id})
         self.response_timeout = dt.timedelta(seconds=policy.approval.timeout)
-        self.subject, self.body = approval_text(rows, policy)
-        if policy.approval.assigned_users:
-            self.assigned_users = [{"id": u, "name": u} for u in policy.approval.assigned_users]
+        self.subject, self.body = approval_text(rows, policy, entry_of(run_id))
+        named, _ = permitted_approvers(rows, policy)
+        if named is not None:
+            self.assigned_users = [{"id": u, "name": u} for u in named]
         logger.info("approval requested for %d decision(s) of %s; timeout %s, default Reject", len(rows), run_id,
                     format_duration(policy.approval.timeout))
         return super().execute(context)
@@ -149,14 +184,26 @@ class RecordingApprovalOperator(ApprovalOperator):
         if "chosen_options" in event:
             store = runtime.store()
             run_id = runtime.audit_run_id(context)
-            ids = [r["decision_id"] for r in pending_approvals(store, run_id)]
+            rows = pending_approvals(store, run_id)
+            ids = [r["decision_id"] for r in rows]
             chosen = list(event["chosen_options"])
             user = event.get("responded_by_user")
             timed_out = bool(event.get("timedout")) or user is None
             by = (user.get("name") or user.get("id")) if user else None
             at = event.get("responded_at")
             at_ts = epoch(at) if at is not None else None
-            if chosen == [self.APPROVE] and not timed_out:
+            named, requesters = permitted_approvers(rows, runtime.run_policy(store, run_id))
+            refused = None
+            if not timed_out and by is not None:
+                ids_of_user = {str(user.get("id")), str(user.get("name"))} if user else set()
+                if ids_of_user & requesters:
+                    refused = f"{by} requested these actions and may not approve them"
+                elif named is not None and not ids_of_user & set(named):
+                    refused = f"{by} is not among the permitted approvers ({', '.join(named) or 'none'})"
+            if refused:
+                status = REFUSED
+                logger.warning("approval answer for %s refused: %s; nothing acts", run_id, refused)
+            elif chosen == [self.APPROVE] and not timed_out:
                 status = APPROVED
             else:
                 status = TIMED_OUT if timed_out else REJECTED
@@ -164,6 +211,9 @@ class RecordingApprovalOperator(ApprovalOperator):
             logger.info("approval answer for %s: %s by %s (%d decision(s))", run_id, status, by or "timeout", len(ids))
             context["ti"].xcom_push(key="decision", value={
                 "chosen": chosen, "by": by, "at": iso(at_ts) if at_ts else None, "timed_out": timed_out,
-                "status": status, "decision_ids": ids,
+                "status": status, "decision_ids": ids, "refused": refused,
             })
+            if refused:
+                # the answer was not one this person may give: downstream is skipped, as on a Reject
+                event = {**event, "chosen_options": [self.REJECT]}
         return super().execute_complete(context=context, event=event)

@@ -26,15 +26,17 @@ def extract(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
     """Read the job history, store it and the hourly demand series; return the series keys."""
     from gpu_cost.forecast import nightly
 
-    policy = runtime.policy_from(params)
+    store = runtime.store()
+    run_id = runtime.audit_run_id(context)
+    policy = runtime.pin_policy(store, run_id, params)  # every later task of the run reads this one
     if not policy.forecast.enabled:
         logger.info("forecast disabled in %s: nothing to do", policy.source)
-        return {"now": _instant(context, policy), "keys": [], "disabled": True, "policy": params.get("policy")}
+        return {"now": _instant(context, policy), "keys": [], "disabled": True, "run_id": run_id}
     source = params.get("source") or os.environ.get("GPU_COST_FORECAST_SOURCE") or os.environ.get("GPU_COST_SOURCE") \
         or policy.sweep.source
     now = _instant(context, policy)
-    ref = nightly.extract(policy, now, str(source), runtime.store(), jobs_path=params.get("jobs") or None)
-    ref["policy"] = params.get("policy")
+    ref = nightly.extract(policy, now, str(source), store, jobs_path=params.get("jobs") or None, run_id=run_id)
+    ref["run_id"] = run_id
     return ref
 
 
@@ -42,7 +44,7 @@ def batches(ref: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Split the series into batches of ``policy.forecast.series_per_task`` (the mapped task's inputs)."""
     from gpu_cost.forecast import nightly
 
-    policy = runtime.policy_from({"policy": ref.get("policy")})
+    policy = runtime.run_policy(runtime.store(), ref["run_id"])
     out = nightly.make_batches(ref, policy.forecast.series_per_task, policy.forecast.horizon)
     logger.info("%d series in %d batch(es) of up to %d", len(ref.get("keys", [])), len(out),
                 policy.forecast.series_per_task)
@@ -64,12 +66,12 @@ def fit_runtime(ref: Mapping[str, Any]) -> dict[str, Any]:
     if ref.get("disabled"):
         return {"classes": 0, "running_jobs": 0, "backtest": None, "disabled": True}
     prophet_util.silence()
-    policy = runtime.policy_from({"policy": ref.get("policy")})
-    return nightly.fit_runtime(runtime.store(), policy, float(ref["now"]))
+    store = runtime.store()
+    return nightly.fit_runtime(store, runtime.run_policy(store, ref["run_id"]), float(ref["now"]), run_id=ref["run_id"])
 
 
 def finish(ref: Mapping[str, Any], results: Sequence[Mapping[str, Any]], runtime_out: Mapping[str, Any]) -> dict[str, Any]:
     """Write the backtest rows; return the night's figures (the DAG's XCom result)."""
     from gpu_cost.forecast import nightly
 
-    return nightly.finish(runtime.store(), float(ref["now"]), list(results or []), runtime_out)
+    return nightly.finish(runtime.store(), float(ref["now"]), list(results or []), runtime_out, run_id=ref.get("run_id"))

@@ -104,15 +104,15 @@ def plan_task(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str
     """Take the snapshot, plan, record the decisions and the snapshot; return the run id and a summary."""
     from gpu_cost.airflow import runtime
 
-    policy = runtime.policy_from(params)
+    run_id = runtime.audit_run_id(context)
+    store = runtime.store()
+    policy = runtime.pin_policy(store, run_id, params)  # every later task, and the approval, read this one
     source = runtime.source_from(policy, params)
     if source == "trace":
         source = "sim"
     now = float(runtime.data_instant(context, policy))
     dry_run = bool(params.get("dry_run", True))
     mode = effective_mode(policy, dry_run)
-    run_id = runtime.audit_run_id(context)
-    store = runtime.store()
     store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode=mode)
     plan, snap = make_plan(policy, now, source, store)
     decisions = decisions_of(plan, policy, now, mode)
@@ -139,42 +139,17 @@ def needs_approval(plan: Mapping[str, Any]) -> bool:
     return bool(plan.get("needs_approval")) and plan.get("mode") != "dry-run" and bool(plan.get("counts", {}).get("down"))
 
 
-def decision_of_row(row: Mapping[str, Any]) -> Decision:
-    """Return the :class:`Decision` a ``gpu_cost_decisions`` row stores (column names differ in places)."""
-    data = dict(row)
-    data["user"], data["partition"] = data.pop("user_name", None), data.pop("partition_name", None)
-    ev = data.get("evidence")
-    data["evidence"] = json.loads(ev) if isinstance(ev, str) and ev else dict(ev or {})
-    data["ts"] = float(data["ts"])
-    data["rung"], data["episode"], data["gpus"] = int(data["rung"]), int(data["episode"]), int(data.get("gpus") or 0)
-    data["requires_approval"] = bool(data.get("requires_approval"))
-    data["reason"] = data.get("reason") or ""
-    for k in ("gpu_hours_at_risk", "gpu_hours_saved"):
-        data[k] = float(data.get(k) or 0.0)
-    return Decision.from_dict(data)
-
-
-#: decision statuses an act step may carry out (``failed``: the dispatcher retries, bounded)
-ACTABLE_STATUSES = frozenset({"decided", "failed"})
-
-
-def may_act(row: Mapping[str, Any]) -> bool:
-    """Return whether a stored decision may be carried out now: live, not done or refused, approved if asked."""
-    if row["mode"] == "dry-run" or row["status"] not in ACTABLE_STATUSES:
-        return False
-    return not row["requires_approval"] or row["approval_status"] == "approved"
-
-
 def act_task(plan: Mapping[str, Any], action: str, context: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Carry out this run's ``action`` decisions as the audit store has them (audit rows around each).
 
     The run is the task's own (``context``) or, without a context, the one XCom names; the
     decisions, their mode and their approvals come from the store, never from XCom.
     """
-    from gpu_cost.actions.base import ActionContext
     from gpu_cost.actions.dispatch import execute
     from gpu_cost.airflow import runtime
+    from gpu_cost.airflow.sweep_tasks import action_context
     from gpu_cost.errors import AuditError
+    from gpu_cost.policy.engine import check_caps, may_act
 
     run_id = runtime.audit_run_id(context) if context is not None else str(plan["run_id"])
     if plan.get("run_id") not in (None, run_id):
@@ -184,14 +159,22 @@ def act_task(plan: Mapping[str, Any], action: str, context: Mapping[str, Any] | 
     if run is None:
         raise AuditError(f"no audit row for run {run_id}: nothing planned, nothing to act on")
     rows = [r for r in store.decisions_of_run(run_id) if r["rule"] == RULE and r["action"] == action]
-    acting = [decision_of_row(r) for r in rows if may_act(r)]
+    acting = [Decision.from_row(r) for r in rows if may_act(r)]
     dry_run = run["mode"] == "dry-run"
     if dry_run or not acting:
         logger.info("%s: %d decision(s) of %s, none to act on (mode %s)", action, len(rows), run_id, run["mode"])
         return {"action": action, "acted": 0, "results": [], "dry_run": dry_run}
-    params = (context or {}).get("params") or {"policy": plan.get("policy")}
-    policy = runtime.policy_from(params)
-    ctx = ActionContext(policy=policy, dry_run=False, now=float(run["data_ts"]), run_id=run_id)
+    policy = runtime.run_policy(store, run_id)
+    snap = Snapshot.from_json(store.load_snapshot(run_id))
+    total = snap.gpu_count()
+    violation = check_caps(acting, policy, total)
+    if violation:
+        for d in acting:
+            store.set_decision_status(d.decision_id, "capped")
+        logger.error("%s: cap exceeded, nothing acted: %s", action, violation)
+        return {"action": action, "acted": 0, "results": [], "dry_run": False, "cap_violation": violation}
+    ctx = action_context(policy, float(run["data_ts"]), run_id, store=store, source=run.get("source"),
+                         cluster_gpus=total)
     results = execute(acting, ctx, store)
     logger.info("%s on %s: %s", action, [d.target for d in acting], [r.get("status") for r in results])
     return {"action": action, "acted": sum(1 for r in results if r.get("status") == "succeeded"), "results": results}
@@ -203,8 +186,8 @@ def record_task(plan: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str
     from gpu_cost.offhours import savings_rows
 
     run_id = runtime.audit_run_id(context) if context.get("dag_run") is not None else str(plan["run_id"])
-    policy = runtime.policy_from(context.get("params") or {"policy": plan.get("policy")})
     store = runtime.store()
+    policy = runtime.run_policy(store, run_id)
     run = store.get_run(run_id) or {}
     mode = run.get("mode") or plan.get("mode")
     now = float(run.get("data_ts") or plan["now"])
@@ -212,7 +195,8 @@ def record_task(plan: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str
     if mode != "dry-run":
         snap = Snapshot.from_json(store.load_snapshot(run_id))
         power = {n.name: _power(snap, n, policy) for n in snap.nodes}
-        rows = savings_rows(snap.nodes, power, policy.offhours, policy.cost.kwh_usd, now - 3600.0)
+        rows = [{**r, "run_id": run_id, "data_ts": now}
+                for r in savings_rows(snap.nodes, power, policy.offhours, policy.cost.kwh_usd, now - 3600.0)]
     saved = store.execute("insert_saving", rows) if rows else 0
     ti = context.get("ti")
     answer = ti.xcom_pull(task_ids="approve", key="decision") if ti is not None else None

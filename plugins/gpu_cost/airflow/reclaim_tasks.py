@@ -13,8 +13,6 @@ from typing import Any
 
 from gpu_cost import reclaim
 from gpu_cost.airflow import runtime
-from gpu_cost.airflow.sweep_tasks import action_context
-from gpu_cost.model import as_decisions
 
 logger = logging.getLogger(__name__)
 
@@ -34,15 +32,27 @@ def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
     is recorded as a ``refused`` run in ``gpu_cost_runs``.
     """
     from gpu_cost import sweep  # numpy, pandas: imported here, not when the DAG file is parsed
+    from gpu_cost.actions.base import SIMULATED_SOURCES
+    from gpu_cost.errors import PolicyError
+    from gpu_cost.model import DESTRUCTIVE_ACTIONS
 
     run_id = runtime.audit_run_id(context)
     store = runtime.store()
-    policy = runtime.policy_from(params)
-    source = runtime.source_from(policy, params)
-    now = runtime.data_instant(context, policy)
+    source = str(params.get("source") or "")
+    now = time.time()
     try:
+        try:
+            policy = runtime.pin_policy(store, run_id, params)
+        except PolicyError as exc:
+            raise reclaim.ReclaimRequestError(f"manual reclaim refused before any action: {exc}") from exc
+        source = runtime.source_from(policy, params)
+        now = runtime.data_instant(context, policy)
         request = reclaim.parse_request(params, requested_by(context))
-        mode = "dry-run" if request.dry_run else "enforce"
+        if source in SIMULATED_SOURCES and not request.dry_run and request.action in DESTRUCTIVE_ACTIONS:
+            raise reclaim.ReclaimRequestError(
+                f"manual reclaim refused before any action: source {source} is simulated data, and simulated "
+                f"data never drives a real executor ({request.action}); use dry_run, or a live source")
+        mode = reclaim.run_mode(request, policy)
         store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode=mode)
         snap = sweep.collect(policy, now, source)
         p = reclaim.plan(request, policy, snap, now=now, run_key=run_id)
@@ -50,37 +60,46 @@ def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
         store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode="refused")
         store.finish_run(run_id, status="refused", finished_at=time.time(), problems=[str(exc)])
         raise
-    store.record_decisions(p.decisions, run_id)
+    # recorded as the sweep records them: what acts is "decided", what only records is "recorded"
+    store.record_decisions([d for d in p.decisions if not d.acts], run_id, status="recorded")
+    store.record_decisions([d for d in p.decisions if d.acts], run_id, status="decided")
     for d in p.decisions:
         logger.info("decision %s %s → %s [%s]%s %s", d.decision_id, d.target, d.action, d.mode,
                     " (needs approval)" if d.requires_approval and d.acts else "", d.reason)
     for r in p.refused:
         logger.warning("refused %s: %s", r["target"], r["why"])
-    return {"run_id": run_id, "now": now, "policy": policy.source, "source": source, "dry_run": request.dry_run,
-            "request": {"target_kind": request.target_kind, "target_ids": list(request.target_ids),
-                        "action": request.action, "reason": request.reason, "requested_by": request.requested_by,
-                        "override_protections": request.override_protections},
-            "approval_text": reclaim.approval_text(p), **p.to_xcom()}
+    # XCom carries ids and counts; what acts is read back from the audit store by the run's id
+    return {"run_id": run_id, "now": now, "policy": policy.source, "source": source, "mode": mode,
+            "cluster_gpus": snap.gpu_count(), "decision_ids": [d.decision_id for d in p.decisions],
+            "refused": p.refused, "needs_approval": p.needs_approval,
+            "acting": sum(1 for d in p.decisions if d.acts)}
 
 
-def act(prep: Mapping[str, Any], approval: Mapping[str, Any] | None, branch: str = "automatic") -> dict[str, Any]:
+def act(prep: Mapping[str, Any] | None, branch: str, context: Mapping[str, Any]) -> dict[str, Any]:
     """Dispatch one branch's decisions with the audit trail around each.
 
+    What acts is read from the audit store by the run's id (XCom only names it): the run's
+    decisions, the approval answers recorded on them, and the policy pinned by ``prepare``.
     ``automatic``: the decisions that need no human (run at once, whatever the approver answers);
-    ``approved``: the ones that do, when ``approval`` approved them. A decision is in exactly one
-    branch, so a *Reject* holds back only what the approval request listed.
+    ``approved``: the ones that do, when a permitted approver approved them. A decision is in
+    exactly one branch, so a *Reject* holds back only what the approval request listed.
     """
     from gpu_cost.actions.dispatch import execute
+    from gpu_cost.airflow.sweep_tasks import action_context, stored_decisions
+    from gpu_cost.policy.engine import may_act
 
     if branch not in ("automatic", "approved"):
         raise ValueError(f"act: unknown branch {branch!r} (automatic or approved)")
-    policy = runtime.policy_from({"policy": prep["policy"]})
+    run_id = runtime.audit_run_id(context)
     store = runtime.store()
-    decisions = [d for d in as_decisions(prep["decisions"])
-                 if d.action != "none" and reclaim.needs_approval(d) == (branch == "approved")]
-    runnable = [d for d in decisions if reclaim.approved(d, approval)]
-    held = [d.decision_id for d in decisions if d not in runnable]
-    ctx = action_context(policy, float(prep["now"]), prep["run_id"], dry_run=bool(prep["dry_run"]), store=store)
+    policy = runtime.run_policy(store, run_id)
+    run = store.get_run(run_id) or {}
+    stored = [(d, r) for d, r in stored_decisions(store, run_id) if d.requires_approval == (branch == "approved")]
+    runnable = [d for d, r in stored if may_act(r, approved_only=branch == "approved")]
+    held = [d.decision_id for d, _ in stored if d not in runnable]
+    now = float(run.get("data_ts") or (prep or {}).get("now") or time.time())
+    ctx = action_context(policy, now, run_id, store=store, source=run.get("source"),
+                         cluster_gpus=int((prep or {}).get("cluster_gpus") or 0))
     results = execute(runnable, ctx, store) if runnable else []
     for r in results:
         logger.info("%s action %s → %s%s", branch, r.get("action_id") or r.get("decision_id"), r["status"],
@@ -101,7 +120,7 @@ def finish(prep: Mapping[str, Any] | None, approval: Mapping[str, Any] | None,
     if prep is None:
         raise AirflowFailException("prepare did not finish: the request was refused or failed (see its log)")
     store = runtime.store()
-    decisions = as_decisions(prep["decisions"])
+    decisions = store.decisions_of_run(prep["run_id"])
     # the approval operator has written the answer onto the decisions already
     answer = (approval or {}).get("status") if prep.get("needs_approval") else None
     results = list((acted or {}).get("results") or []) + list((acted_approved or {}).get("results") or [])

@@ -24,7 +24,8 @@ def period(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, A
     """Return the period to report: the ``since``/``until`` params, else the week before the run (policy time zone)."""
     from gpu_cost.report.kpis import week_bounds
 
-    policy = runtime.policy_from(params)
+    run_id = runtime.audit_run_id(context)
+    policy = runtime.pin_policy(runtime.store(), run_id, params)  # every later task of the run reads this one
     if params.get("since") or params.get("until"):
         if not (params.get("since") and params.get("until")):
             raise GpuCostError("give both since and until, or neither (the previous week)")
@@ -39,8 +40,7 @@ def period(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, A
             dag_run = context.get("dag_run")
             at = epoch(dag_run.run_after)  # type: ignore[union-attr]
         since, until = week_bounds(at, policy.report.timezone, weeks_back=1)
-    return {"since": iso(since), "until": iso(until), "policy": policy.source,
-            "out": params.get("out_dir") or None}
+    return {"since": iso(since), "until": iso(until), "run_id": run_id, "out": params.get("out_dir") or None}
 
 
 def kpis(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -48,8 +48,8 @@ def kpis(cfg: Mapping[str, Any]) -> dict[str, Any]:
     from gpu_cost.report import kpis as kpis_mod
     from gpu_cost.report.render import out_location, report_folder
 
-    policy = runtime.policy_from({"policy": cfg["policy"]})
     store = runtime.store()
+    policy = runtime.run_policy(store, cfg["run_id"])
     k = kpis_mod.compute(store, policy, epoch(cfg["since"]), epoch(cfg["until"]))
     folder = report_folder(out_location(policy, cfg.get("out")), k)
     target = folder / "kpis.json"
@@ -89,11 +89,11 @@ def files(ref: Mapping[str, Any]) -> dict[str, Any]:
             "charts": written["charts"], "period": k["period"], "headline": headline(k)}
 
 
-def slack(result: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+def slack(result: Mapping[str, Any], params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
     """Post the summary and the main chart to Slack (connection ``gpu_cost_slack``); skip cleanly without it."""
     from gpu_cost.report.delivery import post_report
 
-    policy = runtime.policy_from(params)
+    policy = runtime.run_policy(runtime.store(), runtime.audit_run_id(context))
     if not policy.report.slack or params.get("slack") is False:
         logger.info("Slack delivery is off (policy report.slack / param slack): report not posted")
         return {"posted": False, "why": "disabled"}

@@ -30,14 +30,14 @@ ACT_TASK, APPROVE_TASK = "act", "approve"
 NODE_SSH_CONN = "gpu_cost_node_ssh"
 
 
-def check_policy(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Load and validate the policy before anything is collected (a bad file fails the run here)."""
+def check_policy(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+    """Load, validate and pin the run's policy before anything is collected (a bad file fails the run here)."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from gpu_cost.errors import PolicyError
 
     try:
-        policy = runtime.policy_from(params)
+        policy = runtime.pin_policy(runtime.store(), runtime.audit_run_id(context), params)
     except PolicyError as exc:
         # a bad file does not fix itself in a retry delay: fail now, before anything is collected
         raise AirflowFailException(str(exc)) from exc
@@ -50,7 +50,7 @@ def metrics_fresh(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> tuple[b
     """Return (fresh, why) for the run's data instant: the sensor's poke."""
     from gpu_cost import sweep
 
-    policy = runtime.policy_from({"policy": cfg["policy"]})
+    policy = runtime.run_policy(runtime.store(), runtime.audit_run_id(context))
     now = runtime.data_instant(context, policy)
     fresh, why = sweep.check_fresh(policy, now, cfg["source"])
     (logger.info if fresh else logger.warning)("metrics %s at %s: %s", "fresh" if fresh else "stale", now, why)
@@ -61,17 +61,17 @@ def collect(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any
     """Take the snapshot for the run's data instant and park it in the audit store."""
     from gpu_cost import sweep
 
-    policy = runtime.policy_from({"policy": cfg["policy"]})
-    now = runtime.data_instant(context, policy)
     run_id = runtime.audit_run_id(context)
     store = runtime.store()
+    policy = runtime.run_policy(store, run_id)
+    now = runtime.data_instant(context, policy)
     store.begin_run(run_id, dag_id=run_id.split(":", 1)[0], started_at=time.time(), data_ts=now,
                     source=cfg["source"], mode=policy.mode)
     snap = sweep.collect(policy, now, cfg["source"])
     store.save_snapshot(run_id, now, snap.to_json())
     from gpu_cost.report.usage import record_usage
 
-    record_usage(store, snap, policy)
+    record_usage(store, snap, policy, run_id=run_id)
     logger.info("snapshot at %s: %d GPUs, %d running jobs, %d processes, problems=%s", now, len(snap.gpus),
                 len(snap.running_jobs()), len(snap.processes), list(snap.problems))
     return {"run_id": run_id, "now": now, "policy": cfg["policy"], "source": snap.source, "gpus": len(snap.gpus),
@@ -79,8 +79,8 @@ def collect(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any
 
 
 def _load(ref: Mapping[str, Any]) -> tuple[Any, Snapshot, Any]:
-    policy = runtime.policy_from({"policy": ref["policy"]})
     store = runtime.store()
+    policy = runtime.run_policy(store, ref["run_id"])
     return policy, Snapshot.from_json(store.load_snapshot(ref["run_id"])), store
 
 
@@ -169,13 +169,16 @@ def node_runner(host: str) -> Any:
 
 
 def action_context(policy: Policy, now: float, run_id: str | None, *, dry_run: bool = False,
-                   store: AuditStore | None = None, sleep: Callable[[float], None] | None = None) -> Any:
-    """Return the :class:`~gpu_cost.actions.base.ActionContext` the executors get (sweep and manual reclaim)."""
+                   store: AuditStore | None = None, sleep: Callable[[float], None] | None = None,
+                   source: str | None = None, cluster_gpus: int = 0) -> Any:
+    """Return the :class:`~gpu_cost.actions.base.ActionContext` the executors get (every way in)."""
     from gpu_cost.actions.base import ActionContext
 
     return ActionContext(policy=policy, dry_run=dry_run, now=now, run_id=run_id, slurm=slurm_runner(),
                          node_runner=node_runner, sleep=sleep or time.sleep,
-                         extra={"store": store} if store is not None else {})
+                         extra={"store": store} if store is not None else {}, source=source,
+                         cluster_gpus=cluster_gpus)
+
 
 
 def concurrent_run(store: AuditStore, run_id: str, dag_id: str, data_ts: float, window_s: float) -> str | None:
@@ -201,26 +204,43 @@ def act_on(decisions: Sequence[Decision], policy: Policy, store: AuditStore, run
     return {"results": results, "by_status": by_status}
 
 
-def act(ref: Mapping[str, Any], plan: Mapping[str, Any], which: str) -> dict[str, Any]:
+def stored_decisions(store: AuditStore, run_id: str) -> list[tuple[Decision, dict[str, Any]]]:
+    """Return the run's live decisions as the audit store holds them (never XCom), with their rows."""
+    return [(Decision.from_row(r), r) for r in store.decisions_of_run(run_id)
+            if r["mode"] != "dry-run" and r["action"] != "none" and r["status"] not in ("recorded", "snoozed")]
+
+
+def act(ref: Mapping[str, Any], which: str, context: Mapping[str, Any]) -> dict[str, Any]:
     """Carry out the run's ``automatic`` or ``approved`` decisions; abort the run on a cap violation.
 
-    Raises AirflowFailException (no retry) when a cap is exceeded — after marking the decisions
+    What acts is read from the audit store by the run's id: the run's decisions, their approval
+    answers and the policy pinned when the run started. XCom only names the run. Raises
+    AirflowFailException (no retry) when a cap is exceeded — after marking the decisions
     ``capped`` and the run ``capped`` with the reason — and when another run of the sweep is
     acting on the same data.
     """
     from airflow.sdk.exceptions import AirflowFailException
 
-    p = plan_from_xcom(plan)
-    policy = runtime.policy_from({"policy": ref["policy"]})
+    from gpu_cost.policy.engine import check_caps, may_act
+
+    run_id = runtime.audit_run_id(context)
     store = runtime.store()
-    run_id, now = str(ref["run_id"]), float(ref["now"])
-    acting = [d for d in p.decisions if d.acts]
-    if p.cap_violation:
+    policy = runtime.run_policy(store, run_id)
+    run = store.get_run(run_id) or {}
+    if run.get("data_ts") is None:
+        raise AirflowFailException(f"run {run_id} has no data instant in the audit store: nothing acts")
+    now = float(run["data_ts"])
+    snap = Snapshot.from_json(store.load_snapshot(run_id))
+    total = snap.gpu_count()
+    stored = stored_decisions(store, run_id)
+    acting = [d for d, _ in stored]
+    violation = check_caps(acting, policy, total)
+    if violation:
         for d in acting:
             store.set_decision_status(d.decision_id, "capped")
-        store.finish_run(run_id, status="capped", finished_at=time.time(), problems=[p.cap_violation],
-                         counts={"decisions": len(p.decisions), "capped": len(acting)})
-        raise AirflowFailException(f"cap exceeded, nothing acted: {p.cap_violation}")
+        store.finish_run(run_id, status="capped", finished_at=time.time(), problems=[violation],
+                         counts={"decisions": len(acting), "capped": len(acting)})
+        raise AirflowFailException(f"cap exceeded, nothing acted: {violation}")
     from gpu_cost import locks
 
     dag_id = run_id.split(":", 1)[0]
@@ -232,12 +252,13 @@ def act(ref: Mapping[str, Any], plan: Mapping[str, Any], which: str) -> dict[str
         raise AirflowFailException(f"another sweep run ({other}) is unfinished on the same data: not acting twice")
     expired: dict[str, str] = {}
     if which == "approved":
-        approved = {r["decision_id"] for r in store.decisions_of_run(run_id) if r["approval_status"] == "approved"}
-        chosen = [d for d in acting if d.requires_approval and d.decision_id in approved]
-        chosen, expired = reverify_approved(chosen, policy, store, ref)
+        chosen = [d for d, r in stored if may_act(r, approved_only=True)]
+        chosen, expired = reverify_approved(chosen, policy, store, {"run_id": run_id, "now": now,
+                                                                    "source": run.get("source")})
     else:
-        chosen = [d for d in acting if not d.requires_approval]
-    out = act_on(chosen, policy, store, run_id, now)
+        chosen = [d for d, r in stored if not d.requires_approval and may_act(r)]
+    ctx = action_context(policy, now, run_id, store=store, source=run.get("source"), cluster_gpus=total)
+    out = act_on(chosen, policy, store, run_id, now, ctx)
     logger.info("acted on %d %s decision(s): %s", len(chosen), which, out["by_status"])
     return {"which": which, "decisions": len(chosen), "by_status": out["by_status"], "expired": expired,
             "failed": [r["decision_id"] for r in out["results"] if r["status"] == "failed"]}
@@ -353,7 +374,7 @@ def finish(context: Mapping[str, Any]) -> dict[str, Any]:
         from gpu_cost import health
 
         try:
-            policy = runtime.policy_from({"policy": cfg["policy"]})
+            policy = runtime.run_policy(store, run_id)
             health.degraded_alert(store, policy, run_id=run_id, dag_id=run_id.split(":", 1)[0], status=status,
                                   problems=problems, now=float((ref or {}).get("now") or time.time()))
         except GpuCostError:

@@ -21,7 +21,7 @@ from typing import Any
 from gpu_cost.model import DESTRUCTIVE_ACTIONS, Decision, Finding, decision_id
 from gpu_cost.policy.cost import stakes
 from gpu_cost.policy.protections import protection_for
-from gpu_cost.policy.schema import NotificationConfig, Policy, Rung
+from gpu_cost.policy.schema import NotificationConfig, Policy, Rung, milder
 
 NOTICE_ACTIONS = frozenset({"advise", "notify", "notify_manager"})
 
@@ -269,40 +269,156 @@ def _ladder(f: Finding, policy: Policy, level: str | None) -> tuple[Rung, ...]:
     return ladder
 
 
-def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, mode: str, track: str,
-              protection: str | None, level: str | None, now: float, degraded: bool,
-              predicted: float | None) -> Decision:
-    action: str = rung.action
-    reasons = [_why(f)]
-    shadow = False
-    if level == "never":
-        action = "none"
-        reasons.append(f"protected ({protection}): recorded only")
+@dataclass(frozen=True)
+class Ask:
+    """What a way in asks of the engine for one target, beyond the finding.
+
+    :param entry: ``sweep``, ``manual``, ``power`` or ``replay``.
+    :param mode: the mode asked for (a manual request's dry-run or enforce); the policy's mode is
+        the ceiling, so a request may be milder, never stronger. None: the policy's.
+    :param requested_by: who asked (the Airflow user who triggered a manual run).
+    :param override: a justification to act on a protected target (manual reclaim only).
+    """
+
+    entry: str = "sweep"
+    mode: str | None = None
+    requested_by: str | None = None
+    override: str | None = None
+
+
+@dataclass
+class Verdict:
+    """What the guards allow for one target: the effective action, mode and approval need."""
+
+    action: str
+    mode: str
+    track: str
+    requires_approval: bool
+    reasons: list[str]
+    protection: str | None
+    level: str | None
+    refusal: str | None
+    stakes_at_risk: float
+    stakes_saved: float
+    evidence: dict[str, Any]
+
+
+def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask(), degraded: bool = False,
+          problems: Sequence[str] = (), predicted: float | None = None, inference: str | None = None) -> Verdict:
+    """Apply the guards every way in passes, in one order, to ``action`` on finding ``f``.
+
+    Protections (``never`` records only; ``notify_only`` refuses destructive actions; ``approval``
+    asks a human; a manual override keeps the action but needs an approver who is not the
+    requester), who may ask (manual: the owner of the target or a named operator for destructive
+    actions), inference services (destructive actions need a human), the mode (the policy's, or
+    the rule's when milder, is the ceiling: ``notify`` holds destructive actions back and
+    ``dry-run`` records only), degraded data (holds destructive actions back) and the cost of
+    being wrong (approval above ``approval.gpu_hours_at_risk``).
+    """
+    reasons: list[str] = []
+    evidence: dict[str, Any] = {}
+    refusal: str | None = None
+    needs_approval = False
     destructive = action in DESTRUCTIVE_ACTIONS
+    prot = protection_for(f, policy.protections)
+    level = prot.level if prot else None
+    manual = ask.entry == "manual"
+    if prot is not None and (level == "never" or (level == "notify_only" and destructive)):
+        if manual and ask.override:
+            approvers = [u for u in policy.manual.override_approvers if u != ask.requested_by]
+            if not approvers:
+                refusal = (f"protected by {prot.name!r} ({level}); an override needs an approver from "
+                           "manual.override_approvers who is not the requester, and the policy names none")
+                action = "none"
+            else:
+                evidence["override"] = {"protection": prot.name, "level": level, "by": ask.requested_by,
+                                        "justification": ask.override}
+                evidence["approvers"] = approvers
+                reasons.append(f"protection {prot.name!r} ({level}) OVERRIDDEN by {ask.requested_by or 'an operator'}: "
+                               f"{ask.override}; a second person must approve ({', '.join(approvers)})")
+                needs_approval = True
+        elif manual:
+            refusal = (f"protected by {prot.name!r} ({level}); not acted on — set override_protections "
+                       "with a justification to override")
+            action = "none"
+        else:
+            action = "none"
+            reasons.append(f"protected ({prot.name}): recorded only")
+        if refusal:
+            reasons.append(refusal)
+    elif prot is not None and level == "approval" and destructive:
+        needs_approval = True
+        reasons.append(f"approval required (protection {prot.name})")
+    destructive = action in DESTRUCTIVE_ACTIONS
+    if manual and destructive:
+        who = ask.requested_by
+        owner = bool(who) and policy.manual.owners_may_reclaim and f.user == who
+        if not who:
+            refusal = ("a destructive action needs a requester the scheduler knows (the Airflow user who "
+                       "triggered the run); none was given: not acted on")
+        elif not (owner or who in policy.manual.operators):
+            refusal = (f"{who} may not {action} {f.target}: only its owner ({f.user or 'unknown'}) or one of "
+                       "manual.operators may ask for a destructive action")
+        if refusal:
+            reasons.append(refusal)
+            action, destructive = "none", False
+    if inference and destructive:
+        evidence["inference"] = inference
+        needs_approval = True
+        reasons.append(f"looks like an inference service ({inference}): approval required")
+    ceiling = policy.rule_mode(f.rule) if not manual else policy.mode
+    mode = milder(ceiling, ask.mode) if ask.mode else ceiling
+    if ask.mode and mode != ask.mode:
+        reasons.append(f"asked for {ask.mode}, the policy's mode {ceiling} is the ceiling")
+    shadow = False
     if destructive and mode == "notify":
         shadow = True
         reasons.append(f"mode notify: would {action}")
     if destructive and degraded:
         shadow = True
-        reasons.append(f"degraded data: would {action}")
+        why = f" ({'; '.join(problems)})" if problems else ""
+        reasons.append(f"degraded data{why}: would {action}")
     st = stakes(f, now, predicted, policy.cost.open_ended)
-    needs_approval = destructive and (level == "approval" or st.at_risk > policy.approval.gpu_hours_at_risk)
-    if needs_approval:
-        reasons.append(
-            f"approval required ({'protection ' + str(protection) if level == 'approval' else f'{st.at_risk:.1f} GPU-h at risk'})"
-        )
+    if destructive and st.at_risk > policy.approval.gpu_hours_at_risk:
+        needs_approval = True
+        reasons.append(f"approval required ({st.at_risk:.1f} GPU-h at risk)")
     eff_mode = "dry-run" if shadow else mode
-    id_track = "shadow" if shadow else track
-    evidence = dict(f.evidence)
-    evidence.update({"gpu_ids": list(f.gpu_ids), "stakes_basis": st.basis, "track": id_track})
+    track = "shadow" if shadow else track_of(mode)
+    evidence["stakes_basis"] = st.basis
+    return Verdict(action=action, mode=eff_mode, track=track,
+                   requires_approval=needs_approval and action != "none" and eff_mode != "dry-run",
+                   reasons=reasons, protection=prot.name if prot else None, level=level, refusal=refusal,
+                   stakes_at_risk=st.at_risk, stakes_saved=st.saved, evidence=evidence)
+
+
+def identity_of(f: Finding) -> dict[str, Any]:
+    """Return what identifies the target besides its id, for the executors' re-check before the effect.
+
+    A job: its name and start time (the owner is the decision's ``user``); a process carries its
+    PID, start time and GPU in the finding's evidence already.
+    """
+    out: dict[str, Any] = {}
     if f.name:
-        evidence["job_name"] = f.name
+        out["job_name"] = f.name
+    if f.target_kind == "job" and f.job_start_ts is not None:
+        out["job_start_ts"] = float(f.job_start_ts)
+    return out
+
+
+def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, mode: str, track: str,
+              protection: str | None, level: str | None, now: float, degraded: bool,
+              predicted: float | None) -> Decision:
+    v = guard(f, rung.action, policy, now=now, degraded=degraded, predicted=predicted)
+    evidence = dict(f.evidence)
+    evidence.update(v.evidence)
+    evidence.update({"gpu_ids": list(f.gpu_ids), "track": v.track})
+    evidence.update(identity_of(f))
     return Decision(
-        decision_id=decision_id(f.rule, f.target, episode, index, id_track), ts=now, rule=f.rule,
-        target_kind=f.target_kind, target=f.target, action=action, mode=eff_mode, rung=index, episode=episode,
+        decision_id=decision_id(f.rule, f.target, episode, index, v.track), ts=now, rule=f.rule,
+        target_kind=f.target_kind, target=f.target, action=v.action, mode=v.mode, rung=index, episode=episode,
         job_id=f.job_id, user=f.user, account=f.account, partition=f.partition, host=f.host, gpus=f.gpus,
-        reason="; ".join(reasons), protection=protection, requires_approval=needs_approval,
-        gpu_hours_at_risk=round(st.at_risk, 3), gpu_hours_saved=round(st.saved, 3), evidence=evidence,
+        reason="; ".join([_why(f), *v.reasons]), protection=v.protection, requires_approval=v.requires_approval,
+        gpu_hours_at_risk=round(v.stakes_at_risk, 3), gpu_hours_saved=round(v.stakes_saved, 3), evidence=evidence,
     )
 
 
@@ -327,15 +443,90 @@ def _why(f: Finding) -> str:
     return f"{f.rule} on {f.target}"
 
 
+def touches_work(action: str) -> bool:
+    """Return True for a destructive action on running work (a job, a process): its GPUs count in the
+    GPU-share caps. Powering down an idle node touches no work; ``offhours.max_nodes_per_run`` and the
+    warm reserve bound it, and it counts in the rolling action caps."""
+    return action in DESTRUCTIVE_ACTIONS and action != "power_down"
+
+
 def check_caps(decisions: Sequence[Decision], policy: Policy, total_gpus: int) -> str | None:
-    """Return why the acting decisions exceed a cap, or None."""
+    """Return why the acting decisions of one run exceed a cap, or None.
+
+    A run with destructive decisions on a cluster of unknown size is refused: the GPU-share cap
+    cannot be checked (``caps.cluster_gpus`` names the size when snapshots cannot).
+    """
     acting = [d for d in decisions if d.acts and d.action not in ("none", "advise")]
     caps = policy.caps
     if len(acting) > caps.max_actions_per_run:
         return (f"{len(acting)} actions exceed caps.max_actions_per_run={caps.max_actions_per_run}; "
                 "nothing acted this run (a bad policy or bad data is more likely than that much waste)")
-    gpus = sum(d.gpus for d in acting if d.destructive)
+    gpus = sum(d.gpus for d in acting if touches_work(d.action))
+    total_gpus = total_gpus or caps.cluster_gpus
+    if gpus and not total_gpus:
+        return ("destructive actions on a cluster of unknown size (no GPUs in the snapshot, caps.cluster_gpus "
+                "unset): the GPU-share cap cannot be checked; nothing acted this run")
     if total_gpus and gpus > caps.max_gpu_share * total_gpus:
         return (f"destructive actions would touch {gpus} of {total_gpus} GPUs ({gpus / total_gpus:.0%}), over "
                 f"caps.max_gpu_share={caps.max_gpu_share:.0%}; nothing acted this run")
+    return None
+
+
+#: decision statuses an act step may carry out (``acted``: the dispatcher knows it is done and does not
+#: repeat it; ``failed``: it retries, bounded)
+ACTABLE_STATUSES = frozenset({"decided", "failed", "acted"})
+
+
+def may_act(row: Mapping[str, Any], *, approved_only: bool = False) -> bool:
+    """Return whether a stored decision row may be carried out: live, acting, not refused, approved if asked.
+
+    :param approved_only: only decisions that needed a human and got an *Approve*.
+    """
+    if row["mode"] == "dry-run" or row["action"] == "none" or row["status"] not in ACTABLE_STATUSES:
+        return False
+    if approved_only:
+        return bool(row["requires_approval"]) and row["approval_status"] == "approved"
+    return not row["requires_approval"] or row["approval_status"] == "approved"
+
+
+#: the entry point of each DAG, for the per-entry rolling caps
+ENTRY_OF_DAG = {"gpu_zombie_sweep": "sweep", "gpu_manual_reclaim": "manual", "gpu_offhours_power": "power"}
+
+
+def entry_of(run_id: str | None) -> str:
+    """Return the way in of an audit run id (``<dag_id>:<run>``): sweep, manual, power, or other."""
+    dag_id = (run_id or "").split(":", 1)[0]
+    return ENTRY_OF_DAG.get(dag_id, "other")
+
+
+def rolling_cap_violation(history: Iterable[Mapping[str, Any]], d: Decision, policy: Policy, *, entry: str,
+                          total_gpus: int, now: float) -> str | None:
+    """Return why one more destructive action ``d`` would exceed a rolling cap, or None.
+
+    :param history: the destructive, non-dry-run actions started in the last day by every way in
+        (``started_at`` epoch seconds, ``gpus``, ``entry``, ``target``), not counting ``d``'s own row.
+    """
+    caps = policy.caps
+    total_gpus = total_gpus or caps.cluster_gpus
+    rows = [(float(r["started_at"]), int(r.get("gpus") or 0), str(r.get("entry") or "other"), str(r.get("target")),
+             str(r.get("action")))
+            for r in history]
+    scopes: list[tuple[str, Any, list[tuple[float, int, str, str, str]]]] = [("caps.rolling", caps.rolling, rows)]
+    if entry in caps.entry_points:
+        scopes.append((f"caps.entry_points.{entry}", caps.entry_points[entry], [r for r in rows if r[2] == entry]))
+    for name, limits, scoped in scopes:
+        for span, seconds, max_actions, max_share in (
+                ("hour", 3600.0, limits.max_actions_per_hour, limits.max_gpu_share_per_hour),
+                ("day", 86400.0, limits.max_actions_per_day, limits.max_gpu_share_per_day)):
+            recent = [r for r in scoped if r[0] > now - seconds]
+            if len(recent) + 1 > max_actions:
+                return (f"cap: {len(recent)} destructive action(s) in the last {span} already reach "
+                        f"{name}.max_actions_per_{span}={max_actions}")
+            # GPUs touched: each target once (a ladder's terminate then kill is one job's GPUs). An unknown
+            # cluster size was refused by the run's own cap check (check_caps) before anything got here
+            touched = {r[3]: r[1] for r in recent if r[3] != d.target and touches_work(r[4])}
+            gpus = sum(touched.values()) + (d.gpus if touches_work(d.action) else 0)
+            if total_gpus and gpus > max_share * total_gpus:
+                return (f"cap: destructive actions in the last {span} would touch {gpus} of {total_gpus} GPUs, over "
+                        f"{name}.max_gpu_share_per_{span}={max_share:.0%}")
     return None

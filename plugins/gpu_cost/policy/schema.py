@@ -160,12 +160,50 @@ class ApprovalConfig:
 
 
 @dataclass(frozen=True)
+class RollingCaps:
+    """Rolling limits on destructive actions, counted in the audit store across runs and workers."""
+
+    #: destructive actions started in the last hour / day
+    max_actions_per_hour: Annotated[int, Range(0, 1_000_000)] = 40
+    max_actions_per_day: Annotated[int, Range(0, 1_000_000)] = 200
+    #: share of the cluster's GPUs that destructive actions started in the last hour / day touched
+    max_gpu_share_per_hour: Share = 0.25
+    max_gpu_share_per_day: Share = 0.5
+
+
+@dataclass(frozen=True)
 class Caps:
-    """Brakes against a bad policy or bad data: exceeding one aborts the acting part of a run."""
+    """Brakes against a bad policy or bad data: exceeding one aborts the acting part of a run.
+
+    ``max_actions_per_run`` and ``max_gpu_share`` hold for one run; ``rolling`` holds for every
+    way in together (sweep, manual reclaim, power), and ``entry_points`` may set tighter rolling
+    limits for one of them (``manual: {max_actions_per_hour: 5}``). Rolling counts live in the
+    audit store, so parallel runs and workers see the same count.
+    """
 
     max_actions_per_run: Annotated[int, Range(0, 100_000)] = 20
     #: share of the cluster's GPUs that destructive actions of one run may touch
     max_gpu_share: Share = 0.10
+    rolling: RollingCaps = field(default_factory=RollingCaps)
+    entry_points: dict[Literal["sweep", "manual", "power"], RollingCaps] = field(default_factory=dict)
+    #: the cluster's GPU count when a snapshot cannot tell (a Slurm-only snapshot with no GPU
+    #: metrics and no node GRES); 0: unknown, and then destructive actions are refused
+    cluster_gpus: Annotated[int, Range(0, 10_000_000)] = 0
+
+
+@dataclass(frozen=True)
+class ManualConfig:
+    """Who may ask the manual reclaim for what.
+
+    Notices may be asked by anyone who can trigger the DAG (recorded with their name). A
+    destructive action needs a requester Airflow knows: the owner of every target (when
+    ``owners_may_reclaim``) or one of ``operators``. Overriding a protection needs, besides, the
+    approval of one of ``override_approvers`` who is not the requester.
+    """
+
+    operators: tuple[str, ...] = ()
+    owners_may_reclaim: bool = True
+    override_approvers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -309,6 +347,7 @@ class Policy:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     approval: ApprovalConfig = field(default_factory=ApprovalConfig)
     caps: Caps = field(default_factory=Caps)
+    manual: ManualConfig = field(default_factory=ManualConfig)
     demote: DemoteConfig = field(default_factory=DemoteConfig)
     people: dict[str, Person] = field(default_factory=dict)
     notifications: NotificationConfig = field(default_factory=NotificationConfig)

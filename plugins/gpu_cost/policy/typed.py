@@ -74,7 +74,7 @@ def _convert(tp: Any, value: Any, source: str, path: str, marks: tuple[Any, ...]
         item = args[0]
         return tuple(_convert(item, v, source, f"{path}[{i}]", marks) for i, v in enumerate(value))
     if origin is dict:
-        _key_t, val_t = get_args(tp)
+        key_t, val_t = get_args(tp)
         if value is None:
             return types.MappingProxyType({})
         if not isinstance(value, Mapping):
@@ -83,6 +83,8 @@ def _convert(tp: Any, value: Any, source: str, path: str, marks: tuple[Any, ...]
         for k, v in value.items():
             if not isinstance(k, str):
                 k = str(k)
+            if get_origin(key_t) is Literal:
+                _convert(key_t, k, source, _join(path, k), ())
             out[k] = _convert(val_t, v, source, _join(path, k), marks)
         return types.MappingProxyType(out)
     if tp is Any:

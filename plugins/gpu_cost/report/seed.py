@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -129,16 +128,7 @@ def _simulated_executors(effects: _SimEffects) -> Iterator[None]:
 
 def decision_from_row(row: Mapping[str, Any]) -> Decision:
     """Return the :class:`Decision` stored in a ``gpu_cost_decisions`` row."""
-    ev = row.get("evidence")
-    return Decision(
-        decision_id=row["decision_id"], ts=float(row["ts"]), rule=row["rule"], target_kind=row["target_kind"],
-        target=row["target"], action=row["action"], mode=row["mode"], rung=int(row["rung"]),
-        episode=int(row["episode"]), job_id=row.get("job_id"), user=row.get("user_name"), account=row.get("account"),
-        partition=row.get("partition_name"), host=row.get("host"), gpus=int(row.get("gpus") or 0),
-        reason=row.get("reason") or "", protection=row.get("protection"),
-        requires_approval=bool(row.get("requires_approval")), gpu_hours_at_risk=float(row.get("gpu_hours_at_risk") or 0),
-        gpu_hours_saved=float(row.get("gpu_hours_saved") or 0), evidence=json.loads(ev) if ev else {},
-    )
+    return Decision.from_row(row)
 
 
 def seed_week(store: AuditStore, policy: Policy, end: float, *, nodes: int = 8, gpus_per_node: int = 8,

@@ -276,6 +276,11 @@ def _job_id(d: Mapping[str, Any]) -> str:
     t = _num(task, "array_task_id") if task is not None else None
     if a and t is not None:
         return f"{int(a)}_{int(t)}"
+    tasks = str(d.get("array_task_string") or "").split("%", 1)[0].strip()
+    if a and tasks:
+        # the pending tasks of an array, listed as one record: never the bare array id, which names
+        # every task (``scancel 500`` would end the running ones too)
+        return f"{int(a)}_[{tasks}]"
     return str(int(jid))
 
 
@@ -549,13 +554,16 @@ class SlurmSource:
 
     def job(self, job_id: str) -> Job | None:
         """Return one job as squeue shows it now, or None when Slurm no longer lists it."""
-        res = self.runner.run(["squeue", "--json", "--jobs", str(job_id)], timeout=self.timeout)
+        # an array's pending record (``500_[3-9]``) is asked for by its array id; only an exact id
+        # matches: a bare ``500`` is never taken to mean one of the array's tasks
+        asked = str(job_id).split("_[", 1)[0]
+        res = self.runner.run(["squeue", "--json", "--jobs", asked], timeout=self.timeout)
         if not res.ok:
             if "Invalid job id" in res.stderr:
                 return None
-            raise SourceError(f"`squeue --json --jobs {job_id}` exited {res.rc}: {res.stderr.strip()[:300]}")
+            raise SourceError(f"`squeue --json --jobs {asked}` exited {res.rc}: {res.stderr.strip()[:300]}")
         for j in parse_jobs(load_json(res.stdout, "squeue --json --jobs"), "squeue --json --jobs"):
-            if j.job_id == str(job_id) or j.job_id.split("_")[0] == str(job_id):
+            if j.job_id == str(job_id):
                 return j
         return None
 

@@ -58,7 +58,8 @@ def policy_from(text: str = "", **top: Any) -> Policy:
     return p
 
 
-def snapshot(now: float, degraded: bool = False, gpus: int = 0) -> Snapshot:
+def snapshot(now: float, degraded: bool = False, gpus: int = 1024) -> Snapshot:
+    """A snapshot of a cluster of ``gpus`` GPUs (0: of unknown size, where destructive actions are refused)."""
     frame = empty_gpu_frame()
     if gpus:
         frame = frame.reindex(range(gpus))
