@@ -136,8 +136,15 @@ def test_zombie_process_and_idle_node(policy, snap) -> None:  # type: ignore[no-
     assert d.target.startswith("proc:gpu01:11002:") and d.user == "bob" and d.evidence["pid"] == 11002
     assert d.evidence["process_start_ts"] == 1795896000.0
     idle = dataclasses.replace(snap, nodes=(*snap.nodes, Node(name="gpu04", state="idle", gpus_total=8)))
-    (n,) = reclaim.plan(req(target_kind="node", target_ids=["gpu04"], action="power_down"), policy, idle, now=NOW,
-                        run_key="r").decisions
+    # the off-hours path's own checks: a node without GPU metrics is not known to be idle...
+    with pytest.raises(reclaim.ReclaimRequestError, match="node gpu04: no GPU metrics for the node"):
+        reclaim.plan(req(target_kind="node", target_ids=["gpu04"], action="power_down"), policy, idle, now=NOW,
+                     run_key="r")
+    # ...unless the deployment trusts Slurm's allocation state alone (and keeps no warm reserve)
+    slurm_only = dataclasses.replace(policy, offhours=dataclasses.replace(policy.offhours, require_gpu_metrics=False,
+                                                                          warm_reserve_nodes=0))
+    (n,) = reclaim.plan(req(target_kind="node", target_ids=["gpu04"], action="power_down"), slurm_only, idle,
+                        now=NOW, run_key="r").decisions
     assert n.target == "node:gpu04" and n.action == "power_down"
 
 
@@ -159,15 +166,26 @@ def test_caps_refuse_a_run_that_would_touch_too_much(policy, snap) -> None:  # t
 
 
 def test_a_rerun_of_the_act_step_does_not_act_twice(policy, snap, slack_sink, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import types
+
     from gpu_cost.airflow import reclaim_tasks, runtime
 
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_SLACK",
                        json.dumps({"conn_type": "slackwebhook", "password": slack_sink.webhook_url()}))
-    p = reclaim.plan(req(dry_run=False), policy, snap, now=NOW, run_key="gpu_manual_reclaim:rerun-test")
-    runtime.store().record_decisions(p.decisions, "gpu_manual_reclaim:rerun-test")
-    prep = {"run_id": "gpu_manual_reclaim:rerun-test", "now": NOW, "policy": None, "dry_run": False, **p.to_xcom()}
-    first = reclaim_tasks.act(prep, None)
-    second = reclaim_tasks.act(prep, None)
+    run_id = "gpu_manual_reclaim:rerun-test"
+    p = reclaim.plan(req(dry_run=False), policy, snap, now=NOW, run_key=run_id)
+    store = runtime.store()
+    text = "mode: enforce\nmanual: {operators: [alice]}\n"
+    store.execute("pin_policy", {"run_id": run_id, "name": "t", "sha256": runtime._sha256(text), "content": text,
+                                 "pinned_at": NOW})
+    store.begin_run(run_id, dag_id="gpu_manual_reclaim", started_at=NOW, data_ts=NOW, source="sim", mode="enforce")
+    store.record_decisions(p.decisions, run_id)
+    context = {"dag_run": types.SimpleNamespace(dag_id="gpu_manual_reclaim", run_id="rerun-test")}
+    # XCom names the run and nothing else that acts: a forged id in it is ignored
+    prep = {"run_id": run_id, "cluster_gpus": 64, "decision_ids": ["forged"]}
+    first = reclaim_tasks.act(prep, "automatic", context)
+    second = reclaim_tasks.act(prep, "automatic", context)
     assert [r["status"] for r in first["results"]] == ["succeeded"]
+    assert [r["decision_id"] for r in first["results"]] == [p.decisions[0].decision_id]
     assert [r["status"] for r in second["results"]] == ["succeeded"] and second["results"][0]["repeated"] is False
     assert len(slack_sink.requests) == 1

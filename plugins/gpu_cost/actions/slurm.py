@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from gpu_cost.actions.base import ActionContext, Outcome, register
 from gpu_cost.errors import SourceError
 from gpu_cost.model import Decision, Job
+from gpu_cost.registry import ActionSpec
 from gpu_cost.runner import Completed, Runner
 
 logger = logging.getLogger(__name__)
@@ -165,7 +166,17 @@ def _run(ctx: ActionContext, argv: Sequence[str]) -> Completed:
 
 
 # -- executors ----------------------------------------------------------------------------------
-@register("demote")
+@register(ActionSpec(
+    "demote", rank=4, title="lower the job's priority", verb="demote", targets=("job", "user"),
+    category=("demotions", "Demotions"), destructive=True, ladder=True, form=True,
+    doc="Lower a running job's priority (``scontrol update jobid=<id> nice=<n>``, and a preemptible "
+        "``qos`` / ``partition`` when ``demote:`` names one); the job keeps running.",
+    example="""
+        ladder:
+          - {action: notify}
+          - {action: demote, after: 1h}
+    """,
+))
 def demote(d: Decision, ctx: ActionContext) -> Outcome:
     """Lower a job: ``scontrol update jobid=<id> nice=<n>`` (and ``qos=`` / ``partition=`` when configured).
 
@@ -186,7 +197,16 @@ def demote(d: Decision, ctx: ActionContext) -> Outcome:
     return _outcome(_run(ctx, argv), jid, "demote", {"nice": int(cfg.nice), "qos": cfg.qos, "partition": cfg.partition})
 
 
-@register("hold")
+@register(ActionSpec(
+    "hold", rank=5, title="hold the job", verb="hold", targets=("job",),
+    category=("holds", "Holds / requeues"), destructive=True, ladder=True,
+    doc="Hold a pending job (``scontrol hold <id>``) so it does not start.",
+    example="""
+        ladder:
+          - {action: notify}
+          - {action: hold, after: 30m}
+    """,
+))
 def hold(d: Decision, ctx: ActionContext) -> Outcome:
     """Hold a pending job: ``scontrol hold <id>``."""
     argv = ["scontrol", "hold", job_id_of(d)]
@@ -196,7 +216,16 @@ def hold(d: Decision, ctx: ActionContext) -> Outcome:
     return _outcome(_run(ctx, argv), jid, "hold")
 
 
-@register("requeue")
+@register(ActionSpec(
+    "requeue", rank=6, title="requeue the job", verb="requeue", targets=("job",),
+    category=("holds", "Holds / requeues"), destructive=True, ladder=True,
+    doc="Put a job back in the queue (``scontrol requeue <id>``; the job must be requeueable).",
+    example="""
+        ladder:
+          - {action: notify}
+          - {action: requeue, after: 1h}
+    """,
+))
 def requeue(d: Decision, ctx: ActionContext) -> Outcome:
     """Requeue a job: ``scontrol requeue <id>`` (the job must be requeueable)."""
     argv = ["scontrol", "requeue", job_id_of(d)]
@@ -220,19 +249,51 @@ def _signal(d: Decision, ctx: ActionContext, signal: str, action: str) -> Outcom
     return _outcome(_run(ctx, _signal_argv(job, jid, signal)), jid, action, {"signal": signal})
 
 
-@register("terminate")
+@register(ActionSpec(
+    "terminate", rank=7, title="cancel the job (SIGTERM, then SIGKILL after a grace period)", verb="terminate",
+    targets=("job",), category=("cancels", "Jobs cancelled"), destructive=True, ends_job=True,
+    frees_gpus=True, ladder=True, then=("kill", "cancel"),
+    doc="Ask a job to end (``scancel --signal=TERM --full <id>``); only ``kill`` or ``cancel`` may follow it.",
+    example="""
+        ladder:
+          - {action: notify}
+          - {action: terminate, after: 1h}
+          - {action: kill, after: 10m}
+    """,
+))
 def terminate(d: Decision, ctx: ActionContext) -> Outcome:
     """Ask a job to end: ``scancel --signal=TERM --full <id>`` (the batch shell and every step)."""
     return _signal(d, ctx, "TERM", "terminate")
 
 
-@register("kill")
+@register(ActionSpec(
+    "kill", rank=8, title="kill the job (SIGKILL)", verb="kill", targets=("job",),
+    category=("cancels", "Jobs cancelled"), destructive=True, ends_job=True, final=True, frees_gpus=True,
+    ladder=True,
+    doc="End a job now (``scancel --signal=KILL --full <id>``); the last rung of a ladder.",
+    example="""
+        ladder:
+          - {action: terminate}
+          - {action: kill, after: 10m}
+    """,
+))
 def kill(d: Decision, ctx: ActionContext) -> Outcome:
     """End a job now: ``scancel --signal=KILL --full <id>``."""
     return _signal(d, ctx, "KILL", "kill")
 
 
-@register("cancel")
+@register(ActionSpec(
+    "cancel", rank=9, title="cancel the job", verb="cancel", targets=("job", "user"),
+    category=("cancels", "Jobs cancelled"), destructive=True, ends_job=True, final=True, frees_gpus=True,
+    ladder=True, form=True,
+    doc="The TERM → grace → KILL ladder in one action: SIGTERM, wait the grace period, SIGKILL if the job is "
+        "still there.",
+    example="""
+        ladder:
+          - {action: notify}
+          - {action: cancel, after: 2h}
+    """,
+))
 def cancel(d: Decision, ctx: ActionContext) -> Outcome:
     """The ladder in one action: TERM, wait the grace period, check, KILL if still there.
 
@@ -246,7 +307,7 @@ def cancel(d: Decision, ctx: ActionContext) -> Outcome:
     jid, job, early = _precheck(d, ctx, _signal_argv(None, jid, "TERM"))
     if early:
         if early.status == "skipped":
-            return Outcome("skipped", output=early.output, command=plan, details=early.details)
+            return Outcome("skipped", output=early.output, error=early.error, command=plan, details=early.details)
         return early
     runner = _runner(ctx)
     first = _run(ctx, _signal_argv(job, jid, "TERM"))
