@@ -19,7 +19,7 @@ from tests.fixtures.core import NOW, ROOT, need
 
 pytestmark = pytest.mark.e2e
 
-END = NOW  # a Monday, 14:00 UTC
+END = NOW  # 2026-11-29, a Sunday, 14:00 UTC
 
 
 @pytest.fixture(scope="module")
