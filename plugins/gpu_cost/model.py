@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpu_cost import registry
+
 if TYPE_CHECKING:  # pandas is imported where used: DAG files import this module at parse time
     import pandas as pd
 
@@ -393,26 +395,14 @@ class Finding:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+# Action names and properties are declared once, by the executor modules (gpu_cost.registry);
+# these names are live views of that registry, kept for the modules that import them.
 #: Actions a decision may carry, mildest first.
-ACTIONS = (
-    "none",
-    "advise",
-    "notify",
-    "notify_manager",
-    "demote",
-    "hold",
-    "requeue",
-    "terminate",
-    "kill",
-    "cancel",
-    "kill_process",
-    "power_down",
-    "power_up",
-)
+ACTIONS = registry.Names(extra=("none",))
 #: Actions that take resources away from someone.
-DESTRUCTIVE_ACTIONS = frozenset({"demote", "hold", "requeue", "terminate", "kill", "cancel", "kill_process", "power_down"})
+DESTRUCTIVE_ACTIONS = registry.names(destructive=True)
 #: Actions that end a job or a process.
-KILL_ACTIONS = frozenset({"terminate", "kill", "cancel", "kill_process"})
+KILL_ACTIONS = registry.names(ends_job=True)
 MODES = ("dry-run", "notify", "enforce")
 
 

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_cost import registry
 from gpu_cost.errors import GpuCostError
 from gpu_cost.model import DESTRUCTIVE_ACTIONS, Decision, Finding, Job, Snapshot
 from gpu_cost.policy.engine import Ask, check_caps, guard, identity_of
@@ -39,13 +40,9 @@ logger = logging.getLogger(__name__)
 
 RULE = "manual"
 TARGET_KINDS = ("job", "node", "user", "process")
-FORM_ACTIONS = ("notify", "demote", "cancel", "kill_process", "power_down")
-ACTIONS_BY_KIND: dict[str, tuple[str, ...]] = {
-    "job": ("notify", "demote", "cancel"),
-    "user": ("notify", "demote", "cancel"),
-    "process": ("notify", "kill_process"),
-    "node": ("notify", "power_down"),
-}
+#: the actions the form offers (declared ``form=True`` in the registry), and those for each target kind
+FORM_ACTIONS = registry.names(form=True)
+ACTIONS_BY_KIND = registry.by_kind(TARGET_KINDS, form=True)
 MIN_REASON = 10
 MAX_TARGETS = 50
 

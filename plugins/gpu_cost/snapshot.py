@@ -15,9 +15,12 @@ from gpu_cost.redact import redact_all
 
 
 def rule_windows(policy: Policy) -> tuple[float, list[float]]:
-    """Return the primary window (zombie's) and the other windows the rules need."""
-    primary = policy.rules.zombie.window
-    others = {policy.rules.idle_allocation.window, min(policy.rules.low_efficiency.min_runtime, policy.sweep.lookback)}
+    """Return the primary window (the first registered rule's: zombie's) and the other windows the rules need."""
+    from gpu_cost import registry
+
+    windows = [spec.window(cfg, policy) for name, spec in registry.rules().items()
+               if (cfg := getattr(policy.rules, name, None)) is not None]
+    primary, others = windows[0], set(windows[1:])
     return primary, sorted(w for w in others if abs(w - primary) > 1e-6 and w > 0)
 
 

@@ -1,5 +1,9 @@
 """The executor interface every action implements, and the registry keyed by action name.
 
+An executor module declares each action it carries out once, with ``@register(ActionSpec(...))``:
+the spec (what the policy, engine, messages and report know about the action) goes to
+:mod:`gpu_cost.registry`, the executor to :data:`REGISTRY`.
+
 An executor receives a :class:`~gpu_cost.model.Decision` and an :class:`ActionContext` and returns
 an :class:`Outcome`; it never decides. The audit rows before and after are written by the caller
 (:mod:`gpu_cost.actions.dispatch`), not by executors. In dry-run an executor must not touch
@@ -14,6 +18,7 @@ from typing import Any, Literal
 
 from gpu_cost.model import Decision
 from gpu_cost.policy.schema import Policy
+from gpu_cost.registry import ActionSpec, add_action
 from gpu_cost.runner import Runner
 
 Status = Literal["succeeded", "failed", "skipped"]
@@ -67,14 +72,15 @@ Executor = Callable[[Decision, ActionContext], Outcome]
 REGISTRY: dict[str, Executor] = {}
 
 
-def register(*actions: str) -> Callable[[Executor], Executor]:
-    """Register an executor for one or more action names."""
+def register(*specs: ActionSpec) -> Callable[[Executor], Executor]:
+    """Declare one or more actions (their specs) and register ``fn`` as their executor."""
 
     def wrap(fn: Executor) -> Executor:
         # every registered executor reaches a real system (Slurm, a node, a chat tool)
         fn.touches_cluster = True  # type: ignore[attr-defined]
-        for a in actions:
-            REGISTRY[a] = fn
+        for spec in specs:
+            add_action(spec)
+            REGISTRY[spec.name] = fn
         return fn
 
     return wrap

@@ -31,6 +31,7 @@ from typing import Any
 
 from gpu_cost.actions.base import ActionContext, Outcome, register
 from gpu_cost.model import Decision
+from gpu_cost.registry import ActionSpec
 from gpu_cost.runner import Completed, Runner
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,20 @@ def _reason(res: Completed) -> str:
     return (res.stderr or res.stdout).strip()[-300:]
 
 
-@register("kill_process")
+@register(ActionSpec(
+    "kill_process", rank=10, title="kill the process (SIGTERM, then SIGKILL)", verb="kill the process",
+    targets=("process",), category=("process_kills", "Processes killed"), destructive=True, ends_job=True,
+    final=True, frees_gpus=True, ladder=True, form=True,
+    doc="End an orphan GPU process: SIGTERM, grace, re-check, SIGKILL, through the node wrapper "
+        "(``gpu-cost-node-action``), which refuses root's processes.",
+    example="""
+        rules:
+          zombie:
+            ladder:
+              - {action: notify}
+              - {action: kill_process, after: 15m}
+    """,
+))
 def kill_process(d: Decision, ctx: ActionContext) -> Outcome:
     """TERM, grace, re-check, KILL an orphan GPU process — through the node wrapper only."""
     from gpu_cost.sources.nodes import NodeAccess

@@ -38,13 +38,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpu_cost import paths
+from gpu_cost import paths, registry
 from gpu_cost.actions.base import ActionContext, Outcome, register
 from gpu_cost.connections import airflow_connection
 from gpu_cost.errors import ActionError
 from gpu_cost.model import Decision
 from gpu_cost.policy.schema import Person, Policy
 from gpu_cost.redact import redact
+from gpu_cost.registry import ActionSpec
 from gpu_cost.timeutil import format_duration, iso
 
 if TYPE_CHECKING:
@@ -56,39 +57,72 @@ logger = logging.getLogger(__name__)
 
 SLACK_CONN_ID = "gpu_cost_slack"
 SMTP_CONN_ID = "gpu_cost_smtp"
-NOTICE_ACTIONS = ("advise", "notify", "notify_manager")
+#: the notices (derived from the registry: every action declared ``notice=True``)
+NOTICE_ACTIONS = registry.names(notice=True)
 
 #: Slack retries: attempts in all, the longest Retry-After honoured, the first 5xx backoff
 MAX_ATTEMPTS = 4
 MAX_RETRY_AFTER_S = 60.0
 BACKOFF_S = 1.0
 
-RULE_TITLES = {
-    "zombie": "GPU memory held by a process of no running job",
-    "idle_allocation": "a running job whose GPUs are all idle",
-    "low_efficiency": "a job using its GPUs poorly",
+#: decision sources that are not rules, and what a message calls them (the rules' titles are registered)
+SOURCE_TITLES = {
     "offhours": "an idle node during off-hours",
     "manual": "an operator's manual reclaim request",
 }
-ACTION_TITLES = {
-    "advise": "Advice",
-    "notify": "Notice",
-    "notify_manager": "Escalation",
-    "demote": "lower the job's priority",
-    "hold": "hold the job",
-    "requeue": "requeue the job",
-    "terminate": "cancel the job (SIGTERM, then SIGKILL after a grace period)",
-    "kill": "kill the job (SIGKILL)",
-    "cancel": "cancel the job",
-    "kill_process": "kill the process (SIGTERM, then SIGKILL)",
-    "power_down": "power the node down",
-}
 
-# Rate-limit query: notices to one user that were sent (or are being sent) by any worker.
+
+def rule_title(rule: str) -> str:
+    spec = registry.rule(rule)
+    return spec.title if spec is not None else SOURCE_TITLES.get(rule, rule)
+
+
+def action_title(action: str) -> str:
+    spec = registry.action(action)
+    return spec.title if spec is not None else action
+
+
+_ANY = ("job", "user", "process", "node")
+_NOTICES = ("notifications", "Notifications")
+ADVISE = ActionSpec(
+    "advise", rank=1, title="Advice", verb="advise", targets=_ANY, category=_NOTICES,
+    notice=True, ladder=True,
+    doc="Tell the owner how the job could use its GPUs better; a one-rung ladder, never followed by an "
+        "action (the only action of ``low_efficiency`` and of inference services).",
+    example="""
+        rules:
+          low_efficiency:
+            ladder: [{action: advise}]
+    """,
+)
+NOTIFY = ActionSpec(
+    "notify", rank=2, title="Notice", verb="notify", form=True, targets=_ANY, category=_NOTICES,
+    notice=True, ladder=True,
+    doc="Tell the owner (Slack, e-mail as the fallback) what was found and what comes next; rate-limited "
+        "per user (``notifications.max_per_user_per_hour``).",
+    example="""
+        ladder:
+          - {action: notify}
+          - {action: cancel, after: 2h}
+    """,
+)
+NOTIFY_MANAGER = ActionSpec(
+    "notify_manager", rank=3, title="Escalation", verb="escalate", targets=_ANY, category=_NOTICES,
+    notice=True, ladder=True,
+    doc="Tell the owner and the owner's manager (``people.<user>.manager``).",
+    example="""
+        ladder:
+          - {action: notify}
+          - {action: notify_manager, after: 1h}
+    """,
+)
+
+# Rate-limit query: notices to one user that were sent (or are being sent) by any worker; the
+# notice actions are bound parameters (:n0, :n1, ...), one per registered notice.
 _SENT_TO_USER = """
 SELECT a.action_id, a.status, a.started_at FROM gpu_cost_actions a
 JOIN gpu_cost_decisions d ON d.decision_id = a.decision_id
-WHERE d.user_name = :user AND a.action IN ('advise', 'notify', 'notify_manager') AND a.dry_run = 0
+WHERE d.user_name = :user AND a.action IN ({notices}) AND a.dry_run = 0
   AND a.status IN ('started', 'succeeded') AND a.started_at >= :since
 """
 
@@ -177,7 +211,7 @@ def next_step(d: Decision, policy: Policy, now: float) -> dict[str, Any] | None:
         return None
     rung = ladder[nxt]
     due = now + rung.after
-    return {"action": rung.action, "what": ACTION_TITLES.get(rung.action, rung.action), "after": rung.after,
+    return {"action": rung.action, "what": action_title(rung.action), "after": rung.after,
             "in": format_duration(rung.after) if rung.after else "at the next sweep",
             "at": _local(due, policy.notifications.timezone)}
 
@@ -194,9 +228,9 @@ def context_for(d: Decision, policy: Policy, now: float, *, run_id: str | None =
     snooze = policy.notifications.snooze_hint.replace("{target}", d.target)
     return {
         "action": d.action,
-        "action_title": ACTION_TITLES.get(d.action, d.action),
+        "action_title": action_title(d.action),
         "rule": d.rule,
-        "rule_title": RULE_TITLES.get(d.rule, d.rule),
+        "rule_title": rule_title(d.rule),
         "target": d.target,
         "target_kind": d.target_kind,
         "job_id": d.job_id,
@@ -243,7 +277,7 @@ def render(d: Decision, policy: Policy, now: float, **kwargs: Any) -> Message:
 
 
 # -- the executor ----------------------------------------------------------------------------------
-@register(*NOTICE_ACTIONS)
+@register(ADVISE, NOTIFY, NOTIFY_MANAGER)
 def notify(d: Decision, ctx: ActionContext) -> Outcome:
     """Send the notice for a decision: Slack first, e-mail as the fallback; rate-limited per user."""
     policy = ctx.policy
@@ -294,7 +328,9 @@ def rate_limited(store: AuditStore, d: Decision, limit: int, *, window_s: float 
     me = action_id(d)
     mine = store.get_action(me)
     ref = float(mine["started_at"]) if mine else time.time()
-    rows = store.query(_SENT_TO_USER, {"user": d.user, "since": ref - window_s})
+    notices = {f"n{i}": a for i, a in enumerate(NOTICE_ACTIONS)}
+    sql = _SENT_TO_USER.format(notices=", ".join(f":{k}" for k in notices))
+    rows = store.query(sql, {"user": d.user, "since": ref - window_s, **notices})
     ahead = 0
     for r in rows:
         if r["action_id"] == me:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from gpu_cost.actions.base import ActionContext, Outcome, register
 from gpu_cost.errors import SourceError
 from gpu_cost.model import Decision, Node
+from gpu_cost.registry import ActionSpec
 from gpu_cost.runner import Runner
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,18 @@ def _scontrol(ctx: ActionContext, argv: Sequence[str], name: str, what: str) -> 
     return Outcome("failed", error=f"{what} {name} failed (exit {res.rc}): {msg}", command=res.command)
 
 
-@register("power_down")
+@register(ActionSpec(
+    "power_down", rank=11, title="power the node down", verb="power down", targets=("node",),
+    category=("power_downs", "Nodes powered down"), destructive=True, form=True,
+    doc="Power an idle node down through Slurm's power saving (``scontrol update nodename=<node> "
+        "state=POWER_DOWN``); off-hours power and the manual form use it, never a rule's ladder.",
+    example="""
+        offhours:
+          windows: [{days: [sat, sun], start: "00:00", end: "24:00"}]
+          max_nodes_per_run: 4
+          warm_reserve_nodes: 1
+    """,
+))
 def power_down(d: Decision, ctx: ActionContext) -> Outcome:
     """Power an idle node down through Slurm.
 
@@ -119,7 +131,17 @@ def power_down(d: Decision, ctx: ActionContext) -> Outcome:
     return _scontrol(ctx, argv, name, "power down")
 
 
-@register("power_up")
+@register(ActionSpec(
+    "power_up", rank=12, title="power the node up", verb="power up", targets=("node",),
+    category=("power_ups", "Nodes powered up"),
+    doc="Bring a node the agent powered down back (``scontrol update nodename=<node> state=POWER_UP``) "
+        "before forecast demand returns or when pending jobs need it.",
+    example="""
+        offhours:
+          wake_lead: 30m
+          wake_on_pending: true
+    """,
+))
 def power_up(d: Decision, ctx: ActionContext) -> Outcome:
     """Bring a node the agent powered down back: ``scontrol update nodename=<node> state=POWER_UP``."""
     name = node_of(d)

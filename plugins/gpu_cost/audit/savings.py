@@ -30,6 +30,7 @@ import logging
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from gpu_cost import registry
 from gpu_cost.actions.base import ActionContext, Outcome
 from gpu_cost.actions.dispatch import SAVINGS_HOOKS
 from gpu_cost.audit.store import AuditStore
@@ -39,8 +40,8 @@ from gpu_cost.timeutil import utc
 
 logger = logging.getLogger(__name__)
 
-#: actions whose success gives GPUs back
-FREEING_ACTIONS = frozenset({"cancel", "terminate", "kill", "kill_process"})
+#: actions whose success gives GPUs back (declared ``frees_gpus=True`` in the registry)
+FREEING_ACTIONS = registry.names(frees_gpus=True)
 
 
 def week_end(ts: float, timezone: str = "UTC") -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gpu_cost import registry
 from gpu_cost.cli import add_json
 from gpu_cost.policy import load_policy
 
@@ -20,7 +21,7 @@ def register(sub: Any) -> None:
 
 def _check(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     policy = load_policy(args.file)
-    rules = {n: policy.rule_mode(n) for n in ("zombie", "idle_allocation", "low_efficiency") if policy.rule(n).enabled}
+    rules = {n: policy.rule_mode(n) for n in registry.rules() if policy.rule(n).enabled}
     payload = {"ok": True, "file": args.file, "mode": policy.mode, "rules": rules,
                "protections": [p.name for p in policy.protections]}
     return payload, f"{args.file}: OK (mode {policy.mode}; rules {', '.join(f'{k}={v}' for k, v in rules.items())})"

@@ -18,12 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_cost import registry
 from gpu_cost.model import DESTRUCTIVE_ACTIONS, Decision, Finding, decision_id
 from gpu_cost.policy.cost import stakes
 from gpu_cost.policy.protections import protection_for
 from gpu_cost.policy.schema import NotificationConfig, Policy, Rung, milder
 
-NOTICE_ACTIONS = frozenset({"advise", "notify", "notify_manager"})
+#: the notices: every action the registry declares ``notice=True``
+NOTICE_ACTIONS = registry.names(notice=True)
 
 
 def track_of(mode: str) -> str:
@@ -423,31 +425,16 @@ def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, 
 
 
 def _why(f: Finding) -> str:
-    ev = f.evidence
-    if f.rule == "zombie":
-        text = (f"{f.gpus} GPU(s) hold {ev.get('mem_min_mib')} MiB at ≤{ev.get('util_max')}% for "
-                f"{int(ev.get('window_s', 0)) // 60} min with no running job")
-        if ev.get("foreign_owner") and f.action == "advise":
-            why = ("the node never signals uid 0" if ev["foreign_owner"] == "root"
-                   else "rules.zombie.act_on_owners does not name it")
-            text += f" — a {ev['foreign_owner']} process, not ours: reported only ({why})"
-        return text
-    if f.rule == "idle_allocation":
-        text = (f"job {f.job_id}: all {f.gpus} allocated GPU(s) ≤{ev.get('util_max')}% for "
-                f"{int(ev.get('window_s', 0)) // 60} min")
-        if f.inference:
-            text += f" — inference service ({ev.get('inference')}): advice only"
-        return text
-    if f.rule == "low_efficiency":
-        return f"job {f.job_id}: mean utilisation {ev.get('util_mean')}% over {int(ev.get('window_s', 0)) // 60} min"
-    return f"{f.rule} on {f.target}"
+    """The decision's reason for a finding: its rule's registered ``why``."""
+    return registry.why(f)
 
 
 def touches_work(action: str) -> bool:
     """Return True for a destructive action on running work (a job, a process): its GPUs count in the
     GPU-share caps. Powering down an idle node touches no work; ``offhours.max_nodes_per_run`` and the
     warm reserve bound it, and it counts in the rolling action caps."""
-    return action in DESTRUCTIVE_ACTIONS and action != "power_down"
+    spec = registry.action(action)
+    return spec is not None and spec.touches_work
 
 
 def check_caps(decisions: Sequence[Decision], policy: Policy, total_gpus: int) -> str | None:

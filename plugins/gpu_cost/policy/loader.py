@@ -12,20 +12,12 @@ from typing import Any
 
 import yaml
 
-from gpu_cost import paths
+from gpu_cost import paths, registry
 from gpu_cost.errors import PolicyError
 from gpu_cost.policy.schema import Policy, Window
 from gpu_cost.policy.typed import build
 
 _HHMM = re.compile(r"^([01]\d|2[0-4]):([0-5]\d)$")
-
-#: ladder actions each rule may use (a zombie is a process: no job to demote or cancel)
-RULE_ACTIONS = {
-    "zombie": {"advise", "notify", "notify_manager", "kill_process"},
-    "idle_allocation": {"advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel"},
-    "low_efficiency": {"advise", "notify", "notify_manager"},
-}
-
 
 def load_policy(path: str | Path | None = None) -> Policy:
     """Load the policy at ``path`` (default: ``GPU_COST_POLICY`` or the shipped ``default.yaml``)."""
@@ -111,7 +103,7 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
     sweep = policy.sweep
     if sweep.max_staleness >= sweep.lookback:
         raise PolicyError(src, "sweep.max_staleness", "must be shorter than sweep.lookback")
-    for name in ("zombie", "idle_allocation", "low_efficiency"):
+    for name in registry.rules():
         rule = policy.rule(name)
         base = f"rules.{name}"
         window = getattr(rule, "window", None)
@@ -131,7 +123,8 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
             )
         if rule.enabled and not rule.ladder:
             raise PolicyError(src, f"{base}.ladder", "an enabled rule needs at least one rung")
-        allowed = RULE_ACTIONS[name]
+        # the ladder actions of the rule's target kind (a zombie is a process: no job to demote or cancel)
+        allowed = registry.rule_actions(name)
         for i, rung in enumerate(rule.ladder):
             if rung.action not in allowed:
                 raise PolicyError(
@@ -218,9 +211,6 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
 
 
 #: rungs that end the target: nothing milder can follow them
-_ENDING = {"kill", "cancel", "kill_process"}
-
-
 _USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}\$?$")
 
 
@@ -237,19 +227,21 @@ def _check_owners(src: str, policy: Policy) -> None:
 
 
 def _check_ladder_order(src: str, base: str, actions: Sequence[str]) -> None:
+    specs = registry.actions()
     for i, action in enumerate(actions[:-1]):
         nxt = actions[i + 1]
-        if action in _ENDING:
+        spec = specs[action]
+        if spec.final:
             raise PolicyError(src, f"{base}.ladder[{i + 1}]", f"{nxt!r} after {action!r}: the target is gone by then")
-        if action == "terminate" and nxt not in ("kill", "cancel"):
+        if spec.then is not None and nxt not in spec.then:
             raise PolicyError(src, f"{base}.ladder[{i + 1}]",
-                              f"{nxt!r} after 'terminate': only kill or cancel may follow SIGTERM")
+                              f"{nxt!r} after {action!r}: only {' or '.join(spec.then)} may follow it")
 
 
 def _has_destructive(policy: Policy) -> bool:
     from gpu_cost.model import DESTRUCTIVE_ACTIONS
 
-    for name in ("zombie", "idle_allocation", "low_efficiency"):
+    for name in registry.rules():
         rule = policy.rule(name)
         if rule.enabled and policy.rule_mode(name) == "enforce" and any(
             r.action in DESTRUCTIVE_ACTIONS for r in rule.ladder

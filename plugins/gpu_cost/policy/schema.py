@@ -7,9 +7,10 @@ same with dashes). The annotated reference is ``include/policy/default.yaml`` an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from gpu_cost.policy.typed import Dur, Range
+from gpu_cost import registry
+from gpu_cost.policy.typed import Dur, OneOf, Range
 
 Mode = Literal["dry-run", "notify", "enforce"]
 Level = Literal["never", "notify_only", "approval"]
@@ -18,16 +19,17 @@ Seconds = Annotated[float, Dur(), Range(0, 366 * 86400)]
 Share = Annotated[float, Range(0, 1)]
 Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 
-LADDER_ACTIONS = ("advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel", "kill_process")
+#: the actions a rule's ladder may use: those the registry declares ``ladder=True``, mildest first
+LADDER_ACTIONS = registry.names(ladder=True)
+#: a ladder rung's action, checked against the registry when the policy is read
+LadderAction = Annotated[str, OneOf(lambda: LADDER_ACTIONS)]
 
 
 @dataclass(frozen=True)
 class Rung:
     """One step of an escalation ladder: ``action`` once the previous rung is ``after`` old."""
 
-    action: Literal[
-        "advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel", "kill_process"
-    ]
+    action: LadderAction
     after: Seconds = 0.0
 
 
@@ -98,6 +100,9 @@ class LowEfficiencyRule:
 
 @dataclass(frozen=True)
 class Rules:
+    """The rules' policy sections: one field per rule registered by ``gpu_cost.rules.*``, typed by
+    its config dataclass (tests/unit/test_registry.py checks the two agree)."""
+
     zombie: ZombieRule = field(default_factory=ZombieRule)
     idle_allocation: IdleAllocationRule = field(default_factory=IdleAllocationRule)
     low_efficiency: LowEfficiencyRule = field(default_factory=LowEfficiencyRule)
@@ -361,12 +366,23 @@ class Policy:
 
     def rule_mode(self, rule: str) -> str:
         """Return the effective mode of a rule: the milder of the global and the rule's own."""
-        cfg = getattr(self.rules, rule, None)
-        own = getattr(cfg, "mode", None) if cfg is not None else None
+        try:
+            cfg = self.rule(rule)
+        except AttributeError:
+            return self.mode
+        own = getattr(cfg, "mode", None)
         return milder(self.mode, own) if own else self.mode
 
-    def rule(self, name: str) -> ZombieRule | IdleAllocationRule | LowEfficiencyRule:
-        return getattr(self.rules, name)  # type: ignore[no-any-return]
+    def rule(self, name: str) -> Any:
+        """Return rule ``name``'s section: the policy's, or its registered config's defaults when
+        :class:`Rules` has no field for it (a rule registered by a plugin or a test)."""
+        cfg = getattr(self.rules, name, None)
+        if cfg is None:
+            spec = registry.rule(name)
+            if spec is None:
+                raise AttributeError(f"no rule {name!r}")
+            cfg = spec.config()
+        return cfg
 
     def manager_of(self, user: str | None) -> str | None:
         """Return the manager of ``user`` from ``people``, or None."""

@@ -4,7 +4,8 @@ A tiny, strict cousin of pydantic: unknown keys, wrong types and out-of-range va
 :class:`~gpu_cost.errors.PolicyError` with the file, the dotted path and the reason. Types
 understood: ``bool``, ``int``, ``float``, ``str``, ``Literal``, ``X | None``, ``tuple[T, ...]``,
 ``dict[str, T]``, nested dataclasses, and ``Annotated`` markers :class:`Dur` (durations such as
-``15m``) and :class:`Range` (bounds).
+``15m``), :class:`Range` (bounds) and :class:`OneOf` (text from a set known only at run time,
+such as the registered actions).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import datetime as dt
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -34,6 +35,13 @@ class Range:
 
     lo: float | None = None
     hi: float | None = None
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """Marks a ``str`` field whose allowed values ``values()`` returns when the policy is read."""
+
+    values: Callable[[], Iterable[str]]
 
 
 def build(cls: type[T], data: Any, source: str, path: str = "") -> T:
@@ -111,9 +119,12 @@ def _convert(tp: Any, value: Any, source: str, path: str, marks: tuple[Any, ...]
         return _bounded(float(value), marks, source, path)
     if tp is str:
         if isinstance(value, dt.date | dt.time):
-            return value.isoformat()
+            value = value.isoformat()
         if not isinstance(value, str):
             raise PolicyError(source, path, f"must be text, got {type(value).__name__} {_short(value)}")
+        for m in marks:
+            if isinstance(m, OneOf) and value not in (allowed := tuple(m.values())):
+                raise PolicyError(source, path, f"must be one of {', '.join(map(repr, allowed))}, got {value!r}")
         return value
     raise PolicyError(source, path, f"internal: unsupported type {tp!r}")
 

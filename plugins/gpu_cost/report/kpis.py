@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from gpu_cost import registry
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.errors import GpuCostError
 from gpu_cost.policy.schema import Policy
@@ -29,17 +30,10 @@ from gpu_cost.timeutil import iso, utc
 
 logger = logging.getLogger(__name__)
 
-#: event categories, in report order: (key, label, actions)
-CATEGORIES: tuple[tuple[str, str, frozenset[str]], ...] = (
-    ("notifications", "Notifications", frozenset({"notify", "notify_manager", "advise"})),
-    ("demotions", "Demotions", frozenset({"demote"})),
-    ("cancels", "Jobs cancelled", frozenset({"cancel", "terminate", "kill"})),
-    ("holds", "Holds / requeues", frozenset({"hold", "requeue"})),
-    ("process_kills", "Processes killed", frozenset({"kill_process"})),
-    ("power_downs", "Nodes powered down", frozenset({"power_down"})),
-    ("power_ups", "Nodes powered up", frozenset({"power_up"})),
-)
-FREEING = frozenset({"cancel", "terminate", "kill", "kill_process"})
+#: event categories, mildest first: (key, label, actions), from each action's registered ``category``
+CATEGORIES: tuple[tuple[str, str, frozenset[str]], ...] = registry.categories()
+#: actions whose success gives GPUs back (declared ``frees_gpus=True``)
+FREEING = registry.names(frees_gpus=True)
 TREND_WEEKS = 4
 
 # Report reads (aggregates over the contract tables); parameterised, never formatted.

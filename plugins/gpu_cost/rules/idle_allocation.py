@@ -19,11 +19,41 @@ import numpy as np
 
 from gpu_cost.model import Finding, Snapshot
 from gpu_cost.policy.schema import IdleAllocationRule, Policy
+from gpu_cost.registry import RuleSpec
 from gpu_cost.rules import register
 from gpu_cost.rules.common import behaves_like_inference, declared_inference, job_fields, job_rows, r
 
 
-@register("idle_allocation")
+def why(f: Finding) -> str:
+    """The decision reason for an idle-allocation finding."""
+    ev = f.evidence
+    text = (f"job {f.job_id}: all {f.gpus} allocated GPU(s) ≤{ev.get('util_max')}% for "
+            f"{int(ev.get('window_s', 0)) // 60} min")
+    if f.inference:
+        text += f" — inference service ({ev.get('inference')}): advice only"
+    return text
+
+
+SPEC = RuleSpec(
+    "idle_allocation", config=IdleAllocationRule, target="job", title="a running job whose GPUs are all idle",
+    label="Idle allocations", why=why, window=lambda cfg, policy: cfg.window,
+    doc="A running job whose allocated GPUs all stay idle for the whole window (after ``min_runtime``); "
+        "inference services are only advised.",
+    example="""
+        rules:
+          idle_allocation:
+            util_max: 5
+            window: 15m
+            min_runtime: 15m
+            ladder:
+              - {action: notify}
+              - {action: notify_manager, after: 1h}
+              - {action: cancel, after: 1h}
+    """,
+)
+
+
+@register(SPEC)
 def idle_allocation(snapshot: Snapshot, cfg: IdleAllocationRule, policy: Policy) -> list[Finding]:
     """Return one finding per running job whose GPUs were all idle over the window."""
     g = snapshot.view(cfg.window)

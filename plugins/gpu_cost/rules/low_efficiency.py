@@ -16,11 +16,34 @@ import numpy as np
 
 from gpu_cost.model import Finding, Snapshot
 from gpu_cost.policy.schema import LowEfficiencyRule, Policy
+from gpu_cost.registry import RuleSpec
 from gpu_cost.rules import register
 from gpu_cost.rules.common import behaves_like_inference, declared_inference, job_fields, job_rows, r
 
 
-@register("low_efficiency")
+def why(f: Finding) -> str:
+    """The decision reason for a low-efficiency finding."""
+    ev = f.evidence
+    return f"job {f.job_id}: mean utilisation {ev.get('util_mean')}% over {int(ev.get('window_s', 0)) // 60} min"
+
+
+SPEC = RuleSpec(
+    "low_efficiency", config=LowEfficiencyRule, target="job", title="a job using its GPUs poorly",
+    label="Low efficiency", why=why, advice_only=True,
+    window=lambda cfg, policy: min(cfg.min_runtime, policy.sweep.lookback),
+    doc="A job that has run at least ``min_runtime`` with a low mean utilisation: advice to the owner, "
+        "never an action on the job.",
+    example="""
+        rules:
+          low_efficiency:
+            util_mean_max: 20
+            min_runtime: 1h
+            ladder: [{action: advise}]
+    """,
+)
+
+
+@register(SPEC)
 def low_efficiency(snapshot: Snapshot, cfg: LowEfficiencyRule, policy: Policy) -> list[Finding]:
     """Return one advisory finding per running job with low mean utilisation."""
     window = min(cfg.min_runtime, snapshot.lookback_s)

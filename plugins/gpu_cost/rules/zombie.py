@@ -29,6 +29,7 @@ from collections import defaultdict
 
 from gpu_cost.model import Finding, GpuProcess, Snapshot
 from gpu_cost.policy.schema import Policy, ZombieRule
+from gpu_cost.registry import RuleSpec
 from gpu_cost.rules import register
 from gpu_cost.rules.common import r
 
@@ -57,7 +58,35 @@ def owner_allowed(kind: str, user: str, cfg: ZombieRule) -> str | None:
     return user if user and user in allowed else None
 
 
-@register("zombie")
+def why(f: Finding) -> str:
+    """The decision reason for a zombie finding."""
+    ev = f.evidence
+    text = (f"{f.gpus} GPU(s) hold {ev.get('mem_min_mib')} MiB at ≤{ev.get('util_max')}% for "
+            f"{int(ev.get('window_s', 0)) // 60} min with no running job")
+    if ev.get("foreign_owner") and f.action == "advise":
+        reason = ("the node never signals uid 0" if ev["foreign_owner"] == "root"
+                  else "rules.zombie.act_on_owners does not name it")
+        text += f" — a {ev['foreign_owner']} process, not ours: reported only ({reason})"
+    return text
+
+
+SPEC = RuleSpec(
+    "zombie", config=ZombieRule, target="process", title="GPU memory held by a process of no running job",
+    label="Zombie processes", why=why, window=lambda cfg, policy: cfg.window,
+    doc="GPU memory held at ~0 % utilisation for the whole window by a process of no running job; one "
+        "finding per orphan process (per GPU without process data: then only notices).",
+    example="""
+        rules:
+          zombie:
+            util_max: 5
+            mem_min_mib: 1024
+            window: 15m
+            ladder: [{action: notify}, {action: kill_process, after: 15m}]
+    """,
+)
+
+
+@register(SPEC)
 def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]:
     """Return one finding per orphan process (or per GPU when processes are unknown)."""
     g = snapshot.view(cfg.window)

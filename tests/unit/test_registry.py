@@ -1,0 +1,214 @@
+"""The action and rule registry: one declaration each, every list derived from it.
+
+``docs/reference/actions-and-rules.md`` is generated; after changing a spec, regenerate it with
+``.venv/bin/python -m gpu_cost.registry > docs/reference/actions-and-rules.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpu_cost import paths, registry
+from gpu_cost.actions import dispatch
+from gpu_cost.actions.base import REGISTRY as EXECUTORS
+from gpu_cost.actions.base import register
+from gpu_cost.errors import PolicyError
+from gpu_cost.model import ACTIONS, DESTRUCTIVE_ACTIONS, KILL_ACTIONS, Decision, Finding
+from gpu_cost.policy import parse_policy
+from gpu_cost.policy.engine import NOTICE_ACTIONS, decide, touches_work
+from gpu_cost.policy.schema import LADDER_ACTIONS, IdleAllocationRule, Rules
+from gpu_cost.reclaim import ACTIONS_BY_KIND, FORM_ACTIONS, TARGET_KINDS
+from gpu_cost.registry import ActionSpec, RuleSpec
+from gpu_cost.rules import register as register_rule
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = ROOT / "docs" / "reference" / "actions-and-rules.md"
+
+# What the code held as hand-written literals before the registry (a regression shows here).
+OLD_ACTIONS = ("none", "advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel",
+               "kill_process", "power_down", "power_up")
+OLD_DESTRUCTIVE = {"demote", "hold", "requeue", "terminate", "kill", "cancel", "kill_process", "power_down"}
+OLD_KILL = {"terminate", "kill", "cancel", "kill_process"}
+OLD_NOTICE = {"advise", "notify", "notify_manager"}
+OLD_LADDER = ("advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel",
+              "kill_process")
+OLD_FORM = ("notify", "demote", "cancel", "kill_process", "power_down")
+OLD_BY_KIND = {
+    "job": ("notify", "demote", "cancel"),
+    "user": ("notify", "demote", "cancel"),
+    "process": ("notify", "kill_process"),
+    "node": ("notify", "power_down"),
+}
+OLD_FREEING = {"cancel", "terminate", "kill", "kill_process"}
+OLD_RULE_ACTIONS = {
+    "zombie": {"advise", "notify", "notify_manager", "kill_process"},
+    "idle_allocation": {"advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel"},
+    "low_efficiency": {"advise", "notify", "notify_manager"},
+}
+OLD_CATEGORIES = {
+    "notifications": ("Notifications", {"notify", "notify_manager", "advise"}),
+    "demotions": ("Demotions", {"demote"}),
+    "cancels": ("Jobs cancelled", {"cancel", "terminate", "kill"}),
+    "holds": ("Holds / requeues", {"hold", "requeue"}),
+    "process_kills": ("Processes killed", {"kill_process"}),
+    "power_downs": ("Nodes powered down", {"power_down"}),
+    "power_ups": ("Nodes powered up", {"power_up"}),
+}
+
+
+def _shipped_ladder_actions() -> set[str]:
+    data = yaml.safe_load(paths.default_policy().read_text(encoding="utf-8"))
+    used = {r["action"] for rule in (data.get("rules") or {}).values() for r in (rule or {}).get("ladder") or ()}
+    defaults = Rules()
+    used |= {r.action for f in dataclasses.fields(Rules) for r in getattr(defaults, f.name).ladder}
+    return used
+
+
+def test_every_used_action_has_one_spec_and_one_executor() -> None:
+    dispatch.load_executors()
+    specs = registry.actions()
+    used = _shipped_ladder_actions() | set(FORM_ACTIONS) | set(LADDER_ACTIONS) | {"power_up"}
+    for name in sorted(used):
+        assert name in specs, f"{name}: no ActionSpec"
+        assert name in EXECUTORS, f"{name}: no executor"
+    assert set(specs) == set(EXECUTORS), "an executor without a spec, or a spec without an executor"
+    # one declaration each: a second, different spec under a taken name is refused
+    with pytest.raises(ValueError, match="declared twice"):
+        registry.add_action(dataclasses.replace(specs["cancel"], title="something else"))
+
+
+def test_every_rule_has_one_spec_a_detector_and_a_policy_section() -> None:
+    specs = registry.rules()
+    assert list(specs) == ["zombie", "idle_allocation", "low_efficiency"]
+    sections = {f.name: f.type for f in dataclasses.fields(Rules)}
+    assert set(sections) == set(specs), "schema.Rules and the registered rules disagree"
+    defaults = Rules()
+    for name, spec in specs.items():
+        assert spec.detect is not None
+        assert type(getattr(defaults, name)) is spec.config
+        assert spec.title and spec.label and spec.doc.strip() and spec.example.strip()
+
+
+def test_derived_sets_equal_the_old_literals() -> None:
+    assert tuple(ACTIONS) == OLD_ACTIONS
+    assert set(DESTRUCTIVE_ACTIONS) == OLD_DESTRUCTIVE
+    assert set(KILL_ACTIONS) == OLD_KILL
+    assert set(NOTICE_ACTIONS) == OLD_NOTICE
+    from gpu_cost.actions.notify import NOTICE_ACTIONS as NOTIFY_NOTICES
+    from gpu_cost.audit.savings import FREEING_ACTIONS
+    from gpu_cost.report.kpis import CATEGORIES, FREEING
+
+    assert set(NOTIFY_NOTICES) == OLD_NOTICE
+    assert tuple(LADDER_ACTIONS) == OLD_LADDER
+    assert tuple(FORM_ACTIONS) == OLD_FORM
+    assert {k: ACTIONS_BY_KIND[k] for k in TARGET_KINDS} == OLD_BY_KIND
+    assert set(FREEING_ACTIONS) == set(FREEING) == OLD_FREEING
+    assert {n: set(registry.rule_actions(n)) for n in registry.rules()} == OLD_RULE_ACTIONS
+    assert {k: (label, set(acts)) for k, label, acts in CATEGORIES} == OLD_CATEGORIES
+    assert {a for a in registry.actions() if touches_work(a)} == OLD_DESTRUCTIVE - {"power_down"}
+    assert {a for a, s in registry.actions().items() if s.final} == {"kill", "cancel", "kill_process"}
+    # the live views behave like the frozensets they replace
+    assert DESTRUCTIVE_ACTIONS == frozenset(OLD_DESTRUCTIVE)
+    assert DESTRUCTIVE_ACTIONS | {"x"} == frozenset(OLD_DESTRUCTIVE | {"x"})
+    assert "none" not in DESTRUCTIVE_ACTIONS and "cancel" in KILL_ACTIONS
+
+
+def test_verbs_and_titles_come_from_the_spec() -> None:
+    from gpu_cost.actions.notify import action_title, rule_title
+
+    cancel = registry.actions()["cancel"]
+    assert (cancel.verb, cancel.would) == ("cancel", "would cancel")
+    assert action_title("kill") == "kill the job (SIGKILL)"
+    assert rule_title("zombie") == "GPU memory held by a process of no running job"
+    assert rule_title("manual") == "an operator's manual reclaim request"
+
+
+def test_unknown_ladder_action_names_file_path_and_allowed() -> None:
+    text = "rules:\n  idle_allocation:\n    ladder: [{action: notify}, {action: obliterate, after: 1h}]\n"
+    with pytest.raises(PolicyError) as exc:
+        parse_policy(text, "/etc/gpu-cost/policy.yaml")
+    msg = str(exc.value)
+    assert msg.startswith("/etc/gpu-cost/policy.yaml: rules.idle_allocation.ladder[1].action: must be one of ")
+    assert "'obliterate'" in msg and all(repr(a) in msg for a in OLD_LADDER)
+    assert "'power_down'" not in msg.split("got")[0]  # not a ladder action
+
+
+@pytest.fixture
+def fake_action() -> Iterator[str]:
+    """A destructive job action registered for one test, then forgotten."""
+    calls: list[Decision] = []
+    spec = ActionSpec(
+        "suspend", rank=6, title="suspend the job", verb="suspend", targets=("job",),
+        category=("holds", "Holds / requeues"), destructive=True, ladder=True,
+        doc="Suspend a running job (``scontrol suspend <id>``).",
+        example="ladder: [{action: notify}, {action: suspend, after: 1h}]",
+    )
+
+    @register(spec)
+    def suspend(d, ctx):  # type: ignore[no-untyped-def]
+        calls.append(d)
+
+    try:
+        yield "suspend"
+    finally:
+        registry.remove("suspend")
+        EXECUTORS.pop("suspend", None)
+    assert "suspend" not in DESTRUCTIVE_ACTIONS and "suspend" not in LADDER_ACTIONS
+
+
+def test_a_registered_action_is_valid_on_a_ladder_and_known_to_the_engine(fake_action: str) -> None:
+    policy = parse_policy(
+        "mode: enforce\n"
+        "rules:\n  idle_allocation:\n    ladder: [{action: notify}, {action: suspend, after: 1h}]\n",
+        "<test>",
+    )
+    assert [r.action for r in policy.rules.idle_allocation.ladder] == ["notify", "suspend"]
+    assert "suspend" in DESTRUCTIVE_ACTIONS and "suspend" in LADDER_ACTIONS and "suspend" not in KILL_ACTIONS
+    assert "suspend" in registry.rule_actions("idle_allocation")
+    assert "suspend" not in registry.rule_actions("zombie")  # a job action: not for processes
+    assert touches_work("suspend")
+    d = Decision(decision_id="x", ts=0.0, rule="idle_allocation", target_kind="job", target="job:1",
+                 action="suspend", mode="enforce")
+    assert d.destructive
+    assert "suspend" in dispatch.load_executors()
+    assert "| `suspend` |" in registry.reference_markdown()
+
+
+def test_a_registered_rule_is_known_to_the_engine() -> None:
+    def detect(snapshot, cfg, policy):  # type: ignore[no-untyped-def]
+        return []
+
+    spec = RuleSpec(
+        "stuck_io", config=IdleAllocationRule, target="job", title="a job stuck on I/O", label="Stuck on I/O",
+        doc="A job whose GPUs wait on I/O.", example="rules: {stuck_io: {window: 15m}}",
+        why=lambda f: f"job {f.job_id}: stuck on I/O", window=lambda cfg, policy: cfg.window,
+    )
+    register_rule(spec)(detect)
+    try:
+        policy = parse_policy("", "<test>")
+        assert "stuck_io" in registry.rules()
+        assert policy.rule("stuck_io").ladder == IdleAllocationRule().ladder
+        assert "cancel" in registry.rule_actions("stuck_io")
+        f = Finding(rule="stuck_io", target_kind="job", target="job:7", action="notify", gpus=1, job_id="7",
+                    user="ann", evidence={})
+        plan = decide([f], policy, now=1000.0, escalations={}, total_gpus=64)
+        assert [d.rule for d in plan.decisions] == ["stuck_io"]
+        assert plan.decisions[0].reason.startswith("job 7: stuck on I/O")
+        assert "| `stuck_io` |" in registry.reference_markdown()
+    finally:
+        registry.remove("stuck_io")
+    assert "stuck_io" not in registry.rules()
+
+
+def test_generated_reference_is_current() -> None:
+    expected = registry.reference_markdown()
+    assert REFERENCE.exists(), f"missing {REFERENCE}: .venv/bin/python -m gpu_cost.registry > {REFERENCE}"
+    assert REFERENCE.read_text(encoding="utf-8") == expected, (
+        "docs/reference/actions-and-rules.md drifted from the registry; regenerate it with "
+        ".venv/bin/python -m gpu_cost.registry > docs/reference/actions-and-rules.md"
+    )
