@@ -71,6 +71,7 @@ PARSE_PROBE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # parses every DAG file in subprocesses: more than ~5 s
 def test_parse_does_no_lookups_and_no_heavy_imports(tmp_path) -> None:  # type: ignore[no-untyped-def]
     probe = tmp_path / "probe.py"
     probe.write_text(PARSE_PROBE)
@@ -108,6 +109,7 @@ SCHEDULE_KNOBS = {"gpu_zombie_sweep": "SWEEP", "gpu_forecast_nightly": "FORECAST
                   "gpu_weekly_cost_report": "REPORT"}
 
 
+@pytest.mark.slow  # parses every DAG file in a subprocess: ~10 s
 @pytest.mark.parametrize("value", ["none", "17 3 * * *"])
 def test_every_scheduled_dag_has_an_environment_schedule_knob(tmp_path, value: str) -> None:  # type: ignore[no-untyped-def]
     """Test clusters switch schedules off, so no run appears that depends on today's date."""

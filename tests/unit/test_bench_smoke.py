@@ -20,6 +20,7 @@ def run_bench(module: str, *args: str) -> dict:  # type: ignore[type-arg]
     return last
 
 
+@pytest.mark.slow  # a CLI or bench subprocess: more than ~5 s
 def test_sweep_bench_smoke() -> None:
     out = run_bench("bench.sweep", "--sizes", "80,160")
     sizes = [r["gpus"] for r in out["results"]]
@@ -27,6 +28,7 @@ def test_sweep_bench_smoke() -> None:
     assert all(r["findings"] >= 0 and r["total_s"] > 0 for r in out["results"])
 
 
+@pytest.mark.slow  # a CLI or bench subprocess: more than ~5 s
 def test_soak_bench_smoke() -> None:
     out = run_bench("bench.soak", "--hours", "1")
     r = out["results"][0]
@@ -43,6 +45,7 @@ def test_parse_bench_smoke() -> None:
     assert {"(trivial DAG)", "(import airflow.sdk)"} <= {r["dag_file"] for r in out["results"]}
 
 
+@pytest.mark.slow  # a CLI or bench subprocess: more than ~5 s
 def test_replay_bench_smoke(tmp_path: Path) -> None:
     out = run_bench("bench.replay", "--gpus", "16", "--days", "0.25", "--cache", str(tmp_path))
     r = out["results"][0]

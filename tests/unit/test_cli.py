@@ -22,6 +22,7 @@ def one_json(stdout: str) -> dict:  # type: ignore[type-arg]
     return json.loads(lines[0])
 
 
+@pytest.mark.slow  # a CLI or bench subprocess: more than ~5 s
 def test_sweep_sim_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = {"AIRFLOW_CONN_GPU_COST_DB": json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "a.db")})}
     r = run_cli("sweep", "--source", "sim", "--json", "--at", "2026-11-30T14:00:00Z", env_extra=env)
@@ -43,6 +44,7 @@ def test_error_is_json_too(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_demo_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
     r = run_cli("demo", "--json", "--home", str(tmp_path / "demo"), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -101,6 +101,7 @@ def test_every_zombie_and_idle_job_is_reclaimed_and_nothing_else(truth_trace: Pa
         assert key in res
 
 
+@pytest.mark.slow  # three replays of the truth trace: ~5 s
 def test_modes_other_than_enforce_kill_nothing(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
     for mode in ("notify", "dry-run"):
         res = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy, mode=mode)
@@ -189,6 +190,7 @@ def test_iso_times_and_csv_samples_work(tmp_path: Path, truth_trace: Path, polic
     assert a.reclaimed_gpu_hours == pytest.approx(b.reclaimed_gpu_hours) and a.kills == b.kills == 2
 
 
+@pytest.mark.slow  # a CLI or bench subprocess: more than ~5 s
 def test_cli_replay_and_sim_trace(tmp_path: Path) -> None:
     gen = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "sim-trace", "--days", "0.5", "--gpus", "8",
                           "--seed", "3", "--end", "2026-11-23T00:00:00Z", "--out", str(tmp_path), "--json"],

@@ -17,6 +17,8 @@ import pytest
 from gpu_cost.forecast import history
 from gpu_cost.timeutil import epoch
 
+pytestmark = pytest.mark.slow  # each test runs the CLI on real traces: 5-50 s
+
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
     proc = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "forecast", *args, "--json"], capture_output=True,

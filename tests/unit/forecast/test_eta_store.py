@@ -21,6 +21,8 @@ import pytest
 
 from gpu_cost.timeutil import epoch
 
+pytestmark = pytest.mark.slow  # CLI sweeps and a nightly forecast in subprocesses: 5-45 s
+
 AT = "2025-01-15T12:00:00Z"
 EARLIER = "2025-01-15T10:00:00Z"
 #: the cluster the nightly forecast generates from ``--source sim`` (16 nodes, seed 0, the policy's

@@ -33,6 +33,7 @@ def test_bad_snoozes_are_refused(store, target, until, reason, match) -> None:  
     assert store.active_snoozes(NOW) == []
 
 
+@pytest.mark.slow  # a CLI or bench subprocess: more than ~5 s
 def test_cli_snooze_and_list(tmp_path: Path) -> None:
     env = {**__import__("os").environ,
            "AIRFLOW_CONN_GPU_COST_DB": json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "a.db")})}

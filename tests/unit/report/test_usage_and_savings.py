@@ -110,6 +110,7 @@ def test_dispatcher_loads_the_ledger() -> None:
     assert dispatch.SAVINGS_HOOKS.count(savings.record_action_saving) == 1
 
 
+@pytest.mark.slow  # a CLI or bench subprocess: more than ~5 s
 def test_report_command_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = dict(os.environ)
     env["AIRFLOW_CONN_GPU_COST_DB"] = json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "a.db")})
