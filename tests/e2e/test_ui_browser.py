@@ -38,17 +38,30 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
-@pytest.fixture(scope="module")
-def page(browser, airflow_server) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    """A logged-in page (SimpleAuthManager login form)."""
+def _login(browser: Any, server: Any, user: str) -> tuple[Any, Any]:
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     p = ctx.new_page()
     p.set_default_timeout(30_000)
-    p.goto(airflow_server.url + "/")
-    p.locator("input[name=username]").fill("admin")
-    p.locator("input[name=password]").fill(airflow_server.password)
+    p.goto(server.url + "/")
+    p.locator("input[name=username]").fill(user)
+    p.locator("input[name=password]").fill(server.password_of(user))
     p.get_by_role("button", name="Sign in").click()
-    p.wait_for_url(airflow_server.url + "/")
+    p.wait_for_url(server.url + "/")
+    return ctx, p
+
+
+@pytest.fixture(scope="module")
+def page(browser, airflow_server) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    """A page logged in as ``admin``, the operator who asks (SimpleAuthManager login form)."""
+    ctx, p = _login(browser, airflow_server, "admin")
+    yield p
+    ctx.close()
+
+
+@pytest.fixture(scope="module")
+def approver_page(browser, airflow_server) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    """A page logged in as ``lead``: the second person the policy names to approve overrides."""
+    ctx, p = _login(browser, airflow_server, "lead")
     yield p
     ctx.close()
 
@@ -107,12 +120,12 @@ def test_trigger_form_runs_a_dry_run_and_writes_the_audit_row(page, airflow_serv
     (row,) = store.decisions_of_run(f"{DAG_ID}:{run_id}")
     assert (row["rule"], row["target"], row["action"], row["mode"]) == ("manual", "job:1003", "notify", "dry-run")
     assert json.loads(row["evidence"])["requested_by"] == "admin"  # the UI user, recorded
-    (action,) = store.actions_of_decision(row["decision_id"])
-    assert action["status"] == "skipped" and action["dry_run"] == 1
+    assert row["status"] == "recorded" and store.actions_of_decision(row["decision_id"]) == []  # as the sweep's dry run
     assert slack_sink.requests == []  # dry-run sent nothing
 
 
-def test_override_is_approved_on_the_required_actions_page(page, airflow_server, artifacts, slack_sink) -> None:  # type: ignore[no-untyped-def]
+def test_override_is_approved_on_the_required_actions_page(page, approver_page, airflow_server, artifacts,  # type: ignore[no-untyped-def]
+                                                           slack_sink) -> None:
     run_id = _trigger_from_form(page, airflow_server, artifacts, "override", ids="1007", dry_run=False,
                                 reason="owner unreachable for days",
                                 override="approved by the research lead in ticket 42")
@@ -123,18 +136,26 @@ def test_override_is_approved_on_the_required_actions_page(page, airflow_server,
                                      "the approval notice on Slack", timeout=30)[0]
     link = html.unescape(re.search(r"<(http[^|>]+)\|", notice).group(1))  # type: ignore[union-attr]
     assert link.startswith(f"{airflow_server.url}/dags/{DAG_ID}/runs/") and "/tasks/approve/required_actions" in link
-    page.goto(link)
-    page.get_by_text("OVERRIDDEN").first.wait_for()
-    _shot(page, artifacts, "override-required-action")
-    page.get_by_role("button", name="Approve", exact=True).click()
+    # the second person, not the requester, answers
+    approver_page.goto(link)
+    approver_page.get_by_text("OVERRIDDEN").first.wait_for()
+    _shot(approver_page, artifacts, "override-required-action")
+    approver_page.get_by_role("button", name="Approve", exact=True).click()
     _wait_run(airflow_server, run_id)
     page.goto(f"{airflow_server.url}/dags/{DAG_ID}/runs/{run_id}")
     page.get_by_text("Success").first.wait_for()
     _shot(page, artifacts, "override-success")
     (row,) = _store(airflow_server).decisions_of_run(f"{DAG_ID}:{run_id}")
-    assert row["approval_status"] == "approved" and row["approved_by"] == "admin"
+    assert row["approval_status"] == "approved" and row["approved_by"] == "lead"
+    assert json.loads(row["evidence"])["requested_by"] == "admin" and json.loads(row["evidence"])["approvers"] == ["lead"]
     assert json.loads(row["evidence"])["override"]["justification"] == "approved by the research lead in ticket 42"
-    (action,) = _store(airflow_server).actions_of_decision(row["decision_id"])
+    actions = _store(airflow_server).actions_of_decision(row["decision_id"])
+    from urllib.parse import quote
+
+    acted = airflow_server.api(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/act_approved"
+                               "/xcomEntries/return_value?deserialize=true")
+    assert len(actions) == 1, (row, acted, airflow_server.task_state(DAG_ID, run_id, "act_approved"))
+    (action,) = actions
     assert action["status"] == "succeeded" and action["dry_run"] == 0
     notices = [t for t in slack_sink.texts() if "owner unreachable for days" in t and not t.startswith("Approval")]
     assert len(notices) == 1 and "job:1007" in notices[0]

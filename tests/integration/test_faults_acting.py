@@ -1,7 +1,7 @@
 """Faults in the middle of acting, on the real Slurm cluster, SSH and audit store.
 
-- The worker is killed (``os._exit(137)`` through the test-only hook ``GPU_COST_FAULT``) right
-  after the audit ``started`` row, and right after the effect; the retried task finishes the
+- The worker is killed (``os._exit(137)``, by the worker script wrapping the real executor: nothing
+  in the package knows about it) right after the audit ``started`` row, and right after the effect; the retried task finishes the
   action once and the audit row tells what happened (started row, attempt 2, final status).
 - ``slurmctld`` restarts in the middle of a sweep: the action taken while it is down fails
   cleanly and within bounds; the job survives the restart and the act after it succeeds once.
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 POLICY = "version: 1\nmode: enforce\nprotections: []\n"
 
 WORKER = """
-import json, sys, time
+import json, os, sys, time
 from gpu_cost.actions import dispatch
 from gpu_cost.actions.base import ActionContext
 from gpu_cost.audit.store import AuditStore
@@ -40,6 +40,19 @@ from gpu_cost.runner import LocalRunner
 
 a = json.loads(sys.argv[1])
 store = AuditStore(a["store"]).ensure_schema()
+dispatch.load_executors()
+real = dispatch.REGISTRY[a["decision"]["action"]]
+
+
+def dying(d, ctx):  # the worker dies before the effect (after the started row) or right after it
+    if a["fault"] == "after_effect":
+        real(d, ctx)
+    os._exit(137)
+
+
+if a["fault"]:
+    dying.touches_cluster = real.touches_cluster
+    dispatch.REGISTRY[a["decision"]["action"]] = dying
 ctx = ActionContext(policy=parse_policy(a["policy"], "policy.yaml"), dry_run=False, now=a["now"], run_id=a["run_id"],
                     slurm=LocalRunner(env=a["env"]), sleep=time.sleep, extra={"grace_s": 5, "store": store})
 print(json.dumps(dispatch.execute([Decision(**a["decision"])], ctx, store)))
@@ -60,11 +73,9 @@ def _decision(job_id: str, action: str, rule: str = "idle_allocation", rung: int
 
 
 def _worker(store: Any, d: Decision, env: dict[str, str], fault: str | None) -> subprocess.CompletedProcess[str]:
-    child_env = {k: v for k, v in os.environ.items() if k != "GPU_COST_FAULT"}
-    if fault:
-        child_env["GPU_COST_FAULT"] = fault
+    child_env = dict(os.environ)
     args = {"store": store.url, "policy": POLICY, "now": d.ts, "run_id": "faults-acting", "env": env,
-            "decision": d.to_dict()}
+            "decision": d.to_dict(), "fault": fault}
     return subprocess.run([sys.executable, "-c", WORKER, json.dumps(args)], capture_output=True, text=True,
                           env=child_env, timeout=120)
 

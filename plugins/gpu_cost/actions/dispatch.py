@@ -12,7 +12,6 @@ the live escalation ladder advances on success, and a saving is written for effe
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,18 +29,6 @@ EXECUTOR_MODULES = ("gpu_cost.actions.slurm", "gpu_cost.actions.node", "gpu_cost
 
 #: called after a successful action to write its saving (set by the savings ledger)
 SAVINGS_HOOKS: list[Callable[[AuditStore, Decision, Outcome, ActionContext], None]] = []
-
-
-#: TEST-ONLY fault injection: ``GPU_COST_FAULT=after_started`` or ``after_effect`` makes the worker
-#: exit at once (status 137, as if killed) right after the audit ``started`` row, or right after the
-#: effect and before the row is updated. Never set it in a deployment.
-FAULT_ENV = "GPU_COST_FAULT"
-
-
-def _fault(point: str) -> None:
-    if os.environ.get(FAULT_ENV) == point:
-        logger.error("%s=%s: exiting now (test-only fault injection)", FAULT_ENV, point)
-        os._exit(137)
 
 
 def load_executors() -> dict[str, Any]:
@@ -127,7 +114,6 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
     else:
         store.execute("action_retry", {"action_id": aid})
         logger.warning("action %s was started before without an end: finishing it (executors re-check first)", aid)
-    _fault("after_started")
     if resumed and executor is not None and not dry_run and d.destructive:
         from gpu_cost import locks
 
@@ -148,7 +134,6 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
         except Exception as exc:
             logger.exception("executor for %s failed", aid)
             outcome = Outcome("failed", error=f"{type(exc).__name__}: {exc}")
-    _fault("after_effect")
     store.action_finished(aid, outcome.status, time.time(), output=_with_command(outcome), error=outcome.error)
     if outcome.status == "succeeded" and not dry_run:
         store.execute("advance_escalation", {"rule": d.rule, "target": d.target, "track": "live", "episode": d.episode,

@@ -128,7 +128,7 @@ def finish(prep: Mapping[str, Any] | None, approval: Mapping[str, Any] | None,
     approved_missing = answer == "approved" and acted_approved is None
     if acted is None or failed or approved_missing:
         status = "failed"
-    elif answer in ("rejected", "timed_out"):
+    elif answer in ("rejected", "timed_out", "refused"):
         status = "rejected"
     else:
         status = "ok"
