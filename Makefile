@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test test-unit lint bench clean
+.PHONY: setup system-deps demo test test-unit test-quick lint bench clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ test: setup system-deps
 
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit tests/dags $(PYTEST_ARGS)
+
+# the quick subset: no service started, nothing marked slow (about a minute)
+test-quick: setup
+	$(BIN)/python -m pytest -m "not slow and not integration and not e2e" $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check plugins dags tests bench
