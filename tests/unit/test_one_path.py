@@ -328,3 +328,31 @@ def test_no_way_in_acts_where_the_sweep_would_not(case) -> None:  # type: ignore
             assert manual.requires_approval
             assert a.requested_by not in manual.evidence["approvers"]
             assert set(manual.evidence["approvers"]) <= set(policy.manual.override_approvers)
+
+
+@pytest.mark.parametrize(("answer", "skips"), [("approved", False), ("rejected", True), ("refused", True)])
+def test_a_retried_approval_task_replays_the_recorded_answer(store, monkeypatch, answer: str, skips: bool) -> None:  # type: ignore[no-untyped-def]
+    """A retry of ``approve`` after the answer (a worker lost mid-commit) must not skip the approved actions."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from gpu_cost.airflow import approval, runtime
+
+    monkeypatch.setattr(runtime, "store", lambda: store)
+    run_id = "gpu_manual_reclaim:r-retry"
+    store.execute("pin_policy", {"run_id": run_id, "name": "t", "sha256": runtime._sha256(PROTECTED),
+                                 "content": PROTECTED, "pinned_at": NOW})
+    d = one(ask(override="the lead agreed in ticket 42"), PROTECTED)
+    store.record_decisions([d], run_id)
+    store.set_approval(d.decision_id, answer, "lead", NOW)
+    pushed: dict[str, object] = {}
+    context = {"ti": types.SimpleNamespace(xcom_push=lambda key, value: pushed.update({key: value})),
+               "dag_run": types.SimpleNamespace(dag_id="gpu_manual_reclaim", run_id="r-retry")}
+    op = approval.RecordingApprovalOperator(task_id="approve", notifiers=[])
+    if skips:
+        with pytest.raises(AirflowSkipException, match=f"answered already: {answer}"):
+            op.execute(context)
+    else:
+        assert op.execute(context) is None
+    decision = pushed["decision"]
+    assert isinstance(decision, dict) and decision["replayed"] is True and decision["by"] == "lead"
+    assert decision["status"] == answer and decision["decision_ids"] == [d.decision_id]

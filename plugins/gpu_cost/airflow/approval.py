@@ -165,6 +165,10 @@ class RecordingApprovalOperator(ApprovalOperator):
         policy = runtime.run_policy(store, run_id)  # the policy the run decided under, not today's file
         rows = pending_approvals(store, run_id)
         if not rows:
+            answered = [r for r in store.decisions_of_run(run_id)
+                        if r["requires_approval"] and r["approval_status"] not in (None, "pending")]
+            if answered:
+                return self._replay_answer(context, answered)
             raise AirflowSkipException("no decision of this run awaits approval")
         # the run waits for a human now: other sweeps may decide and act meanwhile (locks.run_conflict)
         store.execute("mark_run_awaiting", {"run_id": run_id})
@@ -176,6 +180,27 @@ class RecordingApprovalOperator(ApprovalOperator):
         logger.info("approval requested for %d decision(s) of %s; timeout %s, default Reject", len(rows), run_id,
                     format_duration(policy.approval.timeout))
         return super().execute(context)
+
+    def _replay_answer(self, context: Any, rows: Sequence[Mapping[str, Any]]) -> Any:
+        """A retried task whose request was answered already: give the recorded answer again, ask nobody.
+
+        The answer lives in the audit store; without this a retry would find nothing pending and skip
+        itself, and with it the approved actions (``act_approved``).
+        """
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        statuses = {str(r["approval_status"]) for r in rows}
+        approved = statuses == {APPROVED}
+        by = next((r.get("approved_by") for r in rows if r.get("approved_by")), None)
+        context["ti"].xcom_push(key="decision", value={
+            "chosen": [self.APPROVE if approved else self.REJECT], "by": by, "at": None, "timed_out": TIMED_OUT in statuses,
+            "status": APPROVED if approved else sorted(statuses - {APPROVED})[0], "decision_ids": [r["decision_id"] for r in rows],
+            "refused": None, "replayed": True})
+        logger.info("approval for %d decision(s) was answered already (%s by %s): not asked again", len(rows),
+                    ", ".join(sorted(statuses)), by)
+        if not approved:
+            raise AirflowSkipException(f"the approval was answered already: {', '.join(sorted(statuses))}")
+        return None
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         from gpu_cost.airflow import runtime
