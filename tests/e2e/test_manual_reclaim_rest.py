@@ -1,8 +1,9 @@
 """A protection override is approved by a second person, never by its requester (real Airflow, REST only).
 
-Its own deployment (api-server, scheduler, dag-processor) knows two SimpleAuthManager users, ``admin``
-and ``lead``, and a policy directory holding ``ops.yaml``: the shipped policy, enforcing, with
-``admin`` as an operator and ``admin`` and ``lead`` as override approvers. As ``admin``, a person
+The session's deployment (api-server, scheduler, dag-processor; ``tests.fixtures.airflow_server``)
+knows two SimpleAuthManager users, ``admin`` and ``lead``, and a policy directory holding
+``ops.yaml``: the shipped policy, enforcing, with ``admin`` as an operator and ``admin`` and
+``lead`` as override approvers. As ``admin``, a person
 triggers ``gpu_manual_reclaim`` over REST to notify the owner of the simulator's job 1007, which
 carries the ``no-interrupt`` protection, overriding it. The run must name ``admin`` as the requester,
 ask for approval with only ``lead`` assigned, and not act on the requester's own *Approve*: Airflow
@@ -13,10 +14,8 @@ In the first case ``lead`` then approves, and the notice goes out once, recorded
 from __future__ import annotations
 
 import json
-import re
 import time
 import urllib.error
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -24,40 +23,21 @@ from urllib.parse import quote
 import pytest
 
 from gpu_cost.audit.store import AuditStore
-from tests.fixtures.airflow_server import AirflowServer, deployment
-from tests.fixtures.core import ROOT
+from tests.fixtures.airflow_server import SESSION_WEBHOOK, AirflowServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 DAG_ID = "gpu_manual_reclaim"
-WEBHOOK = "/services/T0/B0/RECLAIMRESTSECRET"
+WEBHOOK = SESSION_WEBHOOK
 CONF = {
     "policy": "ops", "source": "sim", "target_kind": "job", "target_ids": ["1007"], "action": "notify",
     "reason": "owner unreachable for days", "dry_run": False, "override_protections": True,
     "override_justification": "approved by the research lead in ticket 42",
 }
-MANUAL = "manual:\n  operators: [admin]\n  owners_may_reclaim: true\n  override_approvers: [admin, lead]\n"
-
-
-def ops_policy() -> str:
-    """The shipped policy, enforcing, with its ``manual:`` block edited in place (one ``manual:`` key)."""
-    text = (ROOT / "include" / "policy" / "default.yaml").read_text(encoding="utf-8")
-    text, modes = re.subn(r"(?m)^mode:.*$", "mode: enforce", text)
-    text, manuals = re.subn(r"(?m)^manual:\n(?:[ \t]+\S.*\n)*", MANUAL, text)
-    assert modes == 1 and manuals == 1, "the shipped policy's layout changed: fix ops_policy()"
-    return text
-
-
 @pytest.fixture(scope="module")
-def server(session_tmp: Path, _slack_server: Any) -> Iterator[AirflowServer]:
-    home = session_tmp / "reclaim-rest-airflow"
-    policies = home / "policies"
-    policies.mkdir(parents=True, exist_ok=True)
-    (policies / "ops.yaml").write_text(ops_policy(), encoding="utf-8")
-    with deployment(home, (f"{DAG_ID}.py",), _slack_server.webhook_url(WEBHOOK),
-                    {"GPU_COST_POLICY_DIR": str(policies),
-                     "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,lead:admin"}) as s:
-        yield s
+def server(airflow_server: AirflowServer) -> AirflowServer:
+    """The session's deployment (shared with the UI tests): its default policy is ``ops``, as below."""
+    return airflow_server
 
 
 def _hitl_path(run_id: str) -> str:
@@ -106,7 +86,7 @@ def test_override_is_approved_by_a_second_person_never_the_requester(server: Air
     # the run pinned the named policy of the directory, not the deployment's default
     pinned = store.fetch("pinned_policy", {"run_id": audit_id})
     assert [p["name"] for p in pinned] == ["ops"], pinned
-    assert pinned[0]["content"] == (server.home / "policies" / "ops.yaml").read_text(encoding="utf-8")
+    assert pinned[0]["content"] == (Path(server.env["GPU_COST_POLICY_DIR"]) / "ops.yaml").read_text(encoding="utf-8")
 
     decisions = store.decisions_of_run(audit_id)
     assert len(decisions) == 1, decisions
@@ -158,8 +138,18 @@ def test_override_is_approved_by_a_second_person_never_the_requester(server: Air
     # the second person approves: the notice goes out, recorded as lead's approval
     code, text = _answer(server, run_id, "lead", "Approve")
     assert code == 200, (code, text)
-    assert server.wait_for(lambda: _finished(server, run_id), "the run to end after lead's answer",
-                           timeout=180) == "success", server.logs_tail(60)
+
+    def ended() -> str | None:
+        # Airflow (LocalExecutor) can lose an answer that comes while the parked task's process is still
+        # exiting: the task is retried and asks again. A person would answer the new request; so do we.
+        state = _finished(server, run_id)
+        if state is None and server.task_state(DAG_ID, run_id, "approve") == "awaiting_input" \
+                and not server.api(_hitl_path(run_id)).get("response_received"):
+            _answer(server, run_id, "lead", "Approve")
+        return state
+
+    assert server.wait_for(ended, "the run to end after lead's answer", timeout=180, every=3.0) == "success", \
+        server.logs_tail(60)
     assert server.task_state(DAG_ID, run_id, "approve") == "success"
     assert server.task_state(DAG_ID, run_id, "act_approved") == "success"
     row = store.get_decision(decision["decision_id"])
