@@ -144,7 +144,16 @@ class RecordingApprovalOperator(ApprovalOperator):
     someone outside the permitted approvers, is recorded as ``refused`` and counts as a *Reject*.
     """
 
+    #: Airflow can lose an answer that arrives while the parked task's process is still exiting (the
+    #: task fails and is retried); a retry asks again, or replays the answer the audit store holds, so
+    #: the request always gets this many retries, whatever the DAG's default, and a short delay
+    MIN_RETRIES, RETRY_DELAY = 3, dt.timedelta(seconds=5)
+
     def __init__(self, **kwargs: Any) -> None:
+        kwargs["retries"] = max(int(kwargs.get("retries") or 0), self.MIN_RETRIES)
+        delay = kwargs.get("retry_delay") or self.RETRY_DELAY
+        delay = delay if isinstance(delay, dt.timedelta) else dt.timedelta(seconds=float(delay))
+        kwargs["retry_delay"] = min(delay, self.RETRY_DELAY)
         kwargs.setdefault("subject", "GPU cost agent: actions awaiting approval")
         kwargs.setdefault("defaults", self.REJECT)
         kwargs.setdefault("response_timeout", DEFAULT_TIMEOUT)
