@@ -13,7 +13,7 @@ model; writes everything to `gpu_cost_forecasts` in the audit store (`gpu_cost_d
   sweep (idle past its p90 end ⇒ higher confidence) and by `gpu-cost forecast eta --job ID`;
 * `backtest:demand` / `backtest:runtime` — tonight's figures against the baselines (also in XCom).
 
-**Knobs.** Params `policy` (policy file), `source` (`sim` / `slurm` / `store` / `trace`) and `jobs`
+**Knobs.** Params `policy` (a policy of `GPU_COST_POLICY_DIR`, by name), `source` (`sim` / `slurm` / `store` / `trace`) and `jobs`
 (trace file for `trace`); or `GPU_COST_FORECAST_SOURCE` / `GPU_COST_SOURCE`.
 `GPU_COST_FORECAST_SCHEDULE` (cron, default `0 2 * * *`; `none`: manual triggers only).
 

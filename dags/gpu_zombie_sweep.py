@@ -16,8 +16,9 @@ to XCom (`summary`).
 **Modes.** The policy's `mode` decides what happens: `dry-run` records only (the shipped default),
 `notify` tells people and does nothing destructive, `enforce` acts.
 
-**Knobs.** Params `policy` (path of the policy file) and `source` (`sim` / `prometheus`), or the
-environment variables `GPU_COST_POLICY` and `GPU_COST_SOURCE`; `GPU_COST_SWEEP_SCHEDULE` (cron,
+**Knobs.** Params `policy` (a policy of the deployment's directory `GPU_COST_POLICY_DIR`, by
+name, never a path) and `source` (`sim` / `prometheus`), or the environment variables
+`GPU_COST_POLICY` and `GPU_COST_SOURCE`; `GPU_COST_SWEEP_SCHEDULE` (cron,
 default every 5 minutes; `none`: manual triggers only); `GPU_COST_SLURM=local|ssh` says
 where Slurm commands run.
 
