@@ -6,8 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 PYTEST_ARGS ?=
+# how far test-clock-ahead moves the clock (faketime offset: +7d, +30d, +1y)
+SHIFT ?= +30d
 
-.PHONY: setup system-deps demo test test-unit test-quick lint bench clean
+.PHONY: setup system-deps demo test test-unit test-quick test-clock-ahead lint bench clean
 
 setup: $(STAMP)
 
@@ -35,6 +37,11 @@ test-unit: setup
 # the quick subset: no service started, nothing marked slow (about a minute)
 test-quick: setup
 	$(BIN)/python -m pytest -m "not slow and not integration and not e2e" $(PYTEST_ARGS)
+
+# the suite with the clock moved ahead (finds tests that depend on today's date); what it leaves out and why:
+# scripts/test-clock-ahead.sh
+test-clock-ahead: setup system-deps
+	bash scripts/test-clock-ahead.sh $(SHIFT) $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check plugins dags tests bench

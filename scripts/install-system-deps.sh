@@ -15,6 +15,7 @@ have /usr/lib/postgresql/15/bin/postgres || need+=(postgresql)
 have chromium || need+=(chromium)
 have chromedriver || need+=(chromium-driver)
 have redis-server || need+=(redis-server)
+have faketime || need+=(faketime)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
