@@ -139,25 +139,9 @@ def test_override_is_approved_by_a_second_person_never_the_requester(server: Air
     code, text = _answer(server, run_id, "lead", "Approve")
     assert code == 200, (code, text)
 
-    unanswered_since: list[float] = []
-
-    def ended() -> str | None:
-        # Airflow (LocalExecutor) can lose an answer that comes while the parked task's process is still
-        # exiting: the task is retried and asks again. A person would answer the new request, seconds
-        # later, not in the same instant it appears; so do we.
-        state = _finished(server, run_id)
-        if state is None and server.task_state(DAG_ID, run_id, "approve") == "awaiting_input" \
-                and not server.api(_hitl_path(run_id)).get("response_received"):
-            unanswered_since.append(time.monotonic())
-            if time.monotonic() - unanswered_since[0] >= 5:
-                _answer(server, run_id, "lead", "Approve")
-                unanswered_since.clear()
-        else:
-            unanswered_since.clear()
-        return state
-
-    assert server.wait_for(ended, "the run to end after lead's answer", timeout=240, every=2.0) == "success", \
-        server.logs_tail(60)
+    state = server.wait_answering_again(DAG_ID, run_id, lambda: _answer(server, run_id, "lead", "Approve"),
+                                        "the run to end after lead's answer")
+    assert state == "success", server.logs_tail(60)
     assert server.task_state(DAG_ID, run_id, "approve") == "success", server.logs_tail(120)
     assert server.task_state(DAG_ID, run_id, "act_approved") == "success"
     row = store.get_decision(decision["decision_id"])

@@ -12,11 +12,9 @@ from __future__ import annotations
 import html
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 
@@ -105,36 +103,6 @@ def _wait_run(server: Any, run_id: str, state: str = "success") -> dict[str, Any
     return server.wait_for(done, f"run {run_id} to be {state}", timeout=150)  # type: ignore[no-any-return]
 
 
-def _wait_run_answering_again(server: Any, run_id: str, approver: Any, link: str) -> dict[str, Any]:
-    """Wait for the run to succeed; approve again, as the person would, if the request is asked anew.
-
-    Airflow (LocalExecutor) can lose an answer that comes while the approval task is being parked or
-    retried: the retry asks again (the same link, a new request). A request standing unanswered for
-    5 s is answered again on its page; the audit row must still show one approval and one action.
-    """
-    hitl = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1/hitlDetails"
-    unanswered_since: list[float] = []
-
-    def done() -> dict[str, Any] | None:
-        run = server.dag_run(DAG_ID, run_id)
-        if run["state"] == "failed":
-            pytest.fail(f"run {run_id} failed\n{server.logs_tail()}")
-        if run["state"] == "success":
-            return run  # type: ignore[no-any-return]
-        if server.task_state(DAG_ID, run_id, "approve") == "awaiting_input" and \
-                not server.api(hitl).get("response_received"):
-            unanswered_since.append(time.monotonic())
-            if time.monotonic() - unanswered_since[0] >= 5:
-                approver.goto(link)
-                approver.get_by_role("button", name="Approve", exact=True).click()
-                unanswered_since.clear()
-        else:
-            unanswered_since.clear()
-        return None
-
-    return server.wait_for(done, f"run {run_id} to be success", timeout=240, every=2.0)  # type: ignore[no-any-return]
-
-
 def _store(server: Any) -> Any:
     from gpu_cost.audit.store import AuditStore
 
@@ -172,8 +140,15 @@ def test_override_is_approved_on_the_required_actions_page(page, approver_page, 
     approver_page.goto(link)
     approver_page.get_by_text("OVERRIDDEN").first.wait_for()
     _shot(approver_page, artifacts, "override-required-action")
-    approver_page.get_by_role("button", name="Approve", exact=True).click()
-    _wait_run_answering_again(airflow_server, run_id, approver_page, link)
+    approve = approver_page.get_by_role("button", name="Approve", exact=True)
+    approve.click()
+
+    def again() -> None:  # the retried task asked anew: the approver answers the new request on its page
+        approver_page.goto(link)
+        approve.click()
+
+    assert airflow_server.wait_answering_again(DAG_ID, run_id, again, f"run {run_id} to end") == "success", \
+        airflow_server.logs_tail()
     page.goto(f"{airflow_server.url}/dags/{DAG_ID}/runs/{run_id}")
     page.get_by_text("Success").first.wait_for()
     _shot(page, artifacts, "override-success")
