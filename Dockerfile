@@ -4,7 +4,7 @@ FROM apache/airflow:3.3.2-python3.11
 
 # Every dependency at the version the tests ran with (requirements.lock pins apache-airflow itself).
 COPY --chown=airflow:root requirements.lock /tmp/requirements.lock
-RUN pip install --no-cache-dir -r /tmp/requirements.lock && rm /tmp/requirements.lock
+RUN pip install --no-cache-dir --require-hashes -r /tmp/requirements.lock && rm /tmp/requirements.lock
 
 # The project laid out as in the repository, under AIRFLOW_HOME: dags/ is the DAG folder, the
 # package lives in plugins/gpu_cost, its shipped files (policies, SQL, templates) in include/.

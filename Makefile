@@ -13,10 +13,13 @@ SHIFT ?= +30d
 
 setup: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml
+# requirements-dev.lock: the runtime lock (requirements.lock, what the image installs) plus tests,
+# linters and the docs site; both carry hashes, and installs check them (--require-hashes).
+$(STAMP): requirements-dev.lock requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	@test -x $(BIN)/uv || $(BIN)/pip install -q "$$(grep -E '^uv==' requirements.lock)"
-	$(BIN)/uv pip sync -q --python $(BIN)/python requirements.lock
+	@test -x $(BIN)/uv || { awk '/^uv==/{p=1} p&&/^[a-z]/&&!/^uv==/{p=0} p' requirements-dev.lock > $(VENV)/uv.lock.txt \
+		&& $(BIN)/pip install -q --require-hashes --no-deps -r $(VENV)/uv.lock.txt; }
+	$(BIN)/uv pip sync -q --require-hashes --python $(BIN)/python requirements-dev.lock
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 	@touch $(STAMP)
 
