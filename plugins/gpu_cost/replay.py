@@ -14,6 +14,14 @@ when the killed GPUs were active (utilisation at or above the rule's idle thresh
 rule window before the kill or at any time after it in the trace. Other actions (notices, demote,
 hold, requeue) change nothing in the trace.
 
+``reclaimed_gpu_hours`` uses the trace's own end of each job, which nobody knows when acting. The
+savings ledger books what the live agent would have booked, through the same
+:func:`gpu_cost.audit.savings.saving_row` (bounded by the waste already seen on the target), with
+the usage record every sweep writes, so the report's *re-used* figure comes out of the same
+:func:`gpu_cost.report.ledger.reused`: ``ledger`` gives *freed*, *re-used* and, beside them, the
+idle GPU-hours measured in the trace on the acted targets before each action — the invariant
+``re-used <= freed <= observed waste`` holds per target.
+
 A jobs-only trace (no samples) cannot show idle or zombie GPUs: the replay says so and reports
 only the allocated GPU-hours.
 """
@@ -96,6 +104,8 @@ class ReplayResult:
     rolling_capped: int = 0
     degraded_sweeps: int = 0
     notes: list[str] = field(default_factory=list)
+    #: the savings ledger as the agent would have booked it: freed, re-used, observed waste on the targets
+    ledger: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -188,6 +198,8 @@ class _Replay:
         self.approvals = approvals
         #: destructive actions carried out so far, in trace time, for the engine's rolling caps
         self.history: list[dict[str, Any]] = []
+        #: decision id -> idle GPU-hours measured on its target before the kill
+        self.waste_seen: dict[str, float] = {}
         self._dense(samples)
         n_g = len(self.hosts)
         times = self.times
@@ -339,6 +351,7 @@ class _Replay:
     def run(self) -> None:
         from gpu_cost import sweep
         from gpu_cost.audit.store import AuditStore
+        from gpu_cost.report.usage import record_usage
         from gpu_cost.rules import run_rules
         from gpu_cost.snapshot import from_matrix, rule_windows
 
@@ -371,6 +384,7 @@ class _Replay:
             plan = sweep.plan(findings, snap, p, store, t, predicted_end={})
             run_id = f"replay:{int(t)}"
             sweep.record(plan, store, run_id, t)
+            record_usage(store, snap, p, run_id=run_id)
             for d in plan.decisions:
                 self.res.decisions[d.action] = self.res.decisions.get(d.action, 0) + 1
             if plan.cap_violation:
@@ -379,6 +393,28 @@ class _Replay:
                 self._act(plan.decisions, store, t, snap.gpu_count())
             self.res.sweeps += 1
             t += step
+        self._ledger(store, last)
+
+    def _ledger(self, store: Any, until: float) -> None:
+        """Fill ``res.ledger`` from the savings the kills booked (the report's own functions)."""
+        from gpu_cost.report.ledger import reused
+
+        rows = store.query("SELECT * FROM gpu_cost_savings ORDER BY ts")
+        by_saving = reused(store, rows, until + self.policy.sweep.interval)
+        targets = []
+        for r in rows:
+            sid = str(r["saving_id"])
+            targets.append({"saving_id": sid, "target": r["target"], "freed_gpu_hours": round(float(r["gpu_hours"]), 4),
+                            "reused_gpu_hours": round(by_saving.get(sid, 0.0), 4),
+                            "observed_waste_gpu_hours": round(self.waste_seen.get(str(r["decision_id"]), 0.0), 4),
+                            "basis": r["basis"]})
+        self.res.ledger = {
+            "freed_gpu_hours": round(sum(x["freed_gpu_hours"] for x in targets), 2),
+            "reused_gpu_hours": round(sum(x["reused_gpu_hours"] for x in targets), 2),
+            "observed_waste_gpu_hours": round(sum(x["observed_waste_gpu_hours"] for x in targets), 2),
+            "freed_usd": round(sum(float(r["usd"] or 0.0) for r in rows), 2),
+            "savings": len(targets), "targets": targets,
+        }
 
     def _procs_at(self, col: int, running: set[str]) -> list[GpuProcess]:
         if self.pid is None or col < 0:
@@ -429,7 +465,24 @@ class _Replay:
                      "user": d.user, "gpus": d.gpus, "requires_approval": d.requires_approval}
             if d.action in KILL_ACTIONS:
                 entry.update(self._kill(d, t))
+                self._book(d, store, t)
             self.res.actions.append(entry)
+
+    def _book(self, d: Decision, store: Any, t: float) -> None:
+        """Book the kill's saving in the ledger, as the dispatcher's savings hook does after a live action."""
+        from gpu_cost.audit.savings import saving_row
+
+        if d.decision_id not in self.waste_seen:
+            return  # not in the trace: nothing was freed
+        model = ""
+        ids = list(d.evidence.get("gpu_ids") or [])
+        if ids:
+            host, _, gpu = str(ids[0]).rpartition(":")
+            row = self.row_of.get((host, int(gpu))) if gpu.isdigit() else None
+            model = str(self.models[row]) if row is not None else ""
+        saving = saving_row(d, self.policy, store, t, model)
+        if saving is not None:
+            store.execute("insert_saving", {**saving, "run_id": f"replay:{int(t)}", "data_ts": t})
 
     def _kill(self, d: Decision, t: float) -> dict[str, Any]:
         p = self.policy
@@ -457,6 +510,15 @@ class _Replay:
             return {"freed_gpu_hours": 0.0, "false_kill": False, "note": "target not in the trace"}
         self.res.kills += 1
         wc = int(np.searchsorted(self.times, t - window, side="right"))
+        # the waste measured on the target before the kill: its idle GPU samples since it started
+        if d.target_kind == "job":
+            sc = int(np.searchsorted(self.times, self.allocs[str(d.job_id)].start, side="left"))
+            seen = [self.util[r, sc:kc] for r in rows]
+        else:
+            pid = int(d.evidence.get("pid") or 0)
+            seen = [self.util[r, :kc][self.pid[r, :kc] == pid] for r in rows]  # type: ignore[index]
+        self.waste_seen[d.decision_id] = float(sum(
+            np.count_nonzero(np.nan_to_num(u, nan=np.inf) < thr) for u in seen)) * self.dt / 3600.0
         active = False
         for i, r in enumerate(rows):
             seg = self.util[r, wc:ec[i]]
@@ -484,6 +546,10 @@ def summary_text(r: Mapping[str, Any]) -> str:
     lines.append(f"  GPU-hours {r['gpu_hours']:,.1f}  allocated {r['allocated_gpu_hours']:,.1f}  idle (held) {idle}")
     lines.append(f"  reclaimed {r['reclaimed_gpu_hours']:,.1f} GPU-h by {r['kills']} kill(s); "
                  f"false kills: {r['false_kills']}")
+    led = r.get("ledger") or {}
+    if led.get("savings"):
+        lines.append(f"  savings ledger: freed {led['freed_gpu_hours']:,.1f} GPU-h, re-used by other jobs "
+                     f"{led['reused_gpu_hours']:,.1f}; waste observed on those targets {led['observed_waste_gpu_hours']:,.1f}")
     lines.append(f"  decisions: {r['decisions']}; approvals requested {r['approvals_requested']}; "
                  f"capped sweeps {r['capped_sweeps']}")
     lines += [f"  note: {n}" for n in r["notes"]]

@@ -72,8 +72,10 @@ def test_a_jobs_trail_tells_what_was_done_and_why(store, monkeypatch, capsys) ->
     assert second["reason"] and second["user"] == "ann" and second["approval"] is None
     (act,) = second["actions"]
     assert act["status"] == "succeeded" and act["command"] == "terminate job:41" and not act["dry_run"]
-    (saved,) = second["savings"]  # a terminate frees the GPU until the job's time limit
-    assert saved["gpu_hours"] > 0 and "time limit" in saved["basis"]
+    # a terminate frees the GPU, credited no longer than it had been seen idle: 1 h since the first
+    # finding plus the rule's 15 min window (its time limit was 46 h away)
+    (saved,) = second["savings"]
+    assert saved["gpu_hours"] == 1.25 and "waste already seen (1.25 h)" in saved["basis"], saved
     # the same as text, for a person
     code, text, _ = _cli(monkeypatch, capsys, store, "--job", "41")
     assert code == 0 and text.startswith("2 decision(s) for job 41, oldest first:")
@@ -115,4 +117,5 @@ def test_since_as_a_duration_and_bad_input(store, monkeypatch, capsys) -> None: 
     code, out, _ = _cli(monkeypatch, capsys, store, "--limit", "0", "--json")
     assert code == 2 and "--limit 0" in json.loads(out)["error"]
     code, text, _ = _cli(monkeypatch, capsys, store, "--job", "4242")
-    assert code == 0 and text.strip() == "no decision recorded for job 4242"
+    assert code == 0 and text.splitlines()[0] == "no decision recorded for job 4242"
+    assert text.splitlines()[-1].startswith("store: sqlite:///")  # every command says which store it read

@@ -3,20 +3,25 @@
 Registered in :data:`gpu_cost.actions.dispatch.SAVINGS_HOOKS` when this module is imported (the
 dispatcher imports it with the executors), so it runs after every *successful, live* action —
 never for dry-run, skipped or failed ones. Only actions that give GPUs back count:
-
 ``cancel``, ``terminate``, ``kill`` (a job ends) and ``kill_process`` (a zombie process ends).
+Advice and notices save nothing when they are sent; when the owner then ends the job early, the
+report books that release (:func:`gpu_cost.report.ledger.owner_releases`).
 
-Saving = GPUs freed x time until the job would otherwise have ended:
+**Freed** = GPUs freed x the shorter of two durations:
 
-1. the forecast p90 end, from ``decision.evidence`` (``predicted_end`` / ``p90_end``) or from the
-   forecasts table (series ``runtime:job:<id>``: ``extra.p90_end`` or ``yhat_upper`` as an epoch);
-2. else the end the decision engine used when it priced the decision (its time limit, or its
-   default horizon for processes: ``gpu_hours_saved`` and ``evidence.stakes_basis``);
+1. *the end it would have had*: the job's forecast median end (p50: ``decision.evidence``
+   ``p50_end`` / ``predicted_end``, else the forecasts table, series ``runtime:job:<id>``), else its
+   time limit; a process of no job, or a job with neither, has no such end and is credited by (2) alone;
+2. *the waste already seen*: how long the target had been wasting when it was acted on — the rule's
+   window before its first finding plus the time since that finding (the escalation's
+   ``first_seen``). An idle job seen idle for 2 h is credited at most 2 h more; a zombie process as
+   long as it had already been one. So a saving never exceeds the waste observed on its target.
 
-never later than the job's time limit, and capped at the end of the week of the action (in the
-report's time zone), so one action never claims more than the week it happened in. Money is
-GPU-hours x ``cost.gpu_hour_usd`` of the GPU model. Freed GPUs stay powered (another job gets
-them), so a GPU saving carries no kWh; energy savings are the power DAG's (kind ``power``).
+never later than the end of the week of the action (in the report's time zone). Money is GPU-hours
+x ``cost.gpu_hour_usd`` of the GPU model. Freed GPUs stay powered (another job gets them), so a GPU
+saving carries no kWh; energy savings are the power DAG's (kind ``power``). Whether other work
+really used the freed GPUs (*re-used*) is measured from later sweeps by the report
+(:mod:`gpu_cost.report.ledger`).
 
 One saving per target and escalation episode (``saving_id = gpu:<target>:<episode>``): a
 ``terminate`` followed by a ``kill`` of the same job is one saving, not two.
@@ -54,6 +59,7 @@ def week_end(ts: float, timezone: str = "UTC") -> float:
 
 
 def _forecast_end(store: AuditStore, job_id: str | None, now: float) -> float | None:
+    """Return the job's forecast median end (epoch seconds), or None."""
     if not job_id:
         return None
     try:
@@ -62,12 +68,14 @@ def _forecast_end(store: AuditStore, job_id: str | None, now: float) -> float | 
         logger.debug("no forecast for job %s: %s", job_id, exc)
         return None
     for row in rows:
+        if row.get("series") != f"runtime:job:{job_id}":
+            continue
         extra = row.get("extra")
         try:
             data = json.loads(extra) if isinstance(extra, str) and extra else {}
         except json.JSONDecodeError:
             data = {}
-        for value in (data.get("p90_end"), data.get("p90_end_ts"), row.get("yhat_upper")):
+        for value in (data.get("p50_end"), row.get("yhat")):
             if isinstance(value, int | float) and value > now - 366 * 86400:
                 return float(value)
     return None
@@ -81,29 +89,43 @@ def _job_row(store: AuditStore, job_id: str | None, now: float) -> dict[str, Any
 
 
 def expected_end(decision: Decision, store: AuditStore, now: float) -> tuple[float | None, str]:
-    """Return when the target would have ended without the action, and the basis of that figure."""
+    """Return when the target would have ended without the action, and the basis of that figure.
+
+    The forecast median (p50) end when there is one, else the time limit; never later than the
+    time limit. A process of no job (a zombie) has no expected end: ``(None, "no end")``.
+    """
     ev = dict(decision.evidence or {})
     limit_end = None
-    job = _job_row(store, decision.job_id, now)
+    job = _job_row(store, decision.job_id, now) if decision.target_kind == "job" else None
     start = ev.get("job_start_ts") or (job or {}).get("start_ts")
     limit = ev.get("time_limit_s") or (job or {}).get("time_limit_s")
     if start is None and ev.get("runtime_s") is not None:
         start = decision.ts - float(ev["runtime_s"])
     if start is not None and limit:
         limit_end = float(start) + float(limit)
-    for key in ("predicted_end", "p90_end", "forecast_p90_end"):
+    if decision.target_kind != "job":
+        return None, "no end"
+    for key in ("p50_end", "predicted_end"):
         if isinstance(ev.get(key), int | float):
             end = float(ev[key])
-            return (min(end, limit_end) if limit_end else end), "forecast p90"
+            return (min(end, limit_end) if limit_end else end), "forecast p50 end"
     forecast = _forecast_end(store, decision.job_id, now)
     if forecast is not None:
-        return (min(forecast, limit_end) if limit_end else forecast), "forecast p90"
-    if decision.gpus and decision.gpu_hours_saved > 0:
-        end = decision.ts + decision.gpu_hours_saved * 3600.0 / decision.gpus
-        return (min(end, limit_end) if limit_end else end), str(ev.get("stakes_basis") or "decision estimate")
+        return (min(forecast, limit_end) if limit_end else forecast), "forecast p50 end"
     if limit_end is not None:
         return limit_end, "time limit"
     return None, "unknown end"
+
+
+def waste_seen_s(decision: Decision, store: AuditStore, now: float) -> float:
+    """Return how long the target had been seen wasting at ``now``: the rule's window before its first
+    finding in this episode, plus the time since that finding."""
+    window = float((decision.evidence or {}).get("window_s") or 0.0)
+    first = decision.ts
+    esc = store.escalation(decision.rule, decision.target, "dry-run" if decision.mode == "dry-run" else "live")
+    if esc and int(esc.get("episode") or 1) == decision.episode and esc.get("first_seen") is not None:
+        first = min(first, float(esc["first_seen"]))
+    return max(0.0, now - first) + window
 
 
 def saving_row(decision: Decision, policy: Policy, store: AuditStore, now: float,
@@ -112,16 +134,21 @@ def saving_row(decision: Decision, policy: Policy, store: AuditStore, now: float
     if decision.action not in FREEING_ACTIONS or decision.gpus <= 0:
         return None
     end, basis = expected_end(decision, store, now)
-    if end is None:
-        logger.info("no saving recorded for %s: the job's end is unknown", decision.target)
-        return None
-    cap = week_end(now, policy.report.timezone)
-    capped = min(end, cap)
-    hours = max(0.0, capped - now) / 3600.0
+    seen = waste_seen_s(decision, store, now)
+    remaining = max(0.0, end - now) if end is not None else seen
+    cap = max(0.0, week_end(now, policy.report.timezone) - now)
+    credited = min(remaining, seen, cap)
+    if credited == cap and cap < min(remaining, seen):
+        why = "the end of the week"
+    elif end is not None and remaining <= seen:
+        why = basis
+    else:
+        why = f"the waste already seen ({seen / 3600.0:.2f} h)"
+    hours = credited / 3600.0
     gpu_hours = round(decision.gpus * hours, 4)
     model = gpu_model if gpu_model is not None else _gpu_model(store, decision, now)
     rate = policy.cost.gpu_hour(model)
-    note = f"{decision.gpus} GPU x {hours:.2f} h until {basis}" + (" (capped at week end)" if capped < end else "")
+    note = f"freed: {decision.gpus} GPU x {hours:.2f} h, until {why}"
     return {
         "saving_id": f"gpu:{decision.target}:{decision.episode}", "decision_id": decision.decision_id, "ts": now,
         "kind": "gpu", "target": decision.target, "user_name": decision.user, "account": decision.account,

@@ -415,6 +415,8 @@ def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, 
     evidence.update(v.evidence)
     evidence.update({"gpu_ids": list(f.gpu_ids), "track": v.track})
     evidence.update(identity_of(f))
+    if f.target_kind == "job" and f.time_limit_s:
+        evidence.setdefault("time_limit_s", float(f.time_limit_s))  # the savings ledger's "end it would have had"
     return Decision(
         decision_id=decision_id(f.rule, f.target, episode, index, v.track), ts=now, rule=f.rule,
         target_kind=f.target_kind, target=f.target, action=v.action, mode=v.mode, rung=index, episode=episode,

@@ -149,17 +149,18 @@ def _frame(ax: Any, grid: str, **legend: Any) -> None:
 
 
 def cumulative_savings(k: Mapping[str, Any]) -> bytes:
-    """Realized GPU-hours saved over the period (ledger), and what dry-run decisions would have freed."""
+    """GPU-hours freed over the period (ledger), with how much of it other jobs re-used, and what dry-run
+    decisions would have freed."""
     import datetime as dt
 
     from gpu_cost.timeutil import epoch
 
     plt, fig, ax = _figure("cumulative_savings")
     since, until = epoch(k["period"]["since"]), epoch(k["period"]["until"])
-    realized = k["savings"]["realized"]["points"]
+    freed = [p for p in k["savings"]["freed"]["points"] if float(p[1]) > 0]
     potential = k["savings"]["potential"]["points"]
-    ax.set_title("Cumulative GPU-hours saved (realized, from the savings ledger)")
-    if not realized and not potential:
+    ax.set_title("Cumulative GPU-hours freed by actions (savings ledger)")
+    if not freed and not potential:
         _empty(ax, "no savings recorded in this period")
         return _png(plt, fig)
 
@@ -176,15 +177,16 @@ def cumulative_savings(k: Mapping[str, Any]) -> bytes:
         return xs, ys
 
     cur = k["currency"]
-    if realized:
-        xs, ys = steps(realized)
+    if freed:
+        xs, ys = steps(freed)
         ax.step(xs, ys, where="post", color=SAVED, linewidth=2.2,
-                label=f"realized: {ys[-1]:,.0f} GPU-h · {_money(k['savings']['realized']['cost'], cur)}")
+                label=f"freed: {ys[-1]:,.0f} GPU-h, of which re-used by other jobs "
+                      f"{k['savings']['reused']['gpu_hours']:,.0f} GPU-h · {_money(k['savings']['reused']['cost'], cur)}")
         ax.fill_between(xs, ys, step="post", color=SAVED, alpha=0.12)
     if potential:
         xs, ys = steps(potential)
         ax.step(xs, ys, where="post", color=POTENTIAL, linewidth=1.6, linestyle="--",
-                label=f"would have (dry-run, not realized): {ys[-1]:,.0f} GPU-h")
+                label=f"would have freed (dry-run, not counted): {ys[-1]:,.0f} GPU-h")
     import matplotlib.dates as mdates
 
     ax.xaxis.set_major_locator(mdates.DayLocator())

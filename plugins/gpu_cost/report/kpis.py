@@ -8,13 +8,15 @@
   action counts in the week its decision was taken, once (actions are keyed by decision);
 - dry-run decisions are counted apart as "would have", and so is the GPU time they would have
   freed ("potential"): the report never claims what was only observed;
-- realized savings come from the savings ledger ``gpu_cost_savings`` only.
+- savings come from the savings ledger ``gpu_cost_savings`` only: *freed* (what the agent's actions,
+  and owners' own releases after a notice, gave back, bounded by the waste seen on each target) and
+  *re-used* (what other jobs were then given, measured from later sweeps); the headline is re-used
+  (:func:`ledger_savings`, :mod:`gpu_cost.report.ledger`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import math
 from collections import defaultdict
@@ -228,34 +230,34 @@ def event_counts(actions: Iterable[Mapping[str, Any]], decisions: Iterable[Mappi
             "live_total": sum(live.values()), "would_have_total": sum(would.values())}
 
 
-def potential_savings(decisions: Iterable[Mapping[str, Any]], policy: Policy, until: float) -> dict[str, Any]:
-    """Return GPU time dry-run decisions *would* have freed (one per target and episode), capped at ``until``."""
-    best: dict[tuple[str, int], tuple[float, float, str | None]] = {}
+def potential_savings(store: AuditStore, decisions: Iterable[Mapping[str, Any]], policy: Policy,
+                      until: float) -> dict[str, Any]:
+    """Return GPU time dry-run decisions *would* have freed (one per target and episode), counted as the ledger
+    counts a live action (:func:`gpu_cost.audit.savings.saving_row`) at the decision's instant, capped at ``until``."""
+    from gpu_cost.audit.savings import saving_row
+    from gpu_cost.model import Decision
+
+    best: dict[tuple[str, int], tuple[float, float, float]] = {}
     for d in sorted(decisions, key=lambda x: float(x["ts"])):
         if d.get("mode") != "dry-run" or d["action"] not in FREEING or not d.get("gpus"):
             continue
         key = (d["target"], int(d.get("episode") or 1))
         if key in best:
             continue
-        gpus = float(d["gpus"])
-        hours = min(float(d.get("gpu_hours_saved") or 0.0), gpus * max(0.0, until - float(d["ts"])) / 3600.0)
-        ev = d.get("evidence")
-        model = None
-        if isinstance(ev, str) and ev:
-            try:
-                ids = json.loads(ev).get("gpu_model")
-                model = ids if isinstance(ids, str) else None
-            except json.JSONDecodeError:
-                model = None
-        best[key] = (float(d["ts"]), hours, model)
-    gpu_hours = sum(h for _, h, _ in best.values())
-    usd = sum(h * policy.cost.gpu_hour(m) for _, h, m in best.values())
-    return {"count": len(best), "gpu_hours": round(gpu_hours, 2), "cost": round(usd, 2),
+        ts = float(d["ts"])
+        row = saving_row(Decision.from_row(d), policy, store, ts)
+        if row is None:
+            continue
+        hours = min(float(row["gpu_hours"]), float(d["gpus"]) * max(0.0, until - ts) / 3600.0)
+        rate = float(row["usd"]) / float(row["gpu_hours"]) if row["gpu_hours"] else 0.0
+        best[key] = (ts, hours, hours * rate)
+    return {"count": len(best), "gpu_hours": round(sum(h for _, h, _ in best.values()), 2),
+            "cost": round(sum(c for _, _, c in best.values()), 2),
             "points": sorted((ts, round(h, 3)) for ts, h, _ in best.values())}
 
 
 def savings_totals(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Return realized savings from ledger rows: totals and by kind."""
+    """Return savings from ledger rows: totals and by kind (each saving once)."""
     by_kind: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     points = []
     seen: set[str] = set()
@@ -381,17 +383,49 @@ def change(current: Mapping[str, Any], previous: Sequence[Mapping[str, Any]]) ->
     return out
 
 
+def ledger_savings(store: AuditStore, policy: Policy, decisions: Sequence[Mapping[str, Any]], since: float,
+                   until: float) -> dict[str, Any]:
+    """Return the period's savings: ``freed`` (the ledger, plus owners' own releases after a notice),
+    ``reused`` (what other jobs were then given, :func:`gpu_cost.report.ledger.reused`) and the headline.
+
+    The headline money is the re-used GPU time's value plus the power savings' energy value: GPU time
+    freed that nobody needed is shown (``freed``) but is not money saved.
+    """
+    from gpu_cost.report import ledger
+
+    rows = store.fetch("savings_between", {"since": since, "until": until})
+    acted = {str(r["target"]).split(":", 1)[1] for r in rows if str(r.get("target") or "").startswith("job:")}
+    owner = ledger.owner_releases(store, decisions, policy, since, until, acted)
+    every = [*rows, *owner]
+    freed = savings_totals(every)
+    per_saving = ledger.reused(store, every, until)
+    rate = {str(r["saving_id"]): float(r.get("usd") or 0.0) / float(r["gpu_hours"])
+            for r in every if float(r.get("gpu_hours") or 0.0) > 0}
+    gpu_freed = sum(float(r.get("gpu_hours") or 0.0) for r in every if r.get("kind") in ("gpu", "owner"))
+    reused_h = sum(per_saving.values())
+    reused_cost = sum(h * rate.get(sid, 0.0) for sid, h in per_saving.items())
+    power_cost = float(freed["by_kind"].get("power", {}).get("cost", 0.0))
+    return {
+        "freed": freed,
+        "reused": {"gpu_hours": round(reused_h, 2), "cost": round(reused_cost, 2),
+                   "count": sum(1 for h in per_saving.values() if h > 0), "share_of_freed": _ratio(reused_h, gpu_freed),
+                   "by_saving": {k: round(v, 3) for k, v in sorted(per_saving.items())}},
+        "power_cost": round(power_cost, 2),
+        "headline_cost": round(reused_cost + power_cost, 2),
+    }
+
+
 # -- the whole thing -------------------------------------------------------------------------------
 def _week_summary(store: AuditStore, policy: Policy, since: float, until: float) -> dict[str, Any]:
     by_ts = store.query(_USAGE_BY_TS, {"since": since, "until": until})
     tot = usage_totals(by_ts, since, until)
     owners = owner_tables(store.query(_USAGE_BY_OWNER, {"since": since, "until": until}), policy)
-    sav = savings_totals(store.fetch("savings_between", {"since": since, "until": until}))
+    sav = ledger_savings(store, policy, store.fetch("decisions_between", {"since": since, "until": until}), since, until)
     return {"since": iso(since), "until": iso(until), "label": period_label(since, until, policy.report.timezone),
             "has_data": tot["sweeps"] > 0, "util_all_pct": tot["util_all_pct"], "util_alloc_pct": owners["util_alloc_pct"],
             "waste_ratio": tot["waste_ratio"], "idle_alloc_gpu_hours": tot["idle_alloc_gpu_hours"],
-            "zombie_gpu_hours": tot["zombie_gpu_hours"], "savings_gpu_hours": sav["gpu_hours"],
-            "savings_cost": sav["cost"]}
+            "zombie_gpu_hours": tot["zombie_gpu_hours"], "savings_gpu_hours": sav["reused"]["gpu_hours"],
+            "savings_cost": sav["headline_cost"], "freed_gpu_hours": sav["freed"]["gpu_hours"]}
 
 
 def compute(store: AuditStore, policy: Policy, since: float, until: float, trend_weeks: int = TREND_WEEKS) -> dict[str, Any]:
@@ -407,8 +441,9 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
     actions = store.query(_ACTIONS_OF_DECISIONS, {"since": since, "until": until})
     snoozes = [s for s in store.fetch("active_snoozes", {"now": since}) if since <= float(s["created_at"]) < until]
     events = event_counts(actions, decisions, snoozes)
-    realized = savings_totals(store.fetch("savings_between", {"since": since, "until": until}))
-    potential = potential_savings(decisions, policy, until)
+    savings = ledger_savings(store, policy, decisions, since, until)
+    freed, reused = savings["freed"], savings["reused"]
+    potential = potential_savings(store, decisions, policy, until)
     sizing = right_sizing(store.fetch("job_usage_between", {"since": since, "until": until, "min_gpus": 2}))
     runs = store.query(_RUNS, {"since": since, "until": until})
     rate = policy.cost.gpu_hour("default")
@@ -418,7 +453,8 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
     current = {"has_data": totals["sweeps"] > 0, "util_all_pct": totals["util_all_pct"],
                "util_alloc_pct": owners["util_alloc_pct"], "waste_ratio": totals["waste_ratio"],
                "idle_alloc_gpu_hours": totals["idle_alloc_gpu_hours"], "zombie_gpu_hours": totals["zombie_gpu_hours"],
-               "savings_gpu_hours": realized["gpu_hours"], "savings_cost": realized["cost"]}
+               "savings_gpu_hours": reused["gpu_hours"], "savings_cost": savings["headline_cost"],
+               "freed_gpu_hours": freed["gpu_hours"]}
     previous = [_week_summary(store, policy, since - 7 * 86400 * k, until - 7 * 86400 * k)
                 for k in range(1, trend_weeks + 1)]
     modes = sorted({str(r["mode"]) for r in runs if r.get("mode")})
@@ -434,7 +470,7 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
         "by_user": owners["by_user"],
         "users_with_idle": owners["users_with_idle"],
         "events": events,
-        "savings": {"realized": realized, "potential": potential},
+        "savings": {**savings, "potential": potential},
         "right_sizing": sizing,
         "heatmap": heatmap(by_ts, tzname),
         "daily": daily_series(since, until, tzname, actions, decisions),
@@ -450,5 +486,5 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
     }
     logger.info("KPIs for %s: %s sweeps, util %.1f%%, waste ratio %s, %d live events, %.1f GPU-h saved",
                 result["period"]["label"], totals["sweeps"], totals["util_all_pct"] or 0.0, totals["waste_ratio"],
-                events["live_total"], realized["gpu_hours"])
+                events["live_total"], freed["gpu_hours"])
     return result

@@ -168,9 +168,11 @@ def build_report(store: AuditStore, policy: Policy, since: float, until: float,
 def headline(kpis: Mapping[str, Any]) -> dict[str, Any]:
     """Return the few figures a caller prints or puts in XCom."""
     c = kpis["cluster"]
-    s = kpis["savings"]["realized"]
+    s = kpis["savings"]["freed"]
+    r = kpis["savings"]["reused"]
     return {"util_all_pct": c["util_all_pct"], "util_alloc_pct": c["util_alloc_pct"], "waste_ratio": c["waste_ratio"],
             "idle_alloc_gpu_hours": c["idle_alloc_gpu_hours"], "zombie_gpu_hours": c["zombie_gpu_hours"],
-            "saved_gpu_hours": s["gpu_hours"], "saved_kwh": s["kwh"], "saved_cost": s["cost"],
+            "saved_gpu_hours": r["gpu_hours"], "saved_kwh": s["kwh"], "saved_cost": kpis["savings"]["headline_cost"],
+            "freed_gpu_hours": s["gpu_hours"], "freed_cost": s["cost"], "reused_gpu_hours": r["gpu_hours"],
             "currency": kpis["currency"], "live_events": kpis["events"]["live_total"],
             "would_have_events": kpis["events"]["would_have_total"]}

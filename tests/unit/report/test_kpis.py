@@ -104,7 +104,7 @@ def _decision(i: int, action: str, mode: str, ts: float, **extra) -> dict:  # ty
             "target": f"job:{i}", "action": action, "mode": mode, "rung": 0, "episode": 1, "job_id": str(i),
             "user_name": "bob", "account": "vision", "partition_name": "batch", "host": "n1", "gpus": 2,
             "reason": "", "protection": None, "requires_approval": 0, "approval_status": None, "status": "decided",
-            "gpu_hours_at_risk": 1.0, "gpu_hours_saved": 10.0, "evidence": json.dumps({}), **extra}
+            "gpu_hours_at_risk": 1.0, "gpu_hours_saved": 10.0, "evidence": json.dumps({"window_s": 3600}), **extra}
 
 
 def test_events_live_once_and_dry_run_apart(store, policy) -> None:  # type: ignore[no-untyped-def]
@@ -129,11 +129,11 @@ def test_events_live_once_and_dry_run_apart(store, policy) -> None:  # type: ign
     assert ev["approvals"] == {"requested": 2, "approved": 1, "rejected": 1, "timed_out": 0, "pending": 0}
     assert ev["failed"] == 1 and ev["live_total"] == 4 and ev["would_have_total"] == 2
     k = kpis.compute(store, policy, SINCE, UNTIL)
-    # dry-run cancel of 2 GPUs, 10 GPU-h saved by the engine's estimate: potential, not realized
-    assert k["savings"]["potential"]["gpu_hours"] == 10.0 and k["savings"]["realized"]["gpu_hours"] == 0.0
+    # dry-run cancel of 2 GPUs, seen idle for its 1 h window (its end unknown): 2 GPU-h potential, nothing freed
+    assert k["savings"]["potential"]["gpu_hours"] == 2.0 and k["savings"]["freed"]["gpu_hours"] == 0.0
 
 
-def test_realized_savings_by_kind(store, policy) -> None:  # type: ignore[no-untyped-def]
+def test_freed_savings_by_kind(store, policy) -> None:  # type: ignore[no-untyped-def]
     store.execute("insert_saving", [
         {"saving_id": "gpu:job:1:1", "decision_id": "d1", "ts": T1, "kind": "gpu", "target": "job:1", "user_name": "bob",
          "account": "vision", "gpu_model": "a100", "gpus": 2, "gpu_hours": 12.0, "kwh": 0.0, "usd": 24.0, "basis": "x"},
@@ -143,7 +143,7 @@ def test_realized_savings_by_kind(store, policy) -> None:  # type: ignore[no-unt
          "user_name": "x", "account": "y", "gpu_model": "a100", "gpus": 1, "gpu_hours": 5.0, "kwh": 0, "usd": 10.0,
          "basis": "next week"},
     ])
-    s = kpis.compute(store, policy, SINCE, UNTIL)["savings"]["realized"]
+    s = kpis.compute(store, policy, SINCE, UNTIL)["savings"]["freed"]
     assert s["count"] == 2 and s["gpu_hours"] == 12.0 and s["kwh"] == 3.2 and s["cost"] == 24.48
     assert s["by_kind"]["power"]["kwh"] == 3.2 and s["by_kind"]["gpu"]["cost"] == 24.0
 

@@ -63,33 +63,58 @@ def test_record_usage_is_idempotent(store, snap, policy) -> None:  # type: ignor
     assert store.query("SELECT COUNT(*) AS n FROM gpu_cost_jobs_usage")[0]["n"] == first["job_rows"] == 6
 
 
-def _decision(action: str, gpus: int = 2, saved: float = 20.0, ts: float = NOW, **kw) -> Decision:  # type: ignore[no-untyped-def]
+def _decision(action: str, gpus: int = 2, ts: float = NOW, **kw) -> Decision:  # type: ignore[no-untyped-def]
+    """Job 1003 started 10 h before NOW with a 20 h limit, idle for the rule's 2 h window at NOW."""
+    evidence = {"job_start_ts": NOW - 10 * 3600, "time_limit_s": 20 * 3600, "window_s": 2 * 3600, **kw}
     return Decision(decision_id="abc", ts=ts, rule="idle_allocation", target_kind="job", target="job:1003",
                     action=action, mode="enforce", episode=1, job_id="1003", user="carol", account="nlp", host="gpu01",
-                    gpus=gpus, gpu_hours_saved=saved, evidence={"stakes_basis": "time limit", **kw})
+                    gpus=gpus, gpu_hours_saved=20.0, evidence=evidence)
 
 
-def test_saving_is_gpus_times_time_left_priced_by_model(store, policy) -> None:  # type: ignore[no-untyped-def]
+def test_freed_is_bounded_by_the_waste_already_seen(store, policy) -> None:  # type: ignore[no-untyped-def]
+    # found idle (2 h window) at NOW, acted on 1 h later: 3 h of waste seen, 9 h left to the limit
     ctx = ActionContext(policy=policy, dry_run=False, now=NOW + 3600)
     savings.record_action_saving(store, _decision("terminate"), Outcome("succeeded"), ctx)
     (row,) = store.query("SELECT * FROM gpu_cost_savings")
-    # the engine priced 20 GPU-h at decision time (10 h left on 2 GPUs); acting 1 h later frees 9 h x 2
-    assert row["gpu_hours"] == 18.0 and row["usd"] == 36.0 and row["kind"] == "gpu" and row["kwh"] == 0
-    assert "time limit" in row["basis"]
+    assert row["gpu_hours"] == 6.0 and row["usd"] == 12.0 and row["kind"] == "gpu" and row["kwh"] == 0
+    assert "waste already seen (3.00 h)" in row["basis"], row["basis"]
     # the same episode's kill adds nothing
     savings.record_action_saving(store, _decision("kill"), Outcome("succeeded"), ctx)
     assert store.table_counts()["gpu_cost_savings"] == 1
 
 
-def test_forecast_p90_wins_and_week_end_caps(store, policy) -> None:  # type: ignore[no-untyped-def]
-    ctx = ActionContext(policy=policy, dry_run=False, now=NOW)
-    d = _decision("cancel", saved=2 * 500.0, predicted_end=NOW + 2 * 3600)
-    assert savings.saving_row(d, policy, store, NOW, "a100")["gpu_hours"] == 4.0
-    far = _decision("cancel", saved=2 * 500.0)              # 500 h left, but the week ends
+def test_the_escalation_first_finding_counts_as_waste_seen(store, policy) -> None:  # type: ignore[no-untyped-def]
+    # the episode began 6 h before the decision: 6 h + the window seen, more than the 9 h left
+    store.execute("insert_escalation", {"rule": "idle_allocation", "target": "job:1003", "track": "live",
+                                        "episode": 1, "now": NOW - 6 * 3600, "job_id": "1003", "user_name": "carol"})
+    row = savings.saving_row(_decision("cancel"), policy, store, NOW + 3600, "a100")
+    assert row is not None and row["gpu_hours"] == 18.0 and "time limit" in row["basis"], row
+
+
+def test_forecast_p50_end_wins_and_week_end_caps(store, policy) -> None:  # type: ignore[no-untyped-def]
+    d = _decision("cancel", p50_end=NOW + 1800, window_s=4 * 3600)
+    row = savings.saving_row(d, policy, store, NOW, "a100")
+    assert row is not None and row["gpu_hours"] == 1.0 and "forecast p50 end" in row["basis"], row
+    # a job idle for days with days left: the week's end caps the credit
+    far = _decision("cancel", time_limit_s=40 * 86400, window_s=20 * 86400)
     row = savings.saving_row(far, policy, store, NOW, "h100")
+    assert row is not None
     assert row["gpu_hours"] == pytest.approx(2 * (savings.week_end(NOW) - NOW) / 3600, abs=1e-3)
-    assert row["usd"] == pytest.approx(row["gpu_hours"] * 4.0, abs=0.01) and "capped" in row["basis"]
-    assert ctx.now == NOW
+    assert row["usd"] == pytest.approx(row["gpu_hours"] * 4.0, abs=0.01) and "end of the week" in row["basis"]
+
+
+def test_a_zombie_is_credited_as_long_as_it_had_been_one(store, policy) -> None:  # type: ignore[no-untyped-def]
+    d = Decision(decision_id="z", ts=NOW, rule="zombie", target_kind="process", target="proc:gpu01:4242",
+                 action="kill_process", mode="enforce", episode=1, job_id=None, user="bob", account="", host="gpu01",
+                 gpus=1, gpu_hours_saved=24.0, evidence={"window_s": 900})
+    row = savings.saving_row(d, policy, store, NOW + 900, "a100")
+    assert row is not None and row["gpu_hours"] == 0.5 and "waste already seen" in row["basis"], row
+
+
+def test_a_job_of_unknown_end_is_credited_only_the_waste_already_seen(store, policy) -> None:  # type: ignore[no-untyped-def]
+    d = _decision("cancel", job_start_ts=None, time_limit_s=None)
+    row = savings.saving_row(d, policy, store, NOW, "a100")
+    assert row is not None and row["gpu_hours"] == 4.0 and "waste already seen (2.00 h)" in row["basis"], row
 
 
 @pytest.mark.parametrize(("action", "outcome", "dry_run"), [

@@ -1,0 +1,128 @@
+"""The savings ledger's *re-used* and owner-release figures, and its invariant over replayed weeks:
+re-used <= freed <= the waste observed on the acted targets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_cost.audit.store import AuditStore
+from gpu_cost.report import kpis, ledger
+from tests.fixtures.core import NOW
+
+H = 3600.0
+
+
+def _usage(store: AuditStore, ts: float, host: str, host_gpus: int, allocated: int, interval: float = 300.0) -> None:
+    store.execute("upsert_usage", [{
+        "ts": ts, "interval_s": interval, "host": host, "gpu_model": "a100", "user_name": "", "account": "",
+        "partition_name": "", "gpus": host_gpus, "total_gpu_s": host_gpus * interval,
+        "allocated_gpu_s": allocated * interval, "busy_gpu_s": 0.0, "idle_alloc_gpu_s": 0.0, "zombie_gpu_s": 0.0,
+        "util_sum": 0.0, "run_id": "r", "data_ts": ts}])
+
+
+def _decision(store: AuditStore, did: str, action: str, job: str, gpus: int, ts: float, **kw: Any) -> dict[str, Any]:
+    row = {"decision_id": did, "run_id": "r", "ts": ts, "rule": "idle_allocation", "target_kind": "job",
+           "target": f"job:{job}", "action": action, "mode": "enforce", "rung": 0, "episode": 1, "job_id": job,
+           "user_name": "carol", "account": "nlp", "partition_name": "batch", "host": "g1", "gpus": gpus,
+           "reason": "", "protection": None, "requires_approval": 0, "approval_status": None, "status": "acted",
+           "gpu_hours_at_risk": 1.0, "gpu_hours_saved": 1.0,
+           "evidence": json.dumps({"gpu_ids": [f"g1:{i}" for i in range(gpus)], "window_s": 2 * H,
+                                   "job_start_ts": ts - 10 * H, "time_limit_s": 48 * H, **kw.pop("evidence", {})}),
+           **kw}
+    store.execute("insert_decision", [row])
+    return row
+
+
+def _saving(did: str, ts: float, gpus: int, gpu_hours: float) -> dict[str, Any]:
+    return {"saving_id": f"gpu:{did}", "decision_id": did, "ts": ts, "kind": "gpu", "target": "job:1", "user_name": "c",
+            "account": "a", "gpu_model": "a100", "gpus": gpus, "gpu_hours": gpu_hours, "kwh": 0.0, "usd": gpu_hours * 2,
+            "basis": "x"}
+
+
+def test_re_used_counts_only_what_others_could_not_have_had(store) -> None:  # type: ignore[no-untyped-def]
+    # 2 of g1's 8 GPUs freed at NOW for 2 h (4 GPU-h): the host was full, 6 others allocated
+    _decision(store, "d1", "cancel", "1", 2, NOW)
+    for k in range(1, 25):                 # 24 sweeps of 5 min after the action
+        allocated = 6 if k <= 6 else (7 if k <= 12 else 8)   # 30 min nothing, 30 min one GPU, then both
+        _usage(store, NOW + 300 * k, "g1", 8, allocated)
+    got = ledger.reused(store, [_saving("d1", NOW, 2, 4.0)], NOW + 3 * H)
+    assert got["gpu:d1"] == pytest.approx(0.5 * 1 + 1.0 * 2)
+
+
+def test_a_host_with_spare_gpus_re_uses_nothing(store) -> None:  # type: ignore[no-untyped-def]
+    _decision(store, "d1", "cancel", "1", 2, NOW)
+    for k in range(1, 25):                 # 12 of 16 GPUs busy: the new jobs did not need the freed two
+        _usage(store, NOW + 300 * k, "g1", 16, 12)
+    assert ledger.reused(store, [_saving("d1", NOW, 2, 4.0)], NOW + 3 * H)["gpu:d1"] == 0.0
+
+
+def test_re_used_never_exceeds_freed(store) -> None:  # type: ignore[no-untyped-def]
+    _decision(store, "d1", "cancel", "1", 2, NOW)
+    for k in range(1, 49):
+        _usage(store, NOW + 300 * k, "g1", 8, 8)
+    assert ledger.reused(store, [_saving("d1", NOW, 2, 4.0)], NOW + 5 * H)["gpu:d1"] == 4.0
+
+
+def _job_seen(store: AuditStore, job: str, first: float, last: float, gpus: int = 2) -> None:
+    t = first
+    while t <= last:
+        store.execute("upsert_job_usage", [{
+            "ts": t, "job_id": job, "interval_s": 300.0, "user_name": "carol", "account": "nlp",
+            "partition_name": "batch", "gpu_model": "a100", "job_name": "train", "gpus": gpus, "gpus_requested": gpus,
+            "gpus_busy": 0, "gpus_active": 0, "gpus_stale": 0, "work_gpus": 0.0, "time_limit_s": 48 * H,
+            "start_ts": first - 10 * H, "run_id": "r", "data_ts": t}])
+        t += 300.0
+
+
+def test_a_notice_saves_nothing_until_the_owner_releases(store, policy) -> None:  # type: ignore[no-untyped-def]
+    d = _decision(store, "n1", "notify", "7", 2, NOW)
+    _job_seen(store, "9", NOW - H, NOW + 6 * H)       # another job keeps the sweeps going
+    _job_seen(store, "7", NOW - H, NOW + 6 * H)       # still running at the last sweep: no release
+    assert ledger.owner_releases(store, [d], policy, NOW - H, NOW + 7 * H, acted_jobs=()) == []
+    d = _decision(store, "n2", "notify", "8", 2, NOW)
+    _job_seen(store, "8", NOW - H, NOW + H)           # carol cancels job 8 an hour after its notice
+    (row,) = ledger.owner_releases(store, [d], policy, NOW - H, NOW + 7 * H, acted_jobs=())
+    # released at NOW + 1 h + half a sweep; credited no longer than the waste seen (2 h window + 1 h)
+    assert row["kind"] == "owner" and row["gpus"] == 2
+    assert row["gpu_hours"] == pytest.approx(2 * (2 * H + H + 150) / H, abs=1e-3), row
+    # a job the agent itself ended is the agent's saving, not the owner's
+    assert ledger.owner_releases(store, [d], policy, NOW - H, NOW + 7 * H, acted_jobs=("8",)) == []
+
+
+def test_the_report_headline_is_re_used_and_freed_is_beside_it(store, policy) -> None:  # type: ignore[no-untyped-def]
+    _decision(store, "d1", "cancel", "1", 2, NOW)
+    store.execute("insert_saving", [{**_saving("d1", NOW, 2, 4.0), "run_id": "r", "data_ts": NOW}])
+    for k in range(1, 25):
+        _usage(store, NOW + 300 * k, "g1", 8, 7)      # one of the two freed GPUs taken for 2 h
+    s = kpis.ledger_savings(store, policy, store.fetch("decisions_between", {"since": NOW - H, "until": NOW + 3 * H}),
+                            NOW - H, NOW + 3 * H)
+    assert s["freed"]["gpu_hours"] == 4.0 and s["reused"]["gpu_hours"] == 2.0
+    assert s["headline_cost"] == pytest.approx(2.0 * 2)   # re-used GPU-h at the saving's own rate
+    assert s["reused"]["share_of_freed"] == pytest.approx(0.5)
+
+
+@pytest.mark.slow  # two replayed generated weeks of 16 GPUs: ~25 s each
+@pytest.mark.parametrize("seed", [1, 2])
+def test_over_replayed_weeks_savings_never_exceed_the_waste_seen(tmp_path: Path, seed: int) -> None:
+    from gpu_cost.commands.simtrace import write_sim_trace
+    from gpu_cost.policy import load_policy
+    from gpu_cost.replay import replay_files
+    from tests.fixtures.core import ROOT
+
+    end = 1795910400.0  # a Monday, 00:00 UTC
+    write_sim_trace(tmp_path, days=7.0, gpus=16, seed=seed, end=end)
+    res = replay_files(tmp_path / "samples.parquet", tmp_path / "jobs.csv",
+                       load_policy(ROOT / "include" / "policy" / "default.yaml"), mode="enforce")
+    led = res.ledger
+    assert res.kills > 0 and led["savings"] > 0, "the generated week must give the ledger something to book"
+    one_sample = 16 * res.sample_interval_s / H   # a kill instant may fall between two samples
+    for t in led["targets"]:
+        assert t["reused_gpu_hours"] <= t["freed_gpu_hours"] + 1e-9, t
+        assert t["freed_gpu_hours"] <= t["observed_waste_gpu_hours"] + one_sample, t
+    assert led["reused_gpu_hours"] <= led["freed_gpu_hours"] <= led["observed_waste_gpu_hours"] + one_sample
+    # the ledger books what was knowable, never the trace's hindsight of each job's real end
+    assert led["freed_gpu_hours"] <= res.idle_gpu_hours
