@@ -228,3 +228,12 @@ def test_default_policy_on_the_default_scenario_makes_no_false_kill(tmp_path: Pa
     assert res.false_kills == 0
     killed = {a["job_id"] or a["user"] for a in res.actions if a["action"] in ("terminate", "kill", "kill_process")}
     assert killed == {"1003", "bob"}  # carol's idle job and bob's zombie; never the service, the protected job
+
+
+def test_a_second_replay_in_the_same_process_starts_from_nothing(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    # each replay keeps its escalations and ledger in its own in-memory store: a shared one would let
+    # the second replay inherit the first one's ladders (and book its savings twice)
+    first = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy)
+    second = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy)
+    assert first.actions and first.actions == second.actions
+    assert first.ledger["savings"] > 0 and first.ledger == second.ledger

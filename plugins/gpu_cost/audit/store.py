@@ -67,8 +67,13 @@ _LOCK = threading.Lock()
 
 
 def _engine(url: str) -> Engine:
+    """Return the process's engine for ``url``; an in-memory SQLite URL gets a new, private one each time
+    (a cached one would let a second replay in the same process read the first one's escalations)."""
     with _LOCK:
-        eng = _ENGINES.get(url)
+        private = url.startswith("sqlite") and url.split("///", 1)[-1] in ("", ":memory:")
+        eng = None if private else _ENGINES.get(url)
+        if eng is None and private:
+            return sa.create_engine(url)
         if eng is None:
             if url.startswith("sqlite"):
                 Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
