@@ -36,6 +36,17 @@ def parse_duration(value: object) -> float:
     raise ValueError(f"not a duration (use e.g. 90s, 15m, 1h, 2d): {value!r}")
 
 
+def parse_duration_strict(value: str) -> float:
+    """Return seconds for ``"15m"``, ``"1h30m"``, ``"2d"``: like :func:`parse_duration`, but a bare number is an error.
+
+    For what a person types (``--for 4``: four hours? four seconds?); policy files keep
+    :func:`parse_duration`, where plain numbers are seconds.
+    """
+    if re.fullmatch(r"\s*[+-]?\d+(?:\.\d+)?\s*", str(value)):
+        raise ValueError("a duration needs a unit, e.g. 4h, 30m, 2d")
+    return parse_duration(str(value))
+
+
 def format_duration(seconds: float) -> str:
     """Return a short human form: ``1h30m``, ``15m``, ``45s``."""
     seconds = round(seconds)

@@ -9,6 +9,7 @@ through :func:`gpu_cost.redact.redact` (re-exported here as ``redact``).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -20,17 +21,44 @@ logger = logging.getLogger(__name__)
 
 CONN_ID = "gpu_cost_db"
 
-__all__ = ["CONN_ID", "audit_url", "redact", "url_from_conn"]
+__all__ = ["CONN_ID", "audit_url", "connection_url", "default_path", "redact", "url_from_conn", "url_from_text"]
 
 
 def audit_url(conn_id: str = CONN_ID) -> str:
     """Return the SQLAlchemy URL of the audit store."""
-    conn = connections.lookup(conn_id, AuditError)
-    if conn is not None:
-        return url_from_conn(conn)
-    path = paths.state_dir() / "audit.db"
+    url = connection_url(conn_id)
+    if url is not None:
+        return url
+    path = default_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
+
+
+def connection_url(conn_id: str = CONN_ID) -> str | None:
+    """Return the URL of the ``conn_id`` connection, or None when it is not configured."""
+    conn = connections.lookup(conn_id, AuditError)
+    return url_from_conn(conn) if conn is not None else None
+
+
+def default_path() -> Path:
+    """Return the SQLite file used when no store is configured (``GPU_COST_HOME/audit.db``)."""
+    return paths.state_dir() / "audit.db"
+
+
+def url_from_text(text: str) -> str:
+    """Return a SQLAlchemy URL for what a person types: a URL, an Airflow-style URI, or a SQLite file path.
+
+    ``postgres://`` / ``postgresql://`` (as in ``AIRFLOW_CONN_GPU_COST_DB``) get the driver SQLAlchemy
+    uses here; a path without a scheme is a SQLite file, made absolute so the URL says where it is.
+    """
+    text = text.strip()
+    if not text:
+        raise AuditError("the audit store's URL or path is empty")
+    if text.startswith(("postgres://", "postgresql://")):
+        return "postgresql+psycopg2://" + text.split("://", 1)[1]
+    if "://" in text:
+        return text
+    return url_from_conn({"conn_type": "sqlite", "host": str(Path(text).expanduser().resolve())})
 
 
 def url_from_conn(conn: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from gpu_cost.cli import add_json, add_policy, instant_arg
+from gpu_cost.cli import add_db, add_json, add_policy, instant_arg, open_store
 from gpu_cost.errors import GpuCostError
 from gpu_cost.timeutil import iso
 
@@ -23,19 +23,19 @@ def register(sub: Any) -> None:
     p.add_argument("--since", help="from this instant (ISO 8601 or epoch) or this long ago (e.g. 7d)")
     p.add_argument("--limit", type=int, default=50, help="the newest this many decisions (default 50, at most 1000)")
     add_policy(p, "policy file (for the currency)")
+    add_db(p)
     add_json(p)
     p.set_defaults(handler=_audit)
 
 
 def _audit(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from gpu_cost.audit.store import AuditStore
     from gpu_cost.audit.trail import render, trail
     from gpu_cost.policy import load_policy
 
     if args.limit is not None and args.limit < 1:
         raise GpuCostError(f"--limit {args.limit}: must be at least 1")
     since = instant_arg(args.since, "--since", before=time.time()) if args.since else None
-    store = AuditStore().ensure_schema()
+    store = open_store(args)
     entries = trail(store, job=args.job, target=args.target, user=args.user, rule=args.rule, since=since,
                     limit=args.limit)
     filters = {k: v for k, v in {"job": args.job, "target": args.target, "user": args.user, "rule": args.rule,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpu_cost.cli import add_json
+from gpu_cost.cli import add_db, add_json, open_store
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("db", help="the audit store's schema: current revision, upgrade to head",
-                       description="Schema migrations of the audit store (connection gpu_cost_db, or --url).")
+                       description="Schema migrations of the audit store (--db, GPU_COST_DB or the gpu_cost_db connection).")
     verbs = p.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     cur = verbs.add_parser("current", help="the store's revision and the head this version needs (changes nothing)")
     _common(cur)
@@ -26,21 +26,15 @@ def register(sub: Any) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="SQLAlchemy URL of the store (default: the gpu_cost_db connection)")
+    add_db(p)
+    # the flag this command had before --db: scripts keep working
+    p.add_argument("--url", dest="db", help=argparse.SUPPRESS)
     add_json(p)
 
 
 def _store(args: argparse.Namespace) -> Any:
-    from gpu_cost.audit.connection import url_from_conn
-    from gpu_cost.audit.store import AuditStore
-
-    url = args.url
-    if url and url.startswith(("postgres://", "postgresql://")):
-        # an Airflow-style URI (as in AIRFLOW_CONN_GPU_COST_DB): the driver SQLAlchemy uses here
-        url = "postgresql+psycopg2://" + url.split("://", 1)[1]
-    elif url and "://" not in url:
-        url = url_from_conn({"conn_type": "sqlite", "host": url})
-    return AuditStore(url)
+    # no ensure_schema: reading the revision must change nothing, and upgrade brings the schema itself
+    return open_store(args, ensure_schema=False)
 
 
 def _current(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

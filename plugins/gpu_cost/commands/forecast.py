@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from gpu_cost.cli import add_json, add_policy, instant_arg
+from gpu_cost.cli import add_db, add_json, add_policy, instant_arg, open_store
 from gpu_cost.errors import GpuCostError
 from gpu_cost.timeutil import format_duration, iso
 
@@ -39,6 +39,7 @@ def register(sub: Any) -> None:
     e.add_argument("--source", choices=["store", "sim"], default="store",
                    help="where the running job is looked up when --jobs is not given (default: store)")
     e.add_argument("--at", help="instant to answer for (ISO 8601 or epoch; default: now)")
+    add_db(e)
     add_json(e)
     e.set_defaults(handler=_eta)
 
@@ -48,6 +49,7 @@ def register(sub: Any) -> None:
     n.add_argument("--at", help="instant of the run (ISO 8601 or epoch; default: now, floored to the hour)")
     add_policy(n)
     n.add_argument("--workers", type=int, default=1, help="processes fitting batches in parallel")
+    add_db(n)
     add_json(n)
     n.set_defaults(handler=_nightly)
 
@@ -118,9 +120,7 @@ def _find_job(args: argparse.Namespace, now: float) -> dict[str, Any]:
             if job.job_id == str(args.job):
                 return history._job_dict(job)
         raise GpuCostError(f"job {args.job} is not in the simulated cluster at {iso(now)}")
-    from gpu_cost.audit.store import AuditStore
-
-    store = AuditStore().ensure_schema()
+    store = open_store(args)
     rows = store.fetch("job_usage_of", {"job_id": str(args.job), "until": now})
     if not rows:
         raise GpuCostError(f"job {args.job}: the agent has not seen it (no job rows in the audit store); "
@@ -138,7 +138,6 @@ def _find_job(args: argparse.Namespace, now: float) -> dict[str, Any]:
 
 
 def _eta(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from gpu_cost.audit.store import AuditStore
     from gpu_cost.forecast import runtime
 
     now = instant_arg(args.at, "--at") if args.at else time.time()
@@ -148,7 +147,7 @@ def _eta(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         return out, f"job {args.job} already ended at {iso(job['end_ts'])}"
     if job.get("start_ts") is None or job["start_ts"] != job["start_ts"]:
         raise GpuCostError(f"job {args.job} has not started: no end time to forecast")
-    res = runtime.eta(AuditStore().ensure_schema(), job, now)
+    res = runtime.eta(open_store(args), job, now)
     if res is None:
         raise GpuCostError(f"job {args.job}: no stored forecast for it or its class "
                            "(has gpu_forecast_nightly run in the last 8 days?)")
@@ -162,13 +161,12 @@ def _eta(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def _nightly(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from gpu_cost.audit.store import AuditStore
     from gpu_cost.forecast import nightly
     from gpu_cost.policy import load_policy
 
     policy = load_policy(args.policy)
     now = instant_arg(args.at, "--at") if args.at else time.time()
     now = float(now // 3600 * 3600)
-    store = AuditStore().ensure_schema()
+    store = open_store(args)
     out = nightly.run(policy, now, store, args.source, jobs_path=args.jobs, workers=args.workers)
     return out, f"nightly forecast at {iso(now)}: {nightly.summary_line(out)}"

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpu_cost import registry
 from gpu_cost.cli import add_json
-from gpu_cost.policy import load_policy
 
 
 def register(sub: Any) -> None:
@@ -20,6 +18,9 @@ def register(sub: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    from gpu_cost import registry
+    from gpu_cost.policy import load_policy
+
     policy = load_policy(args.file)
     rules = {n: policy.rule_mode(n) for n in registry.rules() if policy.rule(n).enabled}
     payload = {"ok": True, "file": args.file, "mode": policy.mode, "rules": rules,

@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 from gpu_cost.cli import add_json, add_policy, instant_arg
-from gpu_cost.policy import load_policy
 from gpu_cost.timeutil import iso
 
 
@@ -33,6 +32,7 @@ def register(sub: Any) -> None:
 
 def _week(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.airflow.power_tasks import simulate_week
+    from gpu_cost.policy import load_policy
 
     policy = load_policy(args.policy)
     out = simulate_week(policy, nodes=args.nodes, days=args.days, seed=args.seed, jobs_per_node=args.jobs_per_node)
@@ -44,6 +44,7 @@ def _week(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 def _plan(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.airflow.power_tasks import make_plan
+    from gpu_cost.policy import load_policy
 
     policy = load_policy(args.policy)
     now = instant_arg(args.at, "--at") if args.at else time.time()

@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from gpu_cost.cli import add_json, add_policy
+from gpu_cost.cli import add_db, add_json, add_policy, open_store
 from gpu_cost.errors import GpuCostError
 
 
@@ -16,12 +16,12 @@ def register(sub: Any) -> None:
     p.add_argument("--until", help="end, exclusive (default: Monday of this week)")
     p.add_argument("--out", help="folder or URL (default: GPU_COST_REPORT_DIR or the policy's report.out_dir)")
     add_policy(p)
+    add_db(p)
     add_json(p)
     p.set_defaults(handler=_report)
 
 
 def _report(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from gpu_cost.audit.store import AuditStore
     from gpu_cost.policy import load_policy
     from gpu_cost.report.kpis import week_bounds
     from gpu_cost.report.render import build_report
@@ -40,7 +40,7 @@ def _report(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         until = since + 7 * 86400
     if args.until and not args.since:
         since = until - 7 * 86400
-    out = build_report(AuditStore().ensure_schema(), policy, since, until, args.out)
+    out = build_report(open_store(args), policy, since, until, args.out)
     h = out["headline"]
     cur = h["currency"]
     lines = [

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cost import paths
-from gpu_cost.cli import add_json, instant_arg
+from gpu_cost.cli import add_json, duration_arg, instant_arg
 from gpu_cost.errors import GpuCostError
-from gpu_cost.timeutil import iso, parse_duration
+from gpu_cost.timeutil import iso
 
 
 def register(sub: Any) -> None:
@@ -98,7 +98,7 @@ def _slurm_feed(args: argparse.Namespace) -> Any:
         nodes = [SimNode(name=n.name, gpus=n.gpus_total, model=n.gpu_model or args.model) for n in source.nodes() if n.gpus_total]
         if not nodes:
             raise GpuCostError("Slurm lists no GPU nodes: pass --nodes NAME:GPUS,...")
-    return SlurmFeed(nodes, source.jobs, sample_interval=parse_duration(args.sample_interval))
+    return SlurmFeed(nodes, source.jobs, sample_interval=duration_arg(args.sample_interval, "--sample-interval"))
 
 
 def _serve(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

@@ -8,10 +8,8 @@ import os
 import time
 from typing import Any
 
-from gpu_cost.audit.store import AuditStore
-from gpu_cost.cli import add_json, add_policy
+from gpu_cost.cli import add_db, add_json, add_policy, duration_arg, open_store
 from gpu_cost.errors import GpuCostError
-from gpu_cost.timeutil import epoch, iso, parse_duration
 
 
 def register(sub: Any) -> None:
@@ -27,6 +25,7 @@ def register(sub: Any) -> None:
     p.add_argument("--by", help="who asks (default: the current user)")
     add_policy(p, "policy file bounding the duration")
     p.add_argument("--list", action="store_true", help="list the snoozes in force")
+    add_db(p)
     add_json(p)
     p.set_defaults(handler=_snooze)
 
@@ -34,9 +33,20 @@ def register(sub: Any) -> None:
 def _snooze(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost import snooze as lib
     from gpu_cost.policy import load_policy
+    from gpu_cost.timeutil import epoch, iso
 
-    store = AuditStore().ensure_schema()
     now = time.time()
+    if not args.list:
+        if not args.target or not args.reason or not (args.duration or args.until):
+            raise GpuCostError("snooze needs --target, --for (or --until) and --reason (or --list)")
+        if args.duration:
+            until = now + duration_arg(args.duration, "--for")
+        else:
+            try:
+                until = epoch(args.until)
+            except ValueError as exc:
+                raise GpuCostError(f"--until {args.until!r}: {exc}") from None
+    store = open_store(args)
     if args.list:
         rows = lib.active(store, now)
         items = [{"target": r["target"], "until": iso(r["until_ts"]), "reason": r["reason"], "by": r["created_by"],
@@ -44,12 +54,6 @@ def _snooze(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         lines = [f"{len(items)} snooze(s) in force"]
         lines += [f"  {i['target']:<34} until {i['until']}  by {i['by'] or '?'}: {i['reason']}" for i in items]
         return {"snoozes": items}, "\n".join(lines)
-    if not args.target or not args.reason or not (args.duration or args.until):
-        raise GpuCostError("snooze needs --target, --for (or --until) and --reason (or --list)")
-    try:
-        until = now + parse_duration(args.duration) if args.duration else epoch(args.until)
-    except ValueError as exc:
-        raise GpuCostError(f"--for/--until: {exc}") from None
     by = args.by or os.environ.get("SUDO_USER") or getpass.getuser()
     policy = load_policy(args.policy)
     row = lib.snooze(store, args.target, until, args.reason, by, now=now, policy=policy)
