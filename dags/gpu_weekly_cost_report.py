@@ -4,8 +4,8 @@
 **What it does.** Every Monday at 08:00 (time zone `GPU_COST_REPORT_TZ`, default UTC; keep it
 equal to the policy's `report.timezone`, which defines the week) it reports on the previous
 Monday-to-Monday week, from the audit store alone: KPIs (utilisation of all and of allocated GPUs,
-waste ratio, idle GPU-hours by team and user, zombie time, automated events, realized savings in
-GPU-hours, kWh and money, change against the previous weeks, right-sizing suggestions) → charts
+waste ratio, idle GPU-hours by team and user, zombie time, automated events, savings (GPU-hours
+freed by actions, the part other jobs re-used, which is the headline, kWh and money), change against the previous weeks, right-sizing suggestions) → charts
 (PNG) → an HTML report with the charts embedded and a Markdown summary → Slack (summary and main
 chart). The last task returns the report's location (XCom `return_value` of `files`).
 

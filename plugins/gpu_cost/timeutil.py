@@ -85,3 +85,24 @@ def epoch(ts: object) -> float:
 def iso(ts: object) -> str:
     """Return ISO 8601 UTC text with a ``Z``, second precision."""
     return utc(ts).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def week_bounds(at: float, timezone: str = "UTC", weeks_back: int = 1) -> tuple[float, float]:
+    """Return ``[since, until)`` of the ISO week (Monday 00:00 to Monday 00:00 in ``timezone``)
+    ``weeks_back`` weeks before the one holding ``at``; ``weeks_back=1`` is the previous full week
+    (what the Monday report covers), 0 the week of ``at``.
+
+    The one definition of a week: the report's periods and the savings ledger's cap both use it.
+    Raises ValueError for an unknown time zone.
+    """
+    from zoneinfo import ZoneInfo
+
+    try:
+        tz = ZoneInfo(timezone)
+    except Exception as exc:  # ZoneInfo raises several kinds
+        raise ValueError(f"unknown time zone {timezone!r}") from exc
+    local = utc(at).astimezone(tz)
+    monday = (local - dt.timedelta(days=local.weekday())).date() - dt.timedelta(days=7 * weeks_back)
+    start = dt.datetime.combine(monday, dt.time(0, 0), tzinfo=tz)
+    end = dt.datetime.combine(monday + dt.timedelta(days=7), dt.time(0, 0), tzinfo=tz)
+    return start.timestamp(), end.timestamp()

@@ -29,11 +29,9 @@ One saving per target and escalation episode (``saving_id = gpu:<target>:<episod
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from gpu_cost import registry
 from gpu_cost.actions.base import ActionContext, Outcome
@@ -41,7 +39,7 @@ from gpu_cost.actions.dispatch import SAVINGS_HOOKS
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.model import Decision
 from gpu_cost.policy.schema import Policy
-from gpu_cost.timeutil import utc
+from gpu_cost.timeutil import week_bounds
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +48,9 @@ FREEING_ACTIONS = registry.names(frees_gpus=True)
 
 
 def week_end(ts: float, timezone: str = "UTC") -> float:
-    """Return the end of the week (next Monday 00:00 in ``timezone``) containing ``ts``."""
-    tz = ZoneInfo(timezone)
-    local = utc(ts).astimezone(tz)
-    monday = (local - dt.timedelta(days=local.weekday())).date()
-    end = dt.datetime.combine(monday + dt.timedelta(days=7), dt.time(0, 0), tzinfo=tz)
-    return end.timestamp()
+    """Return the end of the ISO week holding ``ts`` (next Monday 00:00 in ``timezone``), as the report
+    defines a week (:func:`gpu_cost.timeutil.week_bounds`)."""
+    return week_bounds(ts, timezone, weeks_back=0)[1]
 
 
 def _forecast_end(store: AuditStore, job_id: str | None, now: float) -> float | None:

@@ -6,14 +6,14 @@ import argparse
 import time
 from typing import Any
 
-from gpu_cost.cli import add_db, add_json, add_policy, open_store
+from gpu_cost.cli import add_db, add_json, add_policy, instant_arg, open_store
 from gpu_cost.errors import GpuCostError
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("report", help="write the cost report (HTML + Markdown + charts) for a period")
     p.add_argument("--since", help="start, ISO 8601 or epoch (default: Monday of the previous week)")
-    p.add_argument("--until", help="end, exclusive (default: Monday of this week)")
+    p.add_argument("--until", help="end, exclusive: ISO 8601, epoch or a duration ago (default: Monday of this week)")
     p.add_argument("--out", help="folder or URL (default: GPU_COST_REPORT_DIR or the policy's report.out_dir)")
     add_policy(p)
     add_db(p)
@@ -24,31 +24,32 @@ def register(sub: Any) -> None:
 def _report(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.policy import load_policy
     from gpu_cost.report.kpis import week_bounds
-    from gpu_cost.report.render import build_report
-    from gpu_cost.timeutil import epoch, iso
+    from gpu_cost.report.render import build_report, fmt_money, fmt_num, fmt_pct
+    from gpu_cost.timeutil import iso
 
     policy = load_policy(args.policy)
-    since, until = week_bounds(time.time(), policy.report.timezone, weeks_back=1)
-    try:
-        if args.since:
-            since = epoch(args.since)
-        if args.until:
-            until = epoch(args.until)
-    except ValueError as exc:
-        raise GpuCostError(f"--since/--until: {exc}") from None
+    now = time.time()
+    since, until = week_bounds(now, policy.report.timezone, weeks_back=1)
+    if args.since:
+        since = instant_arg(args.since, "--since", before=now)
+    if args.until:
+        until = instant_arg(args.until, "--until", before=now)
     if args.since and not args.until:
-        until = since + 7 * 86400
+        until = min(since + 7 * 86400, now) if since > now - 7 * 86400 else since + 7 * 86400
     if args.until and not args.since:
         since = until - 7 * 86400
+    if until <= since:
+        raise GpuCostError(f"--since {iso(since)} is not before --until {iso(until)}")
     out = build_report(open_store(args), policy, since, until, args.out)
     h = out["headline"]
     cur = h["currency"]
     lines = [
         f"GPU cost report {out['period']['label']} ({iso(since)} - {iso(until)})",
-        f"  utilisation: {h['util_all_pct']} % of all GPUs, {h['util_alloc_pct']} % of allocated GPUs",
-        f"  waste: {h['idle_alloc_gpu_hours']} GPU-h idle while allocated (ratio {h['waste_ratio']}), "
-        f"{h['zombie_gpu_hours']} GPU-h zombie",
-        f"  realized savings: {h['saved_gpu_hours']} GPU-h, {h['saved_kwh']} kWh, {h['saved_cost']} {cur}; "
+        f"  utilisation: {fmt_pct(h['util_all_pct'])} of all GPUs, {fmt_pct(h['util_alloc_pct'])} of allocated GPUs",
+        f"  waste: {fmt_num(h['idle_alloc_gpu_hours'])} GPU-h idle while allocated "
+        f"(ratio {fmt_pct(h['waste_ratio'], 1, True)}), {fmt_num(h['zombie_gpu_hours'])} GPU-h zombie",
+        f"  saved: {fmt_money(h['saved_cost'], cur)} ({fmt_num(h['reused_gpu_hours'], 1)} GPU-h re-used by other jobs "
+        f"of {fmt_num(h['freed_gpu_hours'], 1)} freed, {fmt_num(h['saved_kwh'], 1)} kWh); "
         f"{h['live_events']} automated actions ({h['would_have_events']} more in dry-run)",
         f"report: {out['index']}",
         f"summary: {out['summary']}",

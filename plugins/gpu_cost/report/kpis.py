@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpu_cost import registry
+from gpu_cost import registry, timeutil
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.errors import GpuCostError
 from gpu_cost.policy.schema import Policy
@@ -64,16 +64,12 @@ WHERE data_ts > :since AND data_ts <= :until GROUP BY dag_id, mode, source, stat
 
 # -- periods ------------------------------------------------------------------------------------
 def week_bounds(at: float, timezone: str = "UTC", weeks_back: int = 1) -> tuple[float, float]:
-    """Return ``[since, until)`` of the Monday-to-Monday week ``weeks_back`` weeks before the one holding ``at``.
-
-    ``weeks_back=1`` is the previous full week (what the Monday report covers).
-    """
-    tz = _tz(timezone)
-    local = utc(at).astimezone(tz)
-    monday = (local - dt.timedelta(days=local.weekday())).date() - dt.timedelta(days=7 * weeks_back)
-    start = dt.datetime.combine(monday, dt.time(0, 0), tzinfo=tz)
-    end = dt.datetime.combine(monday + dt.timedelta(days=7), dt.time(0, 0), tzinfo=tz)
-    return start.timestamp(), end.timestamp()
+    """Return the ISO week ``weeks_back`` weeks before the one holding ``at``
+    (:func:`gpu_cost.timeutil.week_bounds`); an unknown time zone is named as ``report.timezone``."""
+    try:
+        return timeutil.week_bounds(at, timezone, weeks_back)
+    except ValueError:
+        raise GpuCostError(f"report.timezone: unknown time zone {timezone!r}") from None
 
 
 def _tz(name: str) -> ZoneInfo:
@@ -474,7 +470,8 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
         "right_sizing": sizing,
         "heatmap": heatmap(by_ts, tzname),
         "daily": daily_series(since, until, tzname, actions, decisions),
-        "trend": [{**p} for p in reversed(previous)] + [{"label": period_label(since, until, tzname), "since": iso(since),
+        # only weeks with data: a week before the agent was installed is not a week of 0 % utilisation
+        "trend": [{**p} for p in reversed(previous) if p["has_data"]] + [{"label": period_label(since, until, tzname), "since": iso(since),
                                                            "until": iso(until), **current}],
         "change": change(current, previous),
         "data": {
@@ -482,6 +479,8 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
             "runs": [{"dag_id": r["dag_id"], "mode": r["mode"], "source": r["source"], "status": r["status"],
                       "n": int(r["n"])} for r in runs],
             "modes": modes,
+            #: runs that read the simulator, not a real cluster (the report says so at the top)
+            "simulated_runs": sum(int(r["n"]) for r in runs if "sim" in str(r.get("source") or "").split(" ", 1)[0]),
         },
     }
     logger.info("KPIs for %s: %s sweeps, util %.1f%%, waste ratio %s, %d live events, %.1f GPU-h saved",

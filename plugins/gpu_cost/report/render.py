@@ -80,25 +80,32 @@ def _env() -> Any:
         loader=jinja2.FileSystemLoader(str(folder)), autoescape=jinja2.select_autoescape(["html", "j2"]),
         trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
     )
-    env.filters.update({"num": _num, "pct": _pct, "money": _money, "delta": _delta, "signed": _signed})
+    env.filters.update({"num": fmt_num, "pct": fmt_pct, "money": fmt_money, "delta": _delta, "signed": _signed})
     return env
 
 
-def _num(v: Any, digits: int = 0) -> str:
+#: what a figure of a week without data reads as
+NO_DATA = "no data"
+
+
+def fmt_num(v: Any, digits: int = 0) -> str:
+    """A figure for people: thousands separated, ``digits`` decimals; ``no data`` for None."""
     if v is None:
-        return "-"
+        return NO_DATA
     return f"{float(v):,.{digits}f}"
 
 
-def _pct(v: Any, digits: int = 0, ratio: bool = False) -> str:
+def fmt_pct(v: Any, digits: int = 0, ratio: bool = False) -> str:
+    """A percentage (``ratio``: a 0-1 ratio shown as %); ``no data`` for None."""
     if v is None:
-        return "-"
+        return NO_DATA
     return f"{float(v) * (100 if ratio else 1):.{digits}f} %"
 
 
-def _money(v: Any, currency: str = "USD") -> str:
+def fmt_money(v: Any, currency: str = "USD") -> str:
+    """Money rounded to the unit, with the currency's sign; ``no data`` for None."""
     if v is None:
-        return "-"
+        return NO_DATA
     sign = {"USD": "$", "EUR": "€", "GBP": "£"}.get(currency)
     return f"{sign}{float(v):,.0f}" if sign else f"{float(v):,.0f} {currency}"
 
@@ -174,5 +181,8 @@ def headline(kpis: Mapping[str, Any]) -> dict[str, Any]:
             "idle_alloc_gpu_hours": c["idle_alloc_gpu_hours"], "zombie_gpu_hours": c["zombie_gpu_hours"],
             "saved_gpu_hours": r["gpu_hours"], "saved_kwh": s["kwh"], "saved_cost": kpis["savings"]["headline_cost"],
             "freed_gpu_hours": s["gpu_hours"], "freed_cost": s["cost"], "reused_gpu_hours": r["gpu_hours"],
+            "would_have_gpu_hours": kpis["savings"]["potential"]["gpu_hours"],
+            "would_have_cost": kpis["savings"]["potential"]["cost"],
+            "idle_cost": c.get("idle_cost"), "zombie_cost": c.get("zombie_cost"),
             "currency": kpis["currency"], "live_events": kpis["events"]["live_total"],
             "would_have_events": kpis["events"]["would_have_total"]}

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from gpu_cost.report import kpis
+from gpu_cost.timeutil import iso
 
 # Monday 2026-11-16 00:00 UTC .. Monday 2026-11-23 00:00 UTC
 SINCE = 1794787200.0
@@ -96,7 +97,9 @@ def test_change_against_previous_week(filled, policy) -> None:  # type: ignore[n
     k = kpis.compute(filled, policy, SINCE, UNTIL)
     assert k["change"]["waste_ratio"]["vs_last_week"] == pytest.approx(0.5 - 0.5)
     assert k["change"]["idle_alloc_gpu_hours"]["vs_last_week"] == pytest.approx(10.0 - 2.0)
-    assert len(k["trend"]) == kpis.TREND_WEEKS + 1 and k["trend"][-2]["has_data"] and not k["trend"][0]["has_data"]
+    # the trend shows only weeks with data (the week before and this one), not empty weeks as 0 %
+    assert [w["since"] for w in k["trend"]] == [iso(SINCE - 7 * 86400), iso(SINCE)]
+    assert all(w["has_data"] for w in k["trend"])
 
 
 def _decision(i: int, action: str, mode: str, ts: float, **extra) -> dict:  # type: ignore[no-untyped-def]
@@ -181,3 +184,17 @@ def test_empty_period_is_an_error(store, policy) -> None:  # type: ignore[no-unt
 
     with pytest.raises(GpuCostError, match="not before"):
         kpis.compute(store, policy, UNTIL, SINCE)
+
+
+def test_an_empty_week_reads_no_data_not_none(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from gpu_cost import cli
+    from gpu_cost.report.render import fmt_money, fmt_num, fmt_pct
+
+    assert fmt_pct(None) == fmt_num(None) == fmt_money(None) == "no data"
+    assert fmt_num(12345.678, 1) == "12,345.7" and fmt_pct(0.1234, 1, True) == "12.3 %" and fmt_money(2078.4) == "$2,078"
+    code = cli.main(["report", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "r"),
+                     "--since", "2026-11-16T00:00:00Z"])
+    text = capsys.readouterr().out
+    assert code == 0 and "None" not in text and "utilisation: no data of all GPUs" in text, text
+    html = next((tmp_path / "r").rglob("index.html")).read_text()
+    assert "None" not in html.replace("display:none", "")
