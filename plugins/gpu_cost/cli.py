@@ -49,8 +49,8 @@ DEMO_DB = Path(".demo") / "audit.db"
 def add_db(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="URL_OR_PATH",
                    help=f"audit store: a SQLAlchemy URL (sqlite:///..., postgresql+psycopg2://...) or a SQLite file "
-                        f"path (default: {DB_ENV}, else the gpu_cost_db connection, else ~/.gpu_cost/audit.db; "
-                        f"where that does not exist yet and ./{DEMO_DB} does, the demo's store)")
+                        f"path (default: {DB_ENV}, else the gpu_cost_db connection, else ./{DEMO_DB} when it is newer "
+                        f"than ~/.gpu_cost/audit.db, else that file)")
 
 
 class StoreChoice(NamedTuple):
@@ -76,9 +76,10 @@ def resolve_store(db: str | None = None) -> StoreChoice:
     """Return the audit store the command line uses.
 
     Order: ``--db``, ``GPU_COST_DB``, the ``gpu_cost_db`` connection (``AIRFLOW_CONN_GPU_COST_DB``
-    or Airflow's lookup); with none of them set, the default SQLite file, unless that does not
-    exist yet and the demo's store (``./.demo/audit.db``) does: a person who just ran the demo
-    finds its decisions. The DAGs resolve their store themselves (``gpu_cost.airflow.runtime``).
+    or Airflow's lookup); with none of them set, the demo's store (``./.demo/audit.db``) when it
+    exists and was written after the default SQLite file (or that does not exist): a person who
+    just ran the demo finds its decisions; else the default file. Every command prints which store
+    it read. The DAGs resolve their store themselves (``gpu_cost.airflow.runtime``).
     """
     from gpu_cost.audit import connection
 
@@ -92,7 +93,7 @@ def resolve_store(db: str | None = None) -> StoreChoice:
         return StoreChoice(url, "connection")
     default = connection.default_path()
     demo = DEMO_DB.resolve()
-    if not default.exists() and demo.is_file():
+    if demo.is_file() and (not default.exists() or demo.stat().st_mtime >= default.stat().st_mtime):
         return StoreChoice(f"sqlite:///{demo}", "demo")
     return StoreChoice(f"sqlite:///{default}", "default")
 

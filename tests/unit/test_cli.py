@@ -45,12 +45,49 @@ def test_error_is_json_too(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_demo_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    r = run_cli("demo", "--json", "--home", str(tmp_path / "demo"), timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = one_json(r.stdout)
-    assert out["audit_db"] == str(tmp_path / "demo" / "audit.db")
-    rules = {d["rule"] for d in out["decisions"]}
+def test_demo_as_a_new_user_runs_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`gpu-cost demo` from a fresh folder, nothing configured: a short summary with the value in GPU-hours
+    and money, one simulated cluster for every DAG, and three next commands that work as printed."""
+    from pathlib import Path
+
+    from gpu_cost.audit.store import AuditStore
+
+    bin_dir = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if k not in ("AIRFLOW_CONN_GPU_COST_DB", "GPU_COST_DB")}
+    env.update({"GPU_COST_HOME": str(tmp_path / "home"), "PATH": f"{bin_dir}:{env.get('PATH', '')}"})
+    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "demo"], cwd=tmp_path, capture_output=True, text=True,
+                       env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) <= 30, r.stdout
+    assert "simulated cluster" in lines[0] and "mode dry-run" in lines[0], lines[0]
+    assert "[info" not in r.stdout + r.stderr and " INFO " not in r.stdout + r.stderr, "logs belong in the log file"
+    value = next(line for line in lines if line.startswith("value"))
+    assert "GPU-h" in value and "$" in value, value
+    log = tmp_path / ".demo" / "demo.log"
+    assert log.is_file() and "gpu_zombie_sweep" in log.read_text() and str(log) in r.stdout
+    # one cluster: the DAGs read the demo's scenario file, and the report's week holds the sweep's run
+    store = AuditStore(f"sqlite:///{tmp_path / '.demo' / 'audit.db'}")
+    runs = store.query("SELECT dag_id, source FROM gpu_cost_runs")
+    assert {"gpu_zombie_sweep", "gpu_offhours_power", "gpu-cost-seed"} <= {x["dag_id"] for x in runs}
+    assert all(str(x["source"]).startswith("sim") for x in runs), runs
+    sweep = store.query("SELECT run_id FROM gpu_cost_runs WHERE dag_id = 'gpu_zombie_sweep'")[0]["run_id"]
+    assert store.decisions_of_run(sweep), "the DAG's sweep continues the week's ladders and decides"
+    rules = {d["rule"] for d in store.query("SELECT DISTINCT rule FROM gpu_cost_decisions")}
     assert {"zombie", "idle_allocation", "low_efficiency"} <= rules
-    for d in out["decisions"]:
-        assert set(d) >= {"rule", "target", "job_id", "user", "action", "mode"}
+    seen_nodes = {x["host"] for x in store.query("SELECT DISTINCT host FROM gpu_cost_usage")}
+    assert {"gpu01", "gpu02", "gpu03"} <= seen_nodes and any(h.startswith("n0") for h in seen_nodes)
+    # the report says the data is simulated and which mode produced the actions
+    html = Path(next(line for line in lines if line.startswith("report")).split(None, 1)[1]).read_text()
+    assert "Simulated data." in html and "dry-run" in html
+    # the three suggested commands, run as printed from the same folder
+    i = lines.index("next")
+    commands = [line.strip() for line in lines[i + 1:] if line.startswith("  gpu-cost")]
+    assert len(commands) == 3, lines[i:]
+    for cmd in commands:
+        c = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+        assert c.returncode == 0, (cmd, c.stdout[-2000:], c.stderr[-2000:])
+        if cmd.startswith("gpu-cost audit"):
+            assert "decision(s) for job" in c.stdout and "the demo's" in c.stdout.splitlines()[-1], c.stdout
+        if "replay" in cmd:
+            assert "false kills" in c.stdout, c.stdout

@@ -68,3 +68,18 @@ def test_generated_cluster_sizes() -> None:
     week = generate_scenario(nodes=4, days=2, seed=2)
     trace = SimCluster(week, anchor=NOW).jobs_trace(NOW - 2 * 86400, NOW)
     assert len(trace) > 4 and set(trace["behaviour"]) <= {"training", "idle", "zombie", "dataloader", "inference", "memleak"}
+
+
+def test_a_scenario_written_out_loads_back_as_the_same_cluster() -> None:
+    import yaml
+
+    from gpu_cost.report.seed import demo_scenario
+    from gpu_cost.sources.sim import scenario_from_dict, scenario_to_dict
+
+    sc = demo_scenario(1795910400.0)
+    back = scenario_from_dict(yaml.safe_load(yaml.safe_dump(scenario_to_dict(sc))))
+    assert back.nodes == sc.nodes and back.anchor == sc.anchor == 1795910400.0
+    # a job without an end ends at its time limit once loaded: compare the loaded form
+    again = scenario_from_dict(scenario_to_dict(back))
+    assert again.jobs == back.jobs and len(back.jobs) == len(sc.jobs)
+    assert {j.job_id for j in back.jobs} >= {"1001", "1003", "1008"} and {"gpu01", "n00000"} <= {n.name for n in back.nodes}

@@ -64,6 +64,22 @@ def week_scenario(end: float, *, nodes: int = 8, gpus_per_node: int = 8, seed: i
     return dataclasses.replace(sc, jobs=tuple(jobs), anchor=float(end), source="<seeded week>")
 
 
+def demo_scenario(end: float, *, seed: int = 11) -> Any:
+    """Return the demo's one simulated cluster: the week before ``end`` (:func:`week_scenario`) with the
+    shipped default cluster (``gpu01``-``gpu03``, jobs 1001-1008) running at ``end``, all anchored there.
+
+    The demo writes it to a scenario file and points every DAG at it (``GPU_COST_SCENARIO``), so the
+    forecast, the sweep, the power plan and the weekly report all see the same cluster and week.
+    """
+    from gpu_cost.sources.sim import load_scenario
+
+    shipped = load_scenario()
+    week = week_scenario(end, seed=seed)
+    nodes = (*shipped.nodes, *week.nodes)
+    return dataclasses.replace(week, nodes=nodes, jobs=(*shipped.jobs, *week.jobs), anchor=float(end),
+                               node_index={n.name: i for i, n in enumerate(nodes)}, source="<demo cluster>")
+
+
 class _SimEffects:
     """The simulator's executors: record the effect of an action in the replayed scenario."""
 
@@ -132,8 +148,12 @@ def decision_from_row(row: Mapping[str, Any]) -> Decision:
 
 
 def seed_week(store: AuditStore, policy: Policy, end: float, *, nodes: int = 8, gpus_per_node: int = 8,
-              seed: int = 11, step_s: float = 3600.0, mode: Mode = "enforce") -> dict[str, Any]:
-    """Replay the week ending at ``end`` into ``store``; return counts of what was written."""
+              seed: int = 11, step_s: float = 3600.0, mode: Mode = "enforce",
+              scenario: Any | None = None) -> dict[str, Any]:
+    """Replay the week ending at ``end`` into ``store``; return counts of what was written.
+
+    :param scenario: the cluster to replay (default: :func:`week_scenario` of ``end``).
+    """
     # importing the ledger registers its hook (the dispatcher does the same with its executor modules)
     import gpu_cost.audit.savings  # noqa: F401
     from gpu_cost import sweep
@@ -144,7 +164,8 @@ def seed_week(store: AuditStore, policy: Policy, end: float, *, nodes: int = 8, 
     store.ensure_schema()
     pol = dataclasses.replace(policy, mode=mode, sweep=dataclasses.replace(policy.sweep, interval=step_s))
     object.__setattr__(pol, "source", f"{policy.source} (seeded week, mode {mode})")
-    effects = _SimEffects(week_scenario(end, nodes=nodes, gpus_per_node=gpus_per_node, seed=seed))
+    effects = _SimEffects(scenario if scenario is not None else
+                          week_scenario(end, nodes=nodes, gpus_per_node=gpus_per_node, seed=seed))
     counts: dict[str, Any] = {"sweeps": 0, "decisions": 0, "executed": 0, "approved": 0, "rejected": 0}
     steps = int(WEEK // step_s)
     with _simulated_executors(effects):
@@ -182,16 +203,13 @@ def seed_week(store: AuditStore, policy: Policy, end: float, *, nodes: int = 8, 
 
 
 def demo_report(store: AuditStore, home: Path, result: dict[str, Any]) -> None:
-    """Demo hook: seed the week before the demo's sweep, write the report, put its path in ``result``."""
+    """Demo hook: write the weekly report of the demo's week (seeded before the DAGs ran) and put its
+    paths and headline in ``result``."""
     from gpu_cost.policy import load_policy
     from gpu_cost.report.render import build_report
 
-    runs = store.query("SELECT data_ts FROM gpu_cost_runs WHERE dag_id = :dag ORDER BY data_ts DESC",
-                       {"dag": "gpu_zombie_sweep"})
-    end = float(runs[0]["data_ts"]) if runs else time.time()
-    policy = load_policy(None)
-    seeded = seed_week(store, policy, end - policy.sweep.interval)
-    out = build_report(store, policy, end - WEEK, end + 1, home / "reports")
+    end = float(result["week_end"])
+    out = build_report(store, load_policy(None), end - WEEK, end + 3600.0, home / "reports")
     result["report"] = out["index"]
     result["report_summary"] = out["summary"]
-    result["report_seed"] = seeded
+    result["report_headline"] = out["headline"]

@@ -36,7 +36,7 @@ import yaml
 from gpu_cost import paths
 from gpu_cost.errors import ScenarioError
 from gpu_cost.model import GpuProcess, Job, Node, labels_from_comment
-from gpu_cost.timeutil import epoch, parse_duration
+from gpu_cost.timeutil import epoch, iso, parse_duration
 
 BEHAVIOURS = ("training", "zombie", "idle", "dataloader", "inference", "memleak")
 _BEHAVIOUR_CODE = {b: i for i, b in enumerate(BEHAVIOURS)}
@@ -146,6 +146,25 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
     for i, raw in enumerate(data.get("jobs") or []):
         jobs.append(_sim_job(raw, f"{source}: jobs[{i}]", index, nodes))
     return Scenario(tuple(nodes), tuple(jobs), seed, interval, anchor_ts, source, index)
+
+
+def scenario_to_dict(sc: Scenario) -> dict[str, Any]:
+    """Return ``sc`` as the mapping :func:`scenario_from_dict` reads (times as offsets in seconds).
+
+    For writing a generated cluster to a scenario file that other processes load
+    (``GPU_COST_SCENARIO``): ``scenario_from_dict(scenario_to_dict(sc))`` is the same cluster.
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(SimJob)}
+    jobs = []
+    for j in sc.jobs:
+        row = {k: v for k, v in dataclasses.asdict(j).items() if v is not None and (k == "job_id" or v != defaults[k])}
+        row.update({"job_id": j.job_id, "user": j.user, "behaviour": j.behaviour})
+        if j.gpus:
+            row["gpus"] = list(j.gpus)
+        jobs.append(row)
+    nodes = [{**dataclasses.asdict(n), "partitions": list(n.partitions)} for n in sc.nodes]
+    anchor = sc.anchor if isinstance(sc.anchor, str) else iso(float(sc.anchor))
+    return {"seed": sc.seed, "sample_interval": sc.sample_interval, "anchor": anchor, "nodes": nodes, "jobs": jobs}
 
 
 def _sim_job(raw: Any, where: str, index: Mapping[str, int], nodes: Sequence[SimNode]) -> SimJob:
