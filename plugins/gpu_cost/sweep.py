@@ -184,6 +184,8 @@ def run_once(policy: Policy, now: float, store: AuditStore, run_id: str | None =
         "findings": [finding_summary(f) for f in findings],
         "decisions": [decision_summary(d) for d in p.decisions],
         "waiting": p.waiting,
+        #: findings a snooze held back this sweep (their ``none`` decision is recorded once per snooze)
+        "snoozed": [{"rule": d.rule, "target": d.target, "reason": d.reason} for d in p.snooze_records],
         "cap_violation": p.cap_violation,
     }
 

@@ -68,8 +68,7 @@ def _sweep(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         kwargs["scenario"] = args.scenario
     out = run_once(policy, now, store, source=args.source, **kwargs)
     out["audit_db"] = store.path or store.url.split("@")[-1]
-    snoozed = {(r["rule"], r["target"]): r for r in store.fetch("decisions_of_run", {"run_id": out["run_id"]})
-               if r.get("action") == "none" and "snoozed" in str(r.get("reason") or "")}
+    snoozed = {(r["rule"], r["target"]): r for r in out.get("snoozed", [])}
     out["no_action"] = no_action(out["findings"], out["decisions"], out["waiting"], out["cap_violation"], snoozed)
     rules = _enabled_rules(policy)
     out["looked_at"] = {"gpus": out["gpus"], "jobs": out["jobs"], "rules": rules}
@@ -109,7 +108,7 @@ def no_action(findings: Sequence[Mapping[str, Any]], decisions: Sequence[Mapping
         d, w = by_key.get(key), waits.get(key)
         reason = str(d["reason"]) if d else ""
         if d is not None and d["action"] == "none":
-            outcome, why = "protected" if "protected" in reason else "recorded only", reason
+            outcome, why = ("protected" if "protected" in reason else "unknown"), reason
         elif d is not None and d["mode"] == "dry-run":
             if "degraded data" in reason:
                 outcome, why = "degraded", reason[reason.index("degraded data"):]

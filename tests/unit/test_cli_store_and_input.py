@@ -1,0 +1,516 @@
+"""The command line's store choice and its input checks.
+
+- which audit store a command opens (``--db``, ``GPU_COST_DB``, the ``gpu_cost_db`` connection,
+  the demo's store, the default), that every command that opens one says which, and that a
+  password never shows;
+- durations typed on the command line need a unit (``--for 4`` is refused, ``--for 4h`` works);
+- ``--source prometheus`` with no Prometheus configured fails at once, with one line, recording nothing;
+- a sweep that acts on nothing says why, finding by finding (``no_action``);
+- ``gpu-cost --help`` imports no heavy library.
+
+The session sets ``AIRFLOW_CONN_GPU_COST_DB`` (tests/conftest.py): every test here that depends on
+the store resolution sets or deletes it, and the Airflow lookup is switched off
+(``GPU_COST_AIRFLOW_LOOKUP=0``) so that an Airflow loaded by another test cannot answer instead.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_cost import cli
+from gpu_cost.audit.store import AuditStore
+from gpu_cost.commands.sweep import no_action
+from gpu_cost.sources import prometheus
+from gpu_cost.timeutil import iso, parse_duration_strict
+from tests.fixtures.core import NOW, ROOT
+
+CONN_ENV = "AIRFLOW_CONN_GPU_COST_DB"
+#: what ``no_action`` documents as its outcomes
+OUTCOMES = {"dry-run", "notify", "degraded", "protected", "capped", "snoozed", "waiting", "unknown"}
+HEAVY = ("pandas", "numpy", "sqlalchemy", "airflow", "matplotlib", "prophet")
+
+
+@pytest.fixture
+def bare_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No store configured anywhere; GPU_COST_HOME an empty folder; the working directory an empty folder."""
+    home = tmp_path / "home"
+    home.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("GPU_COST_HOME", str(home))
+    monkeypatch.delenv(cli.DB_ENV, raising=False)
+    monkeypatch.delenv(CONN_ENV, raising=False)
+    monkeypatch.setenv("GPU_COST_AIRFLOW_LOOKUP", "0")
+    monkeypatch.chdir(work)
+    return work
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_json(stdout: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one JSON line on stdout, got: {stdout[:500]}"
+    return json.loads(lines[0])
+
+
+def sqlite_conn(path: Path) -> str:
+    return json.dumps({"conn_type": "sqlite", "host": str(path)})
+
+
+# -- which store ----------------------------------------------------------------------------------
+
+
+def test_db_flag_beats_env_beats_connection_beats_default(bare_env: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    flag, env, conn = tmp_path / "flag.db", tmp_path / "env.db", tmp_path / "conn.db"
+    monkeypatch.setenv(cli.DB_ENV, str(env))
+    monkeypatch.setenv(CONN_ENV, sqlite_conn(conn))
+
+    assert cli.resolve_store(str(flag)) == cli.StoreChoice(f"sqlite:///{flag}", "--db")
+    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{env}", "GPU_COST_DB")
+    monkeypatch.setenv(cli.DB_ENV, "   ")  # blank counts as unset
+    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{conn}", "connection")
+    monkeypatch.delenv(cli.DB_ENV)
+    assert cli.resolve_store("") == cli.StoreChoice(f"sqlite:///{conn}", "connection")  # an empty --db too
+    monkeypatch.delenv(CONN_ENV)
+    default = tmp_path / "home" / "audit.db"
+    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{default}", "default")
+
+
+def test_a_relative_db_path_is_made_absolute_from_the_working_directory(bare_env: Path) -> None:
+    choice = cli.resolve_store("stores/a.db")
+    assert choice == cli.StoreChoice(f"sqlite:///{bare_env / 'stores' / 'a.db'}", "--db")
+    assert cli.resolve_store("sqlite:///x.db").url == "sqlite:///x.db"  # a URL is taken as it is
+
+
+def test_the_demo_store_is_chosen_when_the_default_does_not_exist(bare_env: Path, tmp_path: Path) -> None:
+    default = tmp_path / "home" / "audit.db"
+    assert cli.resolve_store(None).origin == "default"  # no demo store yet
+    (bare_env / ".demo").mkdir()
+    assert cli.resolve_store(None).origin == "default"  # a folder is not a store
+    demo = bare_env / ".demo" / "audit.db"
+    demo.write_bytes(b"")
+    choice = cli.resolve_store(None)
+    assert choice == cli.StoreChoice(f"sqlite:///{demo}", "demo")
+    assert choice.label() == f"sqlite:///{demo} (the demo's)"
+    default.write_bytes(b"")  # once the default store exists, it wins
+    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{default}", "default")
+
+
+def test_the_demo_store_never_beats_a_configured_one(bare_env: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    (bare_env / ".demo").mkdir()
+    (bare_env / ".demo" / "audit.db").write_bytes(b"")
+    monkeypatch.setenv(CONN_ENV, sqlite_conn(tmp_path / "conn.db"))
+    assert cli.resolve_store(None).origin == "connection"
+    monkeypatch.setenv(cli.DB_ENV, str(tmp_path / "env.db"))
+    assert cli.resolve_store(None).origin == "GPU_COST_DB"
+
+
+def test_postgres_urls_get_the_driver_and_never_show_the_password(bare_env: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    choice = cli.resolve_store("postgres://u:secret@h/db")
+    assert choice == cli.StoreChoice("postgresql+psycopg2://u:secret@h/db", "--db")
+    assert cli.resolve_store("postgresql://u:secret@h:5433/db").url == "postgresql+psycopg2://u:secret@h:5433/db"
+    shown = [choice.label(), json.dumps(choice.to_dict())]
+    assert choice.to_dict() == {"url": "postgresql+psycopg2://u:***@h/db", "origin": "--db"}
+    assert choice.label() == "postgresql+psycopg2://u:***@h/db (from --db)"
+
+    monkeypatch.setenv(cli.DB_ENV, "postgresql://agent:s3cr3t@db.example/gpu")
+    env = cli.resolve_store(None)
+    assert env.url == "postgresql+psycopg2://agent:s3cr3t@db.example/gpu" and env.origin == "GPU_COST_DB"
+    monkeypatch.delenv(cli.DB_ENV)
+    monkeypatch.setenv(CONN_ENV, json.dumps({"conn_type": "postgres", "host": "pg", "port": 5432, "login": "agent",
+                                             "password": "p@ss/w:rd", "schema": "gpu"}))
+    conn = cli.resolve_store(None)
+    assert conn.origin == "connection" and conn.url.startswith("postgresql+psycopg2://agent:")
+    assert conn.label().endswith("(connection gpu_cost_db)")
+    for c in (env, conn):
+        shown += [c.label(), json.dumps(c.to_dict())]
+    for text in shown:
+        for secret in ("secret", "s3cr3t", "p@ss", "p%40ss", "w:rd", "w%3Ard"):
+            assert secret not in text, text
+
+
+# -- every command that opens the store says which ------------------------------------------------
+
+
+def test_audit_says_which_store(bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "audit-here.db"
+    code, out, _ = run(capsys, "audit", "--job", "1", "--db", str(db), "--json")
+    assert code == 0
+    payload = one_json(out)
+    assert payload["count"] == 0
+    assert payload["store"] == {"url": f"sqlite:///{db}", "origin": "--db"}
+
+    code, out, _ = run(capsys, "audit", "--job", "1", "--db", str(db))
+    assert code == 0
+    lines = out.rstrip("\n").splitlines()
+    assert lines[0] == "no decision recorded for job 1"
+    assert lines[-1] == f"store: sqlite:///{db} (from --db)"
+
+
+def test_audit_names_the_demo_store_when_it_picked_it(bare_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    demo = bare_env / ".demo" / "audit.db"
+    demo.parent.mkdir()
+    AuditStore(f"sqlite:///{demo}").ensure_schema()
+    code, out, _ = run(capsys, "audit", "--job", "1", "--json")
+    assert code == 0
+    assert one_json(out)["store"] == {"url": f"sqlite:///{demo}", "origin": "demo"}
+    code, out, _ = run(capsys, "audit", "--job", "1")
+    assert out.rstrip("\n").splitlines()[-1] == f"store: sqlite:///{demo} (the demo's)"
+
+
+def test_audit_from_env_and_connection_says_so(bare_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    conn = tmp_path / "conn.db"
+    monkeypatch.setenv(CONN_ENV, sqlite_conn(conn))
+    code, out, _ = run(capsys, "audit", "--job", "1", "--json")
+    assert code == 0 and one_json(out)["store"] == {"url": f"sqlite:///{conn}", "origin": "connection"}
+    env = tmp_path / "env.db"
+    monkeypatch.setenv(cli.DB_ENV, str(env))
+    code, out, _ = run(capsys, "audit", "--job", "1")
+    assert code == 0 and out.rstrip("\n").splitlines()[-1] == f"store: sqlite:///{env} (from GPU_COST_DB)"
+
+
+def test_snooze_list_says_which_store(bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "snoozes.db"
+    code, out, _ = run(capsys, "snooze", "--list", "--db", str(db), "--json")
+    assert code == 0
+    payload = one_json(out)
+    assert payload["snoozes"] == []
+    assert payload["store"] == {"url": f"sqlite:///{db}", "origin": "--db"}
+    code, out, _ = run(capsys, "snooze", "--list", "--db", str(db))
+    lines = out.rstrip("\n").splitlines()
+    assert code == 0 and lines[0] == "0 snooze(s) in force"
+    assert lines[-1].startswith("store: ") and str(db) in lines[-1]
+
+
+def test_db_current_says_which_store(bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "schema.db"
+    AuditStore(f"sqlite:///{db}").ensure_schema()
+    code, out, _ = run(capsys, "db", "current", "--db", str(db), "--json")
+    assert code == 0
+    payload = one_json(out)
+    assert payload["at_head"] is True
+    assert payload["store"] == {"url": f"sqlite:///{db}", "origin": "--db"}
+    code, out, _ = run(capsys, "db", "current", "--url", str(db))  # the older flag is the same --db
+    assert code == 0 and out.rstrip("\n").splitlines()[-1] == f"store: sqlite:///{db} (from --db)"
+
+
+def test_report_says_which_store(bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db, out_dir = tmp_path / "report.db", tmp_path / "reports"
+    week = ["--since", "2026-11-23T00:00:00Z", "--until", "2026-11-30T00:00:00Z"]
+    code, out, err = run(capsys, "report", *week, "--out", str(out_dir), "--db", str(db), "--json")
+    assert code == 0, err[-2000:]
+    payload = one_json(out)
+    assert payload["store"] == {"url": f"sqlite:///{db}", "origin": "--db"}
+    assert Path(payload["index"]).is_file() and Path(payload["index"]).is_relative_to(out_dir)
+    code, out, err = run(capsys, "report", *week, "--out", str(out_dir), "--db", str(db))
+    assert code == 0, err[-2000:]
+    assert out.rstrip("\n").splitlines()[-1] == f"store: sqlite:///{db} (from --db)"
+
+
+# -- durations need a unit ------------------------------------------------------------------------
+
+
+def test_parse_duration_strict() -> None:
+    assert parse_duration_strict("1h30m") == 5400
+    assert parse_duration_strict("4h") == 4 * 3600
+    assert parse_duration_strict("2d") == 2 * 86400
+    for bare in ("4", " 4 ", "4.5", "-3", "0"):
+        with pytest.raises(ValueError, match="unit"):
+            parse_duration_strict(bare)
+
+
+def test_duration_arg_names_the_flag_and_the_value() -> None:
+    from gpu_cost.errors import GpuCostError
+
+    assert cli.duration_arg("90m", "--for") == 5400
+    with pytest.raises(GpuCostError) as exc:
+        cli.duration_arg("4", "--for")
+    assert str(exc.value).startswith("--for '4': ") and "unit" in str(exc.value)
+
+
+def test_snooze_for_a_bare_number_is_refused(bare_env: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "snooze.db"
+    code, out, err = run(capsys, "snooze", "--target", "job:1", "--for", "4", "--reason", "x", "--db", str(db))
+    assert code == 2
+    assert out == ""
+    assert "--for '4'" in err and "unit" in err
+    code, out, err = run(capsys, "snooze", "--target", "job:1", "--for", "4", "--reason", "x", "--db", str(db),
+                         "--json")
+    assert code == 2
+    message = one_json(out)["error"]
+    assert "--for '4'" in message and "needs a unit" in message
+    assert not db.exists() or AuditStore(f"sqlite:///{db}").active_snoozes(0) == []  # nothing was snoozed
+
+
+def test_snooze_for_4h_works_and_is_listed(bare_env: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "snooze.db"
+    reason = "benchmark runs until tonight"
+    code, out, err = run(capsys, "snooze", "--target", "job:1", "--for", "4h", "--reason", reason, "--by", "ann",
+                         "--db", str(db), "--json")
+    assert code == 0, err[-2000:]
+    made = one_json(out)
+    assert made["snoozed"] is True and made["target"] == "job:1" and made["by"] == "ann"
+    assert made["store"] == {"url": f"sqlite:///{db}", "origin": "--db"}
+
+    code, out, _ = run(capsys, "snooze", "--list", "--db", str(db), "--json")
+    assert code == 0
+    listed = one_json(out)["snoozes"]
+    assert [(s["target"], s["reason"], s["by"], s["snooze_id"]) for s in listed] == \
+        [("job:1", reason, "ann", made["snooze_id"])]
+    assert listed[0]["until"] == made["until"]
+    code, out, _ = run(capsys, "snooze", "--list", "--db", str(db))
+    lines = out.rstrip("\n").splitlines()
+    assert lines[0] == "1 snooze(s) in force"
+    assert "job:1" in lines[1] and reason in lines[1] and "by ann" in lines[1]
+    assert lines[-1].startswith("store: ")
+
+
+# -- --source prometheus without a Prometheus -----------------------------------------------------
+
+
+def test_sweep_prometheus_unconfigured_fails_in_one_line_and_records_nothing(
+        bare_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_cost import connections
+
+    monkeypatch.delenv(prometheus.URL_ENV, raising=False)
+    monkeypatch.delenv(connections.env_var(prometheus.CONN_ID), raising=False)
+    db = tmp_path / "prom.db"
+    store = AuditStore(f"sqlite:///{db}").ensure_schema()
+    before = store.table_counts()
+
+    code, out, err = run(capsys, "sweep", "--source", "prometheus", "--db", str(db), "--json")
+    assert code != 0
+    message = one_json(out)["error"]
+    assert "\n" not in message
+    assert message.startswith("--source prometheus: ")
+    assert prometheus.URL_ENV in message and prometheus.CONN_ID in message
+    assert connections.env_var(prometheus.CONN_ID) in message  # how to set the connection, too
+    error_lines = [line for line in err.splitlines() if line.startswith("gpu-cost: error:")]
+    assert error_lines == [f"gpu-cost: error: {message}"]
+    assert "Traceback" not in err
+
+    after = store.table_counts()
+    assert after["gpu_cost_runs"] == 0 and after == before
+    assert store.query("SELECT COUNT(*) AS n FROM gpu_cost_decisions")[0]["n"] == 0
+
+    # text form: nothing on stdout, the same one line on stderr
+    code, out, err = run(capsys, "sweep", "--source", "prometheus", "--db", str(db))
+    assert code != 0 and out == ""
+    assert [line for line in err.splitlines() if line.startswith("gpu-cost: error:")] == error_lines
+
+
+def test_sweep_prometheus_configured_by_env_is_not_refused_up_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_cost import connections
+    from gpu_cost.commands.sweep import require_prometheus
+    from gpu_cost.errors import GpuCostError
+
+    monkeypatch.setenv("GPU_COST_AIRFLOW_LOOKUP", "0")
+    monkeypatch.delenv(connections.env_var(prometheus.CONN_ID), raising=False)
+    monkeypatch.delenv(prometheus.URL_ENV, raising=False)
+    with pytest.raises(GpuCostError, match=prometheus.URL_ENV):
+        require_prometheus("prometheus")
+    require_prometheus("sim")  # another source needs nothing
+    monkeypatch.setenv(prometheus.URL_ENV, "http://127.0.0.1:9")
+    require_prometheus("prometheus")  # configured: the check does not contact it
+
+
+# -- a sweep that acts on nothing says why --------------------------------------------------------
+
+
+def _sweep(capsys: pytest.CaptureFixture[str], db: Path, at: float) -> dict[str, Any]:
+    code, out, err = run(capsys, "sweep", "--source", "sim", "--mode", "dry-run", "--db", str(db), "--at", iso(at),
+                         "--json")
+    assert code == 0, err[-3000:]
+    return one_json(out)
+
+
+def _acting(out: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(d["rule"], d["target"]) for d in out["decisions"]
+            if d["action"] != "none" and d["mode"] != "dry-run" and not out["cap_violation"]}
+
+
+def test_dry_run_sweep_says_why_for_every_finding(bare_env: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "sweep.db"
+    out = _sweep(capsys, db, NOW)
+    assert out["store"] == {"url": f"sqlite:///{db}", "origin": "--db"}
+    assert out["mode"] == "dry-run" and out["findings"], "the default simulated cluster has findings"
+    listed = out["no_action"]
+    assert listed
+    for n in listed:
+        assert n["outcome"] in OUTCOMES, n
+        assert isinstance(n["why"], str) and n["why"].strip(), n
+    keys = [(n["rule"], n["target"]) for n in listed]
+    assert len(keys) == len(set(keys))
+    findings = {(f["rule"], f["target"]) for f in out["findings"]}
+    assert set(keys) <= findings
+    assert set(keys) == findings - _acting(out)  # every finding that is not acted on is there
+    assert findings - _acting(out) == findings  # dry-run acts on nothing
+    by_key = {(n["rule"], n["target"]): n for n in listed}
+    for d in out["decisions"]:
+        n = by_key[(d["rule"], d["target"])]
+        if d["action"] == "none":
+            assert n["outcome"] == "protected" and n["why"] == d["reason"]
+        else:
+            assert n["outcome"] == "dry-run" and n["why"] == f"would {d['action']} (mode dry-run: recorded only)"
+    assert "protected" in {n["outcome"] for n in listed}  # job 1007 carries the no-interrupt label
+
+    # the next sweep, 5 minutes on: the ladder waits, and each finding says on what
+    later = _sweep(capsys, db, NOW + 300)
+    assert later["decisions"] == []
+    assert {(n["rule"], n["target"]) for n in later["no_action"]} == {(f["rule"], f["target"])
+                                                                       for f in later["findings"]}
+    for n in later["no_action"]:
+        assert n["outcome"] == "waiting" and n["why"].strip(), n
+
+
+def test_the_text_form_lists_what_was_held_back(bare_env: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "sweep.db"
+    code, out, err = run(capsys, "sweep", "--source", "sim", "--mode", "dry-run", "--db", str(db), "--at", str(NOW))
+    assert code == 0, err[-3000:]
+    lines = out.rstrip("\n").splitlines()
+    assert lines[0].startswith(f"sweep at {iso(NOW)} on sim ")
+    held = next(i for i, line in enumerate(lines) if line.startswith("no action on "))
+    assert "protected: " in out and "dry-run: would " in out
+    assert all(line.startswith("  ") for line in lines[held + 1:-1])
+    assert lines[-1] == f"store: sqlite:///{db} (from --db)"
+
+
+def test_a_snoozed_finding_says_so(bare_env: Path, tmp_path: Path, policy: Any,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_cost import snooze
+
+    db = tmp_path / "sweep.db"
+    store = AuditStore(f"sqlite:///{db}").ensure_schema()
+    snooze.snooze(store, "job:1003", NOW + 4 * 3600, "benchmarks until tonight", "carol", now=NOW, policy=policy)
+    out = _sweep(capsys, db, NOW)
+    n = next(n for n in out["no_action"] if n["target"] == "job:1003")
+    assert n["outcome"] == "snoozed"
+    assert "benchmarks until tonight" in n["why"] and "carol" in n["why"]
+    assert "job:1003" not in {d["target"] for d in out["decisions"]}
+
+
+def test_a_snoozed_finding_still_says_so_on_the_next_sweep(bare_env: Path, tmp_path: Path, policy: Any,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_cost import snooze
+
+    db = tmp_path / "sweep.db"
+    store = AuditStore(f"sqlite:///{db}").ensure_schema()
+    snooze.snooze(store, "job:1003", NOW + 4 * 3600, "benchmarks until tonight", "carol", now=NOW, policy=policy)
+    _sweep(capsys, db, NOW)
+    later = _sweep(capsys, db, NOW + 300)
+    n = next(n for n in later["no_action"] if n["target"] == "job:1003")
+    assert n["outcome"] == "snoozed", n
+
+
+def _finding(rule: str, target: str, job_id: str | None = None, user: str | None = "ann") -> dict[str, Any]:
+    return {"rule": rule, "target": target, "job_id": job_id, "user": user, "gpus": 1}
+
+
+def _decision(rule: str, target: str, action: str, mode: str, reason: str) -> dict[str, Any]:
+    return {"rule": rule, "target": target, "action": action, "mode": mode, "reason": reason}
+
+
+def test_no_action_explains_each_kind_of_holding_back() -> None:
+    findings = [
+        _finding("idle_allocation", "job:1", "1"),  # protected
+        _finding("idle_allocation", "job:2", "2"),  # dry-run
+        _finding("idle_allocation", "job:3", "3"),  # held back by mode notify
+        _finding("idle_allocation", "job:4", "4"),  # degraded data
+        _finding("zombie", "proc:g1:10:100"),  # waiting, due in 10 min
+        _finding("zombie", "proc:g1:11:100"),  # waiting, with the engine's why
+        _finding("zombie", "proc:g1:12:100"),  # waiting, with nothing more
+        _finding("low_efficiency", "job:5", "5", "bo"),  # snoozed
+        _finding("low_efficiency", "job:6", "6"),  # nothing known
+        _finding("idle_allocation", "job:7", "7"),  # acts: not listed
+    ]
+    decisions = [
+        _decision("idle_allocation", "job:1", "none", "dry-run",
+                  "job 1: idle 15 min; protected (no-interrupt label): recorded only"),
+        _decision("idle_allocation", "job:2", "notify", "dry-run", "job 2: idle 15 min"),
+        _decision("idle_allocation", "job:3", "cancel", "dry-run", "job 3: idle 2 h; mode notify: would cancel"),
+        _decision("idle_allocation", "job:4", "cancel", "dry-run",
+                  "job 4: idle 2 h; degraded data (slurm: timeout): would cancel"),
+        _decision("idle_allocation", "job:7", "notify", "enforce", "job 7: idle 15 min"),
+    ]
+    waiting = [
+        {"rule": "zombie", "target": "proc:g1:10:100", "rung": 1, "action": "kill_process", "due_in_s": 600},
+        {"rule": "zombie", "target": "proc:g1:11:100", "why": "outside working hours"},
+        {"rule": "zombie", "target": "proc:g1:12:100"},
+    ]
+    snoozed = {("low_efficiency", "job:5"): {"reason": "job 5: snoozed (job:5) until later by bo: exams"}}
+
+    out = no_action(findings, decisions, waiting, None, snoozed)
+    got = {n["target"]: (n["outcome"], n["why"]) for n in out}
+    assert got == {
+        "job:1": ("protected", "job 1: idle 15 min; protected (no-interrupt label): recorded only"),
+        "job:2": ("dry-run", "would notify (mode dry-run: recorded only)"),
+        "job:3": ("notify", "mode notify holds back cancel (recorded only)"),
+        "job:4": ("degraded", "degraded data (slurm: timeout): would cancel"),
+        "proc:g1:10:100": ("waiting", "next step kill_process due in 10m (escalation ladder)"),
+        "proc:g1:11:100": ("waiting", "outside working hours"),
+        "proc:g1:12:100": ("waiting", "waiting on the escalation ladder"),
+        "job:5": ("snoozed", "job 5: snoozed (job:5) until later by bo: exams"),
+        "job:6": ("unknown", "the engine recorded no decision and no reason"),
+    }
+    assert [n["target"] for n in out] == [f["target"] for f in findings if f["target"] != "job:7"]  # findings' order
+    assert all(n["outcome"] in OUTCOMES and n["why"] for n in out)
+    snoozed_row = next(n for n in out if n["target"] == "job:5")
+    assert snoozed_row == {"rule": "low_efficiency", "target": "job:5", "job_id": "5", "user": "bo",
+                           "outcome": "snoozed", "why": "job 5: snoozed (job:5) until later by bo: exams"}
+    assert no_action(findings[:1], decisions[:1], [], None, {})[0]["user"] == "ann"
+
+
+def test_no_action_lists_capped_decisions_and_keeps_the_rest() -> None:
+    findings = [_finding("idle_allocation", "job:1", "1"), _finding("zombie", "proc:g1:10:100"),
+                _finding("idle_allocation", "job:2", "2")]
+    decisions = [_decision("idle_allocation", "job:1", "cancel", "enforce", "job 1: idle 2 h"),
+                 _decision("zombie", "proc:g1:10:100", "kill_process", "enforce", "held 30 GiB idle"),
+                 _decision("idle_allocation", "job:2", "notify", "dry-run", "job 2: idle 15 min")]
+    cap = "3 destructive actions > max_actions_per_run 2"
+    out = no_action(findings, decisions, [], cap, {})
+    assert [(n["target"], n["outcome"]) for n in out] == [("job:1", "capped"), ("proc:g1:10:100", "capped"),
+                                                         ("job:2", "dry-run")]
+    assert out[0]["why"] == f"would cancel, but the run is capped: {cap}"
+    assert out[1]["why"] == f"would kill_process, but the run is capped: {cap}"
+    assert no_action(findings, decisions, [], None, {}) == [out[2]]  # uncapped, the enforce decisions act
+    assert no_action([], decisions, [], cap, {}) == []  # decisions without findings are not listed
+
+
+# -- the help is fast to print --------------------------------------------------------------------
+
+
+def test_help_imports_no_heavy_library() -> None:
+    code = ("import sys; from gpu_cost import cli; cli.build_parser().format_help(); "
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
+
+
+def test_every_subcommand_help_imports_no_heavy_library() -> None:
+    code = ("import argparse, sys; from gpu_cost import cli; p = cli.build_parser(); "
+            "subs = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)); "
+            "[s.format_help() for s in subs.choices.values()]; "
+            f"print(len(subs.choices), sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    count, heavy = r.stdout.strip().split(" ", 1)
+    assert int(count) >= 5 and heavy == "[]"
