@@ -1,5 +1,6 @@
 # GPU Cost Agent: Apache Airflow 3.3 with the project's pinned dependencies and the gpu_cost package.
 # Built by `docker compose build` (docker-compose.yaml); usable alone, e.g. in a Helm deployment.
+# Pin by digest with scripts/pin-base-image.sh (needs a Docker client that reaches the registry).
 FROM apache/airflow:3.3.2-python3.11
 
 # Every dependency at the version the tests ran with (requirements.lock pins apache-airflow itself).
