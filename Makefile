@@ -55,3 +55,13 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .demo .gpu_cost
+
+# the documentation site (MkDocs, Material theme) into ./site; --strict fails on a broken link or a page
+# missing from the nav. The generated references: .venv/bin/python -m gpu_cost.docgen (docs/development.md)
+.PHONY: docs report-picture
+docs: setup
+	$(BIN)/mkdocs build --strict -d site
+
+# docs/sample-weekly-report.png: the demo's newest weekly report, the whole page, in headless Chromium
+report-picture: demo
+	$(BIN)/python scripts/report-screenshot.py
