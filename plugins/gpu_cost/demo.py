@@ -144,10 +144,10 @@ def collect_result(store: AuditStore) -> dict[str, Any]:
     """Return the latest sweep run and its decisions, as the demo prints them."""
     runs = store.query("SELECT * FROM gpu_cost_runs WHERE dag_id = 'gpu_zombie_sweep' ORDER BY started_at DESC")
     if not runs:
-        raise GpuCostError("the sweep DAG recorded no run: see the demo's airflow.log")
+        raise GpuCostError("the sweep DAG recorded no run: see the demo's demo.log")
     run = runs[0]
     if run["status"] not in ("ok", "degraded", "capped"):
-        raise GpuCostError(f"the sweep run ended with status {run['status']!r}: see the demo's airflow.log")
+        raise GpuCostError(f"the sweep run ended with status {run['status']!r}: see the demo's demo.log")
     decisions = store.decisions_of_run(run["run_id"])
     return {
         "run_id": run["run_id"],

@@ -26,9 +26,9 @@ def register(sub: Any) -> None:
 
     d = fsub.add_parser("demand-backtest", help="demand model vs seasonal naive, last H hours of each series held out")
     d.add_argument("--series", required=True, help="series file: ts, key, value (hourly)")
-    d.add_argument("--horizon", required=True, help="hours held out (e.g. 168, or 7d)")
+    d.add_argument("--horizon", required=True, help="time held out, with its unit (e.g. 168h or 7d)")
     d.add_argument("--no-prophet", action="store_true", help="no Prophet (level and seasonal naive only)")
-    d.add_argument("--refit-every", help="refit this often inside the held-out hours (e.g. 24 or 1d, as the nightly"
+    d.add_argument("--refit-every", help="refit this often inside the held-out hours (e.g. 24h or 1d, as the nightly"
                    " DAG does); default: one forecast for all of them")
     add_json(d)
     d.set_defaults(handler=_demand_backtest)
@@ -55,13 +55,10 @@ def register(sub: Any) -> None:
 
 
 def _hours(value: str, flag: str = "--horizon") -> int:
-    from gpu_cost.timeutil import parse_duration
+    """Return whole hours of a duration typed with its unit (``168h``, ``7d``); a bare number is an error."""
+    from gpu_cost.cli import duration_arg
 
-    text = value.strip().lower()
-    try:
-        secs = float(text) * 3600 if text.replace(".", "", 1).isdigit() else parse_duration(text)
-    except ValueError as exc:
-        raise GpuCostError(f"{flag}: {exc}") from None
+    secs = duration_arg(value, flag)
     if secs < 3600:
         raise GpuCostError(f"{flag} {value!r}: at least one hour")
     return round(secs / 3600)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_cost.cli import add_json, instant_arg
+from gpu_cost.cli import add_json, duration_arg, instant_arg
 from gpu_cost.errors import GpuCostError
 from gpu_cost.timeutil import iso
 
@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
     p.add_argument("--jobs-per-node", type=float, default=2.0, help="job arrivals per node per hour (default 2)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--end", help="trace end (ISO 8601 or epoch; default: the start of the current hour)")
-    p.add_argument("--sample-interval", type=float, default=60.0, help="seconds between samples (default 60)")
+    p.add_argument("--sample-interval", default="60s", help="time between samples, with its unit (default 60s)")
     p.add_argument("--format", choices=["parquet", "csv"], default="parquet", help="samples file format")
     p.add_argument("--out", required=True, help="output directory")
     add_json(p)
@@ -43,7 +43,7 @@ def _simtrace(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     end = instant_arg(args.end, "--end") if args.end else float(int(time.time()) // 3600 * 3600)
     out = write_sim_trace(Path(args.out), days=args.days, gpus=args.gpus, gpus_per_node=args.gpus_per_node,
                           jobs_per_node=args.jobs_per_node, seed=args.seed, end=end,
-                          sample_interval=args.sample_interval, fmt=args.format)
+                          sample_interval=duration_arg(args.sample_interval, "--sample-interval"), fmt=args.format)
     text = (f"wrote {out['samples_rows']:,} samples of {out['gpus']} GPUs over {args.days:g} days and "
             f"{out['jobs']} jobs ({out['behaviours']}) to {out['samples']} and {out['jobs_file']}")
     return out, text

@@ -1,7 +1,8 @@
 """The policy: a human-edited YAML file, loaded at task run time into frozen typed objects.
 
 Every section below is a frozen dataclass; its fields are the YAML keys (``snake_case``, or the
-same with dashes). The annotated reference is ``include/policy/default.yaml`` and the README.
+same with dashes). The annotated reference is ``include/policy/default.yaml``; ``docs/reference/policy.md`` is generated
+from this module (``python -m gpu_cost.docgen``).
 """
 
 from __future__ import annotations
@@ -265,7 +266,8 @@ class CostConfig:
     kwh_usd: Annotated[float, Range(0, 100)] = 0.15
     currency: str = "USD"
     #: how long waste with no end in sight (a zombie process, a job with neither forecast nor time
-    #: limit) counts as freed by an action: the "GPU-h freed" of decisions and the savings ledger
+    #: limit) counts in a decision's stakes (its "GPU-h saved"); the savings ledger books only the
+    #: waste already seen (docs/savings.md)
     open_ended: Annotated[float, Dur(), Range(600, 7 * 86400)] = 86400.0
 
     def gpu_hour(self, model: str | None) -> float:

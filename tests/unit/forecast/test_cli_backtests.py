@@ -55,7 +55,7 @@ def test_demand_backtest_command_beats_seasonal_naive(shared_data: Path, tmp_pat
     sl = series[series["ts"] < series["ts"].min() + 21 * 86400]
     path = tmp_path / "series.csv"
     sl.to_csv(path, index=False)
-    out = _cli("demand-backtest", "--series", str(path), "--horizon", "48")
+    out = _cli("demand-backtest", "--series", str(path), "--horizon", "48h")
     assert out["n_series"] == 8 and out["horizon"] == 48
     assert out["smape"] < out["seasonal_naive_smape"]
     assert set(out["series"]) == set(sl["key"])
