@@ -74,9 +74,10 @@ def test_savings_reconcile_and_never_exceed_allocated_time(week) -> None:  # typ
     store, _, _, _, k = week
     savings = store.query("SELECT * FROM gpu_cost_savings")
     realized = k["savings"]["freed"]
-    assert realized["count"] == len(savings)
-    assert realized["gpu_hours"] == pytest.approx(sum(s["gpu_hours"] for s in savings), abs=0.01)
-    assert realized["cost"] == pytest.approx(sum(s["usd"] for s in savings), abs=0.01)
+    owner = realized["by_kind"].get("owner", {"count": 0, "gpu_hours": 0.0, "cost": 0.0})  # computed, not stored
+    assert realized["count"] - owner["count"] == len(savings)
+    assert realized["gpu_hours"] - owner["gpu_hours"] == pytest.approx(sum(s["gpu_hours"] for s in savings), abs=0.02)
+    assert realized["cost"] - owner["cost"] == pytest.approx(sum(s["usd"] for s in savings), abs=0.02)
     from gpu_cost.audit.savings import week_end as cap_of
 
     for s in savings:
@@ -101,7 +102,7 @@ def test_savings_reconcile_and_never_exceed_allocated_time(week) -> None:  # typ
         d = store.get_decision(s["decision_id"])
         if d["target_kind"] == "job":
             idle = store.query("SELECT SUM(interval_s * (gpus - gpus_active)) AS s FROM gpu_cost_jobs_usage "
-                               "WHERE job_id = :j AND ts <= :t", {"j": d["job_id"], "t": float(s["ts"])})[0]["s"] or 0
+                               "WHERE job_id = :j AND ts <= :until", {"j": d["job_id"], "until": float(s["ts"])})[0]["s"] or 0
             window = float(json.loads(d["evidence"]).get("window_s") or 0) if isinstance(d["evidence"], str) else 0.0
             assert s["gpu_hours"] <= (float(idle) + window * s["gpus"]) / 3600 + 1e-3, (s, idle)
 

@@ -36,7 +36,7 @@ def next_commands(result: dict[str, Any], home: Path) -> list[tuple[str, str]]:
         (f"gpu-cost audit --job {job}" if job else "gpu-cost audit --limit 10",
          f"why the agent flagged job {job} and what it would do next, step by step" if job else "the latest decisions"),
         ("gpu-cost report --since 7d", "the weekly report again, from the demo's store"),
-        (f"gpu-cost sim-trace --days 7 --out {trace} && gpu-cost replay --samples {trace}/samples.parquet "
+        (f"gpu-cost sim-trace --days 7 --gpus 32 --out {trace} && gpu-cost replay --samples {trace}/samples.parquet "
          f"--jobs {trace}/jobs.csv", "what enforce mode would have done on a simulated week"),
     ]
 

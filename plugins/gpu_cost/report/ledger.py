@@ -12,7 +12,8 @@ the sweeps that followed, so the report computes them from the usage record:
   many jobs start on it; on an idle cluster nothing is re-used, and the report says so: a freed
   GPU nobody needed saved power at most, not money.
 - **released by the owner**: a notice or advice saves nothing when it is sent. When the owner then
-  ends the job (it leaves the usage record while sweeps go on) before the end it would have had,
+  ends the job (it leaves the usage record while sweeps go on, idle in the last sweep that saw it:
+  a job busy to its last sample finished its work) before the end it would have had,
   the GPUs it gave back count, bounded the same way as the agent's own actions (the end it would
   have had, the waste already seen, the week), and only when no action of the agent ended it.
 
@@ -48,6 +49,12 @@ SELECT job_id, MIN(ts) AS first_ts, MAX(ts) AS last_ts, MAX(interval_s) AS inter
 FROM gpu_cost_jobs_usage WHERE ts > :since AND ts <= :until GROUP BY job_id
 """
 _LAST_SWEEP = "SELECT MAX(ts) AS ts FROM gpu_cost_jobs_usage WHERE ts <= :until"
+#: each job's GPUs above the idle threshold in the last sweep that saw it
+_LAST_ACTIVE = """
+SELECT u.job_id, u.gpus_active FROM gpu_cost_jobs_usage u
+WHERE u.ts > :since AND u.ts <= :until
+  AND u.ts = (SELECT MAX(v.ts) FROM gpu_cost_jobs_usage v WHERE v.job_id = u.job_id AND v.ts <= :until)
+"""
 
 
 def _gpus_by_host(decision: Mapping[str, Any]) -> dict[str, int]:
@@ -118,6 +125,8 @@ def owner_releases(store: AuditStore, decisions: Iterable[Mapping[str, Any]], po
     if last_sweep is None:
         return []
     seen = {str(r["job_id"]): r for r in store.query(_JOB_SEEN, {"since": since - 86400.0, "until": until})}
+    active_at_end = {str(r["job_id"]): int(r["gpus_active"] or 0)
+                     for r in store.query(_LAST_ACTIVE, {"since": since - 86400.0, "until": until})}
     out = []
     for job_id, d in told.items():
         job = seen.get(job_id)
@@ -126,6 +135,8 @@ def owner_releases(store: AuditStore, decisions: Iterable[Mapping[str, Any]], po
         last, interval = epoch(job["last_ts"]), float(job["interval_s"] or 0.0)
         if last >= epoch(last_sweep) or last < float(d["ts"]):
             continue  # still running at the last sweep, or gone before the notice
+        if active_at_end.get(job_id, 0) > 0:
+            continue  # busy until it ended: it finished its work, nobody released anything
         decision = Decision.from_row(d)
         released = last + interval / 2.0  # it left between the sweep that saw it last and the next one
         end, basis = expected_end(decision, store, float(d["ts"]))

@@ -67,13 +67,13 @@ def test_re_used_never_exceeds_freed(store) -> None:  # type: ignore[no-untyped-
     assert ledger.reused(store, [_saving("d1", NOW, 2, 4.0)], NOW + 5 * H)["gpu:d1"] == 4.0
 
 
-def _job_seen(store: AuditStore, job: str, first: float, last: float, gpus: int = 2) -> None:
+def _job_seen(store: AuditStore, job: str, first: float, last: float, gpus: int = 2, active: int = 0) -> None:
     t = first
     while t <= last:
         store.execute("upsert_job_usage", [{
             "ts": t, "job_id": job, "interval_s": 300.0, "user_name": "carol", "account": "nlp",
             "partition_name": "batch", "gpu_model": "a100", "job_name": "train", "gpus": gpus, "gpus_requested": gpus,
-            "gpus_busy": 0, "gpus_active": 0, "gpus_stale": 0, "work_gpus": 0.0, "time_limit_s": 48 * H,
+            "gpus_busy": active, "gpus_active": active, "gpus_stale": 0, "work_gpus": 0.0, "time_limit_s": 48 * H,
             "start_ts": first - 10 * H, "run_id": "r", "data_ts": t}])
         t += 300.0
 
@@ -89,6 +89,10 @@ def test_a_notice_saves_nothing_until_the_owner_releases(store, policy) -> None:
     # released at NOW + 1 h + half a sweep; credited no longer than the waste seen (2 h window + 1 h)
     assert row["kind"] == "owner" and row["gpus"] == 2
     assert row["gpu_hours"] == pytest.approx(2 * (2 * H + H + 150) / H, abs=1e-3), row
+    # a job busy until it ended finished its work: no release to credit
+    busy = _decision(store, "n3", "notify", "10", 2, NOW)
+    _job_seen(store, "10", NOW - H, NOW + H, active=2)
+    assert ledger.owner_releases(store, [busy], policy, NOW - H, NOW + 7 * H, acted_jobs=()) == []
     # a job the agent itself ended is the agent's saving, not the owner's
     assert ledger.owner_releases(store, [d], policy, NOW - H, NOW + 7 * H, acted_jobs=("8",)) == []
 
