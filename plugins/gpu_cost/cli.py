@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for noisy in ("cmdstanpy", "prophet", "matplotlib", "urllib3", "paramiko"):
+    for noisy in ("cmdstanpy", "prophet", "matplotlib", "urllib3", "paramiko", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     as_json = bool(getattr(args, "json", False))
     try:

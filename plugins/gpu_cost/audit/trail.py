@@ -118,7 +118,8 @@ def render(entries: Sequence[Mapping[str, Any]], what: str, currency: str = "USD
         lines.append(f"{e['ts']}  {e['target']}{who}  {e['rule']} rung {e['rung']} (episode {e['episode']}): "
                      f"{e['action']} [{e['mode']}] → {e['status']}")
         lines.append(f"    why: {e.get('reason') or '-'}")
-        lines.append(f"    stakes: {e['gpu_hours_at_risk']:.1f} GPU-h of work at risk, {e['gpu_hours_saved']:.1f} GPU-h freed")
+        lines.append(f"    stakes: {e['gpu_hours_at_risk']:.1f} GPU-h of work at risk, {e['gpu_hours_saved']:.1f} GPU-h left "
+                     "to its end (the most acting could free; the ledger books only the waste seen)")
         ap = e.get("approval")
         if ap:
             lines.append(f"    approval: {ap['status'] or 'pending'}" + (f" by {ap['by']}" if ap.get("by") else "")

@@ -29,16 +29,32 @@ def next_commands(result: dict[str, Any], home: Path) -> list[tuple[str, str]]:
     from the folder the demo ran in (the CLI finds the demo's store there)."""
     here = Path.cwd()
     rel = os.path.relpath(home, here) if home.is_relative_to(here) else str(home)
+    exe = _executable(here)
     job = result.get("audit_job") or next(
         (d["job_id"] for d in result["decisions"] if d.get("job_id") and d["action"] != "none"), None)
     trace = f"{rel}/trace"
     return [
-        (f"gpu-cost audit --job {job}" if job else "gpu-cost audit --limit 10",
+        (f"{exe} audit --job {job}" if job else f"{exe} audit --limit 10",
          f"why the agent flagged job {job} and what it would do next, step by step" if job else "the latest decisions"),
-        ("gpu-cost report --since 7d", "the weekly report again, from the demo's store"),
-        (f"gpu-cost sim-trace --days 7 --gpus 32 --out {trace} && gpu-cost replay --samples {trace}/samples.parquet "
+        (f"{exe} report --since 7d", "the weekly report again, from the demo's store"),
+        (f"{exe} sim-trace --days 7 --gpus 32 --out {trace} && {exe} replay --samples {trace}/samples.parquet "
          f"--jobs {trace}/jobs.csv", "what enforce mode would have done on a simulated week"),
     ]
+
+
+def _executable(here: Path) -> str:
+    """Return how to type ``gpu-cost`` from ``here``: the bare name when it is on PATH, else the script
+    beside this interpreter (``.venv/bin/gpu-cost`` after ``make demo``)."""
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).with_name("gpu-cost")
+    found = shutil.which("gpu-cost")
+    if found and (not beside.exists() or Path(found).resolve() == beside.resolve()):
+        return "gpu-cost"
+    if not beside.exists():
+        return "gpu-cost"
+    return os.path.relpath(beside, here) if beside.is_relative_to(here) else str(beside)
 
 
 def summary(result: dict[str, Any], home: Path) -> list[str]:

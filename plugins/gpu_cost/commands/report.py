@@ -51,6 +51,8 @@ def _report(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         f"  saved: {fmt_money(h['saved_cost'], cur)} ({fmt_num(h['reused_gpu_hours'], 1)} GPU-h re-used by other jobs "
         f"of {fmt_num(h['freed_gpu_hours'], 1)} freed, {fmt_num(h['saved_kwh'], 1)} kWh); "
         f"{h['live_events']} automated actions ({h['would_have_events']} more in dry-run)",
+        f"  dry-run: would have freed {fmt_num(h['would_have_gpu_hours'], 1)} GPU-h "
+        f"({fmt_money(h['would_have_cost'], cur)}; not counted as saved)",
         f"report: {out['index']}",
         f"summary: {out['summary']}",
     ]
