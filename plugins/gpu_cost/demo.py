@@ -116,8 +116,8 @@ def _run(home: Path, env: dict[str, str], log: Path, dags: list[tuple[str, dict[
         + yaml.safe_dump(scenario_to_dict(cluster), sort_keys=False), encoding="utf-8")
     store = AuditStore(f"sqlite:///{home / 'audit.db'}").ensure_schema()
     policy = load_policy(None)
-    # hourly sweeps over (end - 7 d, end]: the report's week holds every one, the week before none
-    seeded = seed_week(store, policy, end, mode=policy.mode, scenario=cluster)
+    # hourly sweeps over [end - 7 d, end - 1 h]; the DAGs' sweep follows an hour or so after the last
+    seeded = seed_week(store, policy, end - 3600.0, mode=policy.mode, scenario=cluster)
     _call([_airflow(), "db", "migrate"], env, "airflow db migrate", log)
     runs = []
     for dag_id, conf in dags or DEMO_DAGS:

@@ -209,8 +209,9 @@ def demo_report(store: AuditStore, home: Path, result: dict[str, Any]) -> None:
     from gpu_cost.report.render import build_report
 
     end = float(result["week_end"])
-    # the seeded week (end - 7 d, end] and the DAGs' runs just after it (the demo takes minutes)
-    out = build_report(store, load_policy(None), end - WEEK, end + 2 * 3600.0, home / "reports")
+    # the seeded sweeps [end - 7 d, end - 1 h] (the first one inside: the period's start is exclusive in
+    # the usage queries) and the DAGs' runs just after (the demo takes minutes)
+    out = build_report(store, load_policy(None), end - WEEK - 1.0, end + 2 * 3600.0, home / "reports")
     result["report"] = out["index"]
     result["report_summary"] = out["summary"]
     result["report_headline"] = out["headline"]
