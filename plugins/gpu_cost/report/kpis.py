@@ -72,6 +72,21 @@ def week_bounds(at: float, timezone: str = "UTC", weeks_back: int = 1) -> tuple[
         raise GpuCostError(f"report.timezone: unknown time zone {timezone!r}") from None
 
 
+def _shown_path(source: str) -> str:
+    """Return a policy file's path as the report shows it: relative to the package's include folder
+    (``include/policy/default.yaml``) when it lies there, as given otherwise."""
+    from pathlib import Path
+
+    from gpu_cost import paths
+
+    try:
+        inc = paths.include_dir().resolve()
+        rel = Path(source).resolve().relative_to(inc)
+    except (ValueError, OSError):
+        return source
+    return f"include/{rel}"
+
+
 def _tz(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
@@ -451,15 +466,17 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
                "idle_alloc_gpu_hours": totals["idle_alloc_gpu_hours"], "zombie_gpu_hours": totals["zombie_gpu_hours"],
                "savings_gpu_hours": reused["gpu_hours"], "savings_cost": savings["headline_cost"],
                "freed_gpu_hours": freed["gpu_hours"]}
-    previous = [_week_summary(store, policy, since - 7 * 86400 * k, until - 7 * 86400 * k)
-                for k in range(1, trend_weeks + 1)]
+    # the periods before, back to back: a period longer than a week steps back by its own length, so
+    # "last week" never overlaps the period it is compared with
+    step = max(7 * 86400.0, until - since)
+    previous = [_week_summary(store, policy, since - step * k, until - step * k) for k in range(1, trend_weeks + 1)]
     modes = sorted({str(r["mode"]) for r in runs if r.get("mode")})
     result = {
         "period": {"since": iso(since), "until": iso(until), "timezone": tzname,
                    "label": period_label(since, until, tzname)},
         "currency": policy.cost.currency,
         "gpu_hour_price": rate,
-        "policy": {"source": policy.source, "mode": policy.mode},
+        "policy": {"source": _shown_path(policy.source), "mode": policy.mode},
         "thresholds": {"busy_util": policy.sweep.busy_util, "idle_util": policy.rules.idle_allocation.util_max},
         "cluster": cluster,
         "by_team": owners["by_team"],

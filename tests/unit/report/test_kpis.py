@@ -198,3 +198,19 @@ def test_an_empty_week_reads_no_data_not_none(tmp_path, capsys) -> None:  # type
     assert code == 0 and "None" not in text and "utilisation: no data of all GPUs" in text, text
     html = next((tmp_path / "r").rglob("index.html")).read_text()
     assert "None" not in html.replace("display:none", "")
+
+
+def test_a_period_longer_than_a_week_is_compared_with_the_one_before_it_not_an_overlap(filled, policy) -> None:  # type: ignore[no-untyped-def]
+    # a 7 d + 2 h period: the week before must end where it starts, or the period's first 2 h count twice
+    filled.execute("upsert_usage", [usage(SINCE + HOUR, "n9", "alice", "nlp", 4, 4, 2, 2, 0, 1.0)])
+    k = kpis.compute(filled, policy, SINCE, UNTIL + 2 * HOUR)
+    assert [w["has_data"] for w in k["trend"]] == [True]
+    assert k["change"]["util_all_pct"]["vs_last_week"] is None
+
+
+def test_the_report_names_a_shipped_policy_by_its_place_in_the_package() -> None:
+    from gpu_cost import paths
+
+    shipped = str(paths.include_dir() / "policy" / "default.yaml")
+    assert kpis._shown_path(shipped) == "include/policy/default.yaml"
+    assert kpis._shown_path("/etc/gpu-cost/policy.yaml") == "/etc/gpu-cost/policy.yaml"
