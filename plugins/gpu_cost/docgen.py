@@ -32,8 +32,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-#: the repository root (``plugins/gpu_cost`` lives two levels below it)
-ROOT = Path(__file__).resolve().parents[2]
+from gpu_cost.paths import ROOT
+from gpu_cost.timeutil import format_duration
+
 #: the command that regenerates the pages, as the pages and the tests print it
 REGENERATE = ".venv/bin/python -m gpu_cost.docgen"
 CLI_PAGE = "docs/reference/cli.md"
@@ -262,17 +263,8 @@ def _is_section(tp: Any) -> bool:
     return dataclasses.is_dataclass(tp) and isinstance(tp, type)
 
 
-def _dur(seconds: float) -> str:
-    """Return seconds as the policy writes a duration: ``90s``, ``15m``, ``1h30m``, ``14d``."""
-    s = round(seconds)
-    if s <= 0:
-        return "0s"
-    out = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        n, s = divmod(s, size)
-        if n:
-            out.append(f"{n}{unit}")
-    return "".join(out)
+def _exact_duration(seconds: float) -> str:
+    return format_duration(seconds, parts=None)
 
 
 def _num(x: float) -> str:
@@ -282,7 +274,7 @@ def _num(x: float) -> str:
 def _bounds(marks: tuple[Any, ...]) -> str:
     from gpu_cost.policy.typed import Dur, Range
 
-    fmt: Callable[[float], str] = _dur if any(isinstance(m, Dur) for m in marks) else _num
+    fmt: Callable[[float], str] = _exact_duration if any(isinstance(m, Dur) for m in marks) else _num
     for m in marks:
         if isinstance(m, Range):
             if m.lo is not None and m.hi is not None:
@@ -374,7 +366,7 @@ def _fmt(value: Any, tp: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float) and any(isinstance(m, Dur) for m in marks):
-        return _dur(float(value))
+        return _exact_duration(float(value))
     if isinstance(value, int | float):
         return _num(value)
     if isinstance(value, str):

@@ -47,8 +47,9 @@ def parse_duration_strict(value: str) -> float:
     return parse_duration(str(value))
 
 
-def format_duration(seconds: float) -> str:
-    """Return a short human form: ``1h30m``, ``15m``, ``45s``."""
+def format_duration(seconds: float, parts: int | None = 2) -> str:
+    """Return a short human form: ``1h30m``, ``15m``, ``45s``; at most ``parts`` units (None: exact,
+    as a policy file writes it, e.g. ``1d2h3m4s``)."""
     seconds = round(seconds)
     if seconds <= 0:
         return "0s"
@@ -57,7 +58,7 @@ def format_duration(seconds: float) -> str:
         n, seconds = divmod(seconds, size)
         if n:
             out.append(f"{n}{unit}")
-    return "".join(out[:2])
+    return "".join(out[:parts] if parts is not None else out)
 
 
 def utc(ts: object) -> dt.datetime:
