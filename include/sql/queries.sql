@@ -228,3 +228,25 @@ ON CONFLICT (run_id) DO NOTHING;
 
 -- name: pinned_policy
 SELECT run_id, name, sha256, content, pinned_at FROM gpu_cost_run_policies WHERE run_id = :run_id;
+
+-- name: upsert_class_members
+INSERT INTO gpu_cost_class_members (job_id, class_key, coarse_key, user_name, account, partition_name, stem, gpus,
+    start_ts, first_seen, last_seen, seen_s, active_s, idle_s, idle_mem_s, wakes, quiet_since, longest_quiet_s,
+    run_id, data_ts)
+VALUES (:job_id, :class_key, :coarse_key, :user_name, :account, :partition_name, :stem, :gpus, :start_ts, :first_seen,
+    :last_seen, :seen_s, :active_s, :idle_s, :idle_mem_s, :wakes, :quiet_since, :longest_quiet_s, :run_id, :data_ts)
+ON CONFLICT (job_id) DO UPDATE SET
+    class_key = excluded.class_key, coarse_key = excluded.coarse_key, user_name = excluded.user_name,
+    account = excluded.account, partition_name = excluded.partition_name, stem = excluded.stem, gpus = excluded.gpus,
+    start_ts = excluded.start_ts, last_seen = excluded.last_seen, seen_s = excluded.seen_s,
+    active_s = excluded.active_s, idle_s = excluded.idle_s, idle_mem_s = excluded.idle_mem_s, wakes = excluded.wakes,
+    quiet_since = excluded.quiet_since, longest_quiet_s = excluded.longest_quiet_s, run_id = excluded.run_id,
+    data_ts = excluded.data_ts
+WHERE excluded.data_ts > gpu_cost_class_members.data_ts;
+
+-- name: class_members_of_jobs
+SELECT * FROM gpu_cost_class_members WHERE job_id IN :job_ids;
+
+-- name: class_members_of_classes
+SELECT * FROM gpu_cost_class_members
+WHERE (class_key IN :class_keys OR coarse_key IN :coarse_keys) AND last_seen > :since;

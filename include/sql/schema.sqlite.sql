@@ -240,3 +240,30 @@ CREATE TABLE IF NOT EXISTS gpu_cost_run_policies (
     content         TEXT NOT NULL,                 -- the YAML as read
     pinned_at       TEXT NOT NULL
 );
+
+-- Class baselines (gpu_cost.baselines): one row per job the sweeps have seen, with its class and what it
+-- did; a class's baseline is computed from its members' rows. Derived, like the usage tables.
+CREATE TABLE IF NOT EXISTS gpu_cost_class_members (
+    job_id          TEXT PRIMARY KEY,
+    class_key       TEXT NOT NULL,                 -- user, account, partition, name stem, GPUs
+    coarse_key      TEXT NOT NULL,                 -- account, partition, GPUs
+    user_name       TEXT NOT NULL DEFAULT '',
+    account         TEXT NOT NULL DEFAULT '',
+    partition_name  TEXT NOT NULL DEFAULT '',
+    stem            TEXT NOT NULL DEFAULT '',      -- the job name with numbers and hashes stripped
+    gpus            INTEGER NOT NULL DEFAULT 0,
+    start_ts        REAL,                          -- epoch seconds
+    first_seen      TEXT NOT NULL,
+    last_seen       TEXT NOT NULL,
+    seen_s          REAL NOT NULL DEFAULT 0,     -- wall time observed
+    active_s        REAL NOT NULL DEFAULT 0,     -- of which some GPU was active
+    idle_s          REAL NOT NULL DEFAULT 0,     -- every GPU fresh and idle
+    idle_mem_s      REAL NOT NULL DEFAULT 0,     -- idle with memory resident on every GPU
+    wakes           INTEGER NOT NULL DEFAULT 0,    -- activity after a quiet spell of baselines.quiet_gap
+    quiet_since     REAL,                          -- epoch seconds the current quiet spell began; NULL while active
+    longest_quiet_s REAL NOT NULL DEFAULT 0,
+    run_id          TEXT,
+    data_ts         TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS gpu_cost_class_members_class ON gpu_cost_class_members (class_key, last_seen);
+CREATE INDEX IF NOT EXISTS gpu_cost_class_members_coarse ON gpu_cost_class_members (coarse_key, last_seen);

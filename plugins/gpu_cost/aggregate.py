@@ -84,6 +84,44 @@ def lookback_stats(times: np.ndarray, util: np.ndarray, now: float, lookback_s: 
     return {"util_mean_lb": mean, "util_max_lb": mx, "busy_share_lb": share, "bursts_lb": bursts.astype(np.int64), "n_lb": n.astype(np.int64)}
 
 
+def mem_trend_stats(times: np.ndarray, mem: np.ndarray, now: float, lookback_s: float) -> dict[str, np.ndarray]:
+    """Return the framebuffer's trend over the lookback, per GPU row, from its valid samples.
+
+    ``mem_slope_mib_h_lb``: least-squares slope of used MiB against time, per hour (NaN under two
+    samples; 0 for constant memory); ``mem_r2_lb``: the fit's R² (NaN when memory is constant or
+    under three samples); ``mem_span_s_lb``: seconds between the first and the last valid sample
+    (NaN when none). One pass over the GPU × time matrix, no loop per GPU. The Prometheus source
+    computes the same with ``deriv`` and ``stdvar_over_time`` on the same sample grid.
+    """
+    sel = (times > now - lookback_s) & (times <= now)
+    m = mem[:, sel]
+    rows = len(m)
+    if not m.shape[1]:
+        nan = np.full(rows, np.nan)
+        return {"mem_slope_mib_h_lb": nan, "mem_r2_lb": nan.copy(), "mem_span_s_lb": nan.copy()}
+    ts = times[sel].astype(float)
+    t = ts - ts.mean()  # centred: squares of epoch seconds would lose precision
+    valid = ~np.isnan(m)
+    n = valid.sum(axis=1)
+    safe_n = np.maximum(n, 1)
+    vf = valid.astype(float)
+    mean_t = (vf @ t) / safe_n
+    sxx = vf @ (t * t) - n * mean_t * mean_t
+    mean_y = np.where(valid, m, 0.0).sum(axis=1) / safe_n
+    dy = np.where(valid, m - mean_y[:, None], 0.0)  # two passes for y: memory is large, its variance may be small
+    syy = np.einsum("ij,ij->i", dy, dy)
+    sxy = dy @ t - mean_t * dy.sum(axis=1)
+    first = np.argmax(valid, axis=1)
+    last = valid.shape[1] - 1 - np.argmax(valid[:, ::-1], axis=1)
+    # constant memory exactly (the mean's rounding would leave a spurious tiny variance)
+    const = ((m == m[np.arange(rows), first][:, None]) | ~valid).all(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.where((n >= 2) & (sxx > 0), np.where(const, 0.0, sxy / sxx * 3600.0), np.nan)
+        r2 = np.where((n >= 3) & (sxx > 0) & (syy > 0) & ~const, np.clip(sxy * sxy / (sxx * syy), 0.0, 1.0), np.nan)
+    span = np.where(n > 0, ts[last] - ts[first], np.nan)
+    return {"mem_slope_mib_h_lb": slope, "mem_r2_lb": r2, "mem_span_s_lb": span}
+
+
 def clean(util: np.ndarray, mem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return copies with impossible values (negative, > 100 %, > MAX_MEM_MIB, inf) replaced by NaN."""
     u = np.array(util, dtype=float, copy=True)
@@ -117,6 +155,7 @@ def gpu_frame(
     util, mem = clean(util, mem)
     w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s, power)
     lb = lookback_stats(times, util, now, lookback_s, busy_util)
+    trend = mem_trend_stats(times, mem, now, lookback_s)
     frame = pd.DataFrame(
         {
             "host": hosts.astype(object),
@@ -127,6 +166,7 @@ def gpu_frame(
             "mem_total_mib": mem_total.astype(float),
             **w,
             **lb,
+            **trend,
         }
     )
     return frame[list(GPU_COLUMNS)]

@@ -41,6 +41,9 @@ GPU_COLUMNS: dict[str, str] = {
     "busy_share_lb": "share of lookback samples above the busy threshold",
     "bursts_lb": "idle→busy transitions in the lookback (bursty services have several)",
     "n_lb": "samples seen in the lookback",
+    "mem_slope_mib_h_lb": "least-squares slope of framebuffer used (MiB per hour) over the lookback's valid samples",
+    "mem_r2_lb": "R² of that fit (1: steady growth); NaN when memory is constant or under 3 samples",
+    "mem_span_s_lb": "seconds between the first and the last valid framebuffer sample in the lookback",
     "stale": "True when too few or too old samples: such a GPU never counts as idle",
 }
 
@@ -98,6 +101,8 @@ class Job:
     labels: tuple[str, ...] = ()
     priority: int | None = None
     nice: int | None = None
+    #: Slurm's batch flag: False for salloc / srun outside a batch script (an interactive session); None unknown
+    batch: bool | None = None
 
     @property
     def running(self) -> bool:
@@ -235,7 +240,8 @@ class Snapshot:
 
     :param ts: the instant (epoch seconds, end of the rule window).
     :param gpus: one row per GPU, columns :data:`GPU_COLUMNS` plus ``job_id`` and ``attribution``
-        once :func:`gpu_cost.correlate.attribute` has run.
+        once :func:`gpu_cost.correlate.attribute` has run, and, where the source has the series,
+        ``util_chart_lb`` (max utilisation per twelfth of the lookback, for the notices' chart).
     :param problems: reasons the data is incomplete; a snapshot with problems is *degraded* and
         nothing destructive is decided from it.
     """
@@ -253,6 +259,11 @@ class Snapshot:
     sample_interval_s: float = 60.0
     #: window columns for other window lengths (seconds → frame aligned with ``gpus``)
     windows: dict[float, pd.DataFrame] = field(default_factory=dict)
+    #: job id → the tail of its log as read for this snapshot (:mod:`gpu_cost.evidence`): ``text``,
+    #: ``size``, ``mtime``, ``path``, or ``error`` when it could not be read
+    job_logs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: job id → its class baseline (:mod:`gpu_cost.baselines`): ``key``, ``members``, ``kind``, shares, run times
+    classes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def view(self, window_s: float) -> pd.DataFrame:
         """Return ``gpus`` with its window columns computed over ``window_s`` instead."""
@@ -303,6 +314,8 @@ class Snapshot:
                 "windows": {
                     str(k): json.loads(v.to_json(orient="split", index=False)) for k, v in self.windows.items()
                 },
+                "job_logs": self.job_logs,
+                "classes": self.classes,
             },
             separators=(",", ":"),
         )
@@ -331,6 +344,8 @@ class Snapshot:
             windows={
                 float(k): _typed(pd.DataFrame(v["data"], columns=v["columns"])) for k, v in d.get("windows", {}).items()
             },
+            job_logs=dict(d.get("job_logs") or {}),
+            classes=dict(d.get("classes") or {}),
         )
 
 

@@ -282,6 +282,7 @@ def _job_finding(job: Job, action: str) -> Finding:
 def _decide(f: Finding, request: Request, policy: Policy, snap: Snapshot, now: float,
             run_key: str) -> tuple[Decision, str | None]:
     """Decide one target through the engine's guards (:func:`gpu_cost.policy.engine.guard`)."""
+    from gpu_cost import baselines
     from gpu_cost.rules.common import declared_inference
 
     who = request.requested_by or "an operator"
@@ -289,6 +290,8 @@ def _decide(f: Finding, request: Request, policy: Policy, snap: Snapshot, now: f
               override=request.override_justification if request.override_protections else None)
     job = snap.job(f.job_id) if f.job_id else None
     inference = declared_inference(job, policy.inference) if job is not None else None
+    if job is not None and inference is None and baselines.is_service(snap.classes.get(job.job_id)):
+        inference = baselines.describe(snap.classes.get(job.job_id))
     v = guard(f, request.action, policy, now=now, ask=ask, degraded=snap.degraded, problems=snap.problems,
               inference=inference)
     refusal = v.refusal

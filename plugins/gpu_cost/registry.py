@@ -31,7 +31,8 @@ KINDS = ("job", "user", "process", "node")
 
 #: the modules that declare the shipped actions and rules (importing one registers what it declares)
 ACTION_MODULES = ("gpu_cost.actions.notify", "gpu_cost.actions.slurm", "gpu_cost.actions.node", "gpu_cost.actions.power")
-RULE_MODULES = ("gpu_cost.rules.zombie", "gpu_cost.rules.idle_allocation", "gpu_cost.rules.low_efficiency")
+RULE_MODULES = ("gpu_cost.rules.zombie", "gpu_cost.rules.idle_allocation", "gpu_cost.rules.low_efficiency",
+                "gpu_cost.rules.idle_interactive", "gpu_cost.rules.anomaly")
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ def from_matrix(
         w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness)
         for w in others
     }
+    frame["util_chart_lb"] = chart_buckets(times, util, now, sw.lookback)
     frame, disagreements = attribute(frame, jobs, processes)
     found = redact_all(problems)  # they are stored, returned and alerted on: no credentials
     if len(frame) and frame["stale"].all():
@@ -67,6 +68,43 @@ def from_matrix(
         processes=tuple(processes), nodes=tuple(nodes), problems=tuple(found), disagreements=tuple(disagreements),
         sample_interval_s=sw.sample_interval, windows=windows,
     )
+
+
+#: buckets of the utilisation chart a notice shows (the lookback in equal parts)
+CHART_BUCKETS = 12
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def chart_buckets(times: np.ndarray, util: np.ndarray, now: float, lookback: float,
+                  buckets: int = CHART_BUCKETS) -> list[str]:
+    """Return per GPU the max utilisation of each lookback bucket as a comma-separated string
+    (empty: no sample in the bucket); :func:`sparkline` draws it."""
+    n_g = util.shape[0]
+    if not len(times) or not n_g:
+        return [""] * n_g
+    edges = now - lookback + lookback * np.arange(buckets + 1) / buckets
+    idx = np.clip(np.searchsorted(edges, times, side="left") - 1, 0, buckets - 1)
+    out = np.full((n_g, buckets), np.nan)
+    for b in range(buckets):
+        cols = np.nonzero(idx == b)[0]
+        if len(cols):
+            seg = util[:, cols]
+            ok = ~np.isnan(seg).all(axis=1)
+            out[ok, b] = np.nanmax(seg[ok], axis=1)
+    return [",".join("" if v != v else str(round(float(v))) for v in row) for row in out]
+
+
+def sparkline(charts: Sequence[str]) -> str:
+    """Return one bar per bucket, the max over ``charts`` (one per GPU): ``▁▁▁▁▆▁▁▁▁▁▁▁``; ``·`` = no data."""
+    rows = [[(float(x) if x != "" else np.nan) for x in c.split(",")] for c in charts if c]
+    if not rows:
+        return ""
+    width = min(len(r) for r in rows)
+    out = []
+    for b in range(width):
+        vals = [r[b] for r in rows if r[b] == r[b]]
+        out.append("·" if not vals else _BARS[min(len(_BARS) - 1, int(max(vals) / 100 * len(_BARS)))])
+    return "".join(out)
 
 
 def from_samples(

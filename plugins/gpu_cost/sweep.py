@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpu_cost import baselines
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.errors import GpuCostError
 from gpu_cost.model import Decision, Finding, Snapshot
@@ -162,6 +163,7 @@ def run_once(policy: Policy, now: float, store: AuditStore, run_id: str | None =
     started = time.time()
     snap = collect(policy, now, source, **kwargs)
     store.begin_run(run_id, dag_id=dag_id, started_at=started, data_ts=now, source=snap.source, mode=policy.mode)
+    baselines.observe(store, snap, policy, run_id=run_id)
     record_usage(store, snap, policy, run_id=run_id)
     findings = detect(snap, policy)
     p = plan(findings, snap, policy, store, now)

@@ -53,6 +53,15 @@ def _compare(prom, sim, exact: bool) -> None:  # type: ignore[no-untyped-def]
         np.testing.assert_allclose(p[col].to_numpy(float), s[col].to_numpy(float), atol=1.0 if exact else 100.0, err_msg=col)
     for col in COUNTS:
         assert (p[col].to_numpy() == s[col].to_numpy()).all(), col
+    # the framebuffer trend (deriv, stdvar_over_time, timestamp()): whole MiB move a slope by a fraction of
+    # a MiB/h and a near-zero R² by a little; a constant memory is constant in both (R² NaN in both)
+    np.testing.assert_allclose(p["mem_slope_mib_h_lb"].to_numpy(float), s["mem_slope_mib_h_lb"].to_numpy(float),
+                               rtol=1e-4 if exact else 0.02, atol=0.1 if exact else 20.0, err_msg="mem_slope_mib_h_lb")
+    # (tight enough to catch var(t) taken as span²/12 instead of the samples' own variance: R² 0.411 → 0.409)
+    np.testing.assert_allclose(p["mem_r2_lb"].to_numpy(float), s["mem_r2_lb"].to_numpy(float),
+                               rtol=1e-3 if exact else 0.05, atol=1e-3 if exact else 0.05, err_msg="mem_r2_lb")
+    np.testing.assert_allclose(p["mem_span_s_lb"].to_numpy(float), s["mem_span_s_lb"].to_numpy(float),
+                               atol=0.0 if exact else 120.0, err_msg="mem_span_s_lb")
 
 
 def test_snapshot_columns_equal_the_simulators_aggregation(prom_lab: PromLab, policy) -> None:  # type: ignore[no-untyped-def]
@@ -73,6 +82,9 @@ def test_snapshot_columns_equal_the_simulators_aggregation(prom_lab: PromLab, po
     assert src.queries_made == 3
     # the simulator's GPUs are varied enough for the comparison to mean something
     assert frame["util_max"].max() > 80 and frame["util_max"].min() < 5 and frame["bursts_lb"].max() >= 2
+    # … and their memory too: jobs starting within the lookback (steps), a leak (1006), empty GPUs (constant)
+    slope, r2 = frame["mem_slope_mib_h_lb"], frame["mem_r2_lb"]
+    assert slope.max() > 1024 and (slope.abs() < 5).any() and r2.max() > 0.3 and r2.min() < 0.01 and r2.isna().any()
 
     # later, on live scrapes: the same picture within tolerance, nothing stale
     while time.time() < prom_lab.first_scrape + 2 * 5 + 1:

@@ -57,6 +57,51 @@ def test_queries_select_every_metric_and_match_the_aggregation_grid() -> None:
     assert "[21570000ms:60000ms]" in lb and "[21510000ms:60000ms]" in lb and "offset 60000ms" in lb
 
 
+def test_the_memory_trend_is_read_on_the_lookback_grid_in_the_same_query() -> None:
+    lb = prom.lookback_query('cluster="a"', 21600, 60, 20)
+    mem = prom.Dialects('cluster="a"').mem_used()
+    grid = "[21570000ms:60000ms]"
+    for part, stat in ((f"deriv(({mem}){grid}) * 3600", "mem_slope_lb"), (f"stdvar_over_time(({mem}){grid})", "mem_var_lb"),
+                       (f"stdvar_over_time((timestamp({mem})){grid})", "mem_tvar_lb"),
+                       (f"count_over_time(({mem}){grid})", "mem_n_lb"), (f"min_over_time((timestamp({mem})){grid})", "mem_t0_lb"),
+                       (f"max_over_time((timestamp({mem})){grid})", "mem_t1_lb")):
+        assert f'label_replace({part}, "stat", "{stat}", "", "")' in lb, stat
+
+
+def test_the_memory_trend_from_promql_parts_equals_the_dense_one() -> None:
+    """What deriv, stdvar_over_time, count_over_time and min/max of timestamp() return on the sample
+    grid, put together by the source, equals aggregate.mem_trend_stats on the same samples."""
+    import numpy as np
+
+    from gpu_cost.aggregate import mem_trend_stats
+
+    times = np.arange(NOW - 21600 + 60, NOW + 1, 60.0)
+    hours = (times - times[0]) / 3600
+    rng = np.random.default_rng(4)
+    mem = rng.normal(30000, 800, (12, len(times))) + rng.uniform(-3000, 3000, (12, 1)) * hours
+    mem[rng.random(mem.shape) < 0.2] = np.nan
+    mem[0] = 20000 + 2048 * hours  # a clean leak
+    mem[1] = 12288.0  # constant: deriv 0, stdvar 0
+    mem[2, :-2] = np.nan  # two samples
+    mem[3, :-1] = np.nan  # one sample
+    mem[4] = np.nan  # no series at all: Prometheus answers nothing for it
+    parts = {k: np.full(len(mem), np.nan) for k in ("slope", "var", "tvar", "n", "t0", "t1")}
+    for i, row in enumerate(mem):
+        ok = ~np.isnan(row)
+        if not ok.any():
+            continue
+        x, y = times[ok], row[ok]
+        parts["n"][i], parts["t0"][i], parts["t1"][i] = ok.sum(), x.min(), x.max()
+        parts["var"][i], parts["tvar"][i] = y.var(), x.var()  # population variances, as stdvar_over_time
+        if ok.sum() >= 2:  # deriv: the least-squares slope per second (0 for a constant)
+            parts["slope"][i] = 0.0 if np.ptp(y) == 0 else np.polyfit(x - x.mean(), y, 1)[0] * 3600
+    got = prom.mem_trend(parts["slope"], parts["var"], parts["tvar"], parts["n"], parts["t0"], parts["t1"])
+    want = mem_trend_stats(times, mem, NOW, 21600)
+    for col, values in want.items():
+        np.testing.assert_allclose(got[col], values, rtol=1e-9, equal_nan=True, err_msg=col)
+    assert want["mem_r2_lb"][0] == pytest.approx(1.0) and np.isnan(want["mem_r2_lb"][1:5]).all()
+
+
 @pytest.mark.parametrize(("name", "short"), [("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA H100 80GB HBM3", "h100"),
                                              ("Tesla T4", "t4"), ("NVIDIA GeForce RTX 4090", "rtx4090"), ("", "")])
 def test_short_model(name: str, short: str) -> None:

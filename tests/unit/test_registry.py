@@ -49,6 +49,8 @@ OLD_RULE_ACTIONS = {
     "zombie": {"advise", "notify", "notify_manager", "kill_process"},
     "idle_allocation": {"advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel"},
     "low_efficiency": {"advise", "notify", "notify_manager"},
+    "idle_interactive": {"advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel"},
+    "anomaly": {"advise", "notify", "notify_manager"},
 }
 OLD_CATEGORIES = {
     "notifications": ("Notifications", {"notify", "notify_manager", "advise"}),
@@ -84,7 +86,7 @@ def test_every_used_action_has_one_spec_and_one_executor() -> None:
 
 def test_every_rule_has_one_spec_a_detector_and_a_policy_section() -> None:
     specs = registry.rules()
-    assert list(specs) == ["zombie", "idle_allocation", "low_efficiency"]
+    assert list(specs) == ["zombie", "idle_allocation", "low_efficiency", "idle_interactive", "anomaly"]
     sections = {f.name: f.type for f in dataclasses.fields(Rules)}
     assert set(sections) == set(specs), "schema.Rules and the registered rules disagree"
     defaults = Rules()

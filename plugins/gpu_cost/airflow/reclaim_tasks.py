@@ -55,6 +55,9 @@ def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
         mode = reclaim.run_mode(request, policy)
         store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode=mode)
         snap = sweep.collect(policy, now, source)
+        from gpu_cost import baselines
+
+        baselines.observe(store, snap, policy, run_id=run_id, learn=False)  # a service needs a human's approval
         p = reclaim.plan(request, policy, snap, now=now, run_key=run_id)
     except reclaim.ReclaimRequestError as exc:
         store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode="refused")

@@ -68,6 +68,9 @@ def collect(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any
     store.begin_run(run_id, dag_id=run_id.split(":", 1)[0], started_at=time.time(), data_ts=now,
                     source=cfg["source"], mode=policy.mode)
     snap = sweep.collect(policy, now, cfg["source"])
+    from gpu_cost import baselines
+
+    baselines.observe(store, snap, policy, run_id=run_id)  # the rules read snapshot.classes
     store.save_snapshot(run_id, now, snap.to_json())
     from gpu_cost.report.usage import record_usage
 

@@ -108,6 +108,25 @@ def entry(d: Mapping[str, Any], actions: Sequence[Mapping[str, Any]], savings: S
     }
 
 
+def evidence_lines(ev: Mapping[str, Any]) -> list[str]:
+    """Return a decision's evidence in plain words: the chart, each signal, the confidence."""
+    out = []
+    if ev.get("chart"):
+        out.append(f"utilisation over the lookback: {ev['chart']}")
+    for sig in ev.get("signals") or []:
+        if isinstance(sig, Mapping):
+            out.append(f"evidence: {sig.get('what')}: {sig.get('value')} — {sig.get('counted')}")
+    if ev.get("confidence") is not None:
+        why = "; ".join(str(x) for x in ev.get("confidence_why") or [])
+        out.append(f"confidence: {float(ev['confidence']):.2f}" + (f" ({why})" if why else ""))
+    if not out:
+        shown = {k: v for k, v in ev.items() if k not in ("gpu_ids", "track", "stakes_basis", "job_name",
+                                                            "job_start_ts", "time_limit_s") and v not in (None, "")}
+        if shown:
+            out.append("evidence: " + ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))[:300])
+    return out
+
+
 def render(entries: Sequence[Mapping[str, Any]], what: str, currency: str = "USD") -> str:
     """Return the trail as text, one decision per block, oldest first."""
     if not entries:
@@ -118,6 +137,7 @@ def render(entries: Sequence[Mapping[str, Any]], what: str, currency: str = "USD
         lines.append(f"{e['ts']}  {e['target']}{who}  {e['rule']} rung {e['rung']} (episode {e['episode']}): "
                      f"{e['action']} [{e['mode']}] → {e['status']}")
         lines.append(f"    why: {e.get('reason') or '-'}")
+        lines.extend(f"    {x}" for x in evidence_lines(e.get("evidence") or {}))
         lines.append(f"    stakes: {e['gpu_hours_at_risk']:.1f} GPU-h of work at risk, {e['gpu_hours_saved']:.1f} GPU-h left "
                      "to its end (the most acting could free; the ledger books only the waste seen)")
         ap = e.get("approval")

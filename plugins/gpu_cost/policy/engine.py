@@ -314,8 +314,9 @@ def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask
     requester), who may ask (manual: the owner of the target or a named operator for destructive
     actions), inference services (destructive actions need a human), the mode (the policy's, or
     the rule's when milder, is the ceiling: ``notify`` holds destructive actions back and
-    ``dry-run`` records only), degraded data (holds destructive actions back) and the cost of
-    being wrong (approval above ``approval.gpu_hours_at_risk``).
+    ``dry-run`` records only), degraded data (holds destructive actions back), the cost of
+    being wrong (approval above ``approval.gpu_hours_at_risk``) and the finding's confidence
+    (approval below ``evidence.min_confidence``).
     """
     reasons: list[str] = []
     evidence: dict[str, Any] = {}
@@ -384,6 +385,11 @@ def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask
     if destructive and st.at_risk > policy.approval.gpu_hours_at_risk:
         needs_approval = True
         reasons.append(f"approval required ({st.at_risk:.1f} GPU-h at risk)")
+    conf = f.evidence.get("confidence")
+    if destructive and conf is not None and float(conf) < policy.evidence.min_confidence:
+        needs_approval = True
+        reasons.append(f"approval required (confidence {float(conf):.2f} is below evidence.min_confidence "
+                       f"{policy.evidence.min_confidence:g})")
     eff_mode = "dry-run" if shadow else mode
     track = "shadow" if shadow else track_of(mode)
     evidence["stakes_basis"] = st.basis

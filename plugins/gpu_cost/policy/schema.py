@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from gpu_cost import registry
-from gpu_cost.policy.typed import Dur, OneOf, Range
+from gpu_cost.policy.typed import Dur, OneOf, Range, Regex
 
 Mode = Literal["dry-run", "notify", "enforce"]
 Level = Literal["never", "notify_only", "approval"]
@@ -100,6 +100,44 @@ class LowEfficiencyRule:
 
 
 @dataclass(frozen=True)
+class IdleInteractiveRule:
+    """An interactive session (salloc, srun --pty, a notebook) whose GPUs stay idle for long.
+
+    Idle while someone types is normal: the window is hours, not minutes, and the ladder is
+    gentler. Sessions are recognised by ``interactive:``; ``idle_allocation`` leaves them to this rule.
+    """
+
+    enabled: bool = True
+    mode: Mode | None = None
+    util_max: Percent = 5.0
+    window: Annotated[float, Dur(), Range(60, 7 * 86400)] = 2 * 3600.0
+    min_runtime: Seconds = 3600.0
+    ladder: tuple[Rung, ...] = (
+        Rung("notify", 0.0),
+        Rung("notify_manager", 4 * 3600.0),
+        Rung("terminate", 4 * 3600.0),
+        Rung("kill", 600.0),
+    )
+
+
+@dataclass(frozen=True)
+class AnomalyRule:
+    """A job far off its class's baseline: a framebuffer that grows steadily (a leak), or a run much
+    longer than its class's without progress. Advice or a notice, never destructive on its own."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    #: a leak: memory grows at least this fast, steadily (fit R² at least ``leak_min_r2``) over the lookback
+    leak_min_mib_per_h: Annotated[float, Range(1, 10_000_000)] = 1024.0
+    leak_min_r2: Share = 0.9
+    #: and over at least this long
+    leak_min_span: Annotated[float, Dur(), Range(600, 7 * 86400)] = 3 * 3600.0
+    #: an overrun: runtime above the class's p90 run time times this, with no progress in the window
+    overrun_factor: Annotated[float, Range(1, 100)] = 2.0
+    ladder: tuple[Rung, ...] = (Rung("advise", 0.0),)
+
+
+@dataclass(frozen=True)
 class Rules:
     """The rules' policy sections: one field per rule registered by ``gpu_cost.rules.*``, typed by
     its config dataclass (tests/unit/test_registry.py checks the two agree)."""
@@ -107,6 +145,8 @@ class Rules:
     zombie: ZombieRule = field(default_factory=ZombieRule)
     idle_allocation: IdleAllocationRule = field(default_factory=IdleAllocationRule)
     low_efficiency: LowEfficiencyRule = field(default_factory=LowEfficiencyRule)
+    idle_interactive: IdleInteractiveRule = field(default_factory=IdleInteractiveRule)
+    anomaly: AnomalyRule = field(default_factory=AnomalyRule)
 
 
 @dataclass(frozen=True)
@@ -149,6 +189,92 @@ class InferenceConfig:
     labels: tuple[str, ...] = ("inference",)
     #: idle→busy transitions within the lookback that mark a bursty service
     min_bursts: Annotated[int, Range(1, 1000)] = 2
+
+
+@dataclass(frozen=True)
+class InteractiveConfig:
+    """How interactive sessions are recognised: Slurm's batch flag, partitions, names (globs), labels."""
+
+    #: a job Slurm reports with ``BatchFlag=0`` (salloc, srun outside a batch script) is interactive
+    batch_flag: bool = True
+    partitions: tuple[str, ...] = ("interactive",)
+    name_patterns: tuple[str, ...] = (
+        "interactive", "bash", "sh", "zsh", "jupyter*", "*notebook*", "sys/dashboard/*", "spawner-jupyterhub*",
+    )
+    labels: tuple[str, ...] = ("interactive",)
+
+
+@dataclass(frozen=True)
+class BaselinesConfig:
+    """Class baselines: what is normal for each user and kind of job, kept over days in the audit store.
+
+    A class is (user, account, partition, name stem with numbers and hashes stripped, GPU count).
+    A job is treated as a service when its class behaves like one (long-lived members that wake
+    from long quiet spells, memory resident while quiet), or when it has itself; a service is
+    advised, never demoted or killed without a human.
+    """
+
+    enabled: bool = True
+    #: old behaviour weighs half as much after this long
+    half_life: Annotated[float, Dur(), Range(3600, 90 * 86400)] = 3 * 86400.0
+    #: a member not seen for this long is forgotten
+    forget_after: Annotated[float, Dur(), Range(86400, 366 * 86400)] = 14 * 86400.0
+    #: a class's behaviour counts once it has this many members
+    min_members: Annotated[int, Range(1, 10_000)] = 3
+    #: a wake is activity after at least this long quiet
+    quiet_gap: Annotated[float, Dur(), Range(300, 7 * 86400)] = 3600.0
+    #: members that lived this long count as long-lived
+    long_lived: Annotated[float, Dur(), Range(3600, 30 * 86400)] = 12 * 3600.0
+    #: a service's GPUs are busy at most this share of the time
+    service_max_busy_share: Share = 0.3
+    #: and hold memory while quiet at least this share of the quiet time
+    service_min_mem_resident: Share = 0.8
+    #: and at least this share of its long-lived members woke from a quiet spell
+    service_min_waking_share: Share = 0.5
+    #: a job that woke from quiet spells this often itself counts as a service, whatever its class
+    member_min_wakes: Annotated[int, Range(1, 1000)] = 2
+
+
+@dataclass(frozen=True)
+class JobLogConfig:
+    """The tail of a job's StdOut/StdErr, read through the node wrapper's read-only ``job-log`` verb.
+
+    Patterns are regular expressions, matched case-insensitively line by line against the tail.
+    """
+
+    enabled: bool = True
+    max_bytes: Annotated[int, Range(512, 65536)] = 16384
+    #: jobs whose logs are read per sweep (only jobs a rule would find idle)
+    max_jobs_per_sweep: Annotated[int, Range(0, 100_000)] = 50
+    finished: tuple[Annotated[str, Regex()], ...] = (
+        r"training (is )?(finished|complete|completed|done)", r"finished training", r"evaluation (finished|completed)",
+        r"saved? (the )?final (checkpoint|model)", r"all done\b",
+    )
+    crashed: tuple[Annotated[str, Regex()], ...] = (
+        r"^Traceback \(most recent call last\)", r"CUDA out of memory", r"OutOfMemoryError",
+        r"NCCL.*(timeout|timed out|watchdog)", r"Segmentation fault", r"core dumped",
+    )
+    waiting: tuple[Annotated[str, Regex()], ...] = (
+        r"press (enter|any key)", r"\[y/n\]", r"waiting for (user )?input", r"password:\s*$",
+    )
+
+
+@dataclass(frozen=True)
+class EvidenceConfig:
+    """Evidence beyond one job's utilisation, attached to every decision.
+
+    Progress (the job's log written within the window, GPU power above ``power_active_w``, the
+    node's CPU busy on a node the job has to itself) means a data-loading or checkpointing phase:
+    not waste. A finished or crashed log makes a finding stronger; a confidence below
+    ``min_confidence`` makes its destructive rungs wait for a human.
+    """
+
+    job_log: JobLogConfig = field(default_factory=JobLogConfig)
+    #: mean GPU power (W) above which a GPU is doing something (A100/H100 idle near 50-70 W)
+    power_active_w: Annotated[float, Range(0, 10_000)] = 150.0
+    #: node CPU % above which, on a node the job has to itself, the job is making progress
+    cpu_busy: Percent = 50.0
+    min_confidence: Share = 0.5
 
 
 @dataclass(frozen=True)
@@ -352,6 +478,9 @@ class Policy:
         Protection(name="no-interrupt label", level="never", match=Match(labels=("no-interrupt",))),
     )
     inference: InferenceConfig = field(default_factory=InferenceConfig)
+    interactive: InteractiveConfig = field(default_factory=InteractiveConfig)
+    baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
+    evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     approval: ApprovalConfig = field(default_factory=ApprovalConfig)
     caps: Caps = field(default_factory=Caps)
     manual: ManualConfig = field(default_factory=ManualConfig)

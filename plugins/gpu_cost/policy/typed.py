@@ -4,7 +4,7 @@ A tiny, strict cousin of pydantic: unknown keys, wrong types and out-of-range va
 :class:`~gpu_cost.errors.PolicyError` with the file, the dotted path and the reason. Types
 understood: ``bool``, ``int``, ``float``, ``str``, ``Literal``, ``X | None``, ``tuple[T, ...]``,
 ``dict[str, T]``, nested dataclasses, and ``Annotated`` markers :class:`Dur` (durations such as
-``15m``), :class:`Range` (bounds) and :class:`OneOf` (text from a set known only at run time,
+``15m``), :class:`Range` (bounds), :class:`Regex` (a pattern that must compile) and :class:`OneOf` (text from a set known only at run time,
 such as the registered actions).
 """
 
@@ -35,6 +35,11 @@ class Range:
 
     lo: float | None = None
     hi: float | None = None
+
+
+@dataclass(frozen=True)
+class Regex:
+    """Marks a ``str`` field read as a regular expression (Python syntax); a bad one is an error that names it."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,13 @@ def _convert(tp: Any, value: Any, source: str, path: str, marks: tuple[Any, ...]
         for m in marks:
             if isinstance(m, OneOf) and value not in (allowed := tuple(m.values())):
                 raise PolicyError(source, path, f"must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+            if isinstance(m, Regex):
+                import re
+
+                try:
+                    re.compile(value)
+                except re.error as exc:
+                    raise PolicyError(source, path, f"is not a valid regular expression ({exc}): {value!r}") from None
         return value
     raise PolicyError(source, path, f"internal: unsupported type {tp!r}")
 

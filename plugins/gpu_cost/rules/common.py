@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from gpu_cost.model import Job
-from gpu_cost.policy.schema import InferenceConfig
+from gpu_cost.model import Finding, Job, Snapshot
+from gpu_cost.policy.schema import InferenceConfig, InteractiveConfig, Policy
 
 
 def job_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -62,3 +63,125 @@ def r(value: float, digits: int = 1) -> float | None:
     if value is None or value != value:
         return None
     return round(float(value), digits)
+
+
+def interactive_session(job: Job, cfg: InteractiveConfig) -> str | None:
+    """Return why ``job`` is an interactive session (salloc, srun --pty, a notebook), or None."""
+    if cfg.batch_flag and job.batch is False:
+        return "no batch script (salloc or srun)"
+    if job.partition and job.partition in cfg.partitions:
+        return f"partition {job.partition}"
+    for pat in cfg.name_patterns:
+        if job.name and fnmatch.fnmatchcase(job.name.lower(), pat.lower()):
+            return f"name matches {pat}"
+    for label in cfg.labels:
+        if label in job.labels:
+            return f"label {label}"
+    return None
+
+
+def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, interactive: bool) -> list[Finding]:
+    """Return a finding per running job whose allocated GPUs were all idle over ``cfg.window``.
+
+    The idle-allocation rule takes batch jobs (``interactive=False``), the idle-interactive rule
+    sessions (``interactive=True``): each job is judged by exactly one of them. A job with any GPU
+    missing or stale is skipped (no data, no action); so is a job showing progress (its log
+    written within the window, GPU power or its node's CPU busy: :func:`gpu_cost.evidence.progress`).
+    Services — declared in ``inference:``, bursty within the lookback, or recognised by their class
+    baseline (:mod:`gpu_cost.baselines`) — are reported with ``inference=True`` and only advised.
+    Each finding carries its ``signals`` (what was read, its value, why it counted) and a ``confidence``.
+    """
+    from gpu_cost import baselines, evidence
+    from gpu_cost.snapshot import sparkline
+
+    g = snapshot.view(cfg.window)
+    if g.empty:
+        return []
+    rows = job_rows(g)
+    stale = g["stale"].to_numpy(dtype=bool)
+    umax = g["util_max"].to_numpy(dtype=float)
+    umean = g["util_mean"].to_numpy(dtype=float)
+    power = g["power_w"].to_numpy(dtype=float) if "power_w" in g else np.full(len(g), np.nan)
+    memmin = g["mem_min_mib"].to_numpy(dtype=float)
+    bursts = g["bursts_lb"].to_numpy()
+    umax_lb = g["util_max_lb"].to_numpy(dtype=float)
+    charts = g["util_chart_lb"].to_numpy(dtype=object) if "util_chart_lb" in g else None
+    findings = []
+    for job in snapshot.running_jobs():
+        keys = job.gpu_keys()
+        if not keys or job.start_ts is None:
+            continue
+        session = interactive_session(job, policy.interactive)
+        if bool(session) != interactive:
+            continue
+        if snapshot.ts - job.start_ts < max(cfg.min_runtime, cfg.window):
+            continue
+        pos = rows.get(job.job_id)
+        if pos is None or len(pos) < len(keys):
+            continue  # some GPU of the job is not seen: no data, no action
+        if stale[pos].any() or np.isnan(umax[pos]).any() or not (umax[pos] < cfg.util_max).all():
+            continue
+        log = evidence.classify_log(snapshot.job_logs.get(job.job_id), policy.evidence.job_log, snapshot.ts,
+                                    cfg.window)
+        signs = evidence.progress(snapshot, job, list(power[pos]), log, policy)
+        if signs:
+            continue  # a data-loading or checkpointing phase: not waste
+        klass = snapshot.classes.get(job.job_id)
+        declared = declared_inference(job, policy.inference)
+        n_bursts = int(np.max(bursts[pos]))
+        behaviour = behaves_like_inference(bursts[pos], policy.inference)
+        service = baselines.is_service(klass)
+        mem = float(np.nanmin(memmin[pos])) if not np.isnan(memmin[pos]).all() else None
+        resident = None if mem is None else mem > policy.rules.zombie.mem_min_mib
+        conf, conf_why = evidence.confidence(log, klass, bursts=n_bursts, resident=resident)
+        signals = [evidence.signal(
+            "GPU utilisation", f"max {r(float(np.max(umax[pos])))} % over {int(cfg.window) // 60} min",
+            f"every allocated GPU under {cfg.util_max:g} %")]
+        if mem is not None:
+            signals.append(evidence.signal("GPU memory", f"{mem / 1024:.1f} GiB held at least",
+                                           "memory resident: a model or a lingering process" if mem >
+                                           policy.rules.zombie.mem_min_mib else "empty: nothing on the GPUs"))
+        if log.get("read"):
+            signals.append(evidence.signal(
+                "Job log", log.get("line") or f"last written {log.get('written_s_ago')} s ago",
+                f"it says the job {log['state']}" if log.get("state") else "quiet: no progress lines"))
+        elif log.get("error"):
+            signals.append(evidence.signal("Job log", "not read", str(log["error"])))
+        if klass:
+            signals.append(evidence.signal("Class baseline", baselines.describe(klass),
+                                           "behaves like a service: advice only" if service else "no service pattern"))
+        if session:
+            signals.append(evidence.signal("Interactive session", session, "idle while someone types is normal: "
+                                           "a longer window and a gentler ladder"))
+        ev: dict[str, Any] = {
+            "util_max": r(float(np.max(umax[pos]))), "util_mean": r(float(np.mean(umean[pos]))),
+            "window_s": cfg.window, "util_max_lookback": r(float(np.nanmax(umax_lb[pos]))),
+            "bursts_lookback": n_bursts, "runtime_s": round(snapshot.ts - job.start_ts),
+            "confidence": conf, "confidence_why": conf_why, "signals": signals,
+        }
+        if mem is not None:
+            ev["mem_min_mib"] = r(mem)
+        if charts is not None:
+            ev["chart"] = sparkline([str(c) for c in charts[pos] if c])
+            ev["chart_span_s"] = snapshot.lookback_s
+        if log.get("state"):
+            ev["log_state"], ev["log_line"] = log["state"], log.get("line")
+        if klass:
+            ev["class"] = {k: klass.get(k) for k in ("key", "members", "kind", "member_kind", "busy_share",
+                                                     "waking_share", "mem_resident_share")}
+        if session:
+            ev["interactive"] = session
+        why_service = declared or (f"{n_bursts} bursts of activity in the lookback" if behaviour else None) or (
+            baselines.describe(klass) if service else None)
+        if why_service:
+            ev["inference"] = why_service
+        hosts = sorted({h for h, _ in keys})
+        findings.append(
+            Finding(
+                rule=rule, target_kind="job", target=f"job:{job.job_id}",
+                action="advise" if why_service else "cancel", gpus=len(keys),
+                host=hosts[0] if len(hosts) == 1 else None, gpu_ids=tuple(f"{h}:{i}" for h, i in keys),
+                inference=bool(why_service), evidence=ev, **job_fields(job),  # type: ignore[arg-type]
+            )
+        )
+    return findings

@@ -7,10 +7,13 @@ Policy (``rules.low_efficiency``)::
       min_runtime: 1h
       ladder: [{action: advise}]
 
-Jobs already idle (caught by ``idle_allocation``) are left to that rule.
+Jobs already idle (caught by ``idle_allocation``) are left to that rule, and so are jobs busy in the
+latest (primary) window: a long data-loading phase that has ended is not poor use.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -55,6 +58,7 @@ def low_efficiency(snapshot: Snapshot, cfg: LowEfficiencyRule, policy: Policy) -
     umean = g["util_mean"].to_numpy(dtype=float)
     umax = g["util_max"].to_numpy(dtype=float)
     idle_max = policy.rules.idle_allocation.util_max
+    recent = snapshot.gpus["util_mean"].to_numpy(dtype=float)  # the primary (shortest) window, same rows
     findings = []
     for job in snapshot.running_jobs():
         keys = job.gpu_keys()
@@ -68,6 +72,9 @@ def low_efficiency(snapshot: Snapshot, cfg: LowEfficiencyRule, policy: Policy) -
             continue
         if (umax[pos] < idle_max).all():
             continue  # fully idle: idle_allocation's business
+        now_mean = float(np.nanmean(recent[pos])) if not np.isnan(recent[pos]).all() else math.nan
+        if now_mean == now_mean and now_mean >= cfg.util_mean_max:
+            continue  # busy now: a slow first phase (data loading) that is over is not poor use
         busy_gpus = int((umean[pos] >= cfg.util_mean_max).sum())
         evidence = {
             "util_mean": r(mean), "window_s": window, "gpus_busy": busy_gpus, "gpus": len(keys),

@@ -8,7 +8,7 @@ the cluster size (:attr:`PrometheusSource.queries_made` counts them):
 2. ``windows``   — per GPU and rule window: mean/max utilisation, min/max framebuffer used, sample
    count, mean power;
 3. ``lookback``  — per GPU over the lookback: mean/max utilisation, busy share, idle→busy bursts,
-   sample count;
+   sample count, and the framebuffer's trend (``deriv`` slope, R², span: a leak grows steadily);
 4. ``nodes``     — per node from node_exporter: CPU busy %, memory available, disk, network.
 
 Series are resampled on the policy's ``sample_interval`` grid with subqueries
@@ -239,20 +239,47 @@ def windows_query(selector: str, windows: Iterable[float], primary: float, step:
 
 
 def lookback_query(selector: str, lookback: float, step: float, busy: float) -> str:
-    """Lookback aggregates: mean/max, busy share, idle→busy bursts (as aggregate.lookback_stats)."""
+    """Lookback aggregates: mean/max, busy share, idle→busy bursts (as aggregate.lookback_stats),
+    and the framebuffer's trend (as aggregate.mem_trend_stats).
+
+    The trend's parts, on the same sample grid: ``deriv`` (the least-squares slope, MiB/s, here ×
+    3600), the variances of the memory and of its sample times (``timestamp`` of an expression is
+    the subquery step's time), their count and the first and last sample time. The source puts
+    them together as R² = slope² × var(t) / var(y) and span = last - first (:func:`mem_trend`).
+    """
     d = Dialects(selector)
     prev = Dialects(selector, offset=step)
     s = _dur(step)
     r = _dur(lookback - step / 2)
     rb = _dur(lookback - 3 * step / 2)  # a burst needs its quiet sample inside the lookback too
     burst = f"(({d.util()}) > {busy:g}) and (({prev.util()}) < {busy / 4.0:g})"
+    mem = d.mem_used()
+    t = f"timestamp({mem})"
     return _union([
         _stat(f"avg_over_time(({d.util()})[{r}:{s}])", "util_mean_lb"),
         _stat(f"max_over_time(({d.util()})[{r}:{s}])", "util_max_lb"),
         _stat(f"count_over_time(({d.util()})[{r}:{s}])", "n_lb"),
         _stat(f"avg_over_time((({d.util()}) > bool {busy:g})[{r}:{s}])", "busy_share_lb"),
         _stat(f"count_over_time(({burst})[{rb}:{s}])", "bursts_lb"),
+        _stat(f"deriv(({mem})[{r}:{s}]) * 3600", "mem_slope_lb"),
+        _stat(f"stdvar_over_time(({mem})[{r}:{s}])", "mem_var_lb"),
+        _stat(f"stdvar_over_time(({t})[{r}:{s}])", "mem_tvar_lb"),
+        _stat(f"count_over_time(({mem})[{r}:{s}])", "mem_n_lb"),
+        _stat(f"min_over_time(({t})[{r}:{s}])", "mem_t0_lb"),
+        _stat(f"max_over_time(({t})[{r}:{s}])", "mem_t1_lb"),
     ])
+
+
+def mem_trend(slope_h: np.ndarray, var_y: np.ndarray, var_t: np.ndarray, n: np.ndarray, t0: np.ndarray,
+              t1: np.ndarray) -> dict[str, np.ndarray]:
+    """Return the trend columns from the lookback query's parts (NaN where aggregate.mem_trend_stats has NaN)."""
+    n = np.nan_to_num(n, nan=0.0)
+    slope = np.where(n >= 2, slope_h, np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = (slope / 3600.0) ** 2 * var_t / var_y
+    ok = (n >= 3) & (var_y > 0) & (var_t > 0) & np.isfinite(r2)
+    return {"mem_slope_mib_h_lb": slope, "mem_r2_lb": np.where(ok, np.clip(r2, 0.0, 1.0), np.nan),
+            "mem_span_s_lb": np.where(n >= 1, t1 - t0, np.nan)}
 
 
 def _node_norm(expr: str) -> str:
@@ -477,6 +504,8 @@ class PrometheusSource:
             "busy_share_lb": col("busy_share_lb"),
             "bursts_lb": np.nan_to_num(col("bursts_lb", 0.0)).astype(np.int64),
             "n_lb": np.nan_to_num(col("n_lb", 0.0)).astype(np.int64),
+            **mem_trend(col("mem_slope_lb"), col("mem_var_lb"), col("mem_tvar_lb"), col("mem_n_lb", 0.0),
+                        col("mem_t0_lb"), col("mem_t1_lb")),
             "stale": stale.astype(bool),
         })[list(GPU_COLUMNS)]
         self.extras = {k: {"pod": r.get("pod", ""), "namespace": r.get("namespace", ""), "temp_c": r.get("temp", math.nan)}

@@ -1,0 +1,281 @@
+"""Class baselines: what is normal for each user and kind of job, learnt over days from the sweeps.
+
+Judged one job at a time over a few hours, a quiet inference endpoint looks exactly like an
+abandoned job: its GPUs idle, its model resident in memory. Judged against its *class* — the jobs
+of the same user, account, partition, name stem (numbers and hashes stripped) and GPU count — it
+is one of many long-lived members that wake from long quiet spells: a service.
+
+Every sweep calls :func:`observe` with its snapshot (the DAG's collect task, ``gpu-cost sweep``,
+and the replay, which learns from the trace as it plays it and so never from samples after the
+sweep's instant). It updates one ``gpu_cost_class_members`` row per running job (the wall time
+it was seen, active, idle, idle with memory resident; its wakes: activity after at least
+``baselines.quiet_gap`` of quiet) and puts each running job's class baseline in
+``snapshot.classes`` for the rules. A class too small at the fine level (fewer than
+``baselines.min_members``) is judged at the coarse level (account, partition, GPUs).
+
+A class's ``kind``:
+
+``service``   at least ``min_members`` long-lived members; GPUs busy at most ``service_max_busy_share``
+              of the time; memory resident at least ``service_min_mem_resident`` of the quiet time;
+              at least ``service_min_waking_share`` of the long-lived members woke from a quiet spell.
+``training``  at least ``min_members`` members, busy at least 60 % of the time.
+``unknown``   anything else, and any class with too few members.
+
+A member that has woken ``member_min_wakes`` times itself, with memory resident while quiet, is a
+service whatever its class (``member_kind``). Members are weighed by recency (``half_life``) and
+forgotten ``forget_after`` after they were last seen. The update is idempotent per data instant:
+a retried sweep counts nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from gpu_cost.model import Job, Snapshot
+from gpu_cost.policy.schema import BaselinesConfig, Policy
+
+logger = logging.getLogger(__name__)
+
+_HEXISH = re.compile(r"^(?=.*\d)[0-9a-f]{4,}$")
+_TOKEN = re.compile(r"([-_./:@+ ]+)")
+#: a class busy at least this share of the time is training
+TRAINING_MIN_BUSY = 0.6
+
+
+def name_stem(name: str) -> str:
+    """Return a job name with its varying parts stripped: ``llama7b-endpoint-3f9a2c`` → ``llama#b-endpoint-#``."""
+    parts = _TOKEN.split(str(name or "").lower())
+    out = []
+    for p in parts:
+        if not p or _TOKEN.fullmatch(p):
+            out.append(p)
+        elif _HEXISH.match(p) or p.isdigit():
+            out.append("#")
+        else:
+            out.append(re.sub(r"\d+", "#", p))
+    return "".join(out)
+
+
+def class_keys(job: Job, gpus: int) -> tuple[str, str, str]:
+    """Return ``(fine key, coarse key, stem)`` of a job holding ``gpus`` GPUs."""
+    stem = name_stem(job.name)
+    fine = f"user={job.user}|account={job.account}|partition={job.partition}|name={stem}|gpus={gpus}"
+    coarse = f"account={job.account}|partition={job.partition}|gpus={gpus}"
+    return fine, coarse, stem
+
+
+def _job_state(snapshot: Snapshot, policy: Policy) -> dict[str, tuple[int, bool, bool, bool]]:
+    """Return job id → (GPUs seen, active, idle, memory resident) from the snapshot's window."""
+    g = snapshot.gpus
+    if g.empty or "job_id" not in g:
+        return {}
+    thr = policy.rules.idle_allocation.util_max
+    stale = g["stale"].to_numpy(dtype=bool)
+    umax = g["util_max"].to_numpy(dtype=float)
+    mem = np.nan_to_num(g["mem_min_mib"].to_numpy(dtype=float), nan=0.0)
+    acc: dict[str, list[tuple[bool, float, float]]] = {}
+    for jid, s, u, m in zip(g["job_id"].to_numpy(dtype=object), stale, umax, mem, strict=True):
+        if jid:
+            acc.setdefault(str(jid), []).append((bool(s) or u != u, float(u), float(m)))
+    out = {}
+    for jid, rows in acc.items():
+        fresh = [r for r in rows if not r[0]]
+        active = any(u >= thr for _, u, _ in fresh)
+        idle = len(fresh) == len(rows) and not active
+        resident = idle and all(m > policy.rules.zombie.mem_min_mib for _, _, m in rows)
+        out[jid] = (len(rows), active, idle, resident)
+    return out
+
+
+def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | None = None,
+            learn: bool = True) -> dict[str, dict[str, Any]]:
+    """Update the class members with ``snapshot`` and set ``snapshot.classes``; return it.
+
+    ``learn=False`` reads the baselines without recording this snapshot (a manual reclaim: what
+    the sweeps learnt decides, one request teaches nothing). With ``baselines.enabled`` false
+    nothing is learnt and ``snapshot.classes`` stays empty (the rules then judge each job alone).
+    """
+    cfg = policy.baselines
+    if not cfg.enabled:
+        snapshot.classes = {}
+        return {}
+    now = float(snapshot.ts)
+    state = _job_state(snapshot, policy)
+    jobs = [j for j in snapshot.running_jobs() if j.job_id in state]
+    if not jobs:
+        snapshot.classes = {}
+        return {}
+    old = {str(r["job_id"]): r for r in _chunked(store, "class_members_of_jobs", "job_ids", [j.job_id for j in jobs])}
+    step = float(policy.sweep.interval)
+    rows = []
+    for job in jobs:
+        n, active, idle, resident = state[job.job_id]
+        fine, coarse, stem = class_keys(job, n)
+        prev = old.get(job.job_id)
+        if prev is not None and float(prev["data_ts"]) >= now:
+            rows.append(dict(prev))  # this instant was counted already (a retried sweep)
+            continue
+        row = _advance(prev, job, now, step, cfg, active=active, idle=idle, resident=resident)
+        row.update(job_id=job.job_id, class_key=fine, coarse_key=coarse, user_name=job.user, account=job.account,
+                   partition_name=job.partition, stem=stem, gpus=n, start_ts=job.start_ts, run_id=run_id,
+                   data_ts=now)
+        rows.append(row)
+    if learn:
+        store.execute("upsert_class_members", [r for r in rows if float(r["data_ts"]) == now])
+    by_id = {str(m["job_id"]): m for m in _chunked2(store, {r["class_key"] for r in rows},
+                                                     {r["coarse_key"] for r in rows}, now - cfg.forget_after)}
+    by_id.update({str(r["job_id"]): r for r in rows})  # this sweep's view, written or not
+    stats = class_stats(list(by_id.values()), now, cfg, step)
+    classes = {}
+    for r in rows:
+        fine_stats = stats.get(("fine", str(r["class_key"])))
+        chosen = (fine_stats if fine_stats and fine_stats["members"] >= cfg.min_members
+                  else stats.get(("coarse", str(r["coarse_key"]))) or fine_stats)
+        out = dict(chosen or {"key": r["class_key"], "members": 1, "kind": "unknown"})
+        out.update(_member_view(r, cfg))
+        classes[str(r["job_id"])] = out
+    snapshot.classes = classes
+    return classes
+
+
+def _advance(prev: Mapping[str, Any] | None, job: Job, now: float, step: float, cfg: BaselinesConfig, *,
+             active: bool, idle: bool, resident: bool) -> dict[str, Any]:
+    """Return the member's row after one more observation at ``now``."""
+    if prev is None:
+        dt = step
+        row: dict[str, Any] = {"first_seen": now, "seen_s": 0.0, "active_s": 0.0, "idle_s": 0.0, "idle_mem_s": 0.0,
+                               "wakes": 0, "quiet_since": None, "longest_quiet_s": 0.0}
+    else:
+        dt = min(max(0.0, now - float(prev["data_ts"])), 2 * step)
+        row = {k: prev[k] for k in ("first_seen", "seen_s", "active_s", "idle_s", "idle_mem_s", "wakes",
+                                    "quiet_since", "longest_quiet_s")}
+    row["last_seen"] = now
+    if not active and not idle:
+        return row  # no fresh data on some GPU: neither busy nor quiet, and no part of a quiet spell
+    row["seen_s"] = float(row["seen_s"]) + dt
+    quiet = row["quiet_since"]
+    if active:
+        row["active_s"] = float(row["active_s"]) + dt
+        if quiet is not None:
+            spell = now - dt - float(quiet)
+            row["longest_quiet_s"] = max(float(row["longest_quiet_s"]), spell)
+            if spell >= cfg.quiet_gap:
+                row["wakes"] = int(row["wakes"]) + 1
+        row["quiet_since"] = None
+    else:
+        if idle:
+            row["idle_s"] = float(row["idle_s"]) + dt
+            if resident:
+                row["idle_mem_s"] = float(row["idle_mem_s"]) + dt
+        if quiet is None:
+            row["quiet_since"] = now - dt
+        else:
+            row["longest_quiet_s"] = max(float(row["longest_quiet_s"]), now - float(quiet))
+    return row
+
+
+def _member_view(r: Mapping[str, Any], cfg: BaselinesConfig) -> dict[str, Any]:
+    """Return what the class view says about the member itself."""
+    idle = float(r["idle_s"] or 0.0)
+    seen = float(r["seen_s"] or 0.0)
+    resident = float(r["idle_mem_s"] or 0.0) / idle if idle else None
+    busy = float(r["active_s"] or 0.0) / seen if seen else None
+    service = (int(r["wakes"] or 0) >= cfg.member_min_wakes and resident is not None
+               and resident >= cfg.service_min_mem_resident and busy is not None and busy <= cfg.service_max_busy_share)
+    return {"member_wakes": int(r["wakes"] or 0), "member_busy_share": _r(busy), "member_mem_resident": _r(resident),
+            "member_longest_quiet_s": round(float(r["longest_quiet_s"] or 0.0)),
+            "member_kind": "service" if service else None}
+
+
+def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: BaselinesConfig,
+                step: float) -> dict[tuple[str, str], dict[str, Any]]:
+    """Return ``(level, key)`` → the class baseline over ``members`` rows (see the module docstring)."""
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for m in members:
+        groups.setdefault(("fine", str(m["class_key"])), []).append(m)
+        groups.setdefault(("coarse", str(m["coarse_key"])), []).append(m)
+    out = {}
+    lam = math.log(2) / cfg.half_life
+    for (level, key), ms in groups.items():
+        w = np.array([math.exp(-lam * max(0.0, now - float(m["last_seen"]))) for m in ms])
+        seen = np.array([float(m["seen_s"] or 0) for m in ms])
+        active = np.array([float(m["active_s"] or 0) for m in ms])
+        idle = np.array([float(m["idle_s"] or 0) for m in ms])
+        resident = np.array([float(m["idle_mem_s"] or 0) for m in ms])
+        age = np.array([float(m["last_seen"]) - float(m["start_ts"] if m["start_ts"] is not None else m["first_seen"])
+                        for m in ms])
+        long_lived = age >= cfg.long_lived
+        woke = np.array([int(m["wakes"] or 0) >= 1 for m in ms])
+        ended = np.array([float(m["last_seen"]) < now - 2 * step for m in ms])
+        busy = float((w * active).sum() / (w * seen).sum()) if (w * seen).sum() else None
+        res = float((w * resident).sum() / (w * idle).sum()) if (w * idle).sum() else None
+        waking = float(woke[long_lived].mean()) if long_lived.any() else None
+        runtimes = age[ended]
+        n = len(ms)
+        kind = "unknown"
+        if (n >= cfg.min_members and int(long_lived.sum()) >= cfg.min_members and busy is not None
+                and busy <= cfg.service_max_busy_share and res is not None and res >= cfg.service_min_mem_resident
+                and waking is not None and waking >= cfg.service_min_waking_share):
+            kind = "service"
+        elif n >= cfg.min_members and busy is not None and busy >= TRAINING_MIN_BUSY:
+            kind = "training"
+        out[(level, key)] = {
+            "key": key, "level": level, "members": n, "long_lived": int(long_lived.sum()), "kind": kind,
+            "busy_share": _r(busy), "mem_resident_share": _r(res), "waking_share": _r(waking),
+            "runtime_p50_s": round(float(np.quantile(runtimes, 0.5))) if len(runtimes) else None,
+            "runtime_p90_s": round(float(np.quantile(runtimes, 0.9))) if len(runtimes) else None,
+            "ended": int(ended.sum()),
+        }
+    return out
+
+
+def describe(klass: Mapping[str, Any] | None) -> str:
+    """Return a class baseline in plain words (notices, ``gpu-cost audit``)."""
+    if not klass:
+        return "no class baseline yet"
+    kind = klass.get("kind") or "unknown"
+    parts = [f"class {klass.get('key')} ({klass.get('members')} member(s)): {kind}"]
+    if klass.get("busy_share") is not None:
+        parts.append(f"busy {100 * float(klass['busy_share']):.0f} % of the time")
+    if klass.get("waking_share") is not None:
+        parts.append(f"{100 * float(klass['waking_share']):.0f} % of its long-lived members woke from quiet spells")
+    if klass.get("mem_resident_share") is not None:
+        parts.append(f"memory resident {100 * float(klass['mem_resident_share']):.0f} % of the quiet time")
+    if klass.get("member_kind") == "service":
+        parts.append(f"this job woke {klass.get('member_wakes')} time(s) from quiet spells itself")
+    return "; ".join(parts)
+
+
+def is_service(klass: Mapping[str, Any] | None) -> bool:
+    """True when the class, or the member itself, behaves like a service."""
+    return bool(klass) and (klass.get("kind") == "service" or klass.get("member_kind") == "service")  # type: ignore[union-attr]
+
+
+def _chunked(store: Any, name: str, key: str, values: Sequence[str], size: int = 500) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    vals = list(values)
+    for i in range(0, len(vals), size):
+        out.extend(store.fetch(name, {key: vals[i:i + size]}))
+    return out
+
+
+def _chunked2(store: Any, fine: set[str], coarse: set[str], since: float) -> list[dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    f, c = sorted(fine), sorted(coarse)
+    size = 250
+    for i in range(0, max(len(f), len(c)), size):
+        rows = store.fetch("class_members_of_classes", {"class_keys": f[i:i + size] or [""],
+                                                        "coarse_keys": c[i:i + size] or [""], "since": since})
+        for r in rows:
+            seen[str(r["job_id"])] = r
+    return list(seen.values())
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(float(v), 3)

@@ -1,0 +1,422 @@
+"""Class baselines learnt over simulated days of sweeps: stems, idempotent updates, wakes, kinds."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+
+from gpu_cost import baselines
+from gpu_cost.audit.store import AuditStore
+from gpu_cost.model import Job, Node, Snapshot
+from gpu_cost.policy.schema import Policy
+from gpu_cost.snapshot import from_matrix
+from tests.fixtures.core import NOW
+
+STEP = 1800.0  # one sweep every 30 minutes keeps days of sweeps fast
+_BASE = Policy()
+POLICY = dataclasses.replace(
+    _BASE, sweep=dataclasses.replace(_BASE.sweep, interval=STEP, sample_interval=300.0, lookback=3 * 3600.0))
+T0 = NOW - 3 * 86400.0  # sweep k is at T0 + k * STEP
+H = 3600.0
+DAYS = range(1, 65)  # 32 hours of sweeps
+RESIDENT, EMPTY = 20000.0, 0.0
+
+#: (job, is the job busy during sweep slot k (None: no data), memory held in MiB)
+Spec = tuple[Job, Callable[[int], bool | None], float]
+
+
+def at(k: float) -> float:
+    return T0 + k * STEP
+
+
+def snap_at(k: float, specs: Sequence[Spec], policy: Policy = POLICY) -> Snapshot:
+    """The snapshot of sweep ``k``: one 1-GPU node per job; samples in slot ``k`` (the 30 minutes
+    before the sweep) are busy (80 %), idle (0.2 %) or missing (None) as the spec says; only the
+    lookback is built."""
+    now = at(k)
+    si = policy.sweep.sample_interval
+    times = np.arange(now - policy.sweep.lookback + si, now + 1, si)
+    slots = np.ceil((times - T0) / STEP).astype(int)
+    n = len(specs)
+    level = {True: 80.0, False: 0.2, None: np.nan}  # None: no sample (the exporter was down)
+    util = np.array([[level[busy(int(s))] for s in slots] for _, busy, _ in specs])
+    mem = np.array([[np.nan if busy(int(s)) is None else m for s in slots] for _, busy, m in specs])
+    hosts = [f"g{i}" for i in range(n)]
+    jobs = tuple(dataclasses.replace(j, gpu_alloc=((h, (0,)),), nodes=(h,)) for (j, _, _), h in zip(specs, hosts, strict=True))
+    return from_matrix(
+        policy=policy, now=now, source="test", hosts=np.array(hosts, dtype=object), gpus=np.zeros(n, dtype=np.int64),
+        uuids=np.array([f"GPU-{i}" for i in range(n)], dtype=object), models=np.array(["a100"] * n, dtype=object),
+        mem_total=np.full(n, 81920.0), times=times, util=util, mem=mem, power=np.full(util.shape, 60.0),
+        job=np.full(util.shape, "", dtype=object), jobs=jobs, processes=(),
+        nodes=tuple(Node(h, state="mixed", gpus_total=1, gpus_alloc=1) for h in hosts),
+    )
+
+
+def play(store: AuditStore, specs: Sequence[Spec], sweeps: range, policy: Policy = POLICY) -> dict[str, dict]:
+    classes: dict[str, dict] = {}
+    for k in sweeps:
+        classes = baselines.observe(store, snap_at(k, specs, policy), policy, run_id=f"run-{k}")
+    return classes
+
+
+def rows(store: AuditStore, *job_ids: str) -> dict[str, dict]:
+    return {r["job_id"]: r for r in store.fetch("class_members_of_jobs", {"job_ids": list(job_ids)})}
+
+
+def counts(row: dict) -> tuple:
+    return tuple(row[k] for k in ("seen_s", "active_s", "idle_s", "idle_mem_s", "wakes", "quiet_since",
+                                  "longest_quiet_s", "data_ts", "last_seen"))
+
+
+def job(job_id: str, name: str, *, user: str = "ann", account: str = "inf", partition: str = "gpu",
+        start: float = T0 - 86400.0) -> Job:
+    return Job(job_id=job_id, user=user, account=account, partition=partition, name=name, start_ts=start, batch=True)
+
+
+def every(period: int, offset: int = 0, length: int = 1) -> Callable[[int], bool]:
+    """Busy for ``length`` sweep slots every ``period`` slots: a service waking from quiet spells."""
+    return lambda k: (k + offset) % period < length
+
+
+def always_but(period: int) -> Callable[[int], bool]:
+    """Busy except for one slot (30 minutes) every ``period``: training with short pauses."""
+    return lambda k: k % period != 0
+
+
+@pytest.fixture
+def store() -> AuditStore:
+    return AuditStore("sqlite:///:memory:").ensure_schema()
+
+
+# -- name stems -----------------------------------------------------------------------------------
+
+
+def test_hashes_and_numbers_share_a_stem() -> None:
+    assert baselines.name_stem("llama7b-endpoint-3f9a2c") == baselines.name_stem("llama7b-endpoint-00b1c2")
+    assert baselines.name_stem("ranker-api-17") == baselines.name_stem("ranker-api-3")
+    assert baselines.name_stem("Ranker-API-17") == baselines.name_stem("ranker-api-3")  # case does not matter
+
+
+@pytest.mark.parametrize("a,b", [("ranker-api-17", "ranker-web-17"), ("llama7b-endpoint-3f9a2c", "llama7b-chat-3f9a2c"),
+                                 ("train-1", "eval-1"), ("bert_ft_1", "gpt_ft_1")])
+def test_different_words_differ(a: str, b: str) -> None:
+    assert baselines.name_stem(a) != baselines.name_stem(b)
+
+
+def test_class_keys_split_fine_and_coarse() -> None:
+    a = job("1", "ranker-api-17", user="carl", account="web")
+    b = job("2", "ranker-api-3", user="carl", account="web")
+    c = job("3", "ranker-api-3", user="dora", account="web")
+    fa, ca, stem = baselines.class_keys(a, 1)
+    fb, cb, _ = baselines.class_keys(b, 1)
+    fc, cc, _ = baselines.class_keys(c, 1)
+    assert stem == "ranker-api-#" and fa == fb and ca == cb == cc
+    assert fc != fa  # another user: another fine class, the same coarse one
+    assert baselines.class_keys(a, 2)[0] != fa and baselines.class_keys(a, 2)[1] != ca  # GPU count is part of both
+
+
+# -- the update -----------------------------------------------------------------------------------
+
+
+def test_observe_is_idempotent_per_data_instant(store: AuditStore) -> None:
+    specs = [(job("1", "train-1"), always_but(10), RESIDENT), (job("2", "llama7b-endpoint-3f9a2c"), every(8), RESIDENT)]
+    play(store, specs, range(1, 12))
+    before = rows(store, "1", "2")
+    s = snap_at(12, specs)
+    first = baselines.observe(store, s, POLICY, run_id="run-12")
+    after_once = rows(store, "1", "2")
+    again = baselines.observe(store, snap_at(12, specs), POLICY, run_id="run-12-retry")  # a retried sweep
+    after_twice = rows(store, "1", "2")
+    assert {j: counts(r) for j, r in after_twice.items()} == {j: counts(r) for j, r in after_once.items()}
+    assert after_twice["1"]["run_id"] == "run-12"  # the retry wrote nothing
+    assert again == first
+    for j in ("1", "2"):
+        assert after_once[j]["seen_s"] == pytest.approx(before[j]["seen_s"] + STEP)
+    # the next instant adds one interval
+    baselines.observe(store, snap_at(13, specs), POLICY, run_id="run-13")
+    later = rows(store, "1", "2")
+    for j in ("1", "2"):
+        assert later[j]["seen_s"] == pytest.approx(after_once[j]["seen_s"] + STEP)
+        assert later[j]["data_ts"] == pytest.approx(at(13))
+    # job 1 was busy in slot 13 (13 % 10 != 0): the interval counts as active
+    assert later["1"]["active_s"] == pytest.approx(after_once["1"]["active_s"] + STEP)
+
+
+def test_an_older_instant_counts_nothing(store: AuditStore) -> None:
+    specs = [(job("1", "train-1"), always_but(10), RESIDENT)]
+    play(store, specs, range(1, 6))
+    before = counts(rows(store, "1")["1"])
+    baselines.observe(store, snap_at(3, specs), POLICY, run_id="late")  # a replayed, older instant
+    assert counts(rows(store, "1")["1"]) == before
+
+
+def test_each_observation_counts_the_time_since_the_last_one_at_most_two_intervals(store: AuditStore) -> None:
+    specs = [(job("1", "train-1"), always_but(1000), RESIDENT)]
+    play(store, specs, range(1, 5))
+    seen = rows(store, "1")["1"]["seen_s"]
+    baselines.observe(store, snap_at(4 + 1 / 3, specs), POLICY, run_id="early")  # a manual sweep 10 minutes later
+    assert rows(store, "1")["1"]["seen_s"] == pytest.approx(seen + 600)
+    baselines.observe(store, snap_at(20, specs), POLICY, run_id="after-an-outage")  # no sweep for 8 hours
+    assert rows(store, "1")["1"]["seen_s"] == pytest.approx(seen + 600 + 2 * STEP)
+
+
+def test_first_and_later_observations_add_up(store: AuditStore) -> None:
+    busy = {1, 2, 5}
+    specs = [(job("1", "train-1"), lambda k: k in busy, RESIDENT)]
+    play(store, specs, range(1, 7))
+    r = rows(store, "1")["1"]
+    assert r["seen_s"] == pytest.approx(6 * STEP)
+    assert r["active_s"] == pytest.approx(3 * STEP)
+    assert r["idle_s"] == pytest.approx(3 * STEP) and r["idle_mem_s"] == pytest.approx(3 * STEP)
+    assert r["first_seen"] == pytest.approx(at(1)) and r["last_seen"] == pytest.approx(at(6))
+    # quiet in slot 6: a spell that began at the start of that interval
+    assert r["quiet_since"] == pytest.approx(at(5))
+
+
+def test_empty_gpus_are_idle_but_not_resident(store: AuditStore) -> None:
+    specs = [(job("1", "train-1"), lambda k: False, EMPTY)]
+    play(store, specs, range(1, 5))
+    r = rows(store, "1")["1"]
+    assert r["idle_s"] == pytest.approx(4 * STEP) and r["idle_mem_s"] == 0
+
+
+# -- wakes ----------------------------------------------------------------------------------------
+
+
+def test_activity_after_a_quiet_gap_is_one_wake(store: AuditStore) -> None:
+    # busy in slot 1, quiet in slots 2 and 3 (an hour: quiet_gap), busy again in slot 4
+    specs = [(job("1", "svc-1"), lambda k: k in (1, 4, 5), RESIDENT)]
+    play(store, specs, range(1, 6))
+    r = rows(store, "1")["1"]
+    assert r["wakes"] == 1
+    assert r["longest_quiet_s"] == pytest.approx(2 * STEP)
+    assert r["quiet_since"] is None  # active now
+
+
+def test_a_short_pause_is_no_wake(store: AuditStore) -> None:
+    # quiet for one slot only (30 minutes < quiet_gap of 1 h), several times
+    specs = [(job("1", "train-1"), lambda k: k % 3 != 0, RESIDENT)]
+    play(store, specs, range(1, 16))
+    r = rows(store, "1")["1"]
+    assert r["wakes"] == 0 and r["longest_quiet_s"] == pytest.approx(STEP)
+
+
+def test_missing_data_is_no_quiet_spell(store: AuditStore) -> None:
+    # a job busy throughout; its exporter answered nothing in slots 4-6 (90 minutes)
+    specs = [(job("1", "train-1"), lambda k: None if k in (4, 5, 6) else True, RESIDENT)]
+    classes = play(store, specs, range(1, 12))
+    assert classes["1"]["member_wakes"] == 0
+    assert rows(store, "1")["1"]["wakes"] == 0
+
+
+def test_quiet_gap_comes_from_the_policy(store: AuditStore) -> None:
+    p = dataclasses.replace(POLICY, baselines=dataclasses.replace(POLICY.baselines, quiet_gap=STEP))
+    specs = [(job("1", "train-1"), lambda k: k % 3 != 0, RESIDENT)]
+    play(store, specs, range(1, 16), policy=p)
+    assert rows(store, "1")["1"]["wakes"] == 4  # slots 4, 7, 10, 13 follow a 30-minute pause
+
+
+def test_every_wake_is_counted_over_days(store: AuditStore) -> None:
+    # busy one slot in 8 (every 4 h) over 32 h: a wake after every 3.5 h quiet spell (slots 8, 16, ... 64)
+    specs = [(job("1", "llama7b-endpoint-3f9a2c"), every(8), RESIDENT)]
+    play(store, specs, DAYS)
+    r = rows(store, "1")["1"]
+    assert r["wakes"] == 8 and r["longest_quiet_s"] == pytest.approx(7 * STEP)
+
+
+# -- kinds ----------------------------------------------------------------------------------------
+
+
+SERVICE_NAMES = ("llama7b-endpoint-3f9a2c", "llama7b-endpoint-00b1c2", "llama7b-endpoint-a1b2c3")
+
+
+def services(*, mem: float = RESIDENT, start: float = T0 - 86400.0, once: bool = False) -> list[Spec]:
+    """Three endpoints of one class; ``once``: each wakes only once (under member_min_wakes)."""
+    out: list[Spec] = []
+    for i, name in enumerate(SERVICE_NAMES):
+        busy = (lambda k, i=i: k in (20 + 10 * i, 21 + 10 * i)) if once else every(8, offset=i)
+        out.append((job(f"s{i}", name, start=start), busy, mem))
+    return out
+
+
+def trainings() -> list[Spec]:
+    return [(job(f"t{i}", f"train-{i}", user="bob", account="ml"), always_but(10), RESIDENT) for i in range(3)]
+
+
+def test_long_lived_waking_resident_class_is_a_service(store: AuditStore) -> None:
+    classes = play(store, services(once=True) + trainings(), DAYS)
+    for i in range(3):
+        c = classes[f"s{i}"]
+        assert c["kind"] == "service" and c["level"] == "fine" and c["members"] == 3 and c["long_lived"] == 3
+        assert c["member_wakes"] == 1 and c["member_kind"] is None  # the class decides, not the member
+        assert c["busy_share"] <= 0.3 and c["mem_resident_share"] >= 0.8 and c["waking_share"] == 1.0
+        assert baselines.is_service(c)
+        assert "service" in baselines.describe(c) and "woke from quiet spells" in baselines.describe(c)
+    assert classes["s0"]["key"] == baselines.class_keys(services()[0][0], 1)[0]
+
+
+def test_busy_class_is_training(store: AuditStore) -> None:
+    classes = play(store, services() + trainings(), DAYS)
+    for i in range(3):
+        c = classes[f"t{i}"]
+        assert c["kind"] == "training" and c["members"] == 3 and c["busy_share"] >= 0.6
+        assert c["member_kind"] is None and not baselines.is_service(c)
+    assert all(classes[f"s{i}"]["kind"] == "service" for i in range(3))
+
+
+def test_young_members_do_not_make_a_service(store: AuditStore) -> None:
+    # the same behaviour, but the jobs started with the sweeps and are seen for only 10 hours (< long_lived 12 h)
+    specs = services(start=at(1))
+    classes = play(store, specs, range(1, 21))
+    assert all(classes[f"s{i}"]["long_lived"] == 0 and classes[f"s{i}"]["kind"] != "service" for i in range(3))
+    # once they have lived past long_lived they do
+    classes = play(store, specs, range(21, 40))
+    assert all(classes[f"s{i}"]["kind"] == "service" for i in range(3))
+
+
+def test_a_service_class_needs_min_members_long_lived(store: AuditStore) -> None:
+    # four members that all behave like services, but only two have lived long_lived (12 h)
+    old = services()[:2]
+    young: list[Spec] = [(job(f"y{i}", f"llama7b-endpoint-b{i}c{i}d{i}", start=at(DAYS.stop - 16)), every(8, offset=i + 3), RESIDENT)
+             for i in range(2)]
+    classes = {}
+    for k in DAYS:
+        classes = baselines.observe(store, snap_at(k, old + (young if k >= DAYS.stop - 16 else [])), POLICY, run_id=f"run-{k}")
+    c = classes["s0"]
+    assert c["members"] == 4 and c["long_lived"] == 2 and c["waking_share"] == 1.0
+    assert c["kind"] != "service"
+
+
+def test_members_that_never_wake_are_no_service(store: AuditStore) -> None:
+    # three forgotten jobs of one class, model resident, GPUs idle throughout: waste, not a service
+    specs = [(job(f"s{i}", name), lambda k: False, RESIDENT) for i, name in enumerate(SERVICE_NAMES)]
+    classes = play(store, specs, DAYS)
+    for i in range(3):
+        c = classes[f"s{i}"]
+        assert c["long_lived"] == 3 and c["mem_resident_share"] == 1.0 and c["busy_share"] == 0
+        assert c["waking_share"] == 0 and c["kind"] == "unknown" and not baselines.is_service(c)
+
+
+def test_half_busy_waking_members_are_neither_service_nor_training(store: AuditStore) -> None:
+    # busy 2 h of every 4 h: they wake from 2 h quiet spells, but are busy half the time
+    specs = [(job(f"s{i}", name), every(8, offset=i, length=4), RESIDENT) for i, name in enumerate(SERVICE_NAMES)]
+    classes = play(store, specs, DAYS)
+    for i in range(3):
+        c = classes[f"s{i}"]
+        assert c["waking_share"] == 1.0 and 0.3 < c["busy_share"] < 0.6
+        assert c["kind"] == "unknown" and c["member_kind"] is None and not baselines.is_service(c)
+
+
+def test_empty_memory_while_quiet_is_no_service(store: AuditStore) -> None:
+    classes = play(store, services(mem=EMPTY), DAYS)
+    for i in range(3):
+        c = classes[f"s{i}"]
+        assert c["mem_resident_share"] == 0 and c["kind"] != "service"
+        assert c["member_kind"] is None and not baselines.is_service(c)
+
+
+def test_small_fine_class_falls_back_to_the_coarse_class(store: AuditStore) -> None:
+    # two ranker endpoints of carl and one of dora: a fine class of 2 (< min_members 3), a coarse class of 3
+    specs = [(job("r1", "ranker-api-17", user="carl", account="web"), every(8, offset=0, length=1), RESIDENT),
+             (job("r2", "ranker-api-3", user="carl", account="web"), every(8, offset=3, length=1), RESIDENT),
+             (job("r3", "ranker-web-3", user="dora", account="web"), every(8, offset=5, length=1), RESIDENT)]
+    classes = play(store, specs, DAYS)
+    fine, coarse, _ = baselines.class_keys(specs[0][0], 1)
+    for jid in ("r1", "r2"):
+        c = classes[jid]
+        assert c["level"] == "coarse" and c["key"] == coarse and c["members"] == 3 and c["kind"] == "service"
+    # with min_members 2 the fine class counts
+    p = dataclasses.replace(POLICY, baselines=dataclasses.replace(POLICY.baselines, min_members=2))
+    c = baselines.observe(store, snap_at(DAYS.stop, specs, p), p, run_id="next")["r1"]
+    assert c["level"] == "fine" and c["key"] == fine and c["members"] == 2
+
+
+def test_a_lone_fine_class_with_a_lone_coarse_class_is_unknown(store: AuditStore) -> None:
+    specs = [(job("x1", "train-1", user="eve", account="solo"), always_but(10), RESIDENT)]
+    c = play(store, specs, range(1, 49))["x1"]
+    assert c["members"] == 1 and c["kind"] == "unknown"
+    assert c["busy_share"] >= 0.6  # busy like training, but one member is not a class
+
+
+def test_a_member_that_woke_often_is_a_service_alone(store: AuditStore) -> None:
+    specs = [(job("x1", "my-odd-server", user="eve", account="solo"), every(8), RESIDENT)]
+    c = play(store, specs, range(1, 49))["x1"]
+    assert c["members"] == 1 and c["kind"] == "unknown"
+    assert c["member_wakes"] >= POLICY.baselines.member_min_wakes and c["member_kind"] == "service"
+    assert baselines.is_service(c) and "this job woke" in baselines.describe(c)
+
+
+def test_a_member_that_woke_once_is_not_a_service_alone(store: AuditStore) -> None:
+    specs = [(job("x1", "my-odd-server", user="eve", account="solo"), lambda k: k in (1, 10), RESIDENT)]
+    c = play(store, specs, range(1, 30))["x1"]
+    assert c["member_wakes"] == 1 and c["member_kind"] is None and not baselines.is_service(c)
+
+
+def test_a_waking_member_with_empty_memory_is_not_a_service(store: AuditStore) -> None:
+    specs = [(job("x1", "my-odd-server", user="eve", account="solo"), every(8), EMPTY)]
+    c = play(store, specs, range(1, 49))["x1"]
+    assert c["member_wakes"] >= 2 and c["member_kind"] is None and not baselines.is_service(c)
+
+
+# -- learn=False and enabled=false -----------------------------------------------------------------
+
+
+def test_learn_false_reads_without_writing(store: AuditStore) -> None:
+    specs = services() + trainings()
+    s = snap_at(1, specs)
+    classes = baselines.observe(store, s, POLICY, run_id="manual", learn=False)
+    assert store.fetch("class_members_of_jobs", {"job_ids": [j.job_id for j, _, _ in specs]}) == []
+    assert set(s.classes) == {j.job_id for j, _, _ in specs} and s.classes == classes
+    # after days of sweeps, a manual read sees what the sweeps learnt and changes nothing
+    play(store, specs, DAYS)
+    before = {j: counts(r) for j, r in rows(store, "s0", "s1", "s2", "t0").items()}
+    s = snap_at(DAYS.stop, specs)
+    classes = baselines.observe(store, s, POLICY, run_id="manual", learn=False)
+    assert {j: counts(r) for j, r in rows(store, "s0", "s1", "s2", "t0").items()} == before
+    assert s.classes["s0"]["kind"] == "service" and s.classes["t0"]["kind"] == "training"
+
+
+def test_disabled_baselines_learn_nothing_and_say_nothing(store: AuditStore) -> None:
+    p = dataclasses.replace(POLICY, baselines=dataclasses.replace(POLICY.baselines, enabled=False))
+    specs = services() + trainings()
+    for k in range(1, 10):
+        s = snap_at(k, specs, p)
+        s.classes = {"s0": {"kind": "service"}}  # whatever was there is dropped
+        assert baselines.observe(store, s, p, run_id=f"run-{k}") == {}
+        assert s.classes == {}
+    assert store.fetch("class_members_of_jobs", {"job_ids": [j.job_id for j, _, _ in specs]}) == []
+
+
+def test_a_job_without_gpus_in_the_metrics_is_not_a_member(store: AuditStore) -> None:
+    specs = [(job("1", "train-1"), always_but(10), RESIDENT)]
+    s = snap_at(1, specs)
+    ghost = dataclasses.replace(job("9", "train-9", start=T0), gpu_alloc=(("elsewhere", (0,)),), nodes=("elsewhere",))
+    s = dataclasses.replace(s, jobs=(*s.jobs, ghost))
+    classes = baselines.observe(store, s, POLICY, run_id="run-1")
+    assert set(classes) == {"1"} and set(rows(store, "1", "9")) == {"1"}
+
+
+# -- class_stats and describe -----------------------------------------------------------------------
+
+
+def test_ended_members_give_run_times(store: AuditStore) -> None:
+    # three training runs that end one after the other, then a fourth that is still running
+    specs_all = [(job(f"t{i}", f"train-{i}", user="bob", account="ml", start=at(1)), always_but(10), RESIDENT)
+                 for i in range(4)]
+    for k in range(1, 41):
+        alive = [s for i, s in enumerate(specs_all) if i == 3 or k <= 10 * (i + 1)]
+        classes = baselines.observe(store, snap_at(k, alive), POLICY, run_id=f"run-{k}")
+    c = classes["t3"]
+    assert c["members"] == 4 and c["ended"] == 3 and c["kind"] == "training"
+    # runs of 9, 19 and 29 slots after their first sight (start_ts = at(1)), in seconds
+    assert c["runtime_p50_s"] == pytest.approx(19 * STEP)
+    assert c["runtime_p90_s"] == pytest.approx((19 + 0.8 * 10) * STEP)
+
+
+def test_describe_without_a_baseline() -> None:
+    assert baselines.describe(None) == "no class baseline yet"
+    assert not baselines.is_service(None) and not baselines.is_service({})
+    assert baselines.is_service({"kind": "unknown", "member_kind": "service"})

@@ -1,0 +1,303 @@
+"""Evidence beyond utilisation: what a job's log tail says, how it is cut, and the confidence of a finding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu_cost import evidence
+from gpu_cost.errors import PolicyError
+from gpu_cost.model import Job, Node, Snapshot
+from gpu_cost.policy.loader import parse_policy
+from gpu_cost.policy.schema import JobLogConfig, Policy
+from gpu_cost.snapshot import from_matrix
+from tests.fixtures.core import NOW
+
+CFG = JobLogConfig()
+WINDOW = 900.0
+MIN_CONFIDENCE = Policy().evidence.min_confidence
+
+
+def log(text: str, ago: float | None = 3600.0, **kw: object) -> dict:
+    out: dict = {"text": text, "size": len(text), "path": "/home/u/slurm-1.out"}
+    if ago is not None:
+        out["mtime"] = NOW - ago
+    out.update(kw)
+    return out
+
+
+def classify(entry: dict | None, cfg: JobLogConfig = CFG, window: float = WINDOW) -> dict:
+    return evidence.classify_log(entry, cfg, NOW, window)
+
+
+# -- classify_log ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("line,state", [
+    ("Training finished after 30 epochs", "finished"),
+    ("training is complete", "finished"),
+    ("INFO: finished training, exiting", "finished"),
+    ("saved final checkpoint to /ckpt/final.pt", "finished"),
+    ("Evaluation completed: acc=0.91", "finished"),
+    ("All done!", "finished"),
+    ("Traceback (most recent call last):", "crashed"),
+    ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "crashed"),
+    ("[rank0]: NCCL watchdog thread terminated with exception: Timeout", "crashed"),
+    ("Segmentation fault (core dumped)", "crashed"),
+    ("Overwrite the existing run directory? [y/N]", "waiting"),
+    ("Press Enter to continue...", "waiting"),
+    ("waiting for user input", "waiting"),
+    ("Password:", "waiting"),
+])
+def test_default_patterns_recognise_the_state(line: str, state: str) -> None:
+    out = classify(log(f"step 1 loss 2.3\nstep 2 loss 2.1\n{line}\n"))
+    assert out["state"] == state and out["line"] == line and out["read"] is True
+    assert out["pattern"] in getattr(CFG, state)
+
+
+@pytest.mark.parametrize("text", ["step 100 loss 0.31\nstep 200 loss 0.29\n", "Epoch 3/10: val_acc=0.71\n",
+                                  "the error rate is down; training continues\n", ""])
+def test_ordinary_progress_lines_have_no_state(text: str) -> None:
+    out = classify(log(text))
+    assert out["state"] is None and out["line"] is None and out["read"] is True
+
+
+def test_traceback_must_start_a_line() -> None:
+    assert classify(log("logged: no Traceback (most recent call last) here\n"))["state"] is None
+
+
+def test_the_last_matching_line_wins() -> None:
+    text = ("step 10 loss 1.0\nTraceback (most recent call last):\n  File \"train.py\", line 3\n"
+            "RuntimeError: CUDA out of memory\nrestarting from checkpoint 9\nstep 11 loss 0.9\n"
+            "Training finished in 3h\n")
+    out = classify(log(text))
+    assert out["state"] == "finished" and out["line"] == "Training finished in 3h"
+    # and the other way round: a finish, then a crash
+    text = "Training finished\nsaving logs\nSegmentation fault (core dumped)\n"
+    out = classify(log(text))
+    assert out["state"] == "crashed" and out["line"] == "Segmentation fault (core dumped)"
+
+
+def test_the_last_match_wins_across_patterns_of_one_state() -> None:
+    text = "Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of memory\n"
+    out = classify(log(text))
+    assert out["state"] == "crashed" and out["line"] == "torch.OutOfMemoryError: CUDA out of memory"
+
+
+def test_ordinary_lines_after_a_verdict_mean_the_job_went_on() -> None:
+    text = "Traceback (most recent call last):\nRuntimeError: CUDA out of memory\nrestarting from checkpoint 9\nstep 10\n"
+    out = classify(log(text))
+    assert out["state"] is None and out["earlier_state"] == "crashed"
+    out = classify(log("Training finished\nstarting the next stage\nstep 1 loss 3.0\n"))
+    assert out["state"] is None and out["earlier_state"] == "finished"
+
+
+def test_one_line_after_a_verdict_keeps_it() -> None:
+    out = classify(log("Training finished\nsaving logs\n"))
+    assert out["state"] == "finished" and "earlier_state" not in out
+
+
+def test_traceback_frames_and_blank_lines_after_a_crash_keep_it() -> None:
+    text = ("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    main()\n"
+            "ValueError: bad shape\n\nDuring handling of the above exception, another exception occurred:\n\n"
+            "Traceback (most recent call last):\n  File \"train.py\", line 5\nRuntimeError: giving up\n\n")
+    out = classify(log(text))
+    assert out["state"] == "crashed" and "earlier_state" not in out
+
+
+@pytest.mark.parametrize("text,state", [
+    pytest.param("step 10\nTraceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    main()\n"
+                 "ValueError: bad shape\nsrun: error: gpu01: task 0: Exited with exit code 1\n"
+                 "srun: Terminating StepId=123.0\n", "crashed", id="srun-epilogue"),
+    pytest.param("Traceback (most recent call last):\n  File \"t.py\", line 9\n"
+                 "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+                 "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
+                 "below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1.\n", "crashed",
+                 id="torch-cuda-hint"),
+    pytest.param("epoch 30\nTraining finished\nwandb: Waiting for W&B process to finish... (success).\n"
+                 "wandb: Synced run-abc: https://wandb.ai/x/y/runs/abc\n", "finished", id="wandb-epilogue"),
+])
+def test_closing_lines_of_the_launcher_keep_the_verdict(text: str, state: str) -> None:
+    assert classify(log(text))["state"] == state
+
+
+@pytest.mark.parametrize("ago,growing", [(0.0, True), (60.0, True), (WINDOW, True), (WINDOW + 1, False),
+                                         (6 * 3600.0, False)])
+def test_growing_only_when_written_within_the_window(ago: float, growing: bool) -> None:
+    out = classify(log("step 1\n", ago=ago))
+    assert out["growing"] is growing and out["written_s_ago"] == round(ago)
+
+
+def test_the_window_is_the_callers() -> None:
+    assert classify(log("step 1\n", ago=1800.0), window=7200.0)["growing"] is True
+    assert classify(log("step 1\n", ago=1800.0), window=900.0)["growing"] is False
+
+
+def test_no_mtime_is_not_growing() -> None:
+    out = classify(log("step 1\n", ago=None))
+    assert out["growing"] is False and out["written_s_ago"] is None and out["read"] is True
+
+
+def test_a_future_mtime_counts_as_just_written() -> None:
+    out = classify(log("step 1\n", ago=-120.0))  # the node's clock is ahead
+    assert out["written_s_ago"] == 0 and out["growing"] is True
+
+
+@pytest.mark.parametrize("entry", [None, {}])
+def test_no_log_is_not_read(entry: dict | None) -> None:
+    out = classify(entry)
+    assert out["read"] is False and out["state"] is None and out["growing"] is False
+
+
+def test_an_error_entry_is_not_read() -> None:
+    out = classify(log("Training finished\n", ago=10.0, error="permission denied: /home/u/slurm-1.out"))
+    assert out["read"] is False and out["error"] == "permission denied: /home/u/slurm-1.out"
+    assert out["state"] is None and out["growing"] is False  # nothing of the text is believed
+
+
+def test_patterns_come_from_the_policy() -> None:
+    p = parse_policy("evidence:\n  job_log:\n    finished: ['^RUN COMPLETE$']\n", "<test>")
+    cfg = p.evidence.job_log
+    assert classify(log("x\nRUN COMPLETE\n"), cfg)["state"] == "finished"
+    assert classify(log("Training finished\n"), cfg)["state"] is None  # the default is replaced
+    assert classify(log("run complete\n"), cfg)["state"] == "finished"  # case-insensitive
+    assert classify(log("CUDA out of memory\n"), cfg)["state"] == "crashed"  # other lists keep their defaults
+
+
+@pytest.mark.parametrize("key,index", [("finished", 0), ("crashed", 1), ("waiting", 0)])
+def test_a_bad_regex_is_a_policy_error_naming_its_key(key: str, index: int) -> None:
+    items = ["'(unclosed'"] if index == 0 else ["'fine'", "'[bad'"]
+    text = f"evidence:\n  job_log:\n    {key}: [{', '.join(items)}]\n"
+    with pytest.raises(PolicyError) as exc:
+        parse_policy(text, "<test>")
+    assert f"evidence.job_log.{key}[{index}]" in str(exc.value)
+    assert "regular expression" in str(exc.value) and str(exc.value).startswith("<test>")
+
+
+def test_job_log_limits_are_checked() -> None:
+    with pytest.raises(PolicyError, match=r"evidence\.job_log\.max_bytes"):
+        parse_policy("evidence:\n  job_log:\n    max_bytes: 10\n", "<test>")
+    with pytest.raises(PolicyError, match=r"evidence\.min_confidence"):
+        parse_policy("evidence:\n  min_confidence: 1.5\n", "<test>")
+
+
+# -- tail_lines -----------------------------------------------------------------------------------
+
+
+def test_tail_keeps_the_newest_lines_within_max_bytes() -> None:
+    lines = [f"line {i:03d}" for i in range(100)]  # 8 bytes + newline each
+    out = evidence.tail_lines(lines, 9 * 5)
+    assert out == "\n".join(lines[-5:])
+    assert len(out.encode()) <= 45
+
+
+def test_tail_drops_a_line_that_does_not_fit_whole() -> None:
+    out = evidence.tail_lines(["old", "x" * 20, "new"], 10)
+    assert out == "new"  # the 20-byte line does not fit: it and everything older are left out
+
+
+def test_tail_counts_utf8_bytes() -> None:
+    lines = ["a", "日本語", "🚀🚀"]  # 1, 9, 8 bytes (+1 each)
+    assert evidence.tail_lines(lines, 9) == "🚀🚀"
+    assert evidence.tail_lines(lines, 19) == "日本語\n🚀🚀"
+    assert evidence.tail_lines(lines, 21) == "a\n日本語\n🚀🚀"
+
+
+def test_tail_of_everything_that_fits() -> None:
+    assert evidence.tail_lines(iter(["a", "b"]), 1000) == "a\nb"
+    assert evidence.tail_lines([], 1000) == ""
+
+
+# -- confidence -----------------------------------------------------------------------------------
+
+
+BASE, _ = evidence.confidence({}, None)
+
+
+def test_utilisation_alone_is_the_base() -> None:
+    c, why = evidence.confidence({}, None)
+    assert c == evidence.BASE_CONFIDENCE and c >= MIN_CONFIDENCE and len(why) == 1
+
+
+@pytest.mark.parametrize("state", ["finished", "crashed"])
+def test_a_log_that_says_the_work_is_over_raises_it(state: str) -> None:
+    c, why = evidence.confidence(classify(log(f"{'Training finished' if state == 'finished' else 'core dumped'}\n")),
+                                 None)
+    assert c > BASE and any(state in w for w in why)
+
+
+def test_a_quiet_log_raises_it_a_little_and_a_growing_one_does_not() -> None:
+    quiet, _ = evidence.confidence(classify(log("step 1\n", ago=3600.0)), None)
+    growing, _ = evidence.confidence(classify(log("step 1\n", ago=10.0)), None)
+    finished, _ = evidence.confidence(classify(log("Training finished\n", ago=3600.0)), None)
+    assert BASE < quiet < finished and growing == BASE
+
+
+def test_resident_memory_alone_falls_below_min_confidence() -> None:
+    c, why = evidence.confidence({}, None, resident=True)
+    assert c < BASE and c < MIN_CONFIDENCE
+    assert any("memory resident" in w for w in why)
+
+
+def test_a_finished_log_outweighs_resident_memory() -> None:
+    c, _ = evidence.confidence(classify(log("Training finished\n")), None, resident=True)
+    assert c >= MIN_CONFIDENCE
+
+
+def test_empty_memory_raises_it() -> None:
+    c, why = evidence.confidence({}, None, resident=False)
+    assert c > BASE and any("nothing in GPU memory" in w for w in why)
+    assert evidence.confidence({}, None, resident=None)[0] == BASE  # unknown memory: no change
+
+
+def test_a_service_class_lowers_it() -> None:
+    c, why = evidence.confidence({}, {"kind": "service", "members": 5})
+    assert c < BASE and any("service" in w for w in why)
+    assert evidence.confidence({}, {"kind": "training", "members": 5})[0] == BASE
+
+
+def test_progress_and_bursts_lower_it() -> None:
+    assert evidence.confidence({}, None, progress_signs=["its log was written 10 s ago"])[0] < BASE
+    assert evidence.confidence({}, None, bursts=3)[0] < BASE
+    assert evidence.confidence({}, None, bursts=0)[0] == BASE
+
+
+def test_confidence_stays_within_0_and_1() -> None:
+    low, _ = evidence.confidence({}, {"kind": "service"}, bursts=5, progress_signs=["x"], resident=True)
+    high, _ = evidence.confidence(classify(log("Training finished\n")), None, resident=False)
+    assert low == 0.0 and high == 1.0
+
+
+def test_signal_is_a_small_dict() -> None:
+    assert evidence.signal("job log", "Training finished", "it says the job finished") == {
+        "what": "job log", "value": "Training finished", "counted": "it says the job finished"}
+
+
+# -- log_candidates -------------------------------------------------------------------------------
+
+
+def _snapshot(policy: Policy) -> Snapshot:
+    """Four GPUs on g1: job 1 holds GPUs 0-1 (idle), job 2 GPU 2 (idle), job 3 GPU 3 (busy)."""
+    times = np.arange(NOW - policy.sweep.lookback + 60, NOW + 1, 60.0)
+    util = np.full((4, len(times)), 0.3)
+    util[3] = 90.0
+    jobs = tuple(Job(job_id=j, user="u", start_ts=NOW - 6 * 3600, gpu_alloc=(("g1", g),), nodes=("g1",))
+                 for j, g in (("2", (2,)), ("1", (0, 1)), ("3", (3,))))
+    return from_matrix(policy=policy, now=NOW, source="test", hosts=np.array(["g1"] * 4, dtype=object),
+                       gpus=np.arange(4), uuids=np.array([f"GPU-{i}" for i in range(4)], dtype=object),
+                       models=np.array(["a100"] * 4, dtype=object), mem_total=np.full(4, 81920.0), times=times,
+                       util=util, mem=np.full(util.shape, 2000.0), power=None, job=np.full(util.shape, "", dtype=object),
+                       jobs=jobs, processes=(), nodes=(Node("g1", state="mixed", gpus_total=4, gpus_alloc=4),))
+
+
+def test_logs_are_read_for_idle_jobs_only_most_gpus_first() -> None:
+    p = Policy()
+    assert [j.job_id for j in evidence.log_candidates(_snapshot(p), p)] == ["1", "2"]
+
+
+def test_log_reading_is_capped_and_can_be_disabled() -> None:
+    p = parse_policy("evidence: {job_log: {max_jobs_per_sweep: 1}}\n", "<test>")
+    assert [j.job_id for j in evidence.log_candidates(_snapshot(p), p)] == ["1"]
+    for text in ("evidence: {job_log: {max_jobs_per_sweep: 0}}\n", "evidence: {job_log: {enabled: false}}\n"):
+        p = parse_policy(text, "<test>")
+        assert evidence.log_candidates(_snapshot(p), p) == []
