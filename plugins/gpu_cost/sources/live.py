@@ -7,6 +7,10 @@
 - jobs and nodes: :class:`gpu_cost.sources.slurm.SlurmSource` (``squeue``/``scontrol`` JSON);
 - GPU processes: :class:`gpu_cost.sources.nodes.NodeSource`, only when the node SSH connection
   ``gpu_cost_node_ssh`` is configured;
+- job logs (same condition, and ``evidence.job_log.enabled``): the tail of the StdOut/StdErr of
+  the jobs :func:`gpu_cost.evidence.log_candidates` picks, through the wrapper's read-only
+  ``job-log`` verb, into ``Snapshot.job_logs``; a log that cannot be read is an ``error`` in its
+  entry, never a problem of the snapshot (logs are extra evidence);
 - joined by :func:`gpu_cost.correlate.attribute` (Slurm's GPU indices, the ``hpc_job`` label,
   process cgroups; disagreements are listed, not guessed away).
 
@@ -100,6 +104,7 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     # processes
     procs: list[GpuProcess] = []
     want = processes if processes is not None else (node_source is not None or nodes_mod.configured())
+    ns = None
     if want:
         try:
             ns = node_source or nodes_mod.NodeSource()
@@ -130,9 +135,20 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     LAST_STATS.update({"queries": float(prom.queries_made if prom is not None else 0), "seconds": elapsed})
     logger.info("live snapshot at %s: %d GPUs, %d jobs, %d processes, %d PromQL queries, %.2fs, problems=%s",
                 now, len(frame), len(jobs), len(procs), prom.queries_made if prom is not None else 0, elapsed, problems)
-    return Snapshot(ts=now, window_s=primary, lookback_s=policy.sweep.lookback, source="prometheus", gpus=frame,
+    snap = Snapshot(ts=now, window_s=primary, lookback_s=policy.sweep.lookback, source="prometheus", gpus=frame,
                     jobs=tuple(jobs), processes=tuple(procs), nodes=tuple(nodes), problems=tuple(problems),
                     disagreements=tuple(disagreements), sample_interval_s=policy.sweep.sample_interval, windows=windows)
+    if want and ns is not None and policy.evidence.job_log.enabled:
+        from gpu_cost import evidence
+
+        try:
+            snap.job_logs = ns.job_logs(evidence.log_candidates(snap, policy), policy.evidence.job_log.max_bytes)
+        except Exception as exc:  # extra evidence: never a reason to degrade the snapshot
+            logger.warning("job logs not read: %s", redact(exc))
+        if snap.job_logs:
+            failed = sum(1 for v in snap.job_logs.values() if v.get("error"))
+            logger.info("job logs: %d read, %d not", len(snap.job_logs) - failed, failed)
+    return snap
 
 
 def suspect_hosts(frame: Any, jobs: Sequence[Job], policy: Policy) -> list[str]:

@@ -9,6 +9,12 @@ else ``SLURM_JOB_ID`` in its environment), a container (docker, containerd, podm
 Kubernetes pods: ``GpuProcess.container`` is ``<runtime>:<short id>``, e.g. ``docker:4f6c3a1be2d9``),
 or nothing: an orphan.
 
+Job logs: :meth:`NodeSource.job_log` asks a job's batch node for the tail of its StdOut/StdErr
+through the wrapper's read-only ``job-log`` verb (the node checks with Slurm that the job runs its
+batch script there and reads only the job's own files, owned by the job's uid) and returns the
+dict the snapshot keeps in ``Snapshot.job_logs`` (see :func:`parse_job_log`); a failure is an
+``{"error": ...}`` entry, never an exception.
+
 Connection ``gpu_cost_node_ssh`` (Airflow SSH provider). Extras read here besides the provider's:
 ``node_command`` (the wrapper as the node runs it: a list or a shell-quoted string, default
 ``gpu-cost-node-action``; with a forced command anything works), ``hosts`` (node name → address)
@@ -28,7 +34,7 @@ from typing import Any
 
 from gpu_cost import connections
 from gpu_cost.errors import SourceError
-from gpu_cost.model import GpuProcess
+from gpu_cost.model import GpuProcess, Job
 from gpu_cost.runner import Runner
 
 logger = logging.getLogger(__name__)
@@ -46,6 +52,8 @@ _CONTAINER = (
     ("kubepods", re.compile(r"/kubepods[^\n]*/([0-9a-f]{64})$")),
 )
 _NA = {"[N/A]", "[Not Supported]", "N/A", ""}
+#: the wrapper's bounds for ``job-log``'s max_bytes (per file)
+JOB_LOG_MIN_BYTES, JOB_LOG_MAX_BYTES = 512, 65536
 
 
 @dataclass(frozen=True)
@@ -205,6 +213,61 @@ def parse_inspect(text: str, host: str) -> NodeInspection:
     return NodeInspection(host=host, gpus=gpus, processes=out)
 
 
+def _one_line(text: str, limit: int = 300) -> str:
+    return " ".join(str(text).split())[:limit]
+
+
+def parse_job_log(text: str, host: str, job_id: str) -> dict[str, Any]:
+    """Turn the wrapper's ``job-log`` JSON into the snapshot's log entry.
+
+    Returns ``{"path": <stdout path>, "size": <bytes of the files read>, "mtime": <newest mtime>,
+    "text": <stdout tail, then the stderr tail when it is a separate file>, "files": [<as the
+    wrapper gave them>], "error": None}``; ``{"error": "<host>: ...", "files": [...]}`` when no file
+    could be read (each refusal names its reason). Raises SourceError on an answer that is not the
+    wrapper's.
+    """
+    from gpu_cost.redact import redact
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"{host}: job-log did not answer JSON (line {exc.lineno}): {text[:200]!r}") from None
+    if not isinstance(data, Mapping) or data.get("verb") != "job-log" or not isinstance(data.get("files"), list):
+        raise SourceError(f"{host}: job-log answered something else: {text[:200]!r}")
+    files: list[dict[str, Any]] = []
+    for f in data["files"]:
+        if not isinstance(f, Mapping) or not isinstance(f.get("path"), str):
+            raise SourceError(f"{host}: job-log listed a file without a path: {str(f)[:200]!r}")
+        entry = dict(f)
+        if "refused" not in entry:
+            if not isinstance(entry.get("tail"), str):
+                raise SourceError(f"{host}: job-log gave {entry['path']!r} without a tail")
+            entry["tail"] = redact(entry["tail"])  # a log may print a URL with its password, a token
+        files.append(entry)
+    read = [f for f in files if "refused" not in f]
+    if not read:
+        why = "; ".join(f"{f.get('stream', '?')} {f['path']}: {f['refused']}" for f in files) or "no output file"
+        return {"error": _one_line(f"{host}: job {job_id}'s log not read: {why}", 500), "files": files}
+    main = next((f for f in read if str(f.get("stream", "")).startswith("stdout")), read[0])
+    text_parts = [f["tail"] for f in sorted(read, key=lambda f: 0 if f is main else 1)]
+    joined = ""
+    for part in text_parts:
+        if joined and not joined.endswith("\n"):
+            joined += "\n"
+        joined += part
+    sizes = [float(f["size"]) for f in read if isinstance(f.get("size"), int | float)]
+    mtimes = [float(f["mtime"]) for f in read if isinstance(f.get("mtime"), int | float)]
+    return {"path": main["path"], "size": int(sum(sizes)) if sizes else None,
+            "mtime": max(mtimes) if mtimes else None, "text": joined, "files": files, "error": None}
+
+
+def job_node(job: Job) -> str | None:
+    """The node whose wrapper reads a job's log: its first node (the batch host), else its first GPU host."""
+    if job.nodes:
+        return job.nodes[0]
+    return job.gpu_alloc[0][0] if job.gpu_alloc else None
+
+
 # ---------------------------------------------------------------------------------------------
 # reading nodes
 
@@ -301,3 +364,45 @@ class NodeSource:
                 if problem:
                     problems.append(problem)
         return procs, problems
+
+    def job_log(self, node: str, job_id: str, max_bytes: int = 16384) -> dict[str, Any]:
+        """Return the tail of a job's StdOut/StdErr as read on ``node`` (see :func:`parse_job_log`).
+
+        ``max_bytes`` (per file) is kept within the wrapper's bounds (512-65536). Never raises:
+        whatever goes wrong is ``{"error": "<node>: <reason>"}``.
+        """
+        size = max(JOB_LOG_MIN_BYTES, min(JOB_LOG_MAX_BYTES, int(max_bytes)))
+        try:
+            res = self.runner_for(node).run(self.access.argv("job-log", job_id, size), timeout=self.timeout)
+            if not res.ok:
+                detail = _one_line(res.stderr or res.stdout) or "no output"
+                detail = detail.removeprefix(f"{WRAPPER}: ")
+                return {"error": _one_line(f"{node}: job-log {job_id} exited {res.rc}: {detail}", 500)}
+            return parse_job_log(res.stdout, node, job_id)
+        except SourceError as exc:  # it names the node already
+            return {"error": _one_line(str(exc), 500)}
+        except Exception as exc:  # one job's log is extra evidence: its failure is recorded, never raised
+            logger.warning("job log of %s on %s: %s", job_id, node, exc)
+            return {"error": _one_line(f"{node}: job-log {job_id}: {exc}", 500)}
+
+    def job_logs(self, jobs: Iterable[Job], max_bytes: int = 16384) -> dict[str, dict[str, Any]]:
+        """Return ``job_id -> job_log(...)`` for ``jobs``, each read on its first node, in parallel."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        todo: list[tuple[str, str | None]] = []
+        seen: set[str] = set()
+        for job in jobs:
+            if job.job_id not in seen:
+                seen.add(job.job_id)
+                todo.append((job.job_id, job_node(job)))
+        if not todo:
+            return {}
+
+        def one(item: tuple[str, str | None]) -> dict[str, Any]:
+            job_id, node = item
+            if node is None:
+                return {"error": f"job {job_id}: no node known to read its log on"}
+            return self.job_log(node, job_id, max_bytes)
+
+        with ThreadPoolExecutor(max_workers=min(16, len(todo)), thread_name_prefix="job-log") as pool:
+            return {job_id: found for (job_id, _), found in zip(todo, pool.map(one, todo), strict=True)}

@@ -371,7 +371,18 @@ def _job_from_squeue(d: Mapping[str, Any]) -> Job:
         nodes=nodes if running or state in TERMINAL_STATES else (), gpu_alloc=tuple(alloc),
         gpus_requested=_requested_gpus(d), labels=labels_from_comment(comment),
         priority=int(prio) if prio is not None else None, nice=int(nice) if nice is not None else None,
+        batch=_flag(d.get("batch_flag")),
     )
+
+
+def _flag(value: Any) -> bool | None:
+    """A boolean field (``batch_flag``): true/false or 0/1; ``None`` when absent or of another shape
+    (a hint, not worth failing the whole answer for)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    return None
 
 
 def _allocated_nodes(d: Mapping[str, Any]) -> list[str]:
