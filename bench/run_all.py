@@ -9,6 +9,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("bench.sweep", []),
     ("bench.queries", []),
     ("bench.replay", []),
+    ("bench.replay_hard", []),
     ("bench.parse", []),
     ("bench.forecast", []),
     ("bench.soak", []),

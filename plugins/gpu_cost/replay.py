@@ -43,6 +43,7 @@ import pandas as pd
 from gpu_cost.errors import TraceError
 from gpu_cost.model import KILL_ACTIONS, Decision, GpuProcess, Job, labels_from_comment
 from gpu_cost.policy.schema import Policy
+from gpu_cost.registry import names as _action_names
 from gpu_cost.sources.trace import (  # noqa: F401 - re-exported: the replay reads traces through them
     JOB_COLUMNS,
     SAMPLE_COLUMNS,
@@ -54,6 +55,8 @@ from gpu_cost.sources.trace import (  # noqa: F401 - re-exported: the replay rea
 from gpu_cost.timeutil import iso
 
 logger = logging.getLogger(__name__)
+#: actions that tell someone (the first one is the "first notice")
+NOTICE_ACTIONS = _action_names(notice=True)
 
 JOBS_ONLY_NOTE = ("jobs-only trace: it has no GPU samples, so no rule can see an idle allocation or a zombie "
                   "process and the policy would decide nothing; only allocated GPU-hours are reported. "
@@ -106,6 +109,14 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     #: the savings ledger as the agent would have booked it: freed, re-used, observed waste on the targets
     ledger: dict[str, Any] = field(default_factory=dict)
+    #: GPU-hours reclaimed per kind of job killed: service, training, interactive (ground truth when the trace has it)
+    reclaimed_by_kind: dict[str, float] = field(default_factory=dict)
+    #: idle GPU-hours measured on the killed targets before the kill, as a share of all idle GPU-hours
+    idle_acted_share: float | None = None
+    #: with a ground-truth ``behaviour`` column: per behaviour, jobs, found, notified, killed, false kills,
+    #: median seconds from the job's start (a zombie: its job's end; at the earliest the trace's start)
+    #: to the first notice
+    by_behaviour: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,24 +134,52 @@ class ReplayResult:
 
 
 def replay_files(samples: str | Path | None, jobs: str | Path, policy: Policy, *, mode: str | None = "enforce",
-                 approvals: str = "approve") -> ReplayResult:
-    """Read trace files and replay ``policy`` over them (see :func:`replay`)."""
+                 approvals: str = "approve", logs: str | Path | None = None) -> ReplayResult:
+    """Read trace files and replay ``policy`` over them (see :func:`replay`).
+
+    :param logs: job log lines (``ts, job_id, stream, line``); default ``logs.csv`` beside ``jobs``
+        when it exists.
+    """
     jdf = normalise_jobs(read_table(jobs, "jobs"), str(jobs))
+    notes = []
+    if logs is None and (Path(jobs).parent / "logs.csv").is_file():
+        logs = Path(jobs).parent / "logs.csv"
+        notes.append(f"job logs read from {logs} (beside the jobs file)")
+    ldf = read_logs(logs) if logs else None
     if not samples:
-        return replay(None, jdf, policy, mode=mode, approvals=approvals)
-    holder = [normalise_samples(read_table(samples, "samples", REPLAY_SAMPLE_COLUMNS), str(samples))]
-    # the replay drops the samples once they are dense: keep no other reference to them here
-    return replay(holder, jdf, policy, mode=mode, approvals=approvals)
+        res = replay(None, jdf, policy, mode=mode, approvals=approvals, logs=ldf)
+    else:
+        holder = [normalise_samples(read_table(samples, "samples", REPLAY_SAMPLE_COLUMNS), str(samples))]
+        # the replay drops the samples once they are dense: keep no other reference to them here
+        res = replay(holder, jdf, policy, mode=mode, approvals=approvals, logs=ldf)
+    res.notes[:0] = notes
+    return res
+
+
+LOG_COLUMNS = ("ts", "job_id", "line")
+
+
+def read_logs(path: str | Path) -> pd.DataFrame:
+    """Read a trace's job log lines (``ts, job_id, [stream,] line``), sorted by time."""
+    df = read_table(path, "logs")
+    missing = [c for c in LOG_COLUMNS if c not in df.columns]
+    if missing:
+        raise TraceError(f"{path}: job logs need columns {', '.join(LOG_COLUMNS)}; missing {', '.join(missing)}")
+    df = df.assign(ts=_epoch_col(df["ts"], str(path), "ts"), job_id=df["job_id"].astype(str),
+                   line=df["line"].fillna("").astype(str))
+    return df.sort_values("ts", kind="stable").reset_index(drop=True)
 
 
 def replay(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFrame, policy: Policy, *,
-           mode: str | None = "enforce", approvals: str = "approve") -> ReplayResult:
+           mode: str | None = "enforce", approvals: str = "approve", logs: pd.DataFrame | None = None) -> ReplayResult:
     """Replay ``policy`` over a trace.
 
     :param samples: trace samples (normalised); None for a jobs-only trace. A one-element list
         hands the frame over: it is emptied once the dense matrices are built, to save memory.
     :param mode: ``enforce`` (default: as if enforced), ``notify``, ``dry-run``; None keeps the policy's.
     :param approvals: ``approve`` (decisions needing a human are taken as approved) or ``reject``.
+    :param logs: job log lines (``ts, job_id, line``): each sweep reads the lines written by then,
+        as the live sweep reads a job's StdOut tail.
     """
     t0 = time.time()
     if approvals not in ("approve", "reject"):
@@ -156,7 +195,7 @@ def replay(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFrame
         _jobs_only(jobs, res)
         res.seconds = time.time() - t0
         return res
-    engine = _Replay(frame, jobs, policy, approvals, res)
+    engine = _Replay(frame, jobs, policy, approvals, res, logs)
     del frame
     engine.run()
     res.seconds = time.time() - t0
@@ -193,9 +232,22 @@ class _Replay:
     """The simulation loop; state is the dense matrices (edited by simulated kills) and an audit store."""
 
     def __init__(self, samples: pd.DataFrame, jobs: pd.DataFrame, policy: Policy, approvals: str,
-                 res: ReplayResult) -> None:
+                 res: ReplayResult, logs: pd.DataFrame | None = None) -> None:
         self.res = res
         self.approvals = approvals
+        #: job id -> (times, lines) of its log, sorted: a sweep at t reads the lines written by t
+        self.logs: dict[str, tuple[np.ndarray, list[str]]] = {}
+        if logs is not None and len(logs):
+            for jid, part in logs.groupby("job_id", sort=False):
+                self.logs[str(jid)] = (part["ts"].to_numpy(dtype=float), part["line"].tolist())
+        #: job id -> ground-truth behaviour, when the trace has one (a simulated trace's ``behaviour``)
+        self.truth: dict[str, str] = ({str(j): str(b) for j, b in zip(jobs["job_id"], jobs["behaviour"], strict=True)
+                                       if b == b and b} if "behaviour" in jobs.columns else {})
+        #: target -> (first finding ts, first notice ts)
+        self.first_seen: dict[str, float] = {}
+        self.first_notice: dict[str, float] = {}
+        #: process target -> the job its process belonged to
+        self._proc_job: dict[str, str] = {}
         #: destructive actions carried out so far, in trace time, for the engine's rolling caps
         self.history: list[dict[str, Any]] = []
         #: decision id -> idle GPU-hours measured on its target before the kill
@@ -314,7 +366,7 @@ class _Replay:
                 qos=str(rec.get("qos") or ""), name=str(rec.get("name") or ""),
                 time_limit_s=float(limit) if limit is not None and limit == limit else None,
                 nodes=tuple(sorted(alloc)), gpu_alloc=tuple((h, tuple(sorted(i))) for h, i in sorted(alloc.items())),
-                gpus_requested=len(rows), labels=labels,
+                gpus_requested=len(rows), labels=labels, batch=_flag(rec.get("batch")),
             )
             out[jid] = _Alloc(job, np.sort(rows), float(start), end)
         return out
@@ -349,7 +401,7 @@ class _Replay:
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
-        from gpu_cost import sweep
+        from gpu_cost import baselines, sweep
         from gpu_cost.audit.store import AuditStore
         from gpu_cost.report.usage import record_usage
         from gpu_cost.rules import run_rules
@@ -380,9 +432,16 @@ class _Replay:
             )
             if snap.degraded:
                 self.res.degraded_sweeps += 1
-            findings = run_rules(snap, p)
-            plan = sweep.plan(findings, snap, p, store, t, predicted_end={})
             run_id = f"replay:{int(t)}"
+            snap.job_logs = self._logs_at(snap, t)
+            baselines.observe(store, snap, p, run_id=run_id)  # learnt from the trace up to t, never after
+            findings = run_rules(snap, p)
+            for f in findings:
+                if f.target not in self.first_seen:
+                    self.first_seen[f.target] = t
+                    if f.target_kind == "process":
+                        self._proc_job[f.target] = self._job_of_process(f.job_id, f.gpu_ids, t)
+            plan = sweep.plan(findings, snap, p, store, t, predicted_end={})
             sweep.record(plan, store, run_id, t)
             record_usage(store, snap, p, run_id=run_id)
             for d in plan.decisions:
@@ -394,6 +453,7 @@ class _Replay:
             self.res.sweeps += 1
             t += step
         self._ledger(store, last)
+        self._outcomes()
 
     def _ledger(self, store: Any, until: float) -> None:
         """Fill ``res.ledger`` from the savings the kills booked (the report's own functions)."""
@@ -415,6 +475,90 @@ class _Replay:
             "freed_usd": round(sum(float(r["usd"] or 0.0) for r in rows), 2),
             "savings": len(targets), "targets": targets,
         }
+
+    def _logs_at(self, snap: Any, t: float) -> dict[str, dict[str, Any]]:
+        """Return the log tails a live sweep at ``t`` would have read (the same candidates, the same bound)."""
+        from gpu_cost.evidence import log_candidates, tail_lines
+
+        if not self.logs:
+            return {}
+        cfg = self.policy.evidence.job_log
+        out = {}
+        for job in log_candidates(snap, self.policy):
+            found = self.logs.get(job.job_id)
+            if found is None:
+                continue
+            times, lines = found
+            n = int(np.searchsorted(times, t, side="right"))
+            text = tail_lines(lines[max(0, n - 400):n], cfg.max_bytes)
+            out[job.job_id] = {"path": f"slurm-{job.job_id}.out", "text": text,
+                               "size": sum(len(x) + 1 for x in lines[:n]), "mtime": float(times[n - 1]) if n else None}
+        return out
+
+    def _outcomes(self) -> None:
+        """Sum up, per kind of job, what was reclaimed and how soon the owners were told."""
+        by_kind: dict[str, float] = {}
+        for a in self.res.actions:
+            if a.get("freed_gpu_hours") is None:
+                continue
+            kind = self._kind(a)
+            by_kind[kind] = round(by_kind.get(kind, 0.0) + float(a["freed_gpu_hours"]), 3)
+        self.res.reclaimed_by_kind = by_kind
+        if self.res.idle_gpu_hours:
+            self.res.idle_acted_share = round(sum(self.waste_seen.values()) / self.res.idle_gpu_hours, 3)
+        if not self.truth:
+            return
+        out: dict[str, dict[str, Any]] = {}
+        for jid, beh in sorted(self.truth.items()):
+            alloc = self.allocs.get(jid)
+            if alloc is None:
+                continue
+            row = out.setdefault(beh, {"jobs": 0, "found": 0, "notified": 0, "killed": 0, "false_kills": 0,
+                                       "first_notice_after_start_s": []})
+            row["jobs"] += 1
+            targets = [t for t in self.first_seen if t == f"job:{jid}" or self._proc_job.get(t) == jid]
+            if targets:
+                row["found"] += 1
+            notices = [self.first_notice[t] for t in targets if t in self.first_notice]
+            if notices:
+                row["notified"] += 1
+                zombie = any(t.startswith("proc:") for t in targets) and alloc.end != math.inf
+                ref = alloc.end if zombie else alloc.start
+                row["first_notice_after_start_s"].append(min(notices) - max(ref, float(self.times[0])))
+        for act in self.res.actions:
+            job_of = act.get("job_id") or self._proc_job.get(str(act["target"]), "")
+            truth = self.truth.get(str(job_of))
+            if act["action"] in KILL_ACTIONS and truth in out:
+                out[str(truth)]["killed"] += 1
+                out[str(truth)]["false_kills"] += int(bool(act.get("false_kill")))
+        for row in out.values():
+            delays = row.pop("first_notice_after_start_s")
+            row["median_first_notice_s"] = round(float(np.median(delays))) if delays else None
+        self.res.by_behaviour = out
+
+    def _job_of_process(self, job_id: str | None, gpu_ids: Any, t: float) -> str:
+        """Return the job label the process's GPU carried when the process was last seen (its job's id)."""
+        if job_id:
+            return str(job_id)
+        col = int(np.searchsorted(self.times, t, side="right")) - 1
+        for gid in gpu_ids or []:
+            host, _, gpu = str(gid).rpartition(":")
+            row = self.row_of.get((host, int(gpu))) if gpu.isdigit() else None
+            if row is None or col < 0:
+                continue
+            labels = self.job[row, :col + 1]
+            named = np.nonzero(labels != "")[0]
+            if len(named):
+                return str(labels[named[-1]])
+        return ""
+
+    def _kind(self, action: Mapping[str, Any]) -> str:
+        """Return the kind of the acted job: the trace's ground truth when it has one, else the agent's view."""
+        beh = self.truth.get(str(action.get("job_id")))
+        if beh:
+            return "service" if beh in ("service", "inference") else ("interactive" if beh == "interactive" else
+                                                                     "training")
+        return str(action.get("kind") or "training")
 
     def _procs_at(self, col: int, running: set[str]) -> list[GpuProcess]:
         if self.pid is None or col < 0:
@@ -463,6 +607,11 @@ class _Replay:
                                                  "episode": d.episode, "rung": d.rung, "now": t})
             entry = {"ts": iso(t), "target": d.target, "job_id": d.job_id, "rule": d.rule, "action": d.action,
                      "user": d.user, "gpus": d.gpus, "requires_approval": d.requires_approval}
+            if d.action in NOTICE_ACTIONS:
+                self.first_notice.setdefault(d.target, t)
+            klass = d.evidence.get("class") or {}
+            entry["kind"] = "service" if d.evidence.get("inference") else (
+                "interactive" if d.evidence.get("interactive") else str(klass.get("kind") or "training"))
             if d.action in KILL_ACTIONS:
                 entry.update(self._kill(d, t))
                 self._book(d, store, t)
@@ -550,7 +699,25 @@ def summary_text(r: Mapping[str, Any]) -> str:
     if led.get("savings"):
         lines.append(f"  savings ledger: freed {led['freed_gpu_hours']:,.1f} GPU-h, re-used by other jobs "
                      f"{led['reused_gpu_hours']:,.1f}; waste observed on those targets {led['observed_waste_gpu_hours']:,.1f}")
+    if r.get("reclaimed_by_kind"):
+        kinds = ", ".join(f"{k} {v:,.1f}" for k, v in sorted(r["reclaimed_by_kind"].items()))
+        lines.append(f"  reclaimed by kind of job (GPU-h): {kinds}")
+    if r.get("idle_acted_share") is not None:
+        lines.append(f"  idle GPU-hours on the killed targets: {100 * r['idle_acted_share']:.1f} % of all idle GPU-hours")
+    for beh, row in sorted((r.get("by_behaviour") or {}).items()):
+        first = "" if row["median_first_notice_s"] is None else f", first notice after {row['median_first_notice_s'] / 60:.0f} min"
+        lines.append(f"  {beh}: {row['jobs']} job(s), found {row['found']}, notified {row['notified']}, killed "
+                     f"{row['killed']} ({row['false_kills']} false){first}")
     lines.append(f"  decisions: {r['decisions']}; approvals requested {r['approvals_requested']}; "
                  f"capped sweeps {r['capped_sweeps']}")
     lines += [f"  note: {n}" for n in r["notes"]]
     return "\n".join(lines)
+
+
+def _flag(value: Any) -> bool | None:
+    """Return a trace's boolean column value (True/False, 1/0, "true"/"false"), None when absent."""
+    if value is None or value != value or value == "":
+        return None
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "y", "t")
+    return bool(value)

@@ -74,3 +74,11 @@ def test_forecast_bench_smoke() -> None:
     out = run_bench("bench.forecast", "--series", "2", "--workers", "1", "--nodes", "1")
     r = out["results"][0]
     assert r["series"] >= 2 and r["prophet_fits"] > 0 and r["prophet_failed"] == 0 and r["forecast_rows"] > 0
+
+
+@pytest.mark.slow
+def test_replay_hard_bench_smoke() -> None:
+    out = run_bench("bench.replay_hard", "--days", "0.5", "--gpus", "16")
+    runs = {r["run"] for r in out["results"]}
+    assert runs == {"baselines on", "baselines off"}
+    assert all(r["idle_gpu_h"] > 0 for r in out["results"])

@@ -4,8 +4,15 @@ The trace is in the project's trace format: ``samples.parquet`` (``ts, host, gpu
 mem_used_mib, uuid, mem_total_mib, power_w, job_id, pid, user``; ``pid``/``user`` name the
 process holding the GPU, so a replay can act on orphan processes) and ``jobs.csv`` (``job_id,
 user, account, partition, name, state, submit_ts, start_ts, end_ts, time_limit_s, gpus, nodes,
-gpu_ids, labels``) plus the ground truth per job: ``behaviour`` and, for zombies,
-``linger_end_ts`` (when the orphan process would have exited by itself).
+gpu_ids, labels, batch``; ``batch`` is False for an interactive session) plus the ground truth
+per job: ``behaviour`` and, for zombies, ``linger_end_ts`` (when the orphan process would have
+exited by itself); and ``logs.csv`` (``ts, job_id, stream, line``), what the jobs wrote to their
+StdOut/StdErr over the trace.
+
+``--behaviours hard`` generates the behaviours of real clusters that fool a utilisation
+threshold (a fleet of quiet service endpoints, checkpoint and data-loading phases, interactive
+sessions, finished and crashed jobs that keep their allocation); the default ``basic`` is the
+mix it always was, sample for sample.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ def register(sub: Any) -> None:
     p.add_argument("--end", help="trace end (ISO 8601 or epoch; default: the start of the current hour)")
     p.add_argument("--sample-interval", default="60s", help="time between samples, with its unit (default 60s)")
     p.add_argument("--format", choices=["parquet", "csv"], default="parquet", help="samples file format")
+    p.add_argument("--behaviours", choices=["basic", "hard"], default="basic",
+                   help="behaviour mix: basic (default) or hard (service fleet, checkpoint and data-loading phases, "
+                        "finished and crashed jobs, interactive sessions)")
     p.add_argument("--out", required=True, help="output directory")
     add_json(p)
     p.set_defaults(handler=_simtrace)
@@ -43,27 +53,32 @@ def _simtrace(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     end = instant_arg(args.end, "--end") if args.end else float(int(time.time()) // 3600 * 3600)
     out = write_sim_trace(Path(args.out), days=args.days, gpus=args.gpus, gpus_per_node=args.gpus_per_node,
                           jobs_per_node=args.jobs_per_node, seed=args.seed, end=end,
-                          sample_interval=duration_arg(args.sample_interval, "--sample-interval"), fmt=args.format)
-    text = (f"wrote {out['samples_rows']:,} samples of {out['gpus']} GPUs over {args.days:g} days and "
-            f"{out['jobs']} jobs ({out['behaviours']}) to {out['samples']} and {out['jobs_file']}")
+                          sample_interval=duration_arg(args.sample_interval, "--sample-interval"), fmt=args.format,
+                          behaviours=args.behaviours)
+    text = (f"wrote {out['samples_rows']:,} samples of {out['gpus']} GPUs over {args.days:g} days, "
+            f"{out['jobs']} jobs ({out['behaviours']}) and {out['logs_rows']:,} log lines to {out['samples']}, "
+            f"{out['jobs_file']} and {out['logs_file']}")
     return out, text
 
 
 def write_sim_trace(out: Path, *, days: float, gpus: int, gpus_per_node: int = 8, jobs_per_node: float = 2.0,
                     seed: int = 0, end: float, sample_interval: float = 60.0, fmt: str = "parquet",
-                    mix: dict[str, float] | None = None) -> dict[str, Any]:
-    """Generate a scenario, observe it over ``[end - days, end]`` and write the trace files."""
+                    mix: dict[str, float] | None = None, behaviours: str = "basic") -> dict[str, Any]:
+    """Generate a scenario, observe it over ``[end - days, end]`` and write the trace files.
+
+    ``behaviours`` is the mix of :func:`gpu_cost.sources.sim.generate_scenario` (``basic`` or ``hard``).
+    """
     from gpu_cost.sources.sim import generate_scenario
 
     nodes = max(1, math.ceil(gpus / gpus_per_node))
     sc = generate_scenario(nodes=nodes, gpus_per_node=gpus_per_node, jobs_per_node=jobs_per_node, days=days,
-                           seed=seed, sample_interval=sample_interval, pending=0, mix=mix)
+                           seed=seed, sample_interval=sample_interval, pending=0, mix=mix, behaviours=behaviours)
     sc = dataclasses.replace(sc, anchor=float(end), source=f"<sim-trace seed={seed}>")
     return write_scenario_trace(out, sc, end - days * 86400.0, end, fmt=fmt)
 
 
 def write_scenario_trace(out: Path, scenario: Any, start: float, end: float, *, fmt: str = "parquet") -> dict[str, Any]:
-    """Observe ``scenario`` over ``(start, end]`` and write ``samples.<fmt>`` and ``jobs.csv`` under ``out``."""
+    """Observe ``scenario`` over ``(start, end]`` and write ``samples.<fmt>``, ``jobs.csv`` and ``logs.csv`` under ``out``."""
     import numpy as np
 
     from gpu_cost.sources.sim import SimCluster, long_samples, sim_pid
@@ -85,8 +100,8 @@ def write_scenario_trace(out: Path, scenario: Any, start: float, end: float, *, 
             tail = math.inf if j.end is None or j.linger is None else e + j.linger
             if j.end is not None:
                 linger_end[j.job_id] = tail
-        elif j.behaviour == "idle":
-            tail = min(e, s + j.busy_first)  # the process exits after its real work; the allocation stays
+        elif j.behaviour in ("idle", "crashed"):
+            tail = min(e, s + j.busy_first)  # the process exits (or dies) after its real work; the allocation stays
         else:
             tail = e
         lo = int(np.searchsorted(m.times, s, side="left"))
@@ -111,7 +126,10 @@ def write_scenario_trace(out: Path, scenario: Any, start: float, end: float, *, 
         samples.to_csv(sfile, index=False)
     jfile = out / "jobs.csv"
     jobs.to_csv(jfile, index=False)
+    logs = cluster.log_lines(start, end)
+    lfile = out / "logs.csv"
+    logs.to_csv(lfile, index=False)
     counts = jobs["behaviour"].value_counts().to_dict() if not jobs.empty else {}
-    return {"samples": str(sfile), "jobs_file": str(jfile), "samples_rows": len(samples), "gpus": int(n_g),
-            "jobs": len(jobs), "behaviours": {str(k): int(v) for k, v in counts.items()},
-            "start": iso(start), "end": iso(end)}
+    return {"samples": str(sfile), "jobs_file": str(jfile), "logs_file": str(lfile), "samples_rows": len(samples),
+            "logs_rows": len(logs), "gpus": int(n_g), "jobs": len(jobs),
+            "behaviours": {str(k): int(v) for k, v in counts.items()}, "start": iso(start), "end": iso(end)}

@@ -10,6 +10,22 @@ memory of its GPUs over time:
 ``inference``   a service: idle with its model loaded, bursts of traffic every ``burst_every``
 ``memleak``     busy, memory growing until the framebuffer is full
 
+The *hard* behaviours of real clusters (``generate_scenario(behaviours="hard")``, ``gpu-cost
+sim-trace --behaviours hard``), which look idle to a utilisation threshold but are not, or look
+busy but are waste:
+
+``service``     a long-lived endpoint: model resident (~60 % of the framebuffer), quiet (0-0.5 %)
+                for hours, bursts of traffic at random times (gaps in ``[burst_every, gap_max]``)
+``checkpoint``  training that pauses every ``burst_every`` for ``burst_length`` (0-2 %) to write a checkpoint
+``dataload``    reads its data first (``load_time`` at 0-2 %, ``mem_mib`` held), then trains
+``finished``    trains ``busy_first``, says so, then its process holds ~45 % of the memory at 0 % until the end
+``crashed``     trains ``busy_first``, dies with a traceback; the allocation is held by a sleeping wrapper
+``interactive`` a salloc / Jupyter session (``batch`` False): 0 % with short bursts, a little memory
+
+Each job also writes a log (:meth:`SimCluster.log_lines`): progress lines while it trains, the
+lines of its phases (checkpoints, data loading, the finish, the traceback), access lines of a
+service's bursts; the live snapshot reads the tails of the jobs a rule may find idle.
+
 Times in a scenario are offsets (``-5h``) from an *anchor*: by default the start of the current
 UTC day (``anchor: day``), so runs through a day see one consistent cluster whose ladders can
 advance; ``anchor: now`` makes the cluster look the same whenever it is observed; an instant
@@ -21,9 +37,11 @@ Noise is a hash of (seed, GPU, sample time), so any range gives the same value a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import uuid as _uuid
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +56,26 @@ from gpu_cost.errors import ScenarioError
 from gpu_cost.model import GpuProcess, Job, Node, labels_from_comment
 from gpu_cost.timeutil import epoch, iso, parse_duration
 
-BEHAVIOURS = ("training", "zombie", "idle", "dataloader", "inference", "memleak")
+#: the behaviours real clusters make hard: quiet but working, or busy-looking but waste
+HARD_BEHAVIOURS = ("service", "checkpoint", "dataload", "finished", "crashed", "interactive")
+BEHAVIOURS = ("training", "zombie", "idle", "dataloader", "inference", "memleak", *HARD_BEHAVIOURS)
 _BEHAVIOUR_CODE = {b: i for i, b in enumerate(BEHAVIOURS)}
+
+#: behaviour mixes of :func:`generate_scenario` (``behaviours=``); ``hard`` adds a service fleet
+MIXES: dict[str, dict[str, float]] = {
+    "basic": {"training": 0.55, "idle": 0.12, "zombie": 0.08, "dataloader": 0.12, "inference": 0.08, "memleak": 0.05},
+    "hard": {"training": 0.22, "checkpoint": 0.14, "dataload": 0.10, "finished": 0.09, "crashed": 0.07,
+             "interactive": 0.12, "idle": 0.07, "zombie": 0.06, "dataloader": 0.05, "inference": 0.03,
+             "memleak": 0.05},
+}
+#: names of the service fleet: none matches the policy's inference name globs (the agent must see the behaviour)
+SERVICE_NAMES = ("llama7b-endpoint", "ranker-api", "embedder-api", "mistral-chat-endpoint", "rerank-api",
+                 "codegen-endpoint", "whisper-asr-api", "clip-embed-api")
+SERVICE_ACCOUNT = "serving"
+SERVICE_USERS = ("mlops", "svc-llm")
+INTERACTIVE_NAMES = ("jupyter", "interactive", "bash")
+#: a progress line every this many seconds while a job trains
+PROGRESS_EVERY = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +115,26 @@ class SimJob:
     #: zombie processes linger this long after the job ends (None: until observed)
     linger: float | None = None
     leak_mib_per_h: float = 4096.0
+    #: service / interactive: the time between bursts is uniform in [burst_every, gap_max] (None: burst_every)
+    gap_max: float | None = None
+    #: service / interactive: a burst lasts uniform [burst_min, burst_length] (None: burst_length)
+    burst_min: float | None = None
+    #: share of the framebuffer held (service: the resident model, default 0.6; finished: after it, default 0.45)
+    mem_share: float | None = None
+    #: framebuffer held (MiB): dataload while loading (default 3072), interactive (default 4096)
+    mem_mib: float | None = None
+    #: dataload: how long the data-loading phase lasts
+    load_time: float = 3600.0
+    #: crashed: how it died, ``oom`` (CUDA out of memory) or ``nccl`` (NCCL watchdog timeout)
+    failure: str = "oom"
+    #: Slurm's batch flag (None: False for ``interactive``, True otherwise)
+    batch: bool | None = None
+    #: seed of the job's own random schedule (bursts of services and sessions)
+    rseed: int = 0
+
+    @property
+    def is_batch(self) -> bool:
+        return self.batch if self.batch is not None else self.behaviour != "interactive"
 
 
 @dataclass(frozen=True)
@@ -172,7 +228,8 @@ def _sim_job(raw: Any, where: str, index: Mapping[str, int], nodes: Sequence[Sim
         raise ScenarioError(f"{where}: must be a mapping")
     d = dict(raw)
     try:
-        for key in ("start", "end", "submit", "time_limit", "busy_first", "burst_every", "burst_length", "linger"):
+        for key in ("start", "end", "submit", "time_limit", "busy_first", "burst_every", "burst_length", "linger",
+                    "gap_max", "burst_min", "load_time"):
             if d.get(key) is not None:
                 d[key] = _offset(d[key])
         d["job_id"] = str(d.get("job_id", ""))
@@ -230,6 +287,7 @@ def generate_scenario(
     model: str = "a100",
     diurnal: bool = False,
     anchor: float | None = None,
+    behaviours: str = "basic",
 ) -> Scenario:
     """Return a synthetic cluster: ``nodes`` × ``gpus_per_node`` GPUs, a behaviour mix, a queue.
 
@@ -237,37 +295,69 @@ def generate_scenario(
     with ``days > 0`` jobs come and go over ``[-days, 0]`` (a trace for replays and reports).
     ``diurnal`` makes arrivals follow working hours (busy weekdays, quiet nights and weekends) in
     UTC, with ``anchor`` the instant offset 0 stands for (the scenario is then pinned to it).
+
+    ``behaviours`` names the mix (:data:`MIXES`; ``mix`` overrides its weights): ``basic`` (the
+    default, the same cluster as ever for a seed) or ``hard``, the behaviours of real clusters that
+    fool a threshold: checkpoint and data-loading phases, finished and crashed jobs that keep their
+    allocation, interactive sessions, and a fleet of long-lived service endpoints (about one per
+    node, at least 6, on GPUs of their own, running from before ``-days`` to past the end).
     """
+    if behaviours not in MIXES:
+        raise ScenarioError(f"behaviours {behaviours!r} is not one of {', '.join(MIXES)}")
+    hard = behaviours == "hard"
     rng = np.random.default_rng(seed)
-    mix = dict(mix or {"training": 0.55, "idle": 0.12, "zombie": 0.08, "dataloader": 0.12, "inference": 0.08, "memleak": 0.05})
+    mix = dict(mix or MIXES[behaviours])
+    unknown = sorted(set(mix) - set(BEHAVIOURS))
+    if unknown:
+        raise ScenarioError(f"mix: unknown behaviours {unknown}")
     names = list(mix)
     probs = np.array([mix[n] for n in names], dtype=float)
     probs = probs / probs.sum()
-    sim_nodes = tuple(SimNode(name=f"n{i:05d}", gpus=gpus_per_node, model=model) for i in range(nodes))
+    partitions = ("batch", "interactive") if hard else ("batch",)
+    sim_nodes = tuple(SimNode(name=f"n{i:05d}", gpus=gpus_per_node, model=model, partitions=partitions)
+                      for i in range(nodes))
     jobs: list[SimJob] = []
     users = [f"user{i:03d}" for i in range(max(4, nodes // 2))]
     accounts = [f"team{i:02d}" for i in range(max(2, nodes // 16))]
     jid = 100000
     horizon = days * 86400.0
+    reserved: dict[str, int] = {}
+    if hard:
+        fleet, reserved = _service_fleet(sim_nodes, np.random.default_rng([seed, 0x5E7F1EE7]), horizon)
+        jobs.extend(fleet)
     for n in sim_nodes:
+        # GPUs at the top of a node held by the service fleet are out of the batch jobs' reach
+        avail = gpus_per_node - reserved.get(n.name, 0)
+        if avail <= 0:
+            continue
         slots_free = [-horizon] * gpus_per_node
         if days <= 0:
             per_node = max(1, round(jobs_per_node))
-            sizes = _split(gpus_per_node, per_node, rng)
+            sizes = _split(avail, per_node, rng)
             g0 = 0
             for size in sizes:
                 jid += 1
                 beh = names[rng.choice(len(names), p=probs)]
                 start = -float(rng.uniform(1800, 12 * 3600))
                 end = -float(rng.uniform(1200, max(1300.0, -start - 600))) if beh == "zombie" else None
-                jobs.append(_gen_job(jid, beh, n.name, tuple(range(g0, g0 + size)), start, end, rng, users, accounts))
+                gpus = tuple(range(g0, g0 + size))
+                extra: dict[str, Any] = {}
+                if beh in HARD_BEHAVIOURS:
+                    dur, cap, extra = _hard_shape(beh, 0.0, rng)
+                    gpus = gpus[:cap] if cap else gpus
+                    if beh == "interactive":
+                        start = -float(rng.uniform(600, dur - 300))  # a session still open at the anchor
+                job = _gen_job(jid, beh, n.name, gpus, start, end, rng, users, accounts, extra=extra)
+                if beh in HARD_BEHAVIOURS and (job.time_limit or 0) < -start + 1800:
+                    job = dataclasses.replace(job, time_limit=math.ceil((-start + 1800) / 3600) * 3600.0)
+                jobs.append(job)
                 g0 += size
             continue
         t = -horizon
         while t < 0:
             size = int(rng.choice([1, 2, 4, 8], p=[0.4, 0.25, 0.2, 0.15]))
-            size = min(size, gpus_per_node)
-            g0 = int(rng.integers(0, gpus_per_node - size + 1))
+            size = min(size, avail)
+            g0 = int(rng.integers(0, avail - size + 1))
             gpus = tuple(range(g0, g0 + size))
             start = max(t, max(slots_free[g] for g in gpus))
             if start >= 0:
@@ -275,10 +365,15 @@ def generate_scenario(
             beh = names[rng.choice(len(names), p=probs)]
             # a working-hours cluster runs shorter, interactive-sized jobs
             dur = float(rng.lognormal(math.log((2 if diurnal else 4) * 3600), 0.7 if diurnal else 0.8))
+            extra = {}
+            if beh in HARD_BEHAVIOURS:
+                dur, cap, extra = _hard_shape(beh, dur, rng)
+                gpus = gpus[:cap] if cap else gpus
             end = start + dur
             jid += 1
             linger = float(rng.uniform(1800, 6 * 3600)) if beh == "zombie" else None
-            jobs.append(_gen_job(jid, beh, n.name, gpus, start, end if end < 0 else None, rng, users, accounts, linger))
+            jobs.append(_gen_job(jid, beh, n.name, gpus, start, end if end < 0 else None, rng, users, accounts, linger,
+                                 extra=extra))
             free_at = end + (linger or 0.0)
             for g in gpus:
                 slots_free[g] = free_at
@@ -320,18 +415,101 @@ def _split(total: int, parts: int, rng: np.random.Generator) -> list[int]:
 
 
 def _gen_job(jid: int, beh: str, node: str, gpus: tuple[int, ...], start: float, end: float | None,
-             rng: np.random.Generator, users: list[str], accounts: list[str], linger: float | None = None) -> SimJob:
+             rng: np.random.Generator, users: list[str], accounts: list[str], linger: float | None = None,
+             extra: Mapping[str, Any] | None = None) -> SimJob:
+    """Return a generated job; ``extra`` (from :func:`_hard_shape`) sets the fields of a hard behaviour."""
     if beh == "zombie" and end is None:
         end = start + float(rng.uniform(1800, 4 * 3600))
     limit = float(rng.choice([4, 8, 12, 24, 48])) * 3600
+    extra = dict(extra or {})
+    forced = extra.pop("time_limit", None)
     if end is not None:
         limit = max(limit, end - start + 600)
-    return SimJob(
-        job_id=str(jid), user=users[int(rng.integers(len(users)))], behaviour=beh, node=node, gpus=gpus,
-        start=start, end=end, account=accounts[int(rng.integers(len(accounts)))],
-        name=("serve-" if beh == "inference" else "job-") + str(jid), time_limit=limit,
-        busy_first=float(rng.uniform(0, 3600)) if beh == "idle" else 0.0, linger=linger,
-    )
+    if forced is not None:  # a hard behaviour's own limit (a job held until its limit ends exactly there)
+        limit = max(float(forced), end - start if end is not None else 0.0)
+    fields: dict[str, Any] = {
+        "job_id": str(jid), "user": users[int(rng.integers(len(users)))], "behaviour": beh, "node": node, "gpus": gpus,
+        "start": start, "end": end, "account": accounts[int(rng.integers(len(accounts)))],
+        "name": ("serve-" if beh == "inference" else "job-") + str(jid), "time_limit": limit,
+        "busy_first": float(rng.uniform(0, 3600)) if beh == "idle" else 0.0, "linger": linger,
+    }
+    fields.update(extra)
+    return SimJob(**fields)
+
+
+def _hard_shape(beh: str, dur: float, rng: np.random.Generator) -> tuple[float, int, dict[str, Any]]:
+    """Return ``(duration, GPU cap or 0, SimJob fields)`` of a generated job with a hard behaviour.
+
+    ``dur`` is the duration the arrival process drew (0 for a cluster observed at one instant);
+    the behaviour stretches or replaces it so that its phases fit.
+    """
+    h = 3600.0
+    if beh == "checkpoint":
+        period, pause = float(rng.uniform(1.5 * h, 3 * h)), float(rng.uniform(600, 1500))
+        return max(dur, float(rng.uniform(6 * h, 20 * h))), 0, {"burst_every": period, "burst_length": pause}
+    if beh == "dataload":
+        load = float(rng.uniform(40 * 60, 120 * 60))
+        return max(dur, load + float(rng.uniform(h, 6 * h))), 0, {"load_time": load,
+                                                                  "mem_mib": float(rng.uniform(2048, 5120))}
+    if beh in ("finished", "crashed"):
+        train = float(rng.uniform(h, 4 * h)) if beh == "finished" else float(rng.uniform(0.5 * h, 4 * h))
+        extra: dict[str, Any] = {"busy_first": train}
+        if beh == "finished":
+            extra["mem_share"] = float(rng.uniform(0.42, 0.48))
+        else:
+            extra["failure"] = "oom" if rng.random() < 0.7 else "nccl"
+        if rng.random() < 0.4:  # nobody looks: the allocation is held until the time limit
+            limit = math.ceil((train + float(rng.uniform(h, 10 * h))) / h) * h
+            extra["time_limit"] = limit
+            return limit, 0, extra
+        return train + float(rng.uniform(0.5 * h, 8 * h)), 0, extra
+    if beh == "interactive":
+        return float(rng.uniform(2 * h, 8 * h)), 1, {
+            "partition": "interactive", "name": INTERACTIVE_NAMES[int(rng.integers(len(INTERACTIVE_NAMES)))],
+            "batch": False, "burst_every": 20 * 60.0, "gap_max": 90 * 60.0, "burst_min": 60.0, "burst_length": 300.0,
+            "mem_mib": float(rng.uniform(1024, 8192)), "rseed": int(rng.integers(2**31)), "time_limit": 8 * h,
+        }
+    raise ScenarioError(f"{beh!r} is not a generated hard behaviour")
+
+
+def _service_fleet(nodes: Sequence[SimNode], rng: np.random.Generator,
+                   horizon: float) -> tuple[list[SimJob], dict[str, int]]:
+    """Return the service endpoints of a hard cluster and how many GPUs each node gives them.
+
+    About one endpoint per node (at least 6), 1 GPU (a quarter of them 2), round robin over the
+    nodes, at most half of a node's GPUs; each started days before ``-horizon``, running past 0.
+    A third wake about once a day (gaps of 20-28 h), the others every 2-12 h.
+    """
+    want = max(6, len(nodes))
+    used = {n.name: 0 for n in nodes}
+    cap = {n.name: n.gpus // 2 for n in nodes}
+    out: list[SimJob] = []
+    i = 0
+    while len(out) < want and any(used[n.name] < cap[n.name] for n in nodes):
+        node = nodes[i % len(nodes)]
+        i += 1
+        size = 2 if rng.random() < 0.25 else 1
+        spare = sum(cap.values()) - sum(used.values()) - (want - len(out))  # GPUs beyond one per endpoint left
+        if used[node.name] + size > cap[node.name] or size - 1 > spare:
+            size = 1
+            if used[node.name] + size > cap[node.name]:
+                continue
+        top = node.gpus - used[node.name]
+        gpus = tuple(range(top - size, top))
+        used[node.name] += size
+        k = len(out)
+        base = SERVICE_NAMES[k % len(SERVICE_NAMES)]
+        name = f"{base}-{int(rng.integers(16**6)):06x}" if rng.random() < 0.5 else f"{base}-{int(rng.integers(1, 40))}"
+        daily = k % 3 == 1
+        out.append(SimJob(
+            job_id=str(90001 + k), user=SERVICE_USERS[k % 2], behaviour="service", node=node.name,
+            gpus=gpus, start=-horizon - float(rng.uniform(86400, 14 * 86400)), end=None, account=SERVICE_ACCOUNT,
+            name=name, time_limit=30 * 86400.0,
+            burst_every=(20 if daily else 2) * 3600.0, gap_max=(28 if daily else 12) * 3600.0,
+            burst_min=180.0, burst_length=900.0, mem_share=float(rng.uniform(0.55, 0.65)),
+            rseed=int(rng.integers(2**31)),
+        ))
+    return out, {k: v for k, v in used.items() if v}
 
 
 def _noise(seed: int, gpu_ids: np.ndarray, t_idx: np.ndarray) -> np.ndarray:
@@ -400,6 +578,7 @@ class SimCluster:
         self.idle_w = np.array(idle_w, dtype=float)
         self.busy_w = np.array(busy_w, dtype=float)
         self._jobs = [j for j in scenario.jobs]
+        self._by_id = {j.job_id: j for j in self._jobs}
 
     # -- times -----------------------------------------------------------------------------
     def abs_ts(self, offset: float | None) -> float | None:
@@ -490,6 +669,7 @@ class SimCluster:
             qos=j.qos, name=j.name or f"job-{j.job_id}", comment=j.comment, submit_ts=submit, end_ts=end_ts,
             time_limit_s=j.time_limit, nodes=(j.node,) if alloc and j.node else (), gpu_alloc=alloc,
             gpus_requested=j.gpus_requested or len(j.gpus), labels=labels_from_comment(j.comment),
+            batch=j.is_batch,
         )
 
     def jobs_trace(self, start: float, end: float) -> pd.DataFrame:
@@ -509,7 +689,7 @@ class SimCluster:
                     "submit_ts": s if j.submit is None else self.anchor + j.submit, "start_ts": s, "end_ts": e,
                     "time_limit_s": j.time_limit, "gpus": len(j.gpus), "nodes": j.node,
                     "gpu_ids": ",".join(f"{j.node}:{g}" for g in j.gpus), "labels": ",".join(labels_from_comment(j.comment)),
-                    "behaviour": j.behaviour,
+                    "behaviour": j.behaviour, "batch": j.is_batch,
                 }
             )
         return pd.DataFrame(rows)
@@ -528,8 +708,8 @@ class SimCluster:
             zombie_tail = j.behaviour == "zombie" and e <= t and (j.linger is None or t < e + j.linger)
             if e <= t and not zombie_tail:
                 continue
-            if j.behaviour == "idle" and t - s > j.busy_first:
-                continue  # the training process exited; the allocation sits empty
+            if j.behaviour in ("idle", "crashed") and t - s > j.busy_first:
+                continue  # the training process exited (or died); the allocation sits empty
             pid = sim_pid(j.job_id)
             for g in j.gpus:
                 row = self._row[(j.node, g)]  # type: ignore[index]
@@ -542,6 +722,43 @@ class SimCluster:
                     )
                 )
         return out
+
+    # -- logs ------------------------------------------------------------------------------
+    def log_lines(self, start: float, end: float) -> pd.DataFrame:
+        """Return the lines the jobs wrote to their logs in ``(start, end]``: ``ts, job_id, stream, line``.
+
+        In time order (a job's lines in the order written); deterministic for the scenario.
+        """
+        rows: list[tuple[int, str, str, str]] = []
+        for j in self._jobs:
+            if j.pending or j.start is None:
+                continue
+            s = self.anchor + j.start
+            e = math.inf if j.end is None else self.anchor + j.end
+            if s > end or e <= start:
+                continue
+            rows.extend((ts, j.job_id, stream, line) for ts, stream, line in job_log_lines(j, s, e, start, end))
+        frame = pd.DataFrame(rows, columns=["ts", "job_id", "stream", "line"])
+        frame["ts"] = frame["ts"].astype(np.int64)
+        return frame.sort_values("ts", kind="stable").reset_index(drop=True)
+
+    def job_log(self, job_id: str, now: float, max_bytes: int) -> dict[str, Any] | None:
+        """Return a job's log as the node wrapper's ``job-log`` verb reads it at ``now``: ``path``,
+        ``text`` (the tail, at most ``max_bytes``), ``size`` (bytes written so far) and ``mtime``."""
+        from gpu_cost.evidence import tail_lines
+
+        j = self._by_id.get(job_id)
+        if j is None or j.pending or j.start is None:
+            return None
+        s = self.anchor + j.start
+        e = math.inf if j.end is None else self.anchor + j.end
+        lines = job_log_lines(j, s, e, -math.inf, now)
+        text = [line for _, _, line in lines]
+        return {
+            "path": f"/home/{j.user}/slurm-{j.job_id}.out", "text": tail_lines(text, max_bytes),
+            "size": sum(len(line.encode("utf-8")) + 1 for line in text),
+            "mtime": float(lines[-1][0]) if lines else None,
+        }
 
     def nodes_at(self, t: float) -> list[Node]:
         alloc: dict[str, int] = {}
@@ -584,7 +801,209 @@ def _behaviour(j: SimJob, tau: np.ndarray, noise: np.ndarray, total: np.ndarray,
     if j.behaviour == "memleak":
         mem = total * 0.3 + j.leak_mib_per_h * tau2 / 3600.0
         return 85 + 13 * noise, np.minimum(mem, total)
+    if j.behaviour == "service":
+        burst = _in_bursts(j, tau2)
+        util = np.where(burst, 40 + 50 * noise, 0.5 * noise)
+        mem = np.broadcast_to(total * (0.6 if j.mem_share is None else j.mem_share), shape) + 30 * noise
+        return util, mem
+    if j.behaviour == "checkpoint":
+        pause = _in_pause(j, tau2)
+        util = np.where(pause, 2 * noise, 85 + 13 * noise)
+        return util, np.broadcast_to(total * 0.85, shape) + 200 * noise
+    if j.behaviour == "dataload":
+        loading = tau2 < j.load_time
+        util = np.where(loading, 2 * noise, 85 + 13 * noise)
+        mem = np.where(loading, 3072.0 if j.mem_mib is None else j.mem_mib, total * 0.85) + 100 * noise
+        return util, mem
+    if j.behaviour == "finished":
+        busy = tau2 < j.busy_first
+        held = total * (0.45 if j.mem_share is None else j.mem_share)
+        return np.where(busy, 85 + 13 * noise, 0.0), np.where(busy, total * 0.85 + 200 * noise, held + 20 * noise)
+    if j.behaviour == "crashed":
+        busy = tau2 < j.busy_first
+        return np.where(busy, 85 + 13 * noise, 0.0), np.where(busy, total * 0.85 + 200 * noise, 0.0)
+    if j.behaviour == "interactive":
+        burst = _in_bursts(j, tau2)
+        util = np.where(burst, 20 + 60 * noise, 0.0)
+        mem = np.broadcast_to(np.full_like(total, 4096.0 if j.mem_mib is None else j.mem_mib), shape) + 50 * noise
+        return util, mem
     raise ScenarioError(f"unknown behaviour {j.behaviour!r}")
+
+
+@functools.lru_cache(maxsize=8192)
+def _burst_schedule(j: SimJob, upto: float) -> tuple[np.ndarray, np.ndarray]:
+    """Return (starts, ends) of the bursts of a service or a session, job-relative, starting before ``upto``.
+
+    The gaps and lengths come from the job's own seed, drawn one burst at a time, so the
+    schedule's prefix is the same whatever ``upto`` (any range sees the same bursts).
+    """
+    rng = np.random.default_rng([j.rseed & 0xFFFFFFFF, zlib.crc32(j.job_id.encode())])
+    lo_gap = max(1.0, j.burst_every)
+    hi_gap = max(lo_gap, j.gap_max if j.gap_max is not None else lo_gap)
+    hi_len = max(1.0, j.burst_length)
+    lo_len = min(hi_len, j.burst_min if j.burst_min is not None else hi_len)
+    starts: list[float] = []
+    ends: list[float] = []
+    t = float(rng.uniform(0, lo_gap))
+    while t < upto:
+        length = float(rng.uniform(lo_len, hi_len))
+        starts.append(t)
+        ends.append(t + length)
+        t += length + float(rng.uniform(lo_gap, hi_gap))
+    return np.array(starts), np.array(ends)
+
+
+def _bursts(j: SimJob, upto: float) -> tuple[np.ndarray, np.ndarray]:
+    # a cache key per week: a long replay asks again and again for the same job
+    week = 7 * 86400.0
+    return _burst_schedule(j, (math.floor(max(upto, 0.0) / week) + 1) * week)
+
+
+def _in_bursts(j: SimJob, tau: np.ndarray) -> np.ndarray:
+    if not tau.size:
+        return np.zeros(tau.shape, dtype=bool)
+    starts, ends = _bursts(j, float(np.max(tau)))
+    if not starts.size:
+        return np.zeros(tau.shape, dtype=bool)
+    k = np.searchsorted(starts, tau, side="right") - 1
+    return (k >= 0) & (tau < ends[np.clip(k, 0, None)])
+
+
+def _in_pause(j: SimJob, tau: np.ndarray) -> np.ndarray:
+    """A checkpointing job pauses at every multiple of ``burst_every`` for ``burst_length``."""
+    period = max(60.0, j.burst_every)
+    return (tau >= period) & (np.mod(tau, period) < j.burst_length)
+
+
+def job_log_lines(j: SimJob, s: float, e: float, lo: float, hi: float) -> list[tuple[int, str, str]]:
+    """Return ``(ts, stream, line)`` of what job ``j`` (running over ``[s, e)``, absolute) wrote in ``(lo, hi]``.
+
+    Training writes a progress line every :data:`PROGRESS_EVERY`; the phases of the hard
+    behaviours write theirs (checkpoints, data loading, the finish, the traceback of a crash);
+    services an access line a minute while a burst lasts; idle jobs and sessions nothing after
+    their start. A line is written while the job runs (``ts < e``).
+    """
+    out: list[tuple[int, str, str]] = []
+    hi = min(hi, e - 1e-9)
+    lo = max(lo, s - 1.0)  # nothing before the start (and no infinite bounds below)
+    if hi <= lo or not math.isfinite(hi):
+        return out
+    seed = zlib.crc32(j.job_id.encode())
+    name = j.name or f"job-{j.job_id}"
+    beh = j.behaviour
+
+    def put(tau: float, line: str, stream: str = "stdout") -> None:
+        ts = math.floor(s + tau)
+        if lo < ts <= hi and s + tau < e:
+            out.append((ts, stream, line))
+
+    def train(t0: float, t1: float, skip: Any = None) -> None:
+        """Progress lines at ``t0 + k * PROGRESS_EVERY`` (k ≥ 1) before ``t1`` (job-relative)."""
+        t1 = min(t1, hi - s + 1, e - s)
+        k0 = max(1, math.ceil((lo - s - t0 - 1) / PROGRESS_EVERY))
+        k1 = math.floor((t1 - t0) / PROGRESS_EVERY)
+        for k in range(k0, k1 + 1):
+            tau = t0 + k * PROGRESS_EVERY
+            if tau >= t1 or (skip is not None and skip(tau)):
+                continue
+            put(tau, _progress_line(seed, k))
+
+    if beh != "interactive" or name.startswith("jupyter"):
+        put(0.0, _start_line(j, name))
+    if beh in ("training", "dataloader", "memleak"):
+        train(0.0, math.inf)
+    elif beh == "zombie":
+        train(0.0, math.inf)
+        if math.isfinite(e) and e - s > 60:
+            put(e - s - 30, "Training finished after " + _progress_line(seed, int((e - s) // PROGRESS_EVERY)))
+    elif beh == "checkpoint":
+        period = max(60.0, j.burst_every)
+        train(0.0, math.inf, skip=lambda tau: tau >= period and tau % period < j.burst_length)
+        k0 = max(1, math.floor((lo - s - j.burst_length) / period))
+        k1 = math.floor((min(hi, e) - s) / period)
+        for k in range(k0, k1 + 1):
+            t0 = k * period
+            step = _step(seed, int(t0 // PROGRESS_EVERY))
+            n = max(2, int(j.burst_length // 90))
+            put(t0, f"saving checkpoint step {step} to /scratch/{j.user}/{name}/ckpt-{step}")
+            for i in range(1, n + 1):
+                put(t0 + i * j.burst_length / (n + 1), f"writing shard {i}/{n} of checkpoint step {step}")
+            put(t0 + j.burst_length - 5, f"checkpoint step {step} written ({n} shards), resuming")
+    elif beh == "dataload":
+        n = max(1, int(j.load_time // 60))
+        i0 = max(1, math.floor((lo - s) / 60))
+        i1 = min(n, math.floor((hi - s) / 60) + 1)
+        for i in range(i0, i1 + 1):
+            put(60.0 * i, f"loading shard {i}/{n} from /datasets/{name}/train-{i:05d}.tar")
+        put(j.load_time, f"dataset ready: {n} shards, starting training")
+        train(j.load_time, math.inf)
+    elif beh == "finished":
+        train(0.0, j.busy_first)
+        k = int(j.busy_first // PROGRESS_EVERY)
+        put(j.busy_first, f"Training finished: {_progress_line(seed, k)}")
+        put(j.busy_first + 15, f"saved final checkpoint to /scratch/{j.user}/{name}/final.pt")
+    elif beh == "crashed":
+        train(0.0, j.busy_first)
+        for line in _traceback(j, name, seed):
+            put(j.busy_first, line, "stderr")
+    elif beh in ("service", "inference"):
+        if beh == "service":
+            starts, ends = _bursts(j, min(hi, e) - s)
+        else:
+            every = max(60.0, j.burst_every)
+            ks = np.arange(max(0, math.floor((lo - s) / every) - 1), math.floor((min(hi, e) - s) / every) + 1)
+            starts, ends = ks * every, ks * every + j.burst_length
+        first = int(np.searchsorted(ends, lo - s, side="left"))
+        for b0, b1 in zip(starts[first:], ends[first:], strict=True):
+            if s + b0 > hi:
+                break
+            for i in range(math.ceil((b1 - b0) / 60)):
+                r = (seed + int(b0) * 31 + i * 7919) % 100000
+                put(b0 + 60 * i, f"POST /v1/completions 200 {120 + r % 900}ms tokens={16 + r % 480} "
+                                 f"rps={1 + r % 40}")
+    out.sort(key=lambda x: x[0])  # stable: lines written in the same second keep their order
+    return out
+
+
+def _step(seed: int, k: int) -> int:
+    return k * (40 + seed % 160)
+
+
+def _progress_line(seed: int, k: int) -> str:
+    step = _step(seed, k)
+    epoch = step // ((40 + seed % 160) * 24 * (1 + seed % 4))
+    loss = 0.3 + 2.2 * math.exp(-k / 150.0) + ((k * 2654435761 + seed) % 1000) / 100000.0
+    return f"epoch {epoch} step {step} loss {loss:.4f}"
+
+
+def _start_line(j: SimJob, name: str) -> str:
+    if j.behaviour in ("service", "inference"):
+        return f"INFO: model loaded for {name}; listening on 0.0.0.0:8000"
+    if j.behaviour == "interactive":
+        return f"[I ServerApp] Jupyter Server is running at: http://{j.node}:8888/lab"
+    return f"starting {name} on {j.node} with {len(j.gpus)} GPU(s)"
+
+
+def _traceback(j: SimJob, name: str, seed: int) -> list[str]:
+    head = [
+        "Traceback (most recent call last):",
+        f'  File "/home/{j.user}/{name}/train.py", line {180 + seed % 90}, in <module>',
+        "    main()",
+        f'  File "/home/{j.user}/{name}/train.py", line {120 + seed % 50}, in main',
+    ]
+    if j.failure == "nccl":
+        return [
+            "[rank0]:[E ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: "
+            f"WorkNCCL(SeqNum={seed % 100000}, OpType=ALLREDUCE, NumelIn=1048576, Timeout(ms)=600000) "
+            "ran for 600127 milliseconds before timing out.",
+            *head, "    loss.backward()",
+            "torch.distributed.DistBackendError: NCCL watchdog timeout: collective operation ALLREDUCE timed out",
+        ]
+    return [
+        *head, "    outputs = model(**batch)",
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+        "of 79.15 GiB of which 1.06 GiB is free. Of the allocated memory 75.31 GiB is allocated by PyTorch.",
+    ]
 
 
 def long_samples(m: GpuMatrix, **extra: np.ndarray) -> pd.DataFrame:
@@ -617,13 +1036,21 @@ def gpu_uuid(host: str, index: int) -> str:
 
 def snapshot(policy: Any, now: float, scenario: Scenario | None = None) -> Any:
     """Return what the agent would see of the simulated cluster at ``now``."""
+    from gpu_cost.evidence import log_candidates
     from gpu_cost.snapshot import from_matrix
 
     sc = scenario or load_scenario()
     cluster = SimCluster(sc, anchor=now)
     m = cluster.matrix(now - policy.sweep.lookback, now)
-    return from_matrix(
+    snap = from_matrix(
         policy=policy, now=now, source="sim", hosts=m.hosts, gpus=m.gpus, uuids=m.uuids, models=m.models,
         mem_total=m.mem_total, times=m.times, util=m.util, mem=m.mem, power=m.power, job=m.job,
         jobs=cluster.jobs_at(now), processes=cluster.processes_at(now), nodes=cluster.nodes_at(now),
     )
+    # the node wrapper's job-log verb: the log tails of the jobs a rule may find idle
+    max_bytes = policy.evidence.job_log.max_bytes
+    for job in log_candidates(snap, policy):
+        log = cluster.job_log(job.job_id, now, max_bytes)
+        if log is not None:
+            snap.job_logs[job.job_id] = log
+    return snap
