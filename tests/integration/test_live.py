@@ -31,6 +31,7 @@ sweep: {source: prometheus, sample_interval: 5s, lookback: 5m, min_sample_ratio:
 rules:
   zombie: {window: 60s}
   idle_allocation: {window: 60s, min_runtime: 60s}
+  idle_interactive: {window: 60s, min_runtime: 60s}
   low_efficiency: {min_runtime: 60s}
 protections: []
 """

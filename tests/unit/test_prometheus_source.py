@@ -130,3 +130,13 @@ def test_exposition_is_dcgm_exporters(scenario) -> None:  # type: ignore[no-unty
 )
 def test_behaviour_of_a_real_job(name: str, comment: str, expected: tuple[str, dict[str, float]]) -> None:
     assert behaviour_of(Job(job_id="1", user="u", name=name, comment=comment)) == expected
+
+
+def test_the_notice_chart_is_twelve_maxima_of_the_lookback_in_the_same_query() -> None:
+    lb = prom.lookback_query('cluster="a"', 21600, 60, 20)
+    util = prom.Dialects('cluster="a"').util()
+    for k in range(12):
+        off = (11 - k) * 1800
+        shift = f" offset {off * 1000}ms" if off else ""
+        part = f"max_over_time(({util})[1770000ms:60000ms]{shift})"
+        assert f'label_replace({part}, "stat", "chart_{k}", "", "")' in lb, k

@@ -16,6 +16,7 @@ from gpu_cost import paths, registry
 from gpu_cost.errors import PolicyError
 from gpu_cost.policy.schema import Policy, Window
 from gpu_cost.policy.typed import build
+from gpu_cost.timeutil import format_duration
 
 _HHMM = re.compile(r"^([01]\d|2[0-4]):([0-5]\d)$")
 
@@ -114,7 +115,10 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
                     f"{window:g}s holds fewer than two samples at sweep.sample_interval={sweep.sample_interval:g}s",
                 )
             if window > sweep.lookback:
-                raise PolicyError(src, f"{base}.window", "must not be longer than sweep.lookback")
+                raise PolicyError(src, f"{base}.window",
+                                  f"{format_duration(window)} must not be longer than sweep.lookback "
+                                  f"({format_duration(sweep.lookback)}): shorten it, lengthen the lookback, or set "
+                                  f"{base}.enabled: false")
         util_max = getattr(rule, "util_max", None)
         if util_max is not None and util_max >= sweep.busy_util:
             raise PolicyError(

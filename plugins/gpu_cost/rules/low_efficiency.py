@@ -17,11 +17,15 @@ import math
 
 import numpy as np
 
+from gpu_cost.evidence import signal
 from gpu_cost.model import Finding, Snapshot
 from gpu_cost.policy.schema import LowEfficiencyRule, Policy
 from gpu_cost.registry import RuleSpec
 from gpu_cost.rules import register
 from gpu_cost.rules.common import behaves_like_inference, declared_inference, job_fields, job_rows, r
+
+#: how sure low-efficiency advice is: the utilisation itself is the finding
+ADVICE_CONFIDENCE = 0.8
 
 
 def why(f: Finding) -> str:
@@ -79,6 +83,10 @@ def low_efficiency(snapshot: Snapshot, cfg: LowEfficiencyRule, policy: Policy) -
         evidence = {
             "util_mean": r(mean), "window_s": window, "gpus_busy": busy_gpus, "gpus": len(keys),
             "per_gpu_util_mean": [r(float(x)) for x in umean[pos]],
+            "signals": [signal("GPU utilisation", f"mean {r(mean)} % over {int(window) // 60} min on {len(keys)} GPU(s)",
+                               f"under {cfg.util_mean_max:g} %: the same work would fit on fewer or smaller GPUs"),
+                        signal("Busy GPUs", f"{busy_gpus} of {len(keys)}", "GPUs at or above the threshold")],
+            "confidence": ADVICE_CONFIDENCE,
         }
         inference = bool(declared_inference(job, policy.inference) or behaves_like_inference(g["bursts_lb"].to_numpy()[pos], policy.inference))
         findings.append(

@@ -27,11 +27,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from gpu_cost.evidence import signal
 from gpu_cost.model import Finding, GpuProcess, Snapshot
 from gpu_cost.policy.schema import Policy, ZombieRule
 from gpu_cost.registry import RuleSpec
 from gpu_cost.rules import register
 from gpu_cost.rules.common import r
+
+#: how sure a zombie finding is: its process is in no running job and computes nothing
+ZOMBIE_CONFIDENCE = 0.9
 
 
 def foreign_owner(p: GpuProcess, cfg: ZombieRule) -> str | None:
@@ -154,6 +158,16 @@ def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]
                 ev["act_on_owner"] = allowed_by
         if action == "kill_process" and ("system" in cfg.act_on_owners or (p.user and p.user in cfg.act_on_owners)):
             ev["act_on_system"] = True  # the node may signal this owner even with a uid under 1000
+        ev["signals"] = [
+            signal("GPU utilisation", f"max {ev['util_max']} % over {int(cfg.window) // 60} min",
+                   f"under {cfg.util_max:g} %: the process computes nothing"),
+            signal("Process", f"PID {p.pid}{f' ({p.name})' if p.name else ''} of {p.user or 'an unknown user'} "
+                   f"holding {r(entry['mem'], 0)} MiB", "memory held on a GPU no running job has: "
+                   + (f"its job {p.job_id} has ended" if p.job_id else "it belongs to no job")),
+        ]
+        ev["confidence"] = ZOMBIE_CONFIDENCE
+        ev["confidence_why"] = [f"a process of no running job on an idle GPU: {ZOMBIE_CONFIDENCE:g}; the node "
+                                "re-checks owner, start time and job before any signal"]
         findings.append(
             Finding(
                 rule="zombie", target_kind="process", target=key, action=action, gpus=len(entry["gpus"]),

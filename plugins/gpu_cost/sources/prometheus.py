@@ -267,7 +267,21 @@ def lookback_query(selector: str, lookback: float, step: float, busy: float) -> 
         _stat(f"count_over_time(({mem})[{r}:{s}])", "mem_n_lb"),
         _stat(f"min_over_time(({t})[{r}:{s}])", "mem_t0_lb"),
         _stat(f"max_over_time(({t})[{r}:{s}])", "mem_t1_lb"),
+        *chart_parts(d, lookback, step),
     ])
+
+
+def chart_parts(d: Dialects, lookback: float, step: float) -> list[str]:
+    """The notices' utilisation chart: the max of each twelfth of the lookback (as snapshot.chart_buckets)."""
+    from gpu_cost.snapshot import CHART_BUCKETS
+
+    bucket = lookback / CHART_BUCKETS
+    parts = []
+    for k in range(CHART_BUCKETS):
+        off = (CHART_BUCKETS - 1 - k) * bucket
+        shift = f" offset {_dur(off)}" if off else ""
+        parts.append(_stat(f"max_over_time(({d.util()})[{_dur(bucket - step / 2)}:{_dur(step)}]{shift})", f"chart_{k}"))
+    return parts
 
 
 def mem_trend(slope_h: np.ndarray, var_y: np.ndarray, var_t: np.ndarray, n: np.ndarray, t0: np.ndarray,
@@ -508,6 +522,10 @@ class PrometheusSource:
                         col("mem_t0_lb"), col("mem_t1_lb")),
             "stale": stale.astype(bool),
         })[list(GPU_COLUMNS)]
+        from gpu_cost.snapshot import CHART_BUCKETS
+
+        charts = np.stack([col(f"chart_{k}") for k in range(CHART_BUCKETS)], axis=1) if recs else np.zeros((0, 12))
+        frame["util_chart_lb"] = [",".join("" if v != v else str(round(float(v))) for v in row) for row in charts]
         self.extras = {k: {"pod": r.get("pod", ""), "namespace": r.get("namespace", ""), "temp_c": r.get("temp", math.nan)}
                        for k, r in zip(keys, recs, strict=True)}
         extra = {w: _window_frame(pd, recs, w, step, sw, last_ts, now) for w in others}
