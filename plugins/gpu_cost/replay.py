@@ -55,6 +55,8 @@ from gpu_cost.sources.trace import (  # noqa: F401 - re-exported: the replay rea
 from gpu_cost.timeutil import iso
 
 logger = logging.getLogger(__name__)
+#: the replay's first sweep waits for rule windows up to this long to fill
+FIRST_SWEEP_MAX_WAIT = 3600.0
 #: actions that tell someone (the first one is the "first notice")
 NOTICE_ACTIONS = _action_names(notice=True)
 
@@ -410,7 +412,10 @@ class _Replay:
         p = self.policy
         store = AuditStore("sqlite:///:memory:").ensure_schema()
         primary, others = rule_windows(p)
-        first = float(self.times[0]) + max([primary, *others, p.rules.idle_allocation.window])
+        # the first sweep once the short windows are filled; a rule with a longer one (sessions: 2 h) reads
+        # its window as stale until then, and stale is never idle
+        first = float(self.times[0]) + max(w for w in [primary, *others, p.rules.idle_allocation.window]
+                                           if w <= FIRST_SWEEP_MAX_WAIT or w == primary)
         step = p.sweep.interval
         t = math.ceil(first / step) * step
         last = float(self.times[-1])
