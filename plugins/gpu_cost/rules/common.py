@@ -25,12 +25,17 @@ def job_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
 
 def declared_inference(job: Job, cfg: InferenceConfig) -> str | None:
     """Return why the policy declares ``job`` an inference service, or None."""
-    if job.partition and job.partition in cfg.partitions:
+    return declared(job, cfg.partitions, cfg.name_patterns, cfg.labels)
+
+
+def declared(job: Job, partitions: Iterable[str], name_patterns: Iterable[str], labels: Iterable[str]) -> str | None:
+    """Return which of a policy's partitions, name globs (case-insensitive) or labels names ``job``, or None."""
+    if job.partition and job.partition in partitions:
         return f"partition {job.partition}"
-    for pat in cfg.name_patterns:
+    for pat in name_patterns:
         if job.name and fnmatch.fnmatchcase(job.name.lower(), pat.lower()):
             return f"name matches {pat}"
-    for label in cfg.labels:
+    for label in labels:
         if label in job.labels:
             return f"label {label}"
     return None
@@ -69,15 +74,7 @@ def interactive_session(job: Job, cfg: InteractiveConfig) -> str | None:
     """Return why ``job`` is an interactive session (salloc, srun --pty, a notebook), or None."""
     if cfg.batch_flag and job.batch is False:
         return "no batch script (salloc or srun)"
-    if job.partition and job.partition in cfg.partitions:
-        return f"partition {job.partition}"
-    for pat in cfg.name_patterns:
-        if job.name and fnmatch.fnmatchcase(job.name.lower(), pat.lower()):
-            return f"name matches {pat}"
-    for label in cfg.labels:
-        if label in job.labels:
-            return f"label {label}"
-    return None
+    return declared(job, cfg.partitions, cfg.name_patterns, cfg.labels)
 
 
 def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, interactive: bool) -> list[Finding]:
