@@ -65,7 +65,7 @@ GRANT UPDATE (interval_s, user_name, account, partition_name, gpu_model, job_nam
     gpus_active, gpus_stale, work_gpus, time_limit_s, start_ts, run_id, data_ts) ON gpu_cost_jobs_usage TO gpu_cost_agent;
 -- upsert_class_members
 GRANT UPDATE (class_key, coarse_key, user_name, account, partition_name, stem, gpus, start_ts, last_seen, seen_s,
-    active_s, idle_s, idle_mem_s, wakes, quiet_since, longest_quiet_s, run_id, data_ts)
+    active_s, idle_s, idle_mem_s, wakes, quiet_since, longest_quiet_s, cpu_pct_s, cpu_active_s, run_id, data_ts)
     ON gpu_cost_class_members TO gpu_cost_agent;
 -- upsert_forecast
 GRANT UPDATE (kind, yhat, yhat_lower, yhat_upper, model, created_at, extra, run_id, data_ts)

@@ -232,16 +232,17 @@ SELECT run_id, name, sha256, content, pinned_at FROM gpu_cost_run_policies WHERE
 -- name: upsert_class_members
 INSERT INTO gpu_cost_class_members (job_id, class_key, coarse_key, user_name, account, partition_name, stem, gpus,
     start_ts, first_seen, last_seen, seen_s, active_s, idle_s, idle_mem_s, wakes, quiet_since, longest_quiet_s,
-    run_id, data_ts)
+    cpu_pct_s, cpu_active_s, run_id, data_ts)
 VALUES (:job_id, :class_key, :coarse_key, :user_name, :account, :partition_name, :stem, :gpus, :start_ts, :first_seen,
-    :last_seen, :seen_s, :active_s, :idle_s, :idle_mem_s, :wakes, :quiet_since, :longest_quiet_s, :run_id, :data_ts)
+    :last_seen, :seen_s, :active_s, :idle_s, :idle_mem_s, :wakes, :quiet_since, :longest_quiet_s, :cpu_pct_s,
+    :cpu_active_s, :run_id, :data_ts)
 ON CONFLICT (job_id) DO UPDATE SET
     class_key = excluded.class_key, coarse_key = excluded.coarse_key, user_name = excluded.user_name,
     account = excluded.account, partition_name = excluded.partition_name, stem = excluded.stem, gpus = excluded.gpus,
     start_ts = excluded.start_ts, last_seen = excluded.last_seen, seen_s = excluded.seen_s,
     active_s = excluded.active_s, idle_s = excluded.idle_s, idle_mem_s = excluded.idle_mem_s, wakes = excluded.wakes,
-    quiet_since = excluded.quiet_since, longest_quiet_s = excluded.longest_quiet_s, run_id = excluded.run_id,
-    data_ts = excluded.data_ts
+    quiet_since = excluded.quiet_since, longest_quiet_s = excluded.longest_quiet_s, cpu_pct_s = excluded.cpu_pct_s,
+    cpu_active_s = excluded.cpu_active_s, run_id = excluded.run_id, data_ts = excluded.data_ts
 WHERE excluded.data_ts > gpu_cost_class_members.data_ts;
 
 -- name: class_members_of_jobs

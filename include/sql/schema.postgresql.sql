@@ -262,6 +262,8 @@ CREATE TABLE IF NOT EXISTS gpu_cost_class_members (
     wakes           INTEGER NOT NULL DEFAULT 0,    -- activity after a quiet spell of baselines.quiet_gap
     quiet_since     DOUBLE PRECISION,                          -- epoch seconds the current quiet spell began; NULL while active
     longest_quiet_s DOUBLE PRECISION NOT NULL DEFAULT 0,
+    cpu_pct_s       DOUBLE PRECISION NOT NULL DEFAULT 0,     -- node CPU % x seconds, while active on a node it has alone
+    cpu_active_s    DOUBLE PRECISION NOT NULL DEFAULT 0,     -- the seconds of that
     run_id          TEXT,
     data_ts         TIMESTAMPTZ NOT NULL
 );

@@ -9,7 +9,8 @@ Every sweep calls :func:`observe` with its snapshot (the DAG's collect task, ``g
 and the replay, which learns from the trace as it plays it and so never from samples after the
 sweep's instant). It updates one ``gpu_cost_class_members`` row per running job (the wall time
 it was seen, active, idle, idle with memory resident; its wakes: activity after at least
-``baselines.quiet_gap`` of quiet) and puts each running job's class baseline in
+``baselines.quiet_gap`` of quiet; its node's CPU while active, on a node it has alone: the class's
+CPU/GPU mix) and puts each running job's class baseline in
 ``snapshot.classes`` for the rules. A class too small at the fine level (fewer than
 ``baselines.min_members``) is judged at the coarse level (account, partition, GPUs).
 
@@ -70,6 +71,22 @@ def class_keys(job: Job, gpus: int) -> tuple[str, str, str]:
     return fine, coarse, stem
 
 
+def _alone_cpu(snapshot: Snapshot) -> dict[str, float]:
+    """Return job id → its node's CPU % (node_exporter) for the running jobs that have a node to themselves."""
+    jobs_on: dict[str, int] = {}
+    running = snapshot.running_jobs()
+    for j in running:
+        for n in set(j.nodes or [h for h, _ in j.gpu_alloc]):
+            jobs_on[n] = jobs_on.get(n, 0) + 1
+    cpu = {n.name: float(n.cpu_util) for n in snapshot.nodes if n.cpu_util is not None and n.cpu_util == n.cpu_util}
+    out = {}
+    for j in running:
+        names = sorted(set(j.nodes or [h for h, _ in j.gpu_alloc]))
+        if names and all(jobs_on.get(n) == 1 and n in cpu for n in names):
+            out[j.job_id] = sum(cpu[n] for n in names) / len(names)
+    return out
+
+
 def _job_state(snapshot: Snapshot, policy: Policy) -> dict[str, tuple[int, bool, bool, bool]]:
     """Return job id → (GPUs seen, active, idle, memory resident) from the snapshot's window."""
     g = snapshot.gpus
@@ -113,6 +130,7 @@ def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | Non
         return {}
     old = {str(r["job_id"]): r for r in _chunked(store, "class_members_of_jobs", "job_ids", [j.job_id for j in jobs])}
     step = float(policy.sweep.interval)
+    cpu = _alone_cpu(snapshot)
     rows = []
     for job in jobs:
         n, active, idle, resident = state[job.job_id]
@@ -121,7 +139,8 @@ def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | Non
         if prev is not None and float(prev["data_ts"]) >= now:
             rows.append(dict(prev))  # this instant was counted already (a retried sweep)
             continue
-        row = _advance(prev, job, now, step, cfg, active=active, idle=idle, resident=resident)
+        row = _advance(prev, job, now, step, cfg, active=active, idle=idle, resident=resident,
+                       cpu=cpu.get(job.job_id))
         row.update(job_id=job.job_id, class_key=fine, coarse_key=coarse, user_name=job.user, account=job.account,
                    partition_name=job.partition, stem=stem, gpus=n, start_ts=job.start_ts, run_id=run_id,
                    data_ts=now)
@@ -145,16 +164,18 @@ def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | Non
 
 
 def _advance(prev: Mapping[str, Any] | None, job: Job, now: float, step: float, cfg: BaselinesConfig, *,
-             active: bool, idle: bool, resident: bool) -> dict[str, Any]:
-    """Return the member's row after one more observation at ``now``."""
+             active: bool, idle: bool, resident: bool, cpu: float | None = None) -> dict[str, Any]:
+    """Return the member's row after one more observation at ``now`` (``cpu``: its node's CPU %, when alone)."""
     if prev is None:
         dt = step
         row: dict[str, Any] = {"first_seen": now, "seen_s": 0.0, "active_s": 0.0, "idle_s": 0.0, "idle_mem_s": 0.0,
-                               "wakes": 0, "quiet_since": None, "longest_quiet_s": 0.0}
+                               "wakes": 0, "quiet_since": None, "longest_quiet_s": 0.0, "cpu_pct_s": 0.0,
+                               "cpu_active_s": 0.0}
     else:
         dt = min(max(0.0, now - float(prev["data_ts"])), 2 * step)
-        row = {k: prev[k] for k in ("first_seen", "seen_s", "active_s", "idle_s", "idle_mem_s", "wakes",
-                                    "quiet_since", "longest_quiet_s")}
+        row = {k: prev.get(k) or 0.0 if k.startswith("cpu_") else prev[k]
+               for k in ("first_seen", "seen_s", "active_s", "idle_s", "idle_mem_s", "wakes", "quiet_since",
+                         "longest_quiet_s", "cpu_pct_s", "cpu_active_s")}
     row["last_seen"] = now
     if not active and not idle:
         return row  # no fresh data on some GPU: neither busy nor quiet, and no part of a quiet spell
@@ -162,6 +183,9 @@ def _advance(prev: Mapping[str, Any] | None, job: Job, now: float, step: float, 
     quiet = row["quiet_since"]
     if active:
         row["active_s"] = float(row["active_s"]) + dt
+        if cpu is not None:
+            row["cpu_pct_s"] = float(row["cpu_pct_s"]) + cpu * dt
+            row["cpu_active_s"] = float(row["cpu_active_s"]) + dt
         if quiet is not None:
             spell = now - dt - float(quiet)
             row["longest_quiet_s"] = max(float(row["longest_quiet_s"]), spell)
@@ -217,6 +241,9 @@ def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: Baselines
         res = float((w * resident).sum() / (w * idle).sum()) if (w * idle).sum() else None
         waking = float(woke[long_lived].mean()) if long_lived.any() else None
         runtimes = age[ended]
+        cpu_s = sum(float(m.get("cpu_active_s") or 0) for m in ms)
+        cpu_pct = sum(float(m.get("cpu_pct_s") or 0) for m in ms) / cpu_s if cpu_s else None
+        gpus_mean = float(np.mean([float(m["gpus"] or 0) for m in ms])) or 1.0
         n = len(ms)
         kind = "unknown"
         if (n >= cfg.min_members and int(long_lived.sum()) >= cfg.min_members and busy is not None
@@ -231,6 +258,8 @@ def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: Baselines
             "runtime_p50_s": round(float(np.quantile(runtimes, 0.5))) if len(runtimes) else None,
             "runtime_p90_s": round(float(np.quantile(runtimes, 0.9))) if len(runtimes) else None,
             "ended": int(ended.sum()),
+            #: the node's CPU % while the GPUs were active, on nodes the members had alone, and per GPU
+            "cpu_pct_active": _r(cpu_pct), "cpu_pct_per_gpu": _r(cpu_pct / gpus_mean) if cpu_pct is not None else None,
         }
     return out
 
@@ -247,6 +276,9 @@ def describe(klass: Mapping[str, Any] | None) -> str:
         parts.append(f"{100 * float(klass['waking_share']):.0f} % of its long-lived members woke from quiet spells")
     if klass.get("mem_resident_share") is not None:
         parts.append(f"memory resident {100 * float(klass['mem_resident_share']):.0f} % of the quiet time")
+    if klass.get("cpu_pct_per_gpu") is not None:
+        parts.append(f"CPU {float(klass['cpu_pct_active']):.0f} % of its node while busy "
+                     f"({float(klass['cpu_pct_per_gpu']):.1f} % per GPU)")
     if klass.get("member_kind") == "service":
         parts.append(f"this job woke {klass.get('member_wakes')} time(s) from quiet spells itself")
     return "; ".join(parts)

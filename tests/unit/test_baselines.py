@@ -420,3 +420,30 @@ def test_describe_without_a_baseline() -> None:
     assert baselines.describe(None) == "no class baseline yet"
     assert not baselines.is_service(None) and not baselines.is_service({})
     assert baselines.is_service({"kind": "unknown", "member_kind": "service"})
+
+
+def test_the_class_keeps_its_cpu_gpu_mix_from_nodes_its_members_have_alone() -> None:
+    """node_exporter's CPU of a node a job has to itself, while its GPUs are active, is the class's CPU/GPU mix;
+    a node shared with another job tells nothing about either."""
+    store = AuditStore("sqlite:///:memory:").ensure_schema()
+    specs = [(job("c1", "prep-1", user="cpu"), lambda k: True, RESIDENT),
+             (job("c2", "prep-2", user="cpu"), lambda k: True, RESIDENT),
+             (job("c3", "prep-3", user="cpu"), lambda k: True, RESIDENT)]
+    classes: dict[str, dict] = {}
+    for k in range(1, 5):
+        snap = snap_at(k, specs)
+        snap.nodes = tuple(dataclasses.replace(n, cpu_util=40.0) for n in snap.nodes)
+        classes = baselines.observe(store, snap, POLICY, run_id=f"run-{k}")
+    assert classes["c1"]["cpu_pct_active"] == pytest.approx(40.0)
+    assert classes["c1"]["cpu_pct_per_gpu"] == pytest.approx(40.0)
+    assert "CPU 40 % of its node while busy" in baselines.describe(classes["c1"])
+    # the same three jobs on one shared node: no CPU is attributed to any of them
+    store2 = AuditStore("sqlite:///:memory:").ensure_schema()
+    for k in range(1, 5):
+        snap = snap_at(k, specs)
+        cpu_job = Job(job_id="cpu-only", user="bob", start_ts=T0, nodes=("g0", "g1", "g2"))  # no GPUs, on every node
+        snap.jobs = (*snap.jobs, cpu_job)
+        snap.nodes = tuple(dataclasses.replace(n, cpu_util=90.0) for n in snap.nodes)
+        classes = baselines.observe(store2, snap, POLICY, run_id=f"run-{k}")
+    assert set(classes) == {"c1", "c2", "c3"}
+    assert all(c["cpu_pct_active"] is None for c in classes.values())

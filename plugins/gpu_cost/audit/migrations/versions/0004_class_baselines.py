@@ -51,6 +51,8 @@ CREATE TABLE IF NOT EXISTS gpu_cost_class_members (
     wakes           INTEGER NOT NULL DEFAULT 0,
     quiet_since     {real},
     longest_quiet_s {real} NOT NULL DEFAULT 0,
+    cpu_pct_s       {real} NOT NULL DEFAULT 0,
+    cpu_active_s    {real} NOT NULL DEFAULT 0,
     run_id          TEXT,
     data_ts         {ts} NOT NULL
 );
