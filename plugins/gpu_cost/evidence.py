@@ -6,8 +6,12 @@ A rule that finds a job idle asks here what else is known about it:
   read-only ``job-log`` verb returned it, or as a trace's ``logs`` file had it by then): a line
   matching ``evidence.job_log.finished`` or ``crashed`` makes the finding stronger (the work is
   over, the GPUs are held for nothing); ``waiting`` names a job waiting for input; a log written
-  within the rule window is activity.
-* **progress**: the log written within the window, mean GPU power above ``evidence.power_active_w``,
+  within the rule window is activity. With it comes the newest file the job owns in its working
+  directory or one level below (``workdir_mtime``/``workdir_newest``: metadata the wrapper read,
+  never the file).
+* **progress**: the log written within the window, a file in the working directory written within
+  the window (a checkpoint or an output being written: progress even when the log says the job
+  finished or crashed — a final checkpoint), mean GPU power above ``evidence.power_active_w``,
   or the node's CPU busy (``evidence.cpu_busy``) on a node the job has to itself — a data-loading
   or checkpointing phase, not waste.
 * **confidence** that the finding is waste, from 0 to 1, with the reasons that moved it.
@@ -39,16 +43,25 @@ def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
 
 def classify_log(log: Mapping[str, Any] | None, cfg: JobLogConfig, now: float, window: float) -> dict[str, Any]:
     """Return what a job's log tail says: ``state`` (crashed, finished, waiting or None), the line
-    and pattern that said it, ``written_s_ago`` and ``growing`` (written within ``window``).
+    and pattern that said it, ``written_s_ago`` and ``growing`` (written within ``window``), and the
+    same for the newest file in the job's working directory: ``files_written_s_ago``,
+    ``files_growing`` and ``files_newest`` (its name), from ``log["workdir_mtime"]`` and
+    ``log["workdir_newest"]`` (known even when the log itself could not be read).
 
     The *last* matching line wins within the tail. A job that crashed or finished and then wrote
     :data:`MOVED_ON_LINES` or more ordinary lines (its own script restarted it) has no verdict:
     ``state`` is None (``earlier_state`` keeps it), and a growing log is activity again.
     """
     out: dict[str, Any] = {"state": None, "line": None, "pattern": None, "written_s_ago": None, "growing": False,
-                           "read": False}
+                           "read": False, "files_written_s_ago": None, "files_growing": False, "files_newest": None}
     if not log:
         return out
+    wd_mtime = log.get("workdir_mtime")
+    if isinstance(wd_mtime, int | float) and not isinstance(wd_mtime, bool) and wd_mtime == wd_mtime:
+        ago = max(0.0, now - float(wd_mtime))
+        out["files_written_s_ago"] = round(ago)
+        out["files_growing"] = ago <= window
+        out["files_newest"] = log.get("workdir_newest")
     if log.get("error"):
         out["error"] = str(log["error"])
         return out
@@ -99,6 +112,10 @@ def progress(snapshot: Snapshot, job: Job, power_w: Sequence[float], log: Mappin
     signs = []
     if log.get("growing") and log.get("state") not in ("crashed", "finished"):
         signs.append(f"its log was written {log.get('written_s_ago')} s ago")
+    if log.get("files_growing"):  # even after "finished" or a crash: a final checkpoint being written
+        newest = log.get("files_newest")
+        signs.append(f"a file in its working directory{f' ({newest})' if newest else ''} was written "
+                     f"{log.get('files_written_s_ago')} s ago")
     watts = [w for w in power_w if w == w]
     if watts and max(watts) > ev.power_active_w:
         signs.append(f"GPU power {max(watts):.0f} W, above the {ev.power_active_w:g} W of an idle GPU")

@@ -16,6 +16,7 @@ import json
 import os
 import pwd
 import shlex
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -238,3 +239,34 @@ def test_unprivileged_reads_what_it_may_and_refuses_the_rest(slurm_cluster: Slur
     assert so["stream"] == "stdout" and so["tail"] == "readable by anyone\n"
     assert se["stream"] == "stderr" and se["refused"].startswith("permission denied (no root copy: sudo -n: ")
     assert "for root only" not in res.stdout
+
+
+def test_a_checkpoint_written_in_the_working_directory(slurm_cluster: SlurmCluster, named: NodeSource, submit) -> None:  # type: ignore[no-untyped-def]
+    """A job whose script writes ``checkpoints/step_1.pt`` in its WorkDir: the wrapper, over the real
+    sshd, names that file as the newest of the job's files there, and the evidence counts it."""
+    wd = slurm_cluster.root / "jobs" / f"workdir-{os.getpid()}-{time.monotonic_ns()}"
+    wd.mkdir()
+    try:
+        _checkpoint_in(wd, slurm_cluster, named, submit)
+    finally:
+        shutil.rmtree(wd, ignore_errors=True)  # the job itself is cancelled by `submit`
+
+
+def _checkpoint_in(wd: Path, slurm_cluster: SlurmCluster, named: NodeSource, submit) -> None:  # type: ignore[no-untyped-def]
+    started = time.time()
+    jid = submit('mkdir -p checkpoints\necho "weights" > checkpoints/step_1.pt\necho "saved checkpoint step 1"\n',
+                 f"--chdir={wd}")
+    out = _out(slurm_cluster, jid)
+    _wait_for(out, "saved checkpoint step 1")
+    ckpt = wd / "checkpoints" / "step_1.pt"
+    assert ckpt.exists()
+    log = named.job_log("gpu01", jid, 4096)
+    assert log["error"] is None, log
+    assert log["workdir_newest"] == "checkpoints/step_1.pt", log
+    assert log["workdir_mtime"] == ckpt.stat().st_mtime and log["workdir_mtime"] >= started - 2
+    assert time.time() - log["workdir_mtime"] < 120
+    from gpu_cost import evidence
+    from gpu_cost.policy.schema import JobLogConfig
+
+    said = evidence.classify_log(log, JobLogConfig(), time.time(), 600)
+    assert said["files_growing"] is True and said["files_newest"] == "checkpoints/step_1.pt"

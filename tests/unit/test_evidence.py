@@ -301,3 +301,51 @@ def test_log_reading_is_capped_and_can_be_disabled() -> None:
     for text in ("evidence: {job_log: {max_jobs_per_sweep: 0}}\n", "evidence: {job_log: {enabled: false}}\n"):
         p = parse_policy(text, "<test>")
         assert evidence.log_candidates(_snapshot(p), p) == []
+
+
+# -- files in the job's working directory ---------------------------------------------------------
+
+
+def test_files_growing_from_the_working_directorys_newest_file() -> None:
+    out = classify(log("step 1\n", workdir_mtime=NOW - 40.0, workdir_newest="checkpoints/step_5000.pt"))
+    assert out["files_growing"] is True and out["files_written_s_ago"] == 40
+    assert out["files_newest"] == "checkpoints/step_5000.pt"
+    assert out["growing"] is False  # the log itself is an hour old
+    out = classify(log("step 1\n", workdir_mtime=NOW - WINDOW - 1, workdir_newest="checkpoints/step_1.pt"))
+    assert out["files_growing"] is False and out["files_written_s_ago"] == round(WINDOW + 1)
+
+
+@pytest.mark.parametrize("value", [None, "soon", True, float("nan")])
+def test_no_usable_workdir_mtime_is_not_growing(value: object) -> None:
+    out = classify(log("step 1\n", workdir_mtime=value, workdir_newest="x"))
+    assert out["files_growing"] is False and out["files_written_s_ago"] is None and out["files_newest"] is None
+
+
+def test_files_growing_is_known_even_when_the_log_was_not_read() -> None:
+    out = classify({"error": "gpu01: job 1's log not read: stdout /j/1.out: permission denied",
+                    "workdir_mtime": NOW - 5.0, "workdir_newest": "out/part-0007.parquet"})
+    assert out["read"] is False and out["files_growing"] is True and out["files_written_s_ago"] == 5
+
+
+def _progress(entry: dict) -> list[str]:
+    p = Policy()
+    snap = _snapshot(p)
+    job = next(j for j in snap.jobs if j.job_id == "1")
+    return evidence.progress(snap, job, [float("nan")], classify(entry), p)
+
+
+def test_a_checkpoint_being_written_is_progress() -> None:
+    signs = _progress(log("step 5000\n", workdir_mtime=NOW - 40.0, workdir_newest="checkpoints/step_5000.pt"))
+    assert signs == ["a file in its working directory (checkpoints/step_5000.pt) was written 40 s ago"]
+    assert evidence.confidence(classify(log("step 5000\n")), None, progress_signs=signs)[0] < MIN_CONFIDENCE
+
+
+@pytest.mark.parametrize("text", ["Training finished\n", "Traceback (most recent call last):\n"])
+def test_a_file_written_after_a_finish_or_a_crash_is_still_progress(text: str) -> None:
+    signs = _progress(log(text, ago=30.0, workdir_mtime=NOW - 10.0, workdir_newest="checkpoints/final.pt"))
+    assert signs == ["a file in its working directory (checkpoints/final.pt) was written 10 s ago"]
+
+
+def test_a_stale_file_is_no_progress() -> None:
+    assert _progress(log("step 5000\n", workdir_mtime=NOW - 3 * 3600.0, workdir_newest="checkpoints/step_1.pt")) == []
+    assert _progress(log("step 5000\n", workdir_mtime=None, workdir_newest=None)) == []

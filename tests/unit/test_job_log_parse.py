@@ -91,7 +91,8 @@ class Node:
 
 
 def job_text(job_id: str = "42", *, state: str = "RUNNING", uid: int | None = None, batch_host: str = "gpu01",
-             stdout: str = "", stderr: str | None = None, name: str = "train", extra: str = "") -> str:
+             stdout: str = "", stderr: str | None = None, name: str = "train", extra: str = "",
+             workdir: str = "/tmp") -> str:
     """``scontrol show job`` of one job, in the layout Slurm 22.05 prints (see the captured files)."""
     uid = os.getuid() if uid is None else uid
     stderr = stdout if stderr is None else stderr
@@ -100,7 +101,7 @@ def job_text(job_id: str = "42", *, state: str = "RUNNING", uid: int | None = No
             f"   JobState={state} Reason=None Dependency=(null)\n"
             f"   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0\n"
             f"   NodeList={batch_host}\n   BatchHost={batch_host}\n{extra}"
-            f"   WorkDir=/tmp\n   StdErr={stderr}\n   StdIn=/dev/null\n   StdOut={stdout}\n   Power=\n\n")
+            f"   WorkDir={workdir}\n   StdErr={stderr}\n   StdIn=/dev/null\n   StdOut={stdout}\n   Power=\n\n")
 
 
 @pytest.fixture
@@ -386,6 +387,110 @@ def test_the_verb_writes_nothing(node: Node) -> None:
     assert {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in node.files.iterdir()} == before
 
 
+# -- the WorkDir scan: metadata only, one level, bounded ------------------------------------------------
+
+
+def _touch(path: Path, mtime: float, text: str = "") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def _workdir(node: Node) -> tuple[Path, Path, float]:
+    """A job's working directory: its log, a config, a checkpoint being written, old outputs."""
+    wd = node.files / "run dir"
+    t = time.time()
+    _touch(wd / "config.yaml", t - 7200)
+    _touch(wd / "checkpoints" / "step_4000.pt", t - 600)
+    _touch(wd / "checkpoints" / "step_5000.pt", t - 40)
+    _touch(wd / "outputs" / "old.csv", t - 3600)
+    _touch(wd / "outputs" / "deep" / "newer-but-two-levels-down.txt", t - 1)
+    log = _touch(wd / "slurm-42.out", t - 5, "step 5000\n")  # the log: newest, and not counted
+    return wd, log, t
+
+
+def test_the_workdir_scan_reports_its_newest_file(node: Node) -> None:
+    wd, log, t = _workdir(node)
+    node.answer(job_text(stdout=str(log), workdir=str(wd)))
+    res = node.run("job-log 42")
+    assert res.returncode == 0, res.stderr
+    got = answer_of(res)
+    assert got["files"][0]["tail"] == "step 5000\n"
+    w = got["workdir"]
+    assert w == {"path": str(wd), "newest_mtime": pytest.approx(t - 40, abs=1e-3), "newest": "checkpoints/step_5000.pt",
+                 "entries": 8, "truncated": False}  # 4 at the top, 2 + 2 one level down; deep/ is not entered
+
+
+def test_the_workdir_scan_never_follows_a_symlink(node: Node) -> None:
+    wd, log, t = _workdir(node)
+    elsewhere = node.files / "elsewhere"
+    _touch(elsewhere / "fresh.pt", t)
+    (wd / "link.pt").symlink_to(elsewhere / "fresh.pt")
+    (wd / "linked-dir").symlink_to(elsewhere, target_is_directory=True)
+    (wd / "checkpoints" / "latest.pt").symlink_to(elsewhere / "fresh.pt")
+    node.answer(job_text(stdout=str(log), workdir=str(wd)))
+    w = answer_of(node.run("job-log 42"))["workdir"]
+    assert w["newest"] == "checkpoints/step_5000.pt" and w["entries"] == 11
+    # a WorkDir that is itself a symlink is refused, not followed
+    link = node.files / "wd-link"
+    link.symlink_to(wd, target_is_directory=True)
+    node.answer(job_text(stdout=str(log), workdir=str(link)))
+    res = node.run("job-log 42")
+    assert res.returncode == 0, res.stderr
+    assert answer_of(res)["workdir"] == {"path": str(link), "refused": "is a symbolic link: not following it"}
+
+
+def test_the_workdir_scan_is_bounded(node: Node) -> None:
+    wd = node.files / "many"
+    wd.mkdir()
+    for i in range(2100):
+        (wd / f"f{i:05d}").touch()
+    log = _touch(node.files / "42.out", time.time(), "x\n")
+    node.answer(job_text(stdout=str(log), workdir=str(wd)))
+    w = answer_of(node.run("job-log 42"))["workdir"]
+    assert w["entries"] == 2000 and w["truncated"] is True and w["newest"].startswith("f")
+    # the bound counts entries of the subdirectories too
+    got, denied = node_action.scan_workdir(str(node.files), os.getuid(), max_entries=5)
+    assert got["entries"] == 5 and got["truncated"] is True and denied is False
+    got, _ = node_action.scan_workdir(str(wd), os.getuid(), max_entries=2100)
+    assert got["entries"] == 2100 and got["truncated"] is False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away needs root")
+def test_the_workdir_scan_counts_only_the_jobs_own_files(node: Node) -> None:
+    wd, log, t = _workdir(node)
+    theirs = _touch(wd / "checkpoints" / "someone-elses.pt", t)
+    os.chown(theirs, 65534, 65534)
+    os.utime(theirs, (t, t))
+    node.answer(job_text(stdout=str(log), workdir=str(wd)))
+    assert answer_of(node.run("job-log 42"))["workdir"]["newest"] == "checkpoints/step_5000.pt"
+    node.answer(job_text(stdout=str(log), workdir=str(wd), uid=65534))  # the job of uid 65534: only that file
+    w = answer_of(node.run("job-log 42"))["workdir"]
+    assert w["newest"] == "checkpoints/someone-elses.pt"
+
+
+@pytest.mark.parametrize(("workdir", "why"), [("missing", "does not exist"), ("42.out", "not a directory"),
+                                              ("relative/dir", "not an absolute path"),
+                                              ("(null)", "Slurm names no working directory")])
+def test_a_workdir_that_cannot_be_scanned_is_refused_not_fatal(node: Node, workdir: str, why: str) -> None:
+    log = _touch(node.files / "42.out", time.time(), "still read\n")
+    path = str(node.files / workdir) if workdir in ("missing", "42.out") else workdir
+    node.answer(job_text(stdout=str(log), workdir=path))
+    res = node.run("job-log 42")
+    assert res.returncode == 0, res.stderr
+    got = answer_of(res)
+    assert got["files"][0]["tail"] == "still read\n" and got["workdir"] == {"path": path, "refused": why}
+
+
+def test_the_workdir_scan_writes_nothing(node: Node) -> None:
+    wd, log, _ = _workdir(node)
+    before = {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in wd.rglob("*")}
+    node.answer(job_text(stdout=str(log), workdir=str(wd)))
+    assert node.run("job-log 42").returncode == 0
+    assert {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in wd.rglob("*")} == before
+
+
 # -- the agent's side: NodeSource.job_log ----------------------------------------------------------------
 
 
@@ -419,7 +524,26 @@ def test_job_log_good_answer() -> None:
     got = source(runner).job_log("gpu01", "42", 4096)
     assert runner.argv == [["gpu-cost-node-action", "job-log", "42", "4096"]]
     assert got == {"path": "/j/42.out", "size": 3020, "mtime": 1500.5, "text": "epoch 9\nwarn", "files": [ERR, OUT],
-                   "error": None}
+                   "workdir_mtime": None, "workdir_newest": None, "error": None}  # an older wrapper: no scan
+
+
+def test_job_log_reports_the_workdirs_newest_file() -> None:
+    scan = {"path": "/j", "newest_mtime": 1490.0, "newest": "checkpoints/step_5000.pt", "entries": 12,
+            "truncated": False}
+    text = json.dumps({**json.loads(answer(OUT)), "workdir": scan})
+    got = source(FakeRunner(stdout=text)).job_log("gpu01", "42")
+    assert got["workdir_mtime"] == 1490.0 and got["workdir_newest"] == "checkpoints/step_5000.pt"
+    assert got["error"] is None and got["text"] == "epoch 9\n"
+    refused = json.dumps({**json.loads(answer(OUT)), "workdir": {"path": "/j", "refused": "does not exist"}})
+    got = source(FakeRunner(stdout=refused)).job_log("gpu01", "42")
+    assert got["workdir_mtime"] is None and got["workdir_newest"] is None
+    empty = json.dumps({**json.loads(answer(OUT)), "workdir": {**scan, "newest_mtime": None, "newest": None}})
+    assert source(FakeRunner(stdout=empty)).job_log("gpu01", "42")["workdir_mtime"] is None
+    # the log refused, the directory seen: the evidence of the file still comes back
+    no_log = {"stream": "stdout+stderr", "path": "/j/42.out", "refused": "permission denied"}
+    text = json.dumps({**json.loads(answer(no_log)), "workdir": scan})
+    got = source(FakeRunner(stdout=text)).job_log("gpu01", "42")
+    assert got["error"].startswith("gpu01: job 42's log not read") and got["workdir_mtime"] == 1490.0
 
 
 def test_job_log_one_file_and_a_refused_one() -> None:

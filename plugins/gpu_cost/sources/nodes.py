@@ -11,7 +11,8 @@ or nothing: an orphan.
 
 Job logs: :meth:`NodeSource.job_log` asks a job's batch node for the tail of its StdOut/StdErr
 through the wrapper's read-only ``job-log`` verb (the node checks with Slurm that the job runs its
-batch script there and reads only the job's own files, owned by the job's uid) and returns the
+batch script there and reads only the job's own files, owned by the job's uid; it also reports the
+newest of the job's files in its working directory, from metadata only) and returns the
 dict the snapshot keeps in ``Snapshot.job_logs`` (see :func:`parse_job_log`); a failure is an
 ``{"error": ...}`` entry, never an exception.
 
@@ -222,9 +223,12 @@ def parse_job_log(text: str, host: str, job_id: str) -> dict[str, Any]:
 
     Returns ``{"path": <stdout path>, "size": <bytes of the files read>, "mtime": <newest mtime>,
     "text": <stdout tail, then the stderr tail when it is a separate file>, "files": [<as the
-    wrapper gave them>], "error": None}``; ``{"error": "<host>: ...", "files": [...]}`` when no file
-    could be read (each refusal names its reason). Raises SourceError on an answer that is not the
-    wrapper's.
+    wrapper gave them>], "workdir_mtime": <newest mtime of a file in the job's working directory or
+    its immediate subdirectories, or None>, "workdir_newest": <that file, relative to the working
+    directory, or None>, "error": None}``; ``{"error": "<host>: ...", "files": [...],
+    "workdir_mtime", "workdir_newest"}`` when no log file could be read (each refusal names its
+    reason). A wrapper that did not scan the working directory (an older one, or one refused) gives
+    ``None`` for both. Raises SourceError on an answer that is not the wrapper's.
     """
     from gpu_cost.redact import redact
 
@@ -244,10 +248,11 @@ def parse_job_log(text: str, host: str, job_id: str) -> dict[str, Any]:
                 raise SourceError(f"{host}: job-log gave {entry['path']!r} without a tail")
             entry["tail"] = redact(entry["tail"])  # a log may print a URL with its password, a token
         files.append(entry)
+    wd = _workdir(data.get("workdir"))
     read = [f for f in files if "refused" not in f]
     if not read:
         why = "; ".join(f"{f.get('stream', '?')} {f['path']}: {f['refused']}" for f in files) or "no output file"
-        return {"error": _one_line(f"{host}: job {job_id}'s log not read: {why}", 500), "files": files}
+        return {"error": _one_line(f"{host}: job {job_id}'s log not read: {why}", 500), "files": files, **wd}
     main = next((f for f in read if str(f.get("stream", "")).startswith("stdout")), read[0])
     text_parts = [f["tail"] for f in sorted(read, key=lambda f: 0 if f is main else 1)]
     joined = ""
@@ -258,7 +263,20 @@ def parse_job_log(text: str, host: str, job_id: str) -> dict[str, Any]:
     sizes = [float(f["size"]) for f in read if isinstance(f.get("size"), int | float)]
     mtimes = [float(f["mtime"]) for f in read if isinstance(f.get("mtime"), int | float)]
     return {"path": main["path"], "size": int(sum(sizes)) if sizes else None,
-            "mtime": max(mtimes) if mtimes else None, "text": joined, "files": files, "error": None}
+            "mtime": max(mtimes) if mtimes else None, "text": joined, "files": files, **wd, "error": None}
+
+
+def _workdir(scan: Any) -> dict[str, Any]:
+    """``workdir_mtime``/``workdir_newest`` out of the wrapper's ``workdir`` scan (None when absent or refused)."""
+    from gpu_cost.redact import redact
+
+    if not isinstance(scan, Mapping) or "refused" in scan:
+        return {"workdir_mtime": None, "workdir_newest": None}
+    mtime, name = scan.get("newest_mtime"), scan.get("newest")
+    if not isinstance(mtime, int | float) or isinstance(mtime, bool) or mtime != mtime:
+        return {"workdir_mtime": None, "workdir_newest": None}
+    return {"workdir_mtime": float(mtime),
+            "workdir_newest": _one_line(redact(name), 300) if isinstance(name, str) else None}
 
 
 def job_node(job: Job) -> str | None:
