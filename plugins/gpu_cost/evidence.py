@@ -12,7 +12,7 @@ A rule that finds a job idle asks here what else is known about it:
 * **progress**: the log written within the window, a file in the working directory written within
   the window (a checkpoint or an output being written: progress even when the log says the job
   finished or crashed — a final checkpoint), mean GPU power above ``evidence.power_active_w``,
-  or the node's CPU busy (``evidence.cpu_busy``) on a node the job has to itself — a data-loading
+  or the node's CPU or I/O busy (``evidence.cpu_busy``, ``io_busy_mib_s``: node_exporter) on a node the job has to itself — a data-loading
   or checkpointing phase, not waste.
 * **confidence** that the finding is waste, from 0 to 1, with the reasons that moved it.
 
@@ -123,6 +123,9 @@ def progress(snapshot: Snapshot, job: Job, power_w: Sequence[float], log: Mappin
     for node in snapshot.nodes:
         if node.name in alone and node.cpu_util is not None and node.cpu_util >= ev.cpu_busy:
             signs.append(f"node {node.name}'s CPU {node.cpu_util:.0f} % busy (the job has it to itself)")
+        if node.name in alone and node.io_bps is not None and node.io_bps >= ev.io_busy_mib_s * 1048576:
+            signs.append(f"node {node.name} moves {node.io_bps / 1048576:.0f} MiB/s over network and disk "
+                         "(the job has it to itself)")
     return signs
 
 

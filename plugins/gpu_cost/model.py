@@ -208,6 +208,8 @@ class Node:
     cpu_util: float | None = None
     power_w: float | None = None
     reason: str = ""
+    #: network and disk bytes per second (node_exporter), None when unknown
+    io_bps: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

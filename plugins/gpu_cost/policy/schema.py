@@ -264,7 +264,7 @@ class EvidenceConfig:
     """Evidence beyond one job's utilisation, attached to every decision.
 
     Progress (the job's log written within the window, GPU power above ``power_active_w``, the
-    node's CPU busy on a node the job has to itself) means a data-loading or checkpointing phase:
+    node's CPU or I/O busy on a node the job has to itself) means a data-loading or checkpointing phase:
     not waste. A finished or crashed log makes a finding stronger; a confidence below
     ``min_confidence`` makes its destructive rungs wait for a human.
     """
@@ -274,6 +274,8 @@ class EvidenceConfig:
     power_active_w: Annotated[float, Range(0, 10_000)] = 150.0
     #: node CPU % above which, on a node the job has to itself, the job is making progress
     cpu_busy: Percent = 50.0
+    #: node network + disk MiB/s above which, on a node the job has to itself, the job is reading or writing data
+    io_busy_mib_s: Annotated[float, Range(0, 1_000_000)] = 50.0
     min_confidence: Share = 0.5
 
 

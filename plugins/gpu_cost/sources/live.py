@@ -191,6 +191,10 @@ def _merge_nodes(nodes: Sequence[Node], frame: Any, stats: dict[str, dict[str, f
             changes["cpu_util"] = round(cpu, 2)
         if n.name in power:
             changes["power_w"] = round(power[n.name], 1)
+        io = [v for k in ("net_rx_bps", "net_tx_bps", "disk_read_bps", "disk_write_bps")
+              if (v := stats.get(n.name, {}).get(k)) is not None and not math.isnan(v)]
+        if io:
+            changes["io_bps"] = round(sum(io), 1)
         merged.append(dataclasses.replace(n, **changes) if changes else n)
     return merged
 

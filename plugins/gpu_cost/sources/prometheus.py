@@ -302,7 +302,7 @@ def _node_norm(expr: str) -> str:
 
 
 def nodes_query(node_selector: str, window: float) -> str:
-    """Per node: CPU busy %, memory available/total, worst filesystem free share, network rates."""
+    """Per node: CPU busy %, memory available/total, worst filesystem free share, network and disk rates."""
     w = _dur(window)
     ns = node_selector
     fs = 'fstype!~"tmpfs|ramfs|overlay|squashfs|nsfs|autofs"'
@@ -313,6 +313,9 @@ def nodes_query(node_selector: str, window: float) -> str:
     fs_free = f"{_sel('node_filesystem_avail_bytes', ns, extra=fs)} / {_sel('node_filesystem_size_bytes', ns, extra=fs)}"
     rx = _sel("node_network_receive_bytes_total", ns, extra=net)
     tx = _sel("node_network_transmit_bytes_total", ns, extra=net)
+    disk = 'device!~"loop.*|ram.*|dm-.*|md.*|sr.*"'
+    rd = _sel("node_disk_read_bytes_total", ns, extra=disk)
+    wr = _sel("node_disk_written_bytes_total", ns, extra=disk)
     return _union([
         _stat(f"100 * (1 - avg by (host) ({_node_norm(f'rate({idle}[{w}])')}))", "cpu_util"),
         _stat(f"max by (host) ({_node_norm(avail)})", "mem_available_bytes"),
@@ -320,6 +323,8 @@ def nodes_query(node_selector: str, window: float) -> str:
         _stat(f"min by (host) ({_node_norm(fs_free)})", "disk_free_ratio"),
         _stat(f"sum by (host) ({_node_norm(f'rate({rx}[{w}])')})", "net_rx_bps"),
         _stat(f"sum by (host) ({_node_norm(f'rate({tx}[{w}])')})", "net_tx_bps"),
+        _stat(f"sum by (host) ({_node_norm(f'rate({rd}[{w}])')})", "disk_read_bps"),
+        _stat(f"sum by (host) ({_node_norm(f'rate({wr}[{w}])')})", "disk_write_bps"),
     ])
 
 
@@ -534,7 +539,7 @@ class PrometheusSource:
     # -- nodes -----------------------------------------------------------------------------
     def node_stats(self, policy: Any, now: float) -> dict[str, dict[str, float]]:
         """Return per node: ``cpu_util`` %, ``mem_available_bytes``, ``mem_total_bytes``,
-        ``disk_free_ratio``, ``net_rx_bps``, ``net_tx_bps`` (node_exporter)."""
+        ``disk_free_ratio``, ``net_rx_bps``, ``net_tx_bps``, ``disk_read_bps``, ``disk_write_bps`` (node_exporter)."""
         window = max(policy.rules.zombie.window, 4 * policy.sweep.sample_interval)
         out: dict[str, dict[str, float]] = {}
         for s in self.query(nodes_query(self.config.node_selector, window), now, "nodes"):

@@ -8,6 +8,7 @@ import html
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from gpu_cost import registry
@@ -183,6 +184,35 @@ def test_a_busy_cpu_on_a_node_the_job_has_alone_is_progress() -> None:
     fs = idle(snap(cpu=90.0, gpus=2, util=np.vstack([idle_for(3 * H), np.full(len(TIMES), 90.0)]),
                    jobs=(job(), other)))
     assert [f.job_id for f in fs] == ["1"]
+
+
+
+def test_busy_network_and_disk_on_a_node_the_job_has_alone_is_progress() -> None:
+    """Reading a data set from storage keeps the GPUs idle and the node's network busy: not waste."""
+    def with_io(s: Snapshot, mib_s: float) -> Snapshot:
+        s.nodes = tuple(dataclasses.replace(n, io_bps=mib_s * 1048576) for n in s.nodes)
+        return s
+
+    assert idle(with_io(snap(), 200.0)) == []
+    assert len(idle(with_io(snap(), 5.0))) == 1
+    other = job(job_id="2", name="other-run", gpu_alloc=(("g1", (1,)),))
+    shared = with_io(snap(gpus=2, util=np.vstack([idle_for(3 * H), np.full(len(TIMES), 90.0)]), jobs=(job(), other)),
+                     200.0)
+    assert [f.job_id for f in idle(shared)] == ["1"]  # the other job's traffic tells nothing about this one
+    p = policy_from("evidence: {io_busy_mib_s: 500}\n")
+    assert len(idle(with_io(snap(policy=p), 200.0), p)) == 1
+
+
+def test_the_live_nodes_carry_network_and_disk_rates() -> None:
+    from gpu_cost.sources import prometheus as prom
+    from gpu_cost.sources.live import _merge_nodes
+
+    q = prom.nodes_query('job="node"', 900)
+    assert "node_disk_read_bytes_total" in q and "node_disk_written_bytes_total" in q
+    stats = {"g1": {"cpu_util": 10.0, "net_rx_bps": 3.0e6, "net_tx_bps": 1.0e6, "disk_read_bps": 2.0e6,
+                    "disk_write_bps": float("nan")}}
+    merged = _merge_nodes([Node("g1"), Node("g2")], pd.DataFrame(), stats)
+    assert merged[0].io_bps == 6.0e6 and merged[1].io_bps is None
 
 
 # -- class baselines -------------------------------------------------------------------------------
