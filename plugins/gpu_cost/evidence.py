@@ -13,7 +13,9 @@ A rule that finds a job idle asks here what else is known about it:
   the window (a checkpoint or an output being written: progress even when the log says the job
   finished or crashed — a final checkpoint), mean GPU power above ``evidence.power_active_w``,
   or the node's CPU or I/O busy (``evidence.cpu_busy``, ``io_busy_mib_s``: node_exporter) on a node the job has to itself — a data-loading
-  or checkpointing phase, not waste.
+  or checkpointing phase, not waste. On any node, shared or not, the job's own processes count
+  too (``cpu_cores``/``io_bps``, which the wrapper sampled over a second): at least
+  ``evidence.job_cpu_cores`` CPU cores, or reads and writes of at least ``io_busy_mib_s``.
 * **confidence** that the finding is waste, from 0 to 1, with the reasons that moved it.
 
 Each piece is a small dict ``{"what": ..., "value": ..., "counted": ...}`` in the finding's
@@ -46,16 +48,22 @@ def classify_log(log: Mapping[str, Any] | None, cfg: JobLogConfig, now: float, w
     and pattern that said it, ``written_s_ago`` and ``growing`` (written within ``window``), and the
     same for the newest file in the job's working directory: ``files_written_s_ago``,
     ``files_growing`` and ``files_newest`` (its name), from ``log["workdir_mtime"]`` and
-    ``log["workdir_newest"]`` (known even when the log itself could not be read).
+    ``log["workdir_newest"]`` (known even when the log itself could not be read), and
+    ``cpu_cores``/``io_bps`` of the job's own processes as the wrapper sampled them (None: unknown).
 
     The *last* matching line wins within the tail. A job that crashed or finished and then wrote
     :data:`MOVED_ON_LINES` or more ordinary lines (its own script restarted it) has no verdict:
     ``state`` is None (``earlier_state`` keeps it), and a growing log is activity again.
     """
     out: dict[str, Any] = {"state": None, "line": None, "pattern": None, "written_s_ago": None, "growing": False,
-                           "read": False, "files_written_s_ago": None, "files_growing": False, "files_newest": None}
+                           "read": False, "files_written_s_ago": None, "files_growing": False, "files_newest": None,
+                           "cpu_cores": None, "io_bps": None}
     if not log:
         return out
+    for key in ("cpu_cores", "io_bps"):
+        value = log.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value == value:
+            out[key] = float(value)
     wd_mtime = log.get("workdir_mtime")
     if isinstance(wd_mtime, int | float) and not isinstance(wd_mtime, bool) and wd_mtime == wd_mtime:
         ago = max(0.0, now - float(wd_mtime))
@@ -116,6 +124,13 @@ def progress(snapshot: Snapshot, job: Job, power_w: Sequence[float], log: Mappin
         newest = log.get("files_newest")
         signs.append(f"a file in its working directory{f' ({newest})' if newest else ''} was written "
                      f"{log.get('files_written_s_ago')} s ago")
+    cores, io = log.get("cpu_cores"), log.get("io_bps")
+    if cores is not None and cores >= ev.job_cpu_cores:
+        signs.append(f"its processes use {cores:.1f} CPU cores")
+    if io is not None and io >= ev.io_busy_mib_s * 1048576:
+        mib = io / 1048576
+        signs.append(f"its processes read and write {mib:.0f} MiB/s" if mib >= 10 else
+                     f"its processes read and write {mib:.1f} MiB/s")
     watts = [w for w in power_w if w == w]
     if watts and max(watts) > ev.power_active_w:
         signs.append(f"GPU power {max(watts):.0f} W, above the {ev.power_active_w:g} W of an idle GPU")

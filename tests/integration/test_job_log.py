@@ -239,6 +239,8 @@ def test_unprivileged_reads_what_it_may_and_refuses_the_rest(slurm_cluster: Slur
     assert so["stream"] == "stdout" and so["tail"] == "readable by anyone\n"
     assert se["stream"] == "stderr" and se["refused"].startswith("permission denied (no root copy: sudo -n: ")
     assert "for root only" not in res.stdout
+    # root's processes: their environment is not this user's to read, so the job's are not seen
+    assert got["activity"]["refused"].startswith("permission denied (no root copy: sudo -n: "), got["activity"]
 
 
 def test_a_checkpoint_written_in_the_working_directory(slurm_cluster: SlurmCluster, named: NodeSource, submit) -> None:  # type: ignore[no-untyped-def]
@@ -270,3 +272,25 @@ def _checkpoint_in(wd: Path, slurm_cluster: SlurmCluster, named: NodeSource, sub
 
     said = evidence.classify_log(log, JobLogConfig(), time.time(), 600)
     assert said["files_growing"] is True and said["files_newest"] == "checkpoints/step_1.pt"
+
+
+def test_the_cpu_of_the_jobs_own_processes(slurm_cluster: SlurmCluster, named: NodeSource, submit) -> None:  # type: ignore[no-untyped-def]
+    """A job busy on its CPUs (a data-loading phase, say) and one that only sleeps: the wrapper, over
+    the real sshd, samples each job's own processes (``SLURM_JOB_ID`` in their environment: the test
+    cluster has no job cgroups) for a second."""
+    # the jobs run as root: back to niceness 0, so a CI run alongside (and `nice -n 19`) starve nothing
+    busy = submit('renice -n 0 -p $$ >/dev/null 2>&1 || true\n'
+                  '(while :; do :; done) &\n(while :; do :; done) &\necho "loading data"\n')
+    idle = submit('echo "waiting for nothing"\n')
+    _wait_for(_out(slurm_cluster, busy), "loading data")
+    _wait_for(_out(slurm_cluster, idle), "waiting for nothing")
+    log = named.job_log("gpu01", busy, 4096)
+    assert log["error"] is None and log["text"] == "loading data\n", log
+    assert log["cpu_cores"] > 0.5 and log["io_bps"] is not None, log
+    quiet = named.job_log("gpu01", idle, 4096)
+    assert quiet["error"] is None and quiet["cpu_cores"] is not None and quiet["cpu_cores"] < 0.2, quiet
+    from gpu_cost import evidence
+    from gpu_cost.policy.schema import JobLogConfig
+
+    said = evidence.classify_log(log, JobLogConfig(), time.time(), 600)
+    assert said["cpu_cores"] == log["cpu_cores"] and said["io_bps"] == log["io_bps"]

@@ -349,3 +349,55 @@ def test_a_file_written_after_a_finish_or_a_crash_is_still_progress(text: str) -
 def test_a_stale_file_is_no_progress() -> None:
     assert _progress(log("step 5000\n", workdir_mtime=NOW - 3 * 3600.0, workdir_newest="checkpoints/step_1.pt")) == []
     assert _progress(log("step 5000\n", workdir_mtime=None, workdir_newest=None)) == []
+
+
+# -- the job's own processes (the wrapper's one-second sample) -----------------------------------------
+
+
+def test_the_processes_cpu_and_io_pass_through_even_when_the_log_was_not_read() -> None:
+    out = classify(log("step 1\n", cpu_cores=1.25, io_bps=3 * 1048576.0))
+    assert out["cpu_cores"] == 1.25 and out["io_bps"] == 3 * 1048576.0
+    out = classify({"error": "gpu01: job 1's log not read: stdout /j/1.out: permission denied", "cpu_cores": 2,
+                    "io_bps": None})
+    assert out["read"] is False and out["cpu_cores"] == 2.0 and out["io_bps"] is None
+    for value in (None, "busy", True, float("nan")):
+        out = classify(log("step 1\n", cpu_cores=value, io_bps=value))
+        assert out["cpu_cores"] is None and out["io_bps"] is None
+    assert classify(None)["cpu_cores"] is None and classify(None)["io_bps"] is None
+
+
+def test_busy_processes_of_the_job_are_progress_on_a_shared_node() -> None:
+    # job 1 shares g1 with job 2: the node's CPU would not count, its own processes do
+    assert _progress(log("step 1\n", cpu_cores=1.3, io_bps=0.0)) == ["its processes use 1.3 CPU cores"]
+    assert _progress(log("step 1\n", cpu_cores=0.5)) == ["its processes use 0.5 CPU cores"]  # at the threshold
+    assert _progress(log("step 1\n", cpu_cores=0.01, io_bps=80 * 1048576.0)) == [
+        "its processes read and write 80 MiB/s"]
+    assert _progress(log("step 1\n", cpu_cores=2.0, io_bps=50 * 1048576.0)) == [
+        "its processes use 2.0 CPU cores", "its processes read and write 50 MiB/s"]
+
+
+def test_quiet_or_unknown_processes_are_no_progress() -> None:
+    assert _progress(log("step 1\n", cpu_cores=0.49, io_bps=49 * 1048576.0)) == []
+    assert _progress(log("step 1\n", cpu_cores=0.0, io_bps=0.0)) == []
+    assert _progress(log("step 1\n", cpu_cores=None, io_bps=None)) == []
+    assert _progress(log("step 1\n")) == []  # an older wrapper: nothing sampled
+
+
+def test_the_policy_sets_the_processes_thresholds() -> None:
+    assert Policy().evidence.job_cpu_cores == 0.5
+    p = parse_policy("evidence: {job_cpu_cores: 2, io_busy_mib_s: 200}\n", "<test>")
+    assert p.evidence.job_cpu_cores == 2.0
+    snap = _snapshot(p)
+    job = next(j for j in snap.jobs if j.job_id == "1")
+
+    def signs(**kw: object) -> list[str]:
+        return evidence.progress(snap, job, [float("nan")], classify(log("step 1\n", **kw)), p)
+
+    assert signs(cpu_cores=1.3, io_bps=80 * 1048576.0) == []
+    assert signs(cpu_cores=2.5, io_bps=250 * 1048576.0) == ["its processes use 2.5 CPU cores",
+                                                           "its processes read and write 250 MiB/s"]
+    low = parse_policy("evidence: {job_cpu_cores: 0.1, io_busy_mib_s: 1}\n", "<test>")
+    assert evidence.progress(snap, job, [float("nan")], classify(log("step 1\n", cpu_cores=0.2, io_bps=1.5 * 1048576)),
+                             low) == ["its processes use 0.2 CPU cores", "its processes read and write 1.5 MiB/s"]
+    with pytest.raises(PolicyError, match="job_cpu_cores"):
+        parse_policy("evidence: {job_cpu_cores: -1}\n", "<test>")

@@ -83,11 +83,13 @@ class Node:
         p = self.dir / "calls"
         return p.read_text().splitlines() if p.exists() else []
 
-    def run(self, command: str, node_name: str | None = "gpu01", timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    def run(self, command: str, node_name: str | None = "gpu01", timeout: float = 20,
+            preexec_fn: Any = None) -> subprocess.CompletedProcess[str]:
         env = {"PATH": f"{self.dir}:/usr/bin:/bin", "SSH_ORIGINAL_COMMAND": command, "FAKE_SCONTROL_DIR": str(self.dir)}
         if node_name is not None:
             env["GPU_COST_NODE_NAME"] = node_name
-        return subprocess.run([sys.executable, str(WRAPPER)], env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run([sys.executable, str(WRAPPER)], env=env, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=preexec_fn)
 
 
 def job_text(job_id: str = "42", *, state: str = "RUNNING", uid: int | None = None, batch_host: str = "gpu01",
@@ -491,6 +493,207 @@ def test_the_workdir_scan_writes_nothing(node: Node) -> None:
     assert {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in wd.rglob("*")} == before
 
 
+# -- the job's own processes: CPU and I/O over a one-second sample ------------------------------------
+
+
+def _unique_job_id(n: int) -> str:
+    """A job id no real job on this host has (the pytest process's pid in it)."""
+    return f"8{os.getpid() % 10_000_000:07d}{n}"
+
+
+def _full_priority() -> None:
+    """A child's niceness back to 0 where allowed (root): the test runs under `nice -n 19` next to other load."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except OSError:
+        pass
+
+
+BUSY = [sys.executable, "-c", "while True: pass"]
+
+
+@pytest.fixture
+def spawn() -> Any:
+    """Start processes with a given Slurm job id in their environment; killed at the end of the test."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(argv: list[str], job_id: str | None = None, var: str = "SLURM_JOB_ID", **extra: str) -> int:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        if job_id is not None:
+            env[var] = job_id
+        env.update(extra)
+        p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, preexec_fn=_full_priority)
+        procs.append(p)
+        return p.pid
+
+    yield start
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait(timeout=10)
+
+
+def test_activity_counts_the_cpu_of_the_jobs_busy_processes(spawn: Any) -> None:
+    jid = _unique_job_id(1)
+    busy = [spawn(BUSY, jid), spawn(BUSY, jid, var="SLURM_JOBID")]  # the older name too
+    idle = spawn(["sleep", "60"], jid)
+    time.sleep(0.2)
+    assert sorted(node_action.job_processes(jid, os.getuid())[0]) == sorted([*busy, idle])
+    started = time.monotonic()
+    got, denied = node_action.job_activity(jid, os.getuid())
+    assert 0.95 <= time.monotonic() - started < 5 and denied is False
+    assert got["pids"] == 3 and got["cpu_cores"] > 0.5, got
+    assert 0.99 <= got["sampled_s"] < 3 and got["io_bps"] >= 0 and "truncated" not in got
+
+
+def test_activity_of_a_sleeping_job_is_near_zero(spawn: Any) -> None:
+    jid = _unique_job_id(2)
+    spawn(["sleep", "60"], jid)
+    spawn(["sleep", "60"], jid)
+    time.sleep(0.2)
+    got, _ = node_action.job_activity(jid, os.getuid())
+    assert got["pids"] == 2 and got["cpu_cores"] < 0.1 and got["io_bps"] < 1024 and got["sampled_s"] >= 0.99, got
+
+
+def test_activity_counts_no_process_of_another_job(spawn: Any) -> None:
+    jid = _unique_job_id(3)
+    sleep = ["sleep", "60"]
+    spawn(sleep, jid + "0")  # a longer id that starts with this one
+    spawn(sleep, jid[:-1])  # a shorter one
+    spawn(sleep, None, NOTE=f"SLURM_JOB_ID={jid}")  # the text in another variable
+    spawn(sleep, None, SLURM_ARRAY_JOB_ID=jid)  # an array's id is not the task's job id
+    time.sleep(0.2)
+    assert node_action.job_processes(jid, os.getuid())[0] == []
+    got, _ = node_action.job_activity(jid, os.getuid())
+    assert got == {"pids": 0, "cpu_cores": 0.0, "io_bps": 0.0, "sampled_s": 0.0}  # nothing to sample: no sleep
+    # the job's processes are those of the job's uid: another uid's are not looked at
+    spawn(sleep, jid)
+    time.sleep(0.2)
+    assert len(node_action.job_processes(jid, os.getuid())[0]) == 1
+    assert node_action.job_processes(jid, os.getuid() + 12345)[0] == []
+
+
+def test_activity_counts_the_reads_and_writes(spawn: Any) -> None:
+    jid = _unique_job_id(4)
+    spawn(["dd", "if=/dev/zero", "of=/dev/null", "bs=1M"], jid)
+    time.sleep(0.2)
+    got, _ = node_action.job_activity(jid, os.getuid())
+    assert got["pids"] == 1 and got["io_bps"] > 10 * 1048576, got
+
+
+def test_activity_finds_a_job_cgroup_too(spawn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    jid = _unique_job_id(5)
+    pid = spawn(["sleep", "60"])  # no SLURM_JOB_ID: only its cgroup names the job
+    real = node_action.slurm_job_of
+    monkeypatch.setattr(node_action, "slurm_job_of", lambda p: jid if p == pid else real(p))
+    assert node_action.job_processes(jid, os.getuid())[0] == [pid]
+    assert node_action.JOB_RE.search(f"0::/system.slice/slurmstepd.scope/job_{jid}/step_batch").group(1) == jid
+
+
+def test_a_process_gone_between_the_looks_is_left_out(spawn: Any) -> None:
+    jid = _unique_job_id(6)
+    spawn(["sleep", "60"], jid)
+    short = spawn(["sleep", "60"], jid)
+    time.sleep(0.2)
+    first = node_action.activity_start(jid, os.getuid())
+    assert len(first["counters"]) == 2
+    os.kill(short, 9)  # not reaped: a zombie now, which is gone all the same
+    got = node_action.activity_finish(first, 0.3)
+    assert got["pids"] == 1 and 0.29 <= got["sampled_s"] < 2, got
+
+
+def test_io_that_cannot_be_read_is_unknown_not_zero(spawn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    jid = _unique_job_id(12)
+    spawn(["sleep", "60"], jid)
+    time.sleep(0.2)
+    real = node_action.proc_counters
+
+    def no_io(pid: int) -> Any:
+        got = real(pid)
+        return None if got is None else (got[0], got[1], None)  # /proc/<pid>/io is another user's
+
+    monkeypatch.setattr(node_action, "proc_counters", no_io)
+    got, _ = node_action.job_activity(jid, os.getuid(), 0.2)
+    assert got["pids"] == 1 and got["io_bps"] is None and got["cpu_cores"] < 0.5, got
+
+
+def test_activity_scan_is_bounded(spawn: Any) -> None:
+    jid = _unique_job_id(7)
+    spawn(["sleep", "60"], jid)
+    time.sleep(0.2)
+    pids, _, truncated = node_action.job_processes(jid, os.getuid(), max_pids=1)
+    assert truncated is True and len(pids) <= 1
+    assert node_action.ACTIVITY_MAX_PIDS == 4096 and node_action.ACTIVITY_SAMPLE_S == 1.0
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists(), reason="running as nobody needs root")
+def test_activity_unreadable_processes_are_reported_as_hidden(spawn: Any) -> None:
+    jid = _unique_job_id(8)
+    spawn(["sleep", "60"], jid)
+    time.sleep(0.2)
+    code = ("import importlib.machinery, importlib.util, json, sys\n"
+            "l = importlib.machinery.SourceFileLoader('w', sys.argv[1])\n"
+            "m = importlib.util.module_from_spec(importlib.util.spec_from_loader('w', l)); l.exec_module(m)\n"
+            "print(json.dumps(m.job_processes(sys.argv[2], 0)))\n")
+    res = subprocess.run(["/usr/bin/python3", "-c", code, str(WRAPPER), jid], capture_output=True, text=True,
+                         timeout=30, user="nobody", cwd="/", env={"PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == [[], True, False]  # root's environments: nothing seen, hidden by permissions
+
+
+def test_the_verb_reports_the_jobs_activity(node: Node, spawn: Any) -> None:
+    jid = _unique_job_id(9)
+    spawn(BUSY, jid)
+    spawn(BUSY, jid)
+    log = _touch(node.files / f"{jid}.out", time.time(), "loading data\n")
+    node.answer(job_text(jid, stdout=str(log)))
+    time.sleep(0.2)
+    res = node.run(f"job-log {jid}", preexec_fn=_full_priority)  # not starved by the busy children
+    assert res.returncode == 0, res.stderr
+    got = answer_of(res)
+    assert got["files"][0]["tail"] == "loading data\n"
+    act = got["activity"]
+    assert act["pids"] == 2 and act["cpu_cores"] > 0.5 and act["sampled_s"] >= 0.99, act
+    assert set(act) == {"pids", "cpu_cores", "io_bps", "sampled_s"}
+    # what the agent keeps of it
+    parsed = parse_job_log(res.stdout, "gpu01", jid)
+    assert parsed["cpu_cores"] == act["cpu_cores"] and parsed["io_bps"] == act["io_bps"]
+
+
+def test_the_verb_samples_an_array_tasks_own_job_id(node: Node, spawn: Any) -> None:
+    own, array = _unique_job_id(10), _unique_job_id(11)
+    spawn(["sleep", "60"], own, SLURM_ARRAY_JOB_ID=array, SLURM_ARRAY_TASK_ID="1")
+    spawn(BUSY, array)  # not the task: the array's own first job, say
+    log = _touch(node.files / f"{array}_1.out", time.time(), "task 1\n")
+    text = job_text(own, stdout=str(log)).replace(f"JobId={own} ", f"JobId={own} ArrayJobId={array} ArrayTaskId=1 ", 1)
+    node.answer(text)
+    time.sleep(0.2)
+    res = node.run(f"job-log {array}_1", preexec_fn=_full_priority)
+    assert res.returncode == 0, res.stderr
+    act = answer_of(res)["activity"]
+    assert act["pids"] == 1 and act["cpu_cores"] < 0.1, act
+
+
+def test_a_failing_sample_never_fails_the_verb(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = _touch(node.files / "42.out", time.time(), "still read\n")
+    monkeypatch.setattr(node_action, "run", lambda argv, timeout=30.0: {"rc": 0, "stdout": job_text(stdout=str(log)),
+                                                                        "stderr": ""})
+    monkeypatch.setenv("GPU_COST_NODE_NAME", "gpu01")
+
+    def boom(*args: object, **kw: object) -> dict:
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(node_action, "activity_start", boom)
+    got = node_action.job_log(["42"])
+    assert got["files"][0]["tail"] == "still read\n"
+    assert got["activity"] == {"refused": "cannot look at the job's processes: no /proc here"}
+    monkeypatch.setattr(node_action, "activity_start", lambda job_id, uid: {"t": 0.0, "counters": {1: (0, 0, 0)},
+                                                                             "denied": False, "truncated": False})
+    monkeypatch.setattr(node_action, "activity_finish", boom)
+    assert node_action.job_log(["42"])["activity"] == {"refused": "cannot look at the job's processes: no /proc here"}
+
+
 # -- the agent's side: NodeSource.job_log ----------------------------------------------------------------
 
 
@@ -524,7 +727,8 @@ def test_job_log_good_answer() -> None:
     got = source(runner).job_log("gpu01", "42", 4096)
     assert runner.argv == [["gpu-cost-node-action", "job-log", "42", "4096"]]
     assert got == {"path": "/j/42.out", "size": 3020, "mtime": 1500.5, "text": "epoch 9\nwarn", "files": [ERR, OUT],
-                   "workdir_mtime": None, "workdir_newest": None, "error": None}  # an older wrapper: no scan
+                   "workdir_mtime": None, "workdir_newest": None, "cpu_cores": None, "io_bps": None,
+                   "error": None}  # an older wrapper: no scan, no sample
 
 
 def test_job_log_reports_the_workdirs_newest_file() -> None:
@@ -544,6 +748,26 @@ def test_job_log_reports_the_workdirs_newest_file() -> None:
     text = json.dumps({**json.loads(answer(no_log)), "workdir": scan})
     got = source(FakeRunner(stdout=text)).job_log("gpu01", "42")
     assert got["error"].startswith("gpu01: job 42's log not read") and got["workdir_mtime"] == 1490.0
+
+
+def test_job_log_keeps_the_processes_cpu_and_io() -> None:
+    def with_activity(activity: object, *files: dict[str, Any]) -> dict[str, Any]:
+        text = json.dumps({**json.loads(answer(*(files or (OUT,)))), "activity": activity})
+        return source(FakeRunner(stdout=text)).job_log("gpu01", "42")
+
+    got = with_activity({"pids": 3, "cpu_cores": 1.3, "io_bps": 83886080.0, "sampled_s": 1.002})
+    assert got["cpu_cores"] == 1.3 and got["io_bps"] == 83886080.0 and got["error"] is None
+    assert got["text"] == "epoch 9\n"
+    for refused in ({"refused": "permission denied (no root copy: sudo -n: a password is required)"},
+                    {"pids": 0, "cpu_cores": 0.0, "io_bps": 0.0, "sampled_s": 0.0},  # no process seen
+                    {"pids": 2, "cpu_cores": "lots", "io_bps": float("nan")}, {"pids": True, "cpu_cores": 1.0},
+                    {"pids": 1, "cpu_cores": -1, "io_bps": float("inf")}, "busy", None):
+        got = with_activity(refused)
+        assert got["cpu_cores"] is None and got["io_bps"] is None, refused
+    # the log refused, the processes seen: their evidence still comes back
+    no_log = {"stream": "stdout+stderr", "path": "/j/42.out", "refused": "permission denied"}
+    got = with_activity({"pids": 1, "cpu_cores": 0.9, "io_bps": 0, "sampled_s": 1.0}, no_log)
+    assert got["error"].startswith("gpu01: job 42's log not read") and got["cpu_cores"] == 0.9 and got["io_bps"] == 0.0
 
 
 def test_job_log_one_file_and_a_refused_one() -> None:

@@ -264,7 +264,8 @@ class EvidenceConfig:
     """Evidence beyond one job's utilisation, attached to every decision.
 
     Progress (the job's log written within the window, GPU power above ``power_active_w``, the
-    node's CPU or I/O busy on a node the job has to itself) means a data-loading or checkpointing phase:
+    node's CPU or I/O busy on a node the job has to itself, the job's own processes using
+    ``job_cpu_cores`` or moving ``io_busy_mib_s``) means a data-loading or checkpointing phase:
     not waste. A finished or crashed log makes a finding stronger; a confidence below
     ``min_confidence`` makes its destructive rungs wait for a human.
     """
@@ -276,6 +277,10 @@ class EvidenceConfig:
     cpu_busy: Percent = 50.0
     #: node network + disk MiB/s above which, on a node the job has to itself, the job is reading or writing data
     io_busy_mib_s: Annotated[float, Range(0, 1_000_000)] = 50.0
+    #: CPU cores the job's own processes use (the node wrapper's one-second sample on its batch node)
+    #: at or above which the job is making progress, shared node or not; their reads and writes count
+    #: against ``io_busy_mib_s``
+    job_cpu_cores: Annotated[float, Range(0, 10_000)] = 0.5
     min_confidence: Share = 0.5
 
 

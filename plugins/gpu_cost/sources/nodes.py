@@ -12,7 +12,8 @@ or nothing: an orphan.
 Job logs: :meth:`NodeSource.job_log` asks a job's batch node for the tail of its StdOut/StdErr
 through the wrapper's read-only ``job-log`` verb (the node checks with Slurm that the job runs its
 batch script there and reads only the job's own files, owned by the job's uid; it also reports the
-newest of the job's files in its working directory, from metadata only) and returns the
+newest of the job's files in its working directory, from metadata only, and the CPU and I/O of
+the job's own processes there over one second) and returns the
 dict the snapshot keeps in ``Snapshot.job_logs`` (see :func:`parse_job_log`); a failure is an
 ``{"error": ...}`` entry, never an exception.
 
@@ -225,10 +226,13 @@ def parse_job_log(text: str, host: str, job_id: str) -> dict[str, Any]:
     "text": <stdout tail, then the stderr tail when it is a separate file>, "files": [<as the
     wrapper gave them>], "workdir_mtime": <newest mtime of a file in the job's working directory or
     its immediate subdirectories, or None>, "workdir_newest": <that file, relative to the working
-    directory, or None>, "error": None}``; ``{"error": "<host>: ...", "files": [...],
-    "workdir_mtime", "workdir_newest"}`` when no log file could be read (each refusal names its
-    reason). A wrapper that did not scan the working directory (an older one, or one refused) gives
-    ``None`` for both. Raises SourceError on an answer that is not the wrapper's.
+    directory, or None>, "cpu_cores": <CPU cores the job's processes on that node used over the
+    wrapper's one-second sample, or None>, "io_bps": <their reads and writes, bytes/s, or None>,
+    "error": None}``; ``{"error": "<host>: ...", "files": [...], "workdir_mtime", "workdir_newest",
+    "cpu_cores", "io_bps"}`` when no log file could be read (each refusal names its reason). A
+    wrapper that did not scan the working directory or sample the processes (an older one, or one
+    refused, or one that saw no process of the job) gives ``None`` for those. Raises SourceError on
+    an answer that is not the wrapper's.
     """
     from gpu_cost.redact import redact
 
@@ -248,7 +252,7 @@ def parse_job_log(text: str, host: str, job_id: str) -> dict[str, Any]:
                 raise SourceError(f"{host}: job-log gave {entry['path']!r} without a tail")
             entry["tail"] = redact(entry["tail"])  # a log may print a URL with its password, a token
         files.append(entry)
-    wd = _workdir(data.get("workdir"))
+    wd = {**_workdir(data.get("workdir")), **_activity(data.get("activity"))}
     read = [f for f in files if "refused" not in f]
     if not read:
         why = "; ".join(f"{f.get('stream', '?')} {f['path']}: {f['refused']}" for f in files) or "no output file"
@@ -277,6 +281,23 @@ def _workdir(scan: Any) -> dict[str, Any]:
         return {"workdir_mtime": None, "workdir_newest": None}
     return {"workdir_mtime": float(mtime),
             "workdir_newest": _one_line(redact(name), 300) if isinstance(name, str) else None}
+
+
+def _activity(sample: Any) -> dict[str, Any]:
+    """``cpu_cores``/``io_bps`` out of the wrapper's ``activity`` sample of the job's processes: None
+    when absent (an older wrapper), refused, or no process of the job was seen (nothing measured)."""
+    none: dict[str, Any] = {"cpu_cores": None, "io_bps": None}
+    if not isinstance(sample, Mapping) or "refused" in sample:
+        return none
+    pids = sample.get("pids")
+    if not isinstance(pids, int) or isinstance(pids, bool) or pids <= 0:
+        return none
+
+    def number(value: Any) -> float | None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value == value and value >= 0
+        return float(value) if ok and value != float("inf") else None
+
+    return {"cpu_cores": number(sample.get("cpu_cores")), "io_bps": number(sample.get("io_bps"))}
 
 
 def job_node(job: Job) -> str | None:
