@@ -242,6 +242,7 @@ def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: Baselines
         waking = float(woke[long_lived].mean()) if long_lived.any() else None
         runtimes = age[ended]
         cpu_s = sum(float(m.get("cpu_active_s") or 0) for m in ms)
+        cpu_members = sum(1 for m in ms if float(m.get("cpu_active_s") or 0) > 0)
         cpu_pct = sum(float(m.get("cpu_pct_s") or 0) for m in ms) / cpu_s if cpu_s else None
         gpus_mean = float(np.mean([float(m["gpus"] or 0) for m in ms])) or 1.0
         n = len(ms)
@@ -259,7 +260,7 @@ def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: Baselines
             "runtime_p90_s": round(float(np.quantile(runtimes, 0.9))) if len(runtimes) else None,
             "ended": int(ended.sum()),
             #: the node's CPU % while the GPUs were active, on nodes the members had alone, and per GPU
-            "cpu_pct_active": _r(cpu_pct), "cpu_pct_per_gpu": _r(cpu_pct / gpus_mean) if cpu_pct is not None else None,
+            "cpu_pct_active": _r(cpu_pct), "cpu_members": cpu_members, "cpu_pct_per_gpu": _r(cpu_pct / gpus_mean) if cpu_pct is not None else None,
         }
     return out
 

@@ -134,7 +134,7 @@ def progress(snapshot: Snapshot, job: Job, power_w: Sequence[float], log: Mappin
     watts = [w for w in power_w if w == w]
     if watts and max(watts) > ev.power_active_w:
         signs.append(f"GPU power {max(watts):.0f} W, above the {ev.power_active_w:g} W of an idle GPU")
-    alone = _nodes_to_itself(snapshot, job)
+    alone = nodes_to_itself(snapshot, job)
     for node in snapshot.nodes:
         if node.name in alone and node.cpu_util is not None and node.cpu_util >= ev.cpu_busy:
             signs.append(f"node {node.name}'s CPU {node.cpu_util:.0f} % busy (the job has it to itself)")
@@ -144,7 +144,8 @@ def progress(snapshot: Snapshot, job: Job, power_w: Sequence[float], log: Mappin
     return signs
 
 
-def _nodes_to_itself(snapshot: Snapshot, job: Job) -> set[str]:
+def nodes_to_itself(snapshot: Snapshot, job: Job) -> set[str]:
+    """Return the nodes of ``job`` no other running job uses."""
     others: set[str] = set()
     for j in snapshot.running_jobs():
         if j.job_id != job.job_id:

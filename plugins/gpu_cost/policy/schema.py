@@ -122,8 +122,9 @@ class IdleInteractiveRule:
 
 @dataclass(frozen=True)
 class AnomalyRule:
-    """A job far off its class's baseline: a framebuffer that grows steadily (a leak), or a run much
-    longer than its class's without progress. Advice or a notice, never destructive on its own."""
+    """A job far off its class's baseline: a framebuffer that grows steadily (a leak), a run much
+    longer than its class's without progress, or a CPU/GPU mix unlike its class's. Advice or a
+    notice, never destructive on its own."""
 
     enabled: bool = True
     mode: Mode | None = None
@@ -134,6 +135,8 @@ class AnomalyRule:
     leak_min_span: Annotated[float, Dur(), Range(600, 7 * 86400)] = 3 * 3600.0
     #: an overrun: runtime above the class's p90 run time times this, with no progress in the window
     overrun_factor: Annotated[float, Range(1, 100)] = 2.0
+    #: a CPU/GPU mix: the node's CPU while the GPUs work at least this many times above (or below) its class's
+    mix_factor: Annotated[float, Range(1.5, 100)] = 3.0
     ladder: tuple[Rung, ...] = (Rung("advise", 0.0),)
 
 

@@ -9,7 +9,7 @@ Policy (``rules.anomaly``)::
       overrun_factor: 2          # an overrun: runtime above the class's p90 run time × this
       ladder: [{action: advise}]
 
-Two kinds, one finding per job (``evidence.anomalies`` lists which):
+Three kinds, one finding per job (``evidence.anomalies`` lists which):
 
 ``leak``     a fresh GPU of the job whose framebuffer grew steadily over the lookback
              (``mem_slope_mib_h_lb``, ``mem_r2_lb``, ``mem_span_s_lb`` of the GPU frame). A
@@ -22,6 +22,10 @@ Two kinds, one finding per job (``evidence.anomalies`` lists which):
              window: its log not written (:func:`gpu_cost.evidence.classify_log`), GPU power at an
              idle GPU's (:func:`gpu_cost.evidence.progress`), CPU quiet, GPU utilisation under
              ``sweep.busy_util``. Declared or bursty inference services are left alone.
+``mix``      a CPU/GPU mix unlike its class's: while its GPUs work (mean utilisation at least
+             ``sweep.busy_util``), the CPU of the node it has to itself is ``mix_factor`` times
+             above or below its class's (``cpu_pct_active`` of at least ``baselines.min_members``
+             members with CPU data).
 
 A job with any GPU missing or stale is skipped: no data, no finding. The rule is advice-only
 (``advice_only``): the policy loader refuses a destructive rung on its ladder.
@@ -64,6 +68,9 @@ def why(f: Finding) -> str:
         if ev.get("hours_to_full") is not None:
             text += f", full in about {float(ev['hours_to_full']):.1f} h"
         parts.append(text + ": a leak?")
+    if "mix" in ev.get("anomalies", ()):
+        parts.append(f"node CPU {ev.get('cpu_pct')} % while its GPUs work, {ev.get('cpu_ratio')}× the "
+                     f"{ev.get('class_cpu_pct')} % of its class: an unusual CPU/GPU mix")
     if "overrun" in ev.get("anomalies", ()):
         parts.append(f"running {_h(ev.get('runtime_s'))}, {float(ev.get('runtime_ratio') or 0):.1f}× the "
                      f"{_h(ev.get('class_p90_s'))} p90 of its class ({ev.get('class_members')} jobs) "
@@ -200,9 +207,43 @@ def _overrun(g: Any, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: Anomaly
     return ev, sig, round(min(1.0, max(0.0, c)), 2)
 
 
+def _mix(g: Any, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule,
+         policy: Policy) -> tuple[dict[str, Any], list[dict[str, Any]], float] | None:
+    """A CPU/GPU mix unlike the class's: the node's CPU while the GPUs work, ``mix_factor`` times above or below
+    the class's (both on nodes the jobs have to themselves; a class of ``baselines.min_members`` with CPU data)."""
+    from gpu_cost.evidence import nodes_to_itself
+
+    klass = snapshot.classes.get(job.job_id) or {}
+    ref = klass.get("cpu_pct_active")
+    if ref is None or int(klass.get("cpu_members") or 0) < policy.baselines.min_members or _is_service(klass):
+        return None
+    util = float(np.nanmean(g["util_mean"].to_numpy(dtype=float)[pos]))
+    if not util == util or util < policy.sweep.busy_util:
+        return None  # the mix is read while the GPUs work
+    alone = nodes_to_itself(snapshot, job)
+    cpus = [n.cpu_util for n in snapshot.nodes if n.name in alone and n.cpu_util is not None]
+    names = set(job.nodes or [h for h, _ in job.gpu_alloc])
+    if not cpus or len(cpus) < len(names):
+        return None
+    cpu = float(np.mean(cpus))
+    ref = max(float(ref), 1.0)
+    ratio = max(cpu, 1.0) / ref
+    if 1 / cfg.mix_factor < ratio < cfg.mix_factor:
+        return None
+    high = ratio >= cfg.mix_factor
+    ev = {"cpu_pct": round(cpu, 1), "class_cpu_pct": round(ref, 1), "cpu_ratio": round(ratio, 2),
+          "class_key": klass.get("key"), "class_members": klass.get("members"), "util_mean": round(util, 1)}
+    what = ("far more CPU than its class: preprocessing or data loading on the CPU may be holding the GPUs back"
+            if high else "far less CPU than its class: a data loader with too few workers, or a stalled input")
+    sig = [signal("CPU/GPU mix", f"node CPU {cpu:.0f} % with the GPUs at {util:.0f} %, its class {ref:.0f} %",
+                  f"{ratio:.1f}× its class's ({cfg.mix_factor:g}× or 1/{cfg.mix_factor:g} of it counts): {what}"),
+           signal("Class", f"{klass.get('key')} ({klass.get('members')} jobs)", "the CPU on nodes its jobs had alone")]
+    return ev, sig, 0.6
+
+
 @register(SPEC)
 def anomaly(snapshot: Snapshot, cfg: AnomalyRule, policy: Policy) -> list[Finding]:
-    """Return one advisory finding per running job with a memory leak or an overrun."""
+    """Return one advisory finding per running job with a memory leak, an overrun or an unusual CPU/GPU mix."""
     # the primary window's aggregates (the only ones with mean power); the trend columns are the lookback's
     g, window = snapshot.gpus, snapshot.window_s
     if g.empty or "job_id" not in g:
@@ -232,6 +273,12 @@ def anomaly(snapshot: Snapshot, cfg: AnomalyRule, policy: Policy) -> list[Findin
             evidence.update(over[0])
             signals += over[1]
             conf.append(over[2])
+        mix = _mix(g, pos, job, snapshot, cfg, policy)
+        if mix is not None:
+            kinds.append("mix")
+            evidence.update(mix[0])
+            signals += mix[1]
+            conf.append(mix[2])
         if not kinds:
             continue
         evidence.update(anomaly=kinds[0], anomalies=kinds, signals=signals, confidence=max(conf))

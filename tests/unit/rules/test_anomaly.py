@@ -252,3 +252,35 @@ def test_leak_and_overrun_in_one_finding() -> None:
     assert len(fs) == 1 and fs[0].evidence["anomalies"] == ["leak", "overrun"]
     text = registry.why(fs[0])
     assert "a leak?" in text and "stuck?" in text
+
+
+# -- CPU/GPU mix -----------------------------------------------------------------------------------
+
+MIXED = {**CLASS, "cpu_pct_active": 20.0, "cpu_members": 5}
+
+
+@pytest.mark.parametrize("cpu,found", [(90.0, True), (5.0, True), (25.0, False), (50.0, False)])
+def test_a_cpu_gpu_mix_unlike_the_class_is_advised(cpu: float, found: bool) -> None:
+    fs = anomalies(snap(flat(), cpu=cpu, classes={"1": MIXED}))
+    assert bool(fs) == found
+    if found:
+        f = fs[0]
+        assert f.action == "advise" and "mix" in f.evidence["anomalies"]
+        assert f.evidence["class_cpu_pct"] == 20.0 and f.evidence["cpu_pct"] == cpu
+        assert any(s["what"] == "CPU/GPU mix" for s in f.evidence["signals"])
+        assert "unusual CPU/GPU mix" in registry.why(f)
+
+
+def test_no_mix_finding_without_enough_class_cpu_data_or_a_node_to_itself() -> None:
+    assert anomalies(snap(flat(), cpu=90.0, classes={"1": {**MIXED, "cpu_members": 2}})) == []
+    assert anomalies(snap(flat(), cpu=90.0, classes={"1": {**MIXED, "cpu_pct_active": None}})) == []
+    assert anomalies(snap(flat(), cpu=None, classes={"1": MIXED})) == []
+    other = job(job_id="2", gpus=(1,))
+    shared = snap(flat(), cpu=90.0, classes={"1": MIXED}, jobs=(job(gpus=(0,)), other))
+    assert not [f for f in anomalies(shared) if "mix" in f.evidence.get("anomalies", ())]
+
+
+def test_no_mix_finding_while_the_gpus_rest_or_for_a_service() -> None:
+    resting = anomalies(snap(flat(), util=0.5, power=60.0, cpu=90.0, classes={"1": MIXED}))
+    assert not [f for f in resting if "mix" in f.evidence["anomalies"]]  # (an overrun, maybe: not a mix)
+    assert anomalies(snap(flat(), cpu=90.0, classes={"1": {**MIXED, "kind": "service"}})) == []
