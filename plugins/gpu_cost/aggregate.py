@@ -167,9 +167,38 @@ def gpu_frame(
             **w,
             **lb,
             **trend,
+            "util_chart_lb": chart_buckets(times, util, now, lookback_s),
         }
     )
     return frame[list(GPU_COLUMNS)]
+
+
+#: buckets of the utilisation chart a notice shows (the lookback in equal parts)
+CHART_BUCKETS = 12
+
+
+def chart_buckets(times: np.ndarray, util: np.ndarray, now: float, lookback: float,
+                  buckets: int = CHART_BUCKETS) -> list[str]:
+    """Return per GPU the max utilisation of each lookback bucket as a comma-separated string
+    (empty: no sample in the bucket); :func:`gpu_cost.snapshot.sparkline` draws it."""
+    n_g = util.shape[0]
+    if not len(times) or not n_g:
+        return [""] * n_g
+    edges = now - lookback + lookback * np.arange(buckets + 1) / buckets
+    idx = np.clip(np.searchsorted(edges, times, side="left") - 1, 0, buckets - 1)
+    out = np.full((n_g, buckets), np.nan)
+    for b in range(buckets):
+        cols = np.nonzero(idx == b)[0]
+        if len(cols):
+            seg = util[:, cols]
+            ok = ~np.isnan(seg).all(axis=1)
+            out[ok, b] = np.nanmax(seg[ok], axis=1)
+    return chart_text(out)
+
+
+def chart_text(maxima: np.ndarray) -> list[str]:
+    """Return each row of bucket maxima as the chart column's text: ``"0,0,85,,0"`` (empty: no data)."""
+    return [",".join("" if v != v else str(round(float(v))) for v in row) for row in maxima]
 
 
 def extra_window(

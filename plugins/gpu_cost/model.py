@@ -45,6 +45,8 @@ GPU_COLUMNS: dict[str, str] = {
     "mem_r2_lb": "R² of that fit (1: steady growth); NaN when memory is constant or under 3 samples",
     "mem_span_s_lb": "seconds between the first and the last valid framebuffer sample in the lookback",
     "stale": "True when too few or too old samples: such a GPU never counts as idle",
+    "util_chart_lb": "max utilisation % of each twelfth of the lookback, comma-separated (empty: no data): "
+                     "the notices' chart",
 }
 
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"})
@@ -69,6 +71,7 @@ _GPU_DTYPES = {
     "n_lb": "int64",
     "bursts_lb": "int64",
     "stale": "bool",
+    "util_chart_lb": "object",
 }
 
 
@@ -242,8 +245,7 @@ class Snapshot:
 
     :param ts: the instant (epoch seconds, end of the rule window).
     :param gpus: one row per GPU, columns :data:`GPU_COLUMNS` plus ``job_id`` and ``attribution``
-        once :func:`gpu_cost.correlate.attribute` has run, and, where the source has the series,
-        ``util_chart_lb`` (max utilisation per twelfth of the lookback, for the notices' chart).
+        once :func:`gpu_cost.correlate.attribute` has run.
     :param problems: reasons the data is incomplete; a snapshot with problems is *degraded* and
         nothing destructive is decided from it.
     """

@@ -58,7 +58,6 @@ def from_matrix(
         w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness)
         for w in others
     }
-    frame["util_chart_lb"] = chart_buckets(times, util, now, sw.lookback)
     frame, disagreements = attribute(frame, jobs, processes)
     found = redact_all(problems)  # they are stored, returned and alerted on: no credentials
     if len(frame) and frame["stale"].all():
@@ -70,28 +69,7 @@ def from_matrix(
     )
 
 
-#: buckets of the utilisation chart a notice shows (the lookback in equal parts)
-CHART_BUCKETS = 12
 _BARS = "▁▂▃▄▅▆▇█"
-
-
-def chart_buckets(times: np.ndarray, util: np.ndarray, now: float, lookback: float,
-                  buckets: int = CHART_BUCKETS) -> list[str]:
-    """Return per GPU the max utilisation of each lookback bucket as a comma-separated string
-    (empty: no sample in the bucket); :func:`sparkline` draws it."""
-    n_g = util.shape[0]
-    if not len(times) or not n_g:
-        return [""] * n_g
-    edges = now - lookback + lookback * np.arange(buckets + 1) / buckets
-    idx = np.clip(np.searchsorted(edges, times, side="left") - 1, 0, buckets - 1)
-    out = np.full((n_g, buckets), np.nan)
-    for b in range(buckets):
-        cols = np.nonzero(idx == b)[0]
-        if len(cols):
-            seg = util[:, cols]
-            ok = ~np.isnan(seg).all(axis=1)
-            out[ok, b] = np.nanmax(seg[ok], axis=1)
-    return [",".join("" if v != v else str(round(float(v))) for v in row) for row in out]
 
 
 def sparkline(charts: Sequence[str]) -> str:

@@ -272,8 +272,8 @@ def lookback_query(selector: str, lookback: float, step: float, busy: float) -> 
 
 
 def chart_parts(d: Dialects, lookback: float, step: float) -> list[str]:
-    """The notices' utilisation chart: the max of each twelfth of the lookback (as snapshot.chart_buckets)."""
-    from gpu_cost.snapshot import CHART_BUCKETS
+    """The notices' utilisation chart: the max of each twelfth of the lookback (as aggregate.chart_buckets)."""
+    from gpu_cost.aggregate import CHART_BUCKETS
 
     bucket = lookback / CHART_BUCKETS
     parts = []
@@ -426,6 +426,7 @@ class PrometheusSource:
         """Return ``(gpus, windows)``: the :data:`~gpu_cost.model.GPU_COLUMNS` frame and extra windows."""
         import pandas as pd
 
+        from gpu_cost.aggregate import CHART_BUCKETS, chart_text
         from gpu_cost.model import GPU_COLUMNS, empty_gpu_frame
         from gpu_cost.snapshot import rule_windows
 
@@ -526,11 +527,8 @@ class PrometheusSource:
             **mem_trend(col("mem_slope_lb"), col("mem_var_lb"), col("mem_tvar_lb"), col("mem_n_lb", 0.0),
                         col("mem_t0_lb"), col("mem_t1_lb")),
             "stale": stale.astype(bool),
+            "util_chart_lb": chart_text(np.stack([col(f"chart_{k}") for k in range(CHART_BUCKETS)], axis=1)),
         })[list(GPU_COLUMNS)]
-        from gpu_cost.snapshot import CHART_BUCKETS
-
-        charts = np.stack([col(f"chart_{k}") for k in range(CHART_BUCKETS)], axis=1) if recs else np.zeros((0, 12))
-        frame["util_chart_lb"] = [",".join("" if v != v else str(round(float(v))) for v in row) for row in charts]
         self.extras = {k: {"pod": r.get("pod", ""), "namespace": r.get("namespace", ""), "temp_c": r.get("temp", math.nan)}
                        for k, r in zip(keys, recs, strict=True)}
         extra = {w: _window_frame(pd, recs, w, step, sw, last_ts, now) for w in others}
