@@ -7,7 +7,7 @@ records no decision.) :func:`degraded_alert` raises the alert only when the run 
 unhealthy and the previous finished run of the same DAG was healthy (or there was none): the
 start of an episode. It records a decision with rule ``agent_health`` (target ``agent:<dag_id>``,
 evidence: the problems) and, when ``notifications.slack_channel`` is configured, posts to it
-through the Slack connection of :mod:`gpu_cost.actions.notify` (``gpu_cost_slack``), with the
+through the Slack connection of :mod:`gpu_cost.channels.slack` (``gpu_cost_slack``), with the
 audit row written before the post and updated after, as for every action. The decision id comes
 from the run id, so a retried task never alerts twice. The problems are redacted
 (:func:`gpu_cost.redact.redact`) before they are quoted anywhere.
@@ -98,9 +98,10 @@ def degraded_alert(store: AuditStore, policy: Policy, *, run_id: str, dag_id: st
 
 def _send(store: AuditStore, d: Decision, channel: str, text: str, run_id: str, sleep: Callable[[float], None],
           slack_conn_id: str | None) -> dict[str, Any]:
-    from gpu_cost.actions import notify
+    from gpu_cost.channels import slack
+    from gpu_cost.redact import connection_secrets
 
-    conn_id = slack_conn_id or notify.SLACK_CONN_ID
+    conn_id = slack_conn_id or slack.SLACK_CONN_ID
     aid = f"{d.decision_id}:notify"
     if not store.action_started(action_id=aid, decision_id=d.decision_id, run_id=run_id, action="notify",
                                 target=d.target, executor=__name__, dry_run=False, started_at=time.time(),
@@ -114,13 +115,13 @@ def _send(store: AuditStore, d: Decision, channel: str, text: str, run_id: str, 
         store.action_finished(aid, "failed", time.time(), error=f"connection {conn_id} is not configured")
         store.set_decision_status(d.decision_id, "failed")
         return {"sent": False, "action_id": aid, "error": f"connection {conn_id} is not configured"}
-    secrets = notify._secrets(conn)
+    secrets = connection_secrets(conn)
     if conn.conn_type == "slackwebhook":
-        dl = notify.send_webhook(conn_id, text, sleep=sleep, secrets=secrets)
+        dl = slack.send_webhook(conn_id, text, sleep=sleep, secrets=secrets)
     else:
-        dl = notify.send_api(conn_id, channel, text, sleep=sleep, secrets=secrets)
+        dl = slack.send_api(conn_id, channel, text, sleep=sleep, secrets=secrets)
     dl.to = [channel]
-    store.action_finished(aid, "succeeded" if dl.ok else "failed", time.time(), output=notify._describe(dl),
+    store.action_finished(aid, "succeeded" if dl.ok else "failed", time.time(), output=dl.describe(),
                           error=dl.error)
     store.set_decision_status(d.decision_id, "acted" if dl.ok else "failed")
     return {"sent": dl.ok, "action_id": aid, "error": dl.error}

@@ -10,6 +10,10 @@ which replaces with ``***``:
 - the secret path of a Slack webhook: ``hooks.slack.com/services/T…/B…/…`` → ``hooks.slack.com/services/***``;
 - Slack tokens (``xoxb-…``) and ``Bearer``/``Basic`` authorization values.
 
+:func:`connection_secrets` lists what one Airflow connection holds that is secret (password, a
+URL-valued host, token-like extras, Apprise URLs), and :func:`scrub` blanks those first, then redacts:
+the delivery channels pass every error and answer through it.
+
 :func:`install` makes the package's log records pass through it too (see there why not a plain
 logger filter).
 """
@@ -52,6 +56,55 @@ def redact(text: Any) -> str:
 def redact_all(texts: Iterable[Any]) -> list[str]:
     """Return every text of ``texts`` redacted (problems lists, error lists)."""
     return [redact(t) for t in texts]
+
+
+def connection_secrets(conn: Any) -> list[str]:
+    """Return the secret values a connection holds: what :func:`scrub` must blank in any text about it.
+
+    The password, a host that is a whole URL (a webhook), the secret path of a URL-valued password,
+    extras named like a token/secret/password/key, and every Apprise URL (``extra.config``: its
+    ``path`` values, whose tokens sit in the URL's host and path) with its parts.
+    """
+    from urllib.parse import urlsplit
+
+    out = []
+    host = getattr(conn, "host", None)
+    for value in (getattr(conn, "password", None), host if "://" in str(host or "") else None):
+        if value and len(str(value)) >= 4:
+            out.append(str(value))
+    password = str(getattr(conn, "password", "") or "")
+    if "://" in password:
+        path = urlsplit(password).path
+        out += [p for p in (path, path.rsplit("/", 1)[-1]) if len(p) >= 6]
+    extra = getattr(conn, "extra_dejson", {}) or {}
+    for k, v in extra.items():
+        if isinstance(v, str) and len(v) >= 4 and re.search(r"token|secret|password|key|authorization", k, re.I):
+            out.append(v)
+    for url in _apprise_urls(extra.get("config")):
+        parts = urlsplit(url)
+        out.append(url)
+        out += [p for p in (parts.netloc, parts.path, *parts.path.split("/"), parts.query) if len(p) >= 6]
+    return out
+
+
+def _apprise_urls(config: Any) -> list[str]:
+    import json
+
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError:
+            return [config] if "://" in config else []
+    items = config if isinstance(config, list) else [config]
+    return [str(i["path"]) for i in items if isinstance(i, dict) and i.get("path")]
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """Return ``text`` with each of ``secrets`` (longest first) and any other credential blanked."""
+    for s in sorted(secrets, key=len, reverse=True):
+        text = text.replace(s, MASK)
+    # anything that still looks like a credential: URL passwords, webhook paths, tokens
+    return redact(text)
 
 
 class RedactFilter(logging.Filter):
@@ -112,4 +165,4 @@ def install() -> None:
 
 install()
 
-__all__ = ["MASK", "RedactFilter", "install", "redact", "redact_all", "redact_record"]
+__all__ = ["MASK", "RedactFilter", "connection_secrets", "install", "redact", "redact_all", "redact_record", "scrub"]

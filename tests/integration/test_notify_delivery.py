@@ -15,10 +15,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpu_cost.actions import notify
 from gpu_cost.actions.base import ActionContext
 from gpu_cost.actions.dispatch import action_id, execute
+from gpu_cost.airflow.notifier import approval_notifier
+from gpu_cost.channels.base import MAX_ATTEMPTS
 from gpu_cost.model import Decision, decision_id
+from gpu_cost.notices.ratelimit import rate_limited
 from gpu_cost.policy.schema import NotificationConfig, Person
 from tests.fixtures.core import NOW
 from tests.fixtures.slack_sink import smtp_conn
@@ -104,11 +106,11 @@ def test_429_honours_retry_after_then_500_backs_off_and_the_outcome_is_recorded(
 
 
 def test_persistent_5xx_is_bounded_and_falls_back_to_email(webhook, smtp, people, store) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(notify.MAX_ATTEMPTS):
+    for _ in range(MAX_ATTEMPTS):
         webhook.queue(503)
     d = _decision()
     (res,), sleeps = _run([d], people, store)
-    assert len(webhook.requests) == notify.MAX_ATTEMPTS and sleeps == [1.0, 2.0, 4.0]
+    assert len(webhook.requests) == MAX_ATTEMPTS and sleeps == [1.0, 2.0, 4.0]
     assert res["status"] == "succeeded"
     assert [m.recipients for m in smtp.mails] == [["carol@example.org"]]
     out = _row(store, d)["output"]
@@ -190,7 +192,7 @@ def test_concurrent_workers_each_count_the_others_started_rows(people, shared_st
     for i, d in enumerate(ds):  # three workers wrote their 'started' rows; none has finished
         store.action_started(action_id=action_id(d), decision_id=d.decision_id, run_id="r", action="notify",
                              target=d.target, executor="x", dry_run=False, started_at=t + i)
-    verdicts = [notify.rate_limited(store, d, 2) for d in ds]
+    verdicts = [rate_limited(store, d, 2) for d in ds]
     assert verdicts[0] is None and verdicts[1] is None and verdicts[2] is not None
 
 
@@ -223,7 +225,7 @@ def test_secrets_never_reach_logs_outcomes_or_audit_rows(slack_sink, smtp_sink, 
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_SLACK",
                        json.dumps({"conn_type": "slackwebhook", "password": slack_sink.webhook_url(SECRET_PATH)}))
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_SMTP", smtp_conn(smtp_sink.port, password_hint="unused"))
-    for _ in range(notify.MAX_ATTEMPTS):
+    for _ in range(MAX_ATTEMPTS):
         slack_sink.queue(500, body=f"echo of {SECRET_PATH}")  # even a server echoing the URL is scrubbed
     smtp_sink.refuse = True
     d = _decision()
@@ -242,7 +244,7 @@ def test_approval_notifier_posts_the_link_and_never_raises(webhook, monkeypatch)
     ti = SimpleNamespace(dag_id="gpu_manual_reclaim", run_id="manual__1", task_id="approve", map_index=-1)
     context = {"task": approve, "task_instance": ti, "ti": ti, "run_id": "manual__1",
                "dag": SimpleNamespace(dag_id="gpu_manual_reclaim")}
-    notifier = notify.approval_notifier()
+    notifier = approval_notifier()
     assert notifier is not None
     notifier.notify({**context})
     text = webhook.requests[0].body["text"]
@@ -254,7 +256,7 @@ def test_approval_notifier_posts_the_link_and_never_raises(webhook, monkeypatch)
     monkeypatch.delenv("AIRFLOW_CONN_GPU_COST_SLACK")
     notifier.notify({**context})
     monkeypatch.setenv("GPU_COST_APPROVAL_NOTIFY", "0")
-    assert notify.approval_notifier() is None
+    assert approval_notifier() is None
 
 
 def test_without_a_handle_the_webhook_channel_stands_in(webhook, smtp, people, store) -> None:  # type: ignore[no-untyped-def]

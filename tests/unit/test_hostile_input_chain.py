@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from gpu_cost.actions.notify import render
 from gpu_cost.audit.store import AuditStore
+from gpu_cost.notices.render import render
 from gpu_cost.sources.sim import scenario_from_dict
 from gpu_cost.sweep import run_once
 from tests.fixtures.core import NOW

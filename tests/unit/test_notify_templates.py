@@ -7,9 +7,12 @@ import html
 
 import pytest
 
-from gpu_cost.actions import notify
+from gpu_cost.channels.base import retry_wait
 from gpu_cost.model import Decision
+from gpu_cost.notices import render as notify
+from gpu_cost.notices.recipients import recipients
 from gpu_cost.policy.schema import NotificationConfig, Person, Protection
+from gpu_cost.redact import scrub
 from tests.fixtures.core import NOW
 
 NASTY = "x; rm -rf / && echo $(id) `uname` | cat > /tmp/p 'single' \"double\"\nsecond line <b>&amp; ✓ 日本語 🚀"
@@ -97,11 +100,11 @@ def test_snooze_hint_with_braces_does_not_break(people_policy) -> None:  # type:
 
 
 def test_recipients_come_from_policy_people(people_policy) -> None:  # type: ignore[no-untyped-def]
-    owner_only = notify.recipients(_decision(action="notify"), people_policy)
+    owner_only = recipients(_decision(action="notify"), people_policy)
     assert [(r.user, r.role, r.slack, r.email) for r in owner_only] == [("carol", "owner", "U0CAROL", "carol@example.org")]
-    both = notify.recipients(_decision(action="notify_manager"), people_policy)
+    both = recipients(_decision(action="notify_manager"), people_policy)
     assert [r.user for r in both] == ["carol", "mallory"] and both[1].slack == "U0MGR"
-    unknown = notify.recipients(_decision(user="zed"), people_policy)
+    unknown = recipients(_decision(user="zed"), people_policy)
     assert unknown[0].slack is None and unknown[0].email is None
 
 
@@ -112,10 +115,10 @@ def test_recipients_come_from_policy_people(people_policy) -> None:  # type: ign
     ids=["429", "429-list", "429-too-long", "500", "503-backoff", "network", "404-final", "ok"],
 )
 def test_retry_wait(status: int, headers: dict, attempt: int, expected: float | None) -> None:  # type: ignore[type-arg]
-    assert notify._retry_wait(status, headers, attempt) == expected
+    assert retry_wait(status, headers, attempt) == expected
 
 
 def test_scrub_removes_secrets() -> None:
     text = "POST https://hooks.slack.com/services/T1/B2/abc failed; token xoxb-123-456-abc; pw hunter22"
-    out = notify._scrub(text, ["hunter22"])
+    out = scrub(text, ["hunter22"])
     assert "abc" not in out and "xoxb-123" not in out and "hunter22" not in out

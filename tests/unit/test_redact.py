@@ -151,9 +151,9 @@ def test_log_records_of_every_package_logger_are_redacted(caplog: pytest.LogCapt
 
 
 def test_notify_scrub_uses_the_same_redaction() -> None:
-    from gpu_cost.actions.notify import _scrub
+    from gpu_cost.redact import scrub
 
-    assert _scrub(f"ConnectionError: {URL} and tok-abcdef", ["tok-abcdef"]) == \
+    assert scrub(f"ConnectionError: {URL} and tok-abcdef", ["tok-abcdef"]) == \
         "ConnectionError: http://agent:***@prom.example:9090 and ***"
 
 

@@ -101,8 +101,8 @@ def test_derived_sets_equal_the_old_literals() -> None:
     assert set(DESTRUCTIVE_ACTIONS) == OLD_DESTRUCTIVE
     assert set(KILL_ACTIONS) == OLD_KILL
     assert set(NOTICE_ACTIONS) == OLD_NOTICE
-    from gpu_cost.actions.notify import NOTICE_ACTIONS as NOTIFY_NOTICES
     from gpu_cost.audit.savings import FREEING_ACTIONS
+    from gpu_cost.notices.render import NOTICE_ACTIONS as NOTIFY_NOTICES
     from gpu_cost.report.kpis import CATEGORIES, FREEING
 
     assert set(NOTIFY_NOTICES) == OLD_NOTICE
@@ -121,7 +121,7 @@ def test_derived_sets_equal_the_old_literals() -> None:
 
 
 def test_verbs_and_titles_come_from_the_spec() -> None:
-    from gpu_cost.actions.notify import action_title, rule_title
+    from gpu_cost.notices.render import action_title, rule_title
 
     cancel = registry.actions()["cancel"]
     assert (cancel.verb, cancel.would) == ("cancel", "would cancel")

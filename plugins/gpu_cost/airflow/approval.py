@@ -139,7 +139,7 @@ class RecordingApprovalOperator(ApprovalOperator):
     Skips itself when nothing awaits approval. On *Approve* downstream runs; on *Reject* or
     timeout the direct downstream tasks are skipped. Pushes XCom ``decision``:
     ``{chosen, by, at, timed_out, decision_ids}``. Without ``notifiers`` the request is announced
-    on Slack with its link (:func:`gpu_cost.actions.notify.approval_notifier`; never fails the task).
+    on Slack with its link (:class:`gpu_cost.airflow.notifier.ApprovalSlackNotifier`; never fails the task).
     The policy is the one the run pinned; an answer from the requester of the actions, or from
     someone outside the permitted approvers, is recorded as ``refused`` and counts as a *Reject*.
     """
@@ -158,7 +158,7 @@ class RecordingApprovalOperator(ApprovalOperator):
         kwargs.setdefault("defaults", self.REJECT)
         kwargs.setdefault("response_timeout", DEFAULT_TIMEOUT)
         if "notifiers" not in kwargs:
-            from gpu_cost.actions.notify import approval_notifier
+            from gpu_cost.airflow.notifier import approval_notifier
 
             kwargs["notifiers"] = [n for n in [approval_notifier()] if n is not None]
         super().__init__(**kwargs)

@@ -212,6 +212,12 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
                 raise PolicyError(src, f"people.{user}.manager", f"managers form a loop: {chain}")
             seen.append(boss)
             boss = policy.people[boss].manager
+    routes = [(f"people.{u}.via", p.via) for u, p in policy.people.items()]
+    routes += [(f"notifications.accounts.{a}.via", r.via) for a, r in policy.notifications.accounts.items()]
+    for where, via in routes:
+        twice = sorted({c for c in via if via.count(c) > 1})
+        if twice:
+            raise PolicyError(src, where, f"names {', '.join(twice)} twice: a channel is tried once")
 
 
 #: rungs that end the target: nothing milder can follow them

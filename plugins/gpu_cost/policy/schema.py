@@ -359,9 +359,20 @@ class DemoteConfig:
 
 @dataclass(frozen=True)
 class Person:
+    """Who a user is on each channel and which channels reach them, e.g. ``bob: {via: [wecom, email], email: bob@example.org, manager: carol}``."""
+
     manager: str | None = None
     slack: str | None = None
     email: str | None = None
+    #: the channels that reach this user, tried in order until one does (``[wecom, email]``);
+    #: empty: the user's account's route (``notifications.accounts``), else Slack then e-mail
+    via: tuple[ChannelName, ...] = ()
+    #: the mobile number DingTalk mentions (``at.atMobiles``) in the robot's group
+    dingtalk: str | None = None
+    #: the Feishu/Lark open_id (``ou_...``) the card mentions (``<at id=...>``)
+    feishu: str | None = None
+    #: the Microsoft Teams user (UPN or Entra object id) the card mentions (``<at>...</at>``)
+    teams: str | None = None
 
 
 @dataclass(frozen=True)
@@ -380,6 +391,35 @@ class NotificationConfig:
     only_in_working_hours: bool = False
     slack_channel: str | None = None
     snooze_hint: str = "gpu-cost snooze --target {target} --for 4h --reason '...'"
+    #: per team (a Slurm account): the channels that reach its members who name none themselves
+    accounts: dict[str, AccountRoute] = field(default_factory=dict)
+    #: escalations also open a ticket (a JSON POST); unset: no tickets
+    ticket: TicketConfig | None = None
+
+
+#: the delivery channels a ``via`` may name (each on its connection ``gpu_cost_<name>``, e-mail on ``gpu_cost_smtp``)
+ChannelName = Literal["slack", "email", "wecom", "dingtalk", "feishu", "teams"]
+#: a notice action (``advise``, ``notify``, ``notify_manager``), checked against the registry when the policy is read
+NoticeAction = Annotated[str, OneOf(lambda: registry.names(notice=True))]
+
+
+@dataclass(frozen=True)
+class AccountRoute:
+    """The channels that reach a team's members (``notifications.accounts.<account>``)."""
+
+    #: tried in order until one reaches the person (``[feishu, email]``)
+    via: tuple[ChannelName, ...] = ()
+
+
+@dataclass(frozen=True)
+class TicketConfig:
+    """An escalation ticket: a JSON document (title, body, target, decision id, owner, manager,
+    severity) POSTed through the HTTP provider to the connection's endpoint."""
+
+    #: the notices that open a ticket (not ``on:``, which YAML reads as ``true``)
+    actions: tuple[NoticeAction, ...] = ("notify_manager",)
+    #: the HTTP connection (``http``: host, schema, port, endpoint path in ``extra.endpoint``)
+    conn_id: str = "gpu_cost_ticket"
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ def _convert(tp: Any, value: Any, source: str, path: str, marks: tuple[Any, ...]
         if value is None and type(None) in args:
             return None
         non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1:  # ``X | None``: X's own error, which names the key inside it
+            return _convert(non_none[0], value, source, path, marks)
         errors = []
         for a in non_none:
             try:

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from gpu_cost import registry
-from gpu_cost.actions import notify
 from gpu_cost.audit.trail import evidence_lines
 from gpu_cost.model import Finding, Job, Node, Snapshot
+from gpu_cost.notices import render as notify
 from gpu_cost.policy.engine import decide
 from gpu_cost.policy.schema import Policy
 from gpu_cost.rules import run_rules

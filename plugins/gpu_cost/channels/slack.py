@@ -1,0 +1,127 @@
+"""Slack, through the Airflow Slack provider on ``gpu_cost_slack``.
+
+Conn type ``slackwebhook``: an incoming webhook (:class:`SlackWebhookHook`), one post to the
+webhook's channel mentioning the recipients. Conn type ``slack``: a bot token (:class:`SlackHook`),
+a direct message to each recipient's Slack id. Texts pass through :func:`gpu_cost.redact.redact`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from gpu_cost.channels.base import Answer, Channel, Delivery, with_retries
+from gpu_cost.notices.recipients import Recipient
+from gpu_cost.notices.render import Message, slack_escape
+from gpu_cost.redact import connection_secrets, redact, scrub
+
+SLACK_CONN_ID = "gpu_cost_slack"
+
+
+class SlackChannel(Channel):
+    """Slack: a webhook post mentioning the recipients, or a bot's direct message to each.
+
+    :param slack_channel: with a bot token, where a notice for nobody with a Slack id goes
+        when it stands in (``notifications.slack_channel``)
+    """
+
+    name = "slack"
+    default_conn_id = SLACK_CONN_ID
+
+    def __init__(self, *, conn_id: str | None = None, sleep: Callable[[float], None] | None = None,
+                 slack_channel: str | None = None) -> None:
+        super().__init__(conn_id=conn_id, sleep=sleep)
+        self.slack_channel = slack_channel
+
+    def post(self, message: Message, recipients: Sequence[Recipient], conn: Any, *,
+             stand_in: bool = False) -> list[Delivery]:
+        out: list[Delivery] = []
+        secrets = connection_secrets(conn)
+        if conn.conn_type == "slackwebhook":
+            mentioned = [r for r in recipients if r.slack]
+            # a webhook posts to one channel: it reaches the people it mentions, or, when nobody
+            # has a handle and nothing later can reach them, the channel itself stands in for the owner
+            if mentioned or stand_in:
+                dl = send_webhook(self.conn_id, with_mentions(message.text, mentioned), sleep=self.sleep,
+                                  secrets=secrets)
+                dl.to = [r.user for r in mentioned] or [recipients[0].user]
+                out.append(dl)
+            return out
+        targets = [(r, r.slack) for r in recipients if r.slack]
+        if not targets and self.slack_channel and stand_in:
+            targets = [(recipients[0], self.slack_channel)]
+        for r, channel in targets:
+            dl = send_api(self.conn_id, channel, message.text, sleep=self.sleep, secrets=secrets)
+            dl.to = [r.user]
+            out.append(dl)
+        return out
+
+
+def with_mentions(text: str, people: Iterable[Recipient]) -> str:
+    tags = " ".join(f"<@{slack_escape(r.slack)}>" for r in people)
+    return f"{tags} {text}" if tags else text
+
+
+def send_webhook(conn_id: str, text: str, *, sleep: Callable[[float], None], secrets: Sequence[str] = ()) -> Delivery:
+    """Post ``text`` through the incoming webhook of ``conn_id``; retry 429 and 5xx (bounded)."""
+    from airflow.providers.slack.hooks.slack_webhook import SlackWebhookHook
+
+    dl = Delivery("slack-webhook", False)
+    text = redact(text)  # a notice or alert quoting an error must not carry its credentials out
+    try:
+        # our own retry loop reports every attempt; the SDK's own handlers would hide them
+        client = SlackWebhookHook(slack_webhook_conn_id=conn_id, retry_handlers=[]).client
+    except Exception as exc:
+        dl.error = scrub(f"{type(exc).__name__}: {exc}", secrets)
+        return dl
+    body = {"text": text, "unfurl_links": False}
+
+    def attempt() -> Answer:
+        try:
+            resp = client.send_dict(body)
+            return int(resp.status_code), dict(resp.headers or {}), str(resp.body or "")
+        except Exception as exc:
+            return 0, {}, scrub(f"{type(exc).__name__}: {exc}", secrets)
+
+    return with_retries(dl, attempt, "Slack webhook", sleep, secrets)
+
+
+def send_api(conn_id: str, channel: str, text: str, *, sleep: Callable[[float], None],
+             secrets: Sequence[str] = ()) -> Delivery:
+    """Post ``text`` to ``channel`` (a user id opens a DM) with the bot token of ``conn_id``."""
+    from airflow.providers.slack.hooks.slack import SlackHook
+    from slack_sdk.errors import SlackApiError
+
+    dl = Delivery("slack-api", False)
+    text = redact(text)  # a notice or alert quoting an error must not carry its credentials out
+    try:
+        client = SlackHook(slack_conn_id=conn_id, retry_handlers=[]).client
+    except Exception as exc:
+        dl.error = scrub(f"{type(exc).__name__}: {exc}", secrets)
+        return dl
+
+    def attempt() -> Answer:
+        try:
+            client.chat_postMessage(channel=channel, text=text, unfurl_links=False)
+            return 200, {}, ""
+        except SlackApiError as exc:
+            status = int(getattr(exc.response, "status_code", 0) or 0)
+            headers = dict(getattr(exc.response, "headers", {}) or {})
+            answer = str(exc.response.get("error", "")) if exc.response is not None else str(exc)
+            # Slack said ok=false (channel_not_found, not_authed...): not retryable
+            return (400 if status == 200 else status), headers, answer
+        except Exception as exc:
+            return _status_of(exc), {}, f"{type(exc).__name__}: {exc}"
+
+    return with_retries(dl, attempt, "Slack API", sleep, secrets)
+
+
+def _status_of(exc: Exception) -> int:
+    import json
+
+    if isinstance(exc, json.JSONDecodeError):
+        return 502  # an HTML error page instead of Slack's JSON: a server-side failure
+    return 0
+
+
+__all__ = ["SLACK_CONN_ID", "SlackChannel", "send_api", "send_webhook", "with_mentions"]
