@@ -40,7 +40,8 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE INSERT ON TABLES FROM gpu_cost_
 -- approval and outcome (the events), snoozes, the savings ledger and the policy each run pinned are never
 -- updated nor deleted.
 GRANT INSERT ON gpu_cost_decision_log, gpu_cost_decision_events, gpu_cost_action_log, gpu_cost_action_events,
-    gpu_cost_snoozes, gpu_cost_savings, gpu_cost_run_policies TO gpu_cost_agent;
+    gpu_cost_snoozes, gpu_cost_savings, gpu_cost_run_policies, gpu_cost_answers, gpu_cost_answer_nonces
+    TO gpu_cost_agent;
 
 -- State, not history: a run's row, its snapshot and the escalation ladders are the agent's working state
 -- (what a run is doing now, how far a target's ladder went); their history is in the decisions and

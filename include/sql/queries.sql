@@ -251,3 +251,27 @@ SELECT * FROM gpu_cost_class_members WHERE job_id IN :job_ids;
 -- name: class_members_of_classes
 SELECT * FROM gpu_cost_class_members
 WHERE (class_key IN :class_keys OR coarse_key IN :coarse_keys) AND last_seen > :since;
+
+-- name: claim_answer_nonce
+-- a one-time request id: the first use inserts a row, a replay inserts nothing
+INSERT INTO gpu_cost_answer_nonces (nonce, answer_id, ts) VALUES (:nonce, :answer_id, :ts)
+ON CONFLICT (nonce) DO NOTHING;
+
+-- name: insert_answer
+INSERT INTO gpu_cost_answers (answer_id, ts, channel, choice, status, refusal, decision_id, rule, target, episode,
+    job_id, answered_by, owner, role, duration_s, reason, until_ts, effect, nonce)
+VALUES (:answer_id, :ts, :channel, :choice, :status, :refusal, :decision_id, :rule, :target, :episode, :job_id,
+    :answered_by, :owner, :role, :duration_s, :reason, :until_ts, :effect, :nonce)
+ON CONFLICT (answer_id) DO NOTHING;
+
+-- name: answers_since
+SELECT * FROM gpu_cost_answers WHERE ts >= :since ORDER BY ts, answer_id;
+
+-- name: answers_of_decision
+SELECT * FROM gpu_cost_answers WHERE decision_id = :decision_id ORDER BY ts, answer_id;
+
+-- name: disputed_episodes
+-- "this is wrong", accepted, for these targets: the ladder stops for that episode
+SELECT rule, target, episode, answered_by, ts, reason FROM gpu_cost_answers
+WHERE choice = 'wrong' AND status = 'accepted' AND target IN :targets;
+

@@ -269,3 +269,34 @@ CREATE TABLE IF NOT EXISTS gpu_cost_class_members (
 );
 CREATE INDEX IF NOT EXISTS gpu_cost_class_members_class ON gpu_cost_class_members (class_key, last_seen);
 CREATE INDEX IF NOT EXISTS gpu_cost_class_members_coarse ON gpu_cost_class_members (coarse_key, last_seen);
+
+-- Answers (gpu_cost.answers): what the people a notice reached answered, accepted or refused (with why),
+-- and the one-time requests already used (a replayed link or Slack request is refused). History.
+CREATE TABLE IF NOT EXISTS gpu_cost_answers (
+    answer_id       TEXT PRIMARY KEY,
+    ts              TIMESTAMPTZ NOT NULL,
+    channel         TEXT NOT NULL,                 -- slack | link
+    choice          TEXT NOT NULL,                 -- keep | release | wrong (or what was asked, when refused)
+    status          TEXT NOT NULL,                 -- accepted | refused
+    refusal         TEXT,                          -- why it was refused
+    decision_id     TEXT,                          -- the notice's decision
+    rule            TEXT,
+    target          TEXT,
+    episode         INTEGER,
+    job_id          TEXT,
+    answered_by     TEXT,                          -- the policy user (a Slack id nobody in people has, as given)
+    owner           TEXT,                          -- the target's owner
+    role            TEXT,                          -- owner | manager (of the owner) | NULL
+    duration_s      DOUBLE PRECISION,                          -- keep: for how long
+    reason          TEXT,
+    until_ts        TIMESTAMPTZ,                          -- keep: until when
+    effect          TEXT,                          -- the snooze id, the release's DAG run id
+    nonce           TEXT                           -- the request's one-time id
+);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_answers_target ON gpu_cost_answers (target, ts);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_answers_decision ON gpu_cost_answers (decision_id);
+CREATE TABLE IF NOT EXISTS gpu_cost_answer_nonces (
+    nonce           TEXT PRIMARY KEY,
+    answer_id       TEXT NOT NULL,
+    ts              TIMESTAMPTZ NOT NULL
+);

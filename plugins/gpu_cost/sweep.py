@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpu_cost import baselines
+from gpu_cost import answers, baselines
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.errors import GpuCostError
 from gpu_cost.model import Decision, Finding, Snapshot
@@ -100,6 +100,7 @@ def plan(findings: Sequence[Finding], snapshot: Snapshot, policy: Policy, store:
         findings, policy, now=now, escalations=escalations, snoozed_targets=snoozes, degraded=snapshot.degraded,
         total_gpus=snapshot.gpu_count(), predicted_end=ends, rejected=rejected,
         awaiting=awaiting_approval(store, policy, now),
+        disputed=answers.disputed(store, [f.target for f in findings]),
     )
 
 

@@ -1,6 +1,7 @@
 """Decide: findings + policy + escalation state → decisions. Pure: no I/O, no clock.
 
-For each finding the engine applies, in order: snoozes (recorded once, nothing done);
+For each finding the engine applies, in order: an owner's "this is wrong" answer (the episode's
+ladder stops); snoozes (recorded once, nothing done);
 protections (``never`` records only, ``notify_only`` removes destructive rungs, ``approval``
 makes them need a human); inference services (advice only); the rule's escalation ladder (one
 rung per wait and at most one per data instant, state per target and episode; notice rungs keep
@@ -81,6 +82,7 @@ def decide(
     predicted_end: Mapping[str, float] | None = None,
     rejected: Iterable[str] = (),
     awaiting: Mapping[str, str] | None = None,
+    disputed: Mapping[tuple[str, str, int], Mapping[str, Any]] | None = None,
 ) -> Plan:
     """Return the plan for one sweep.
 
@@ -92,6 +94,8 @@ def decide(
     :param rejected: decision ids a human rejected; they are not asked again.
     :param awaiting: decision id → run id, for decisions an earlier run asked a human about and
         that await the answer: not asked again, and the ladder waits on them (no later rung).
+    :param disputed: ``(rule, target, episode)`` → the "this is wrong" answer of the owner or their
+        manager (:func:`gpu_cost.answers.disputed`): that episode's ladder stops.
     """
     plan = Plan()
     snoozes = {k: _snooze_info(v) for k, v in (snoozed_targets or {}).items()}
@@ -117,6 +121,12 @@ def decide(
             last_act = row.get("last_action_at")
             ref = float(last_act or row.get("first_seen") or now)
             plan.seen.append(key)
+            wrong = (disputed or {}).get((f.rule, f.target, episode))
+            if wrong is not None:
+                plan.waiting.append({"target": f.target, "rule": f.rule, "why": (
+                    f"answered 'this is wrong' by {wrong.get('answered_by') or 'the owner'}: "
+                    f"the ladder stops for episode {episode}")})
+                continue
         snooze = _snoozed(f, snoozes, now)
         if snooze is not None:
             plan.snoozed.append(f.target)

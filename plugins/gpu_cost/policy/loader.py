@@ -195,6 +195,12 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
         raise PolicyError(src, "notifications.working_days", "lists a day twice")
     if policy.snooze.max_duration < policy.sweep.interval:
         raise PolicyError(src, "snooze.max_duration", "is shorter than sweep.interval: a snooze could never be seen")
+    if not [d for d in policy.answers.keep_durations if d <= policy.snooze.max_duration]:
+        raise PolicyError(src, "answers.keep_durations",
+                          f"none is within snooze.max_duration ({format_duration(policy.snooze.max_duration)}): "
+                          "a keep answer is a snooze; offer at least one that fits")
+    if policy.answers.base_url and not policy.answers.base_url.startswith(("https://", "http://")):
+        raise PolicyError(src, "answers.base_url", f"{policy.answers.base_url!r} is not an http(s) URL")
     for i, w in enumerate(policy.offhours.windows):
         _check_window(src, f"offhours.windows[{i}]", w)
     oh = policy.offhours

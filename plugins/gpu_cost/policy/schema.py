@@ -433,6 +433,27 @@ class SnoozeConfig:
 
 
 @dataclass(frozen=True)
+class AnswersConfig:
+    """Answers from the people a notice reaches: keep it (a snooze), release it (the owner's own
+    manual reclaim), or this is wrong (the ladder stops for the episode, and the answer is a label)."""
+
+    enabled: bool = True
+    #: the api-server's address as people reach it (``https://airflow.example.org``); links in
+    #: notices point at ``<base_url>/gpu-cost/answers/link``. Empty: no links (Slack buttons still work)
+    base_url: str = ""
+    #: how long one "keep it, I am using it" holds the target; those over ``snooze.max_duration`` are not offered
+    keep_durations: tuple[Annotated[float, Dur(), Range(600, 7 * 86400)], ...] = (4 * 3600.0, 8 * 3600.0, 86400.0)
+    #: how long a link in a notice stays valid
+    link_ttl: Annotated[float, Dur(), Range(600, 30 * 86400)] = 3 * 86400.0
+    #: the oldest Slack request accepted (its ``X-Slack-Request-Timestamp``): older is a replay
+    slack_max_age: Annotated[float, Dur(), Range(30, 3600)] = 300.0
+    #: the target's manager (``people.<owner>.manager``) may answer too, not only its owner
+    managers_may_answer: bool = True
+    #: the DAG an owner's "release it now" triggers, as the owner (through its guards and caps)
+    release_dag: str = "gpu_manual_reclaim"
+
+
+@dataclass(frozen=True)
 class CostConfig:
     """Money: what a GPU-hour and a kWh cost."""
 
@@ -538,6 +559,7 @@ class Policy:
     people: dict[str, Person] = field(default_factory=dict)
     notifications: NotificationConfig = field(default_factory=NotificationConfig)
     snooze: SnoozeConfig = field(default_factory=SnoozeConfig)
+    answers: AnswersConfig = field(default_factory=AnswersConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     offhours: OffhoursConfig = field(default_factory=OffhoursConfig)
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
