@@ -12,6 +12,7 @@ RUN pip install --no-cache-dir --require-hashes -r /tmp/requirements.lock && rm 
 # Installed editable so that compose's mounts of plugins/ and include/ take effect without a rebuild.
 COPY --chown=airflow:root pyproject.toml README.md /opt/airflow/
 COPY --chown=airflow:root plugins/gpu_cost /opt/airflow/plugins/gpu_cost
+COPY --chown=airflow:root plugins/gpu_cost_plugin.py plugins/.airflowignore /opt/airflow/plugins/
 COPY --chown=airflow:root include /opt/airflow/include
 COPY --chown=airflow:root dags /opt/airflow/dags
 RUN pip install --no-cache-dir --no-deps -e /opt/airflow
@@ -20,5 +21,5 @@ ENV GPU_COST_INCLUDE=/opt/airflow/include \
     AIRFLOW__CORE__LOAD_EXAMPLES=false
 
 # Fails the build when the package or a DAG dependency cannot be imported.
-RUN python -c "import gpu_cost, gpu_cost.cli, airflow.providers.celery, airflow.providers.postgres" \
+RUN python -c "import gpu_cost, gpu_cost.cli, gpu_cost.airflow.plugin, airflow.providers.celery, airflow.providers.postgres" \
     && gpu-cost --help > /dev/null
