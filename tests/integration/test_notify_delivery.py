@@ -10,6 +10,7 @@ import dataclasses
 import html
 import json
 import logging
+import re
 import time
 from types import SimpleNamespace
 
@@ -271,3 +272,34 @@ def test_without_a_handle_the_webhook_channel_stands_in(webhook, smtp, people, s
     assert smtp.mails == [] and len(webhook.requests) == 2
     assert "for zed" in webhook.texts()[0] and "<@" not in webhook.texts()[0]
     assert "for dave" in webhook.texts()[1]
+
+
+def test_a_notice_offers_its_answers_as_slack_buttons_and_e_mail_links(webhook, smtp, people, store,  # type: ignore[no-untyped-def]
+                                                                        monkeypatch) -> None:
+    from gpu_cost import answers
+
+    monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_ANSWERS", json.dumps({"conn_type": "generic", "password": "k3y"}))
+    linked = dataclasses.replace(people, answers=dataclasses.replace(people.answers,
+                                                                     base_url="https://airflow.example.org"))
+    d, dave = _decision(), _decision(1, user="dave")  # carol has a Slack id; dave only an e-mail
+    results, _ = _run([d, dave], linked, store)
+    assert [r["status"] for r in results] == ["succeeded", "succeeded"]
+    [post] = [r.body for r in webhook.requests]
+    section, reason, buttons = post["blocks"]
+    assert section["text"]["text"] == post["text"] and reason["element"]["type"] == "plain_text_input"
+    labels = [b["text"]["text"] for b in buttons["elements"]]
+    assert labels == ["Keep it 4h", "Keep it 8h", "Keep it 1d", "Release it now", "This is wrong"]
+    claims = [answers.read_token(b["value"], b"k3y", NOW) for b in buttons["elements"]]
+    assert {c["d"] for c in claims} == {d.decision_id} and {c["u"] for c in claims} == {None}  # Slack says who
+    assert buttons["elements"][3]["style"] == "danger" and "confirm" in buttons["elements"][3]
+    [mail] = smtp.mails
+    hrefs = [html.unescape(h) for h in re.findall(r'href="([^"]+/gpu-cost/answers/link\?t=[^"]+)"', mail.html())]
+    assert len(hrefs) == 5 and all(h.startswith("https://airflow.example.org/gpu-cost/answers/link?t=") for h in hrefs)
+    from urllib.parse import parse_qs, urlsplit
+
+    tokens = [parse_qs(urlsplit(h).query)["t"][0] for h in hrefs]
+    assert {answers.read_token(t, b"k3y", NOW)["u"] for t in tokens} == {"dave"}  # a link is its recipient's
+    # without the connection the notice still goes out, without answers
+    monkeypatch.delenv("AIRFLOW_CONN_GPU_COST_ANSWERS")
+    results, _ = _run([_decision(2)], linked, store)
+    assert results[0]["status"] == "succeeded" and "blocks" not in webhook.requests[-1].body

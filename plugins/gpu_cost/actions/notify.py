@@ -29,6 +29,7 @@ Policy example::
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -47,6 +48,8 @@ from gpu_cost.registry import ActionSpec
 
 if TYPE_CHECKING:
     from gpu_cost.audit.store import AuditStore
+
+logger = logging.getLogger(__name__)
 
 _ANY = ("job", "user", "process", "node")
 _NOTICES = ("notifications", "Notifications")
@@ -88,7 +91,8 @@ NOTIFY_MANAGER = ActionSpec(
 def notify(d: Decision, ctx: ActionContext) -> Outcome:
     """Send the notice for a decision through each recipient's channels; rate-limited per user."""
     policy = ctx.policy
-    msg = render(d, policy, ctx.now, run_id=ctx.run_id, dry_run=ctx.dry_run)
+    msg = render(d, policy, ctx.now, run_id=ctx.run_id, dry_run=ctx.dry_run,
+                 answer_key=None if ctx.dry_run else _answer_key())
     rcpts = recipients(d, policy)
     who = ", ".join(f"{r.user} ({r.role})" for r in rcpts)
     if ctx.dry_run:
@@ -113,6 +117,18 @@ def notify(d: Decision, ctx: ActionContext) -> Outcome:
                        command=f"notify {who}", details=details)
     output = report + (f"\nnot reached: {', '.join(missed)}" if missed else "") + f"\n\n{msg.text}"
     return Outcome("succeeded", output=output, command=f"notify {who}", details=details)
+
+
+def _answer_key() -> bytes | None:
+    """The link key answers are signed with, or None when ``gpu_cost_answers`` is not configured
+    (the notice then goes out without answers rather than not at all)."""
+    from gpu_cost import answers
+
+    try:
+        return answers.keys().link_key
+    except answers.AnswerRefused as exc:
+        logger.warning("notices go out without answers: %s", exc)
+        return None
 
 
 def _store(ctx: ActionContext) -> AuditStore:

@@ -42,8 +42,9 @@ class SlackChannel(Channel):
             # a webhook posts to one channel: it reaches the people it mentions, or, when nobody
             # has a handle and nothing later can reach them, the channel itself stands in for the owner
             if mentioned or stand_in:
-                dl = send_webhook(self.conn_id, with_mentions(message.text, mentioned), sleep=self.sleep,
-                                  secrets=secrets)
+                text = with_mentions(message.text, mentioned)
+                dl = send_webhook(self.conn_id, text, sleep=self.sleep, secrets=secrets,
+                                  blocks=answer_blocks(text, message.buttons))
                 dl.to = [r.user for r in mentioned] or [recipients[0].user]
                 out.append(dl)
             return out
@@ -51,10 +52,40 @@ class SlackChannel(Channel):
         if not targets and self.slack_channel and stand_in:
             targets = [(recipients[0], self.slack_channel)]
         for r, channel in targets:
-            dl = send_api(self.conn_id, channel, message.text, sleep=self.sleep, secrets=secrets)
+            dl = send_api(self.conn_id, channel, message.text, sleep=self.sleep, secrets=secrets,
+                          blocks=answer_blocks(message.text, message.buttons))
             dl.to = [r.user]
             out.append(dl)
         return out
+
+
+def answer_blocks(text: str, buttons: Sequence[Any]) -> list[dict[str, Any]] | None:
+    """Return Block Kit blocks for a notice with answer buttons, or None without buttons.
+
+    The text, an optional reason field, and one button per answer whose value is the answer's
+    signed token; Slack posts the press, with the reason typed, to the app's interactivity
+    Request URL (``/gpu-cost/answers/slack`` on the api-server).
+    """
+    if not buttons:
+        return None
+    elements = []
+    for b in buttons:
+        el: dict[str, Any] = {"type": "button", "action_id": f"gpu_cost_{b.choice}_{int(b.duration_s or 0)}",
+                              "text": {"type": "plain_text", "text": b.label[:75]}, "value": b.token}
+        if b.choice == "release":
+            el["style"] = "danger"
+            el["confirm"] = {"title": {"type": "plain_text", "text": "Release it now?"},
+                             "text": {"type": "plain_text", "text": "The job is cancelled, through the policy's checks."},
+                             "confirm": {"type": "plain_text", "text": "Release"},
+                             "deny": {"type": "plain_text", "text": "Keep it"}}
+        elements.append(el)
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": redact(text)[:3000]}},
+        {"type": "input", "block_id": "gpu_cost_reason", "optional": True,
+         "label": {"type": "plain_text", "text": "Reason (recorded)"},
+         "element": {"type": "plain_text_input", "action_id": "reason", "max_length": 500}},
+        {"type": "actions", "block_id": "gpu_cost_answer", "elements": elements},
+    ]
 
 
 def with_mentions(text: str, people: Iterable[Recipient]) -> str:
@@ -62,7 +93,8 @@ def with_mentions(text: str, people: Iterable[Recipient]) -> str:
     return f"{tags} {text}" if tags else text
 
 
-def send_webhook(conn_id: str, text: str, *, sleep: Callable[[float], None], secrets: Sequence[str] = ()) -> Delivery:
+def send_webhook(conn_id: str, text: str, *, sleep: Callable[[float], None], secrets: Sequence[str] = (),
+                 blocks: list[dict[str, Any]] | None = None) -> Delivery:
     """Post ``text`` through the incoming webhook of ``conn_id``; retry 429 and 5xx (bounded)."""
     from airflow.providers.slack.hooks.slack_webhook import SlackWebhookHook
 
@@ -74,7 +106,9 @@ def send_webhook(conn_id: str, text: str, *, sleep: Callable[[float], None], sec
     except Exception as exc:
         dl.error = scrub(f"{type(exc).__name__}: {exc}", secrets)
         return dl
-    body = {"text": text, "unfurl_links": False}
+    body: dict[str, Any] = {"text": text, "unfurl_links": False}
+    if blocks:
+        body["blocks"] = blocks
 
     def attempt() -> Answer:
         try:
@@ -87,7 +121,7 @@ def send_webhook(conn_id: str, text: str, *, sleep: Callable[[float], None], sec
 
 
 def send_api(conn_id: str, channel: str, text: str, *, sleep: Callable[[float], None],
-             secrets: Sequence[str] = ()) -> Delivery:
+             secrets: Sequence[str] = (), blocks: list[dict[str, Any]] | None = None) -> Delivery:
     """Post ``text`` to ``channel`` (a user id opens a DM) with the bot token of ``conn_id``."""
     from airflow.providers.slack.hooks.slack import SlackHook
     from slack_sdk.errors import SlackApiError
@@ -102,7 +136,10 @@ def send_api(conn_id: str, channel: str, text: str, *, sleep: Callable[[float], 
 
     def attempt() -> Answer:
         try:
-            client.chat_postMessage(channel=channel, text=text, unfurl_links=False)
+            if blocks:
+                client.chat_postMessage(channel=channel, text=text, unfurl_links=False, blocks=blocks)
+            else:
+                client.chat_postMessage(channel=channel, text=text, unfurl_links=False)
             return 200, {}, ""
         except SlackApiError as exc:
             status = int(getattr(exc.response, "status_code", 0) or 0)
@@ -124,4 +161,4 @@ def _status_of(exc: Exception) -> int:
     return 0
 
 
-__all__ = ["SLACK_CONN_ID", "SlackChannel", "send_api", "send_webhook", "with_mentions"]
+__all__ = ["SLACK_CONN_ID", "SlackChannel", "answer_blocks", "send_api", "send_webhook", "with_mentions"]

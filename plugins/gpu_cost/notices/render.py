@@ -48,6 +48,8 @@ class Message:
     :param decision_id: the decision the notice is about
     :param target: its target (``job:1003``)
     :param action: the notice action (``notify``, ``notify_manager``, ``advise``)
+    :param buttons: the answers a chat tool with buttons offers (keep / release / wrong); the
+        other channels carry them as links in ``markdown``, ``plain`` and ``html``
     """
 
     subject: str
@@ -58,6 +60,8 @@ class Message:
     decision_id: str = ""
     target: str = ""
     action: str = ""
+    #: the answers offered as buttons (Slack): each carries its signed token (:mod:`gpu_cost.answers`)
+    buttons: tuple[Any, ...] = ()
 
     @property
     def severity(self) -> str:
@@ -190,21 +194,39 @@ def context_for(d: Decision, policy: Policy, now: float, *, run_id: str | None =
         "mode": d.mode,
         "dry_run": dry_run,
         "found_at": local_time(d.ts, policy.notifications.timezone),
+        "link_ttl": format_duration(policy.answers.link_ttl),
+        "answer_links": [],
         **dict(extra or {}),
     }
 
 
-def render(d: Decision, policy: Policy, now: float, **kwargs: Any) -> Message:
-    """Render the chat text (mrkdwn and Markdown), e-mail subject and e-mail HTML for a decision."""
+def render(d: Decision, policy: Policy, now: float, *, answer_key: bytes | None = None, **kwargs: Any) -> Message:
+    """Render the chat text (mrkdwn and Markdown), e-mail subject and e-mail HTML for a decision.
+
+    :param answer_key: the link key of :mod:`gpu_cost.answers`: with it, the notice offers its
+        answers (Slack buttons; links bound to the owner elsewhere, when ``answers.base_url`` is set).
+    """
+    from gpu_cost import answers
+
     ctx = context_for(d, policy, now, **kwargs)
+    buttons: tuple[Any, ...] = ()
+    links: list[dict[str, str]] = []
+    if answer_key and d.user and d.rule != "manual" and not ctx.get("dry_run"):
+        buttons = tuple(answers.offers(d.decision_id, d.ts, policy, answer_key))
+        links = [{"label": o.label, "url": o.url} for o in answers.offers(d.decision_id, d.ts, policy, answer_key,
+                                                                          recipient=d.user) if o.url]
+    ctx["answer_links"] = links
     slack_env, md_env, plain_env, html_env, text_env = _envs(template_dir())
     subject = " ".join(text_env.get_template("subject.txt.j2").render(**ctx).split())  # one header line
     text = slack_env.get_template("message.slack.j2").render(**ctx).strip()
     markdown = md_env.get_template("message.slack.j2").render(**ctx).strip()
     plain = plain_env.get_template("message.slack.j2").render(**ctx).strip()
+    if links:
+        markdown += "\n\n" + " · ".join(f"[{markdown_escape(x['label'])}]({x['url']})" for x in links)
+        plain += "\n\n" + "\n".join(f"{x['label']}: {x['url']}" for x in links)
     body = html_env.get_template("message.html.j2").render(**ctx)
     return Message(subject=subject, text=text, html=body, markdown=markdown, plain=plain, decision_id=d.decision_id,
-                   target=d.target, action=d.action)
+                   target=d.target, action=d.action, buttons=buttons)
 
 
 def local_time(ts: float, tz: str) -> str:
