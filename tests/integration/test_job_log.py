@@ -286,9 +286,10 @@ def test_the_cpu_of_the_jobs_own_processes(slurm_cluster: SlurmCluster, named: N
     _wait_for(_out(slurm_cluster, idle), "waiting for nothing")
     log = named.job_log("gpu01", busy, 4096)
     assert log["error"] is None and log["text"] == "loading data\n", log
-    assert log["cpu_cores"] > 0.5 and log["io_bps"] is not None, log
+    # two spinning loops: at least a third of a core each even when the machine is shared
+    assert log["cpu_cores"] > 0.3 and log["io_bps"] is not None, log
     quiet = named.job_log("gpu01", idle, 4096)
-    assert quiet["error"] is None and quiet["cpu_cores"] is not None and quiet["cpu_cores"] < 0.2, quiet
+    assert quiet["error"] is None and quiet["cpu_cores"] is not None and quiet["cpu_cores"] < 0.1, quiet
     from gpu_cost import evidence
     from gpu_cost.policy.schema import JobLogConfig
 
