@@ -124,6 +124,8 @@ def test_html_and_markdown_carry_the_figures(week) -> None:  # type: ignore[no-u
     html = Path(out["index"]).read_text()
     assert html.count("data:image/png;base64,") == len(charts.SIZES)
     assert k["period"]["label"] in html and "Right-sizing suggestions" in html
+    notices = k["events"]["live"]["notifications"]
+    assert "What people answered" in html and f"0 of {k['answers']['notices']}" in html and notices > 0
     for team in k["by_team"][:3]:
         assert f"<td>{team['account']}</td>" in html
     md = Path(out["summary"]).read_text()

@@ -56,6 +56,10 @@ SELECT a.action_id, a.decision_id, a.action, a.status, a.dry_run, a.target, d.ts
 FROM gpu_cost_actions a JOIN gpu_cost_decisions d ON a.decision_id = d.decision_id
 WHERE d.ts >= :since AND d.ts < :until
 """
+_ANSWERS = """
+SELECT answer_id, ts, channel, choice, status, decision_id, answered_by, role FROM gpu_cost_answers
+WHERE ts >= :since AND ts < :until
+"""
 _RUNS = """
 SELECT dag_id, mode, source, status, COUNT(*) AS n FROM gpu_cost_runs
 WHERE data_ts > :since AND data_ts <= :until GROUP BY dag_id, mode, source, status
@@ -239,6 +243,34 @@ def event_counts(actions: Iterable[Mapping[str, Any]], decisions: Iterable[Mappi
     snooze_n = sum(1 for _ in snoozes)
     return {"live": live, "would_have": would, "approvals": approvals, "snoozes": snooze_n, "failed": failed,
             "live_total": sum(live.values()), "would_have_total": sum(would.values())}
+
+
+def answer_kpis(answers: Iterable[Mapping[str, Any]], actions: Iterable[Mapping[str, Any]],
+                decided_at: Mapping[str, float]) -> dict[str, Any]:
+    """What people answered the period's notices: kept, released, wrong, refused; the share of
+    notices answered "wrong"; how long answers took (from the notice's decision to the answer).
+
+    :param answers: ``gpu_cost_answers`` rows given in the period
+    :param actions: the period's action rows (notices sent are the live, succeeded notices)
+    :param decided_at: decision id → when it was decided (for the time to answer)
+    """
+    rows = list(answers)
+    accepted = [a for a in rows if a.get("status") == "accepted"]
+    by = {c: sum(1 for a in accepted if a.get("choice") == c) for c in ("keep", "release", "wrong")}
+    notices = {str(a["decision_id"]) for a in actions
+               if category_of(str(a["action"])) == "notifications" and not a["dry_run"] and a["status"] == "succeeded"}
+    wrong_notices = {str(a["decision_id"]) for a in accepted if a.get("choice") == "wrong"} & notices
+    answered = {str(a["decision_id"]) for a in accepted} & notices
+    waits = sorted(float(a["ts"]) - decided_at[str(a["decision_id"])] for a in accepted
+                   if str(a.get("decision_id")) in decided_at and float(a["ts"]) >= decided_at[str(a["decision_id"])])
+    median = waits[len(waits) // 2] if waits else None
+    p90 = waits[min(len(waits) - 1, int(0.9 * len(waits)))] if waits else None
+    return {"kept": by["keep"], "released": by["release"], "wrong": by["wrong"],
+            "refused": sum(1 for a in rows if a.get("status") == "refused"),
+            "notices": len(notices), "answered": len(answered), "answered_share": _ratio(len(answered), len(notices)),
+            "wrong_share": _ratio(len(wrong_notices), len(notices)),
+            "median_answer_h": round(median / 3600, 2) if median is not None else None,
+            "p90_answer_h": round(p90 / 3600, 2) if p90 is not None else None}
 
 
 def potential_savings(store: AuditStore, decisions: Iterable[Mapping[str, Any]], policy: Policy,
@@ -452,6 +484,10 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
     actions = store.query(_ACTIONS_OF_DECISIONS, {"since": since, "until": until})
     snoozes = [s for s in store.fetch("active_snoozes", {"now": since}) if since <= float(s["created_at"]) < until]
     events = event_counts(actions, decisions, snoozes)
+    given = store.query(_ANSWERS, {"since": since, "until": until})
+    asked = {str(a["decision_id"]) for a in given if a.get("decision_id")}
+    decided_at = {str(d["decision_id"]): float(d["ts"]) for d in store.decisions_by_ids(asked)} if asked else {}
+    answered = answer_kpis(given, actions, decided_at)
     savings = ledger_savings(store, policy, decisions, since, until)
     freed, reused = savings["freed"], savings["reused"]
     potential = potential_savings(store, decisions, policy, until)
@@ -483,6 +519,7 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
         "by_user": owners["by_user"],
         "users_with_idle": owners["users_with_idle"],
         "events": events,
+        "answers": answered,
         "savings": {**savings, "potential": potential},
         "right_sizing": sizing,
         "heatmap": heatmap(by_ts, tzname),

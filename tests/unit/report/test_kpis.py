@@ -214,3 +214,36 @@ def test_the_report_names_a_shipped_policy_by_its_place_in_the_package() -> None
     shipped = str(paths.include_dir() / "policy" / "default.yaml")
     assert kpis._shown_path(shipped) == "include/policy/default.yaml"
     assert kpis._shown_path("/etc/gpu-cost/policy.yaml") == "/etc/gpu-cost/policy.yaml"
+
+
+def test_answers_counted_by_choice_share_and_time_to_answer() -> None:
+    actions = [{"decision_id": f"d{i}", "action": "notify", "dry_run": 0, "status": "succeeded"} for i in range(4)]
+    actions.append({"decision_id": "d9", "action": "notify", "dry_run": 1, "status": "skipped"})  # dry-run: no notice
+    decided = {f"d{i}": SINCE + i * HOUR for i in range(4)}
+    given = [
+        {"decision_id": "d0", "choice": "keep", "status": "accepted", "ts": SINCE + 0.5 * HOUR},
+        {"decision_id": "d1", "choice": "wrong", "status": "accepted", "ts": SINCE + 3 * HOUR},
+        {"decision_id": "d1", "choice": "keep", "status": "refused", "ts": SINCE + 3.1 * HOUR},
+        {"decision_id": "d2", "choice": "release", "status": "accepted", "ts": SINCE + 6 * HOUR},
+        {"decision_id": None, "choice": "", "status": "refused", "ts": SINCE + HOUR},  # a bad signature
+    ]
+    a = kpis.answer_kpis(given, actions, decided)
+    assert (a["kept"], a["released"], a["wrong"], a["refused"]) == (1, 1, 1, 2)
+    assert (a["notices"], a["answered"], a["answered_share"], a["wrong_share"]) == (4, 3, 0.75, 0.25)
+    # waits: 0.5 h, 2 h, 4 h
+    assert (a["median_answer_h"], a["p90_answer_h"]) == (2.0, 4.0)
+    none = kpis.answer_kpis([], [], {})
+    assert none["wrong_share"] is None and none["median_answer_h"] is None
+
+
+def test_the_report_counts_the_answers_given_in_the_period(store, policy) -> None:  # type: ignore[no-untyped-def]
+    from gpu_cost import answers
+
+    row = {"answer_id": answers.answer_id(SINCE + HOUR), "ts": SINCE + HOUR, "channel": "slack", "choice": "wrong",
+           "status": "accepted", "refusal": None, "decision_id": "dx", "rule": "idle_allocation", "target": "job:1",
+           "episode": 1, "job_id": "1", "answered_by": "carol", "owner": "carol", "role": "owner", "duration_s": None,
+           "reason": None, "until_ts": None, "effect": "ladder stopped", "nonce": "n1"}
+    store.execute("insert_answer", row)
+    store.execute("insert_answer", {**row, "answer_id": answers.answer_id(UNTIL + HOUR), "ts": UNTIL + HOUR})  # next week
+    k = kpis.compute(store, policy, SINCE, UNTIL)
+    assert (k["answers"]["wrong"], k["answers"]["kept"]) == (1, 0)
