@@ -132,6 +132,11 @@ def test_keep_snoozes_the_job_and_the_next_sweep_leaves_it_alone(policy, swept) 
     assert [s["target"] for s in later["snoozed"]] == ["job:1003"]
     assert not [d for d in later["decisions"] if d["target"] == "job:1003"]
     assert [a["choice"] for a in answers.of_decision(store, did)] == ["keep"]
+    # the audit trail of the job shows the answer under its notice
+    from gpu_cost.audit import trail
+
+    text = trail.render(trail.trail(store, job="1003"), "job 1003")
+    assert "answer keep by carol (owner) via link at" in text and "(eval runs at night): snooze " in text
 
 
 def test_wrong_stops_the_ladder_for_the_episode(policy, swept) -> None:  # type: ignore[no-untyped-def]

@@ -47,7 +47,9 @@ def trail(store: AuditStore, *, job: str | None = None, target: str | None = Non
     ids = [str(r["decision_id"]) for r in rows]
     actions = _by_decision(store, "gpu_cost_actions", ids, "started_at")
     savings = _by_decision(store, "gpu_cost_savings", ids, "ts")
-    return [entry(r, actions.get(str(r["decision_id"]), []), savings.get(str(r["decision_id"]), [])) for r in rows]
+    answers = _by_decision(store, "gpu_cost_answers", ids, "answer_id")
+    return [entry(r, actions.get(str(r["decision_id"]), []), savings.get(str(r["decision_id"]), []),
+                  answers.get(str(r["decision_id"]), [])) for r in rows]
 
 
 def _by_decision(store: AuditStore, table: str, ids: Sequence[str], order: str) -> dict[str, list[dict[str, Any]]]:
@@ -80,7 +82,8 @@ def _clip(text: Any, limit: int = 2000) -> str | None:
     return text if len(text) <= limit else text[: limit - 15] + "...[truncated]"
 
 
-def entry(d: Mapping[str, Any], actions: Sequence[Mapping[str, Any]], savings: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def entry(d: Mapping[str, Any], actions: Sequence[Mapping[str, Any]], savings: Sequence[Mapping[str, Any]],
+          answers: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """Return one decision of the trail as plain data (times as ISO 8601)."""
     try:
         evidence = json.loads(d.get("evidence") or "{}")
@@ -105,6 +108,10 @@ def entry(d: Mapping[str, Any], actions: Sequence[Mapping[str, Any]], savings: S
                     for a in actions],
         "savings": [{"saving_id": s["saving_id"], "gpu_hours": float(s.get("gpu_hours") or 0),
                      "usd": float(s.get("usd") or 0), "basis": s.get("basis")} for s in savings],
+        "answers": [{"ts": _when(a.get("ts")), "choice": a.get("choice"), "status": a.get("status"),
+                     "by": a.get("answered_by"), "role": a.get("role"), "channel": a.get("channel"),
+                     "reason": a.get("reason"), "effect": a.get("effect"), "refusal": a.get("refusal")}
+                    for a in answers],
     }
 
 
@@ -150,6 +157,11 @@ def render(entries: Sequence[Mapping[str, Any]], what: str, currency: str = "USD
             dry = " (dry-run)" if a["dry_run"] else ""
             lines.append(f"    action {a['action']}{dry} → {a['status']} ({a['started_at']} … {done}, "
                          f"attempt {a['attempt']}){tail}")
+        for a in e.get("answers") or ():
+            said = f" ({a['reason']})" if a.get("reason") else ""
+            what = a["effect"] if a["status"] == "accepted" else f"refused: {a['refusal']}"
+            lines.append(f"    answer {a['choice'] or '?'} by {a['by'] or '?'}"
+                         f"{' (' + a['role'] + ')' if a.get('role') else ''} via {a['channel']} at {a['ts']}{said}: {what}")
         for s in e["savings"]:
             lines.append(f"    saved: {s['gpu_hours']:.1f} GPU-h, {s['usd']:.2f} {currency} ({s['basis']})")
     return "\n".join(lines)
