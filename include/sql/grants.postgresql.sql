@@ -40,8 +40,8 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA public REVOKE INSERT ON TABLES FROM gpu_cost_
 -- approval and outcome (the events), snoozes, the savings ledger and the policy each run pinned are never
 -- updated nor deleted.
 GRANT INSERT ON gpu_cost_decision_log, gpu_cost_decision_events, gpu_cost_action_log, gpu_cost_action_events,
-    gpu_cost_snoozes, gpu_cost_savings, gpu_cost_run_policies, gpu_cost_answers, gpu_cost_answer_nonces
-    TO gpu_cost_agent;
+    gpu_cost_snoozes, gpu_cost_savings, gpu_cost_run_policies, gpu_cost_answers, gpu_cost_answer_nonces,
+    gpu_cost_verifier_models TO gpu_cost_agent;
 
 -- State, not history: a run's row, its snapshot and the escalation ladders are the agent's working state
 -- (what a run is doing now, how far a target's ladder went); their history is in the decisions and
@@ -57,7 +57,8 @@ GRANT UPDATE (episode, rung, state, first_seen, last_seen, last_action_at, close
 
 -- Results derived from the data (usage summaries, forecasts): a re-run of the same data instant
 -- replaces its rows; the statements never let an older data instant replace a newer one.
-GRANT INSERT ON gpu_cost_usage, gpu_cost_jobs_usage, gpu_cost_forecasts, gpu_cost_class_members TO gpu_cost_agent;
+GRANT INSERT ON gpu_cost_usage, gpu_cost_jobs_usage, gpu_cost_forecasts, gpu_cost_class_members, gpu_cost_outcomes
+    TO gpu_cost_agent;
 -- upsert_usage
 GRANT UPDATE (interval_s, gpus, total_gpu_s, allocated_gpu_s, busy_gpu_s, idle_alloc_gpu_s, zombie_gpu_s, util_sum,
     run_id, data_ts) ON gpu_cost_usage TO gpu_cost_agent;
@@ -68,6 +69,9 @@ GRANT UPDATE (interval_s, user_name, account, partition_name, gpu_model, job_nam
 GRANT UPDATE (class_key, coarse_key, user_name, account, partition_name, stem, gpus, start_ts, last_seen, seen_s,
     active_s, idle_s, idle_mem_s, wakes, quiet_since, longest_quiet_s, cpu_pct_s, cpu_active_s, run_id, data_ts)
     ON gpu_cost_class_members TO gpu_cost_agent;
+-- upsert_outcome
+GRANT UPDATE (ts, rule, target, episode, job_id, user_name, action, outcome, outcome_ts, after_s, horizon_s, run_id,
+    data_ts) ON gpu_cost_outcomes TO gpu_cost_agent;
 -- upsert_forecast
 GRANT UPDATE (kind, yhat, yhat_lower, yhat_upper, model, created_at, extra, run_id, data_ts)
     ON gpu_cost_forecasts TO gpu_cost_agent;

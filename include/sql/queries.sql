@@ -275,3 +275,68 @@ SELECT * FROM gpu_cost_answers WHERE decision_id = :decision_id ORDER BY ts, ans
 SELECT rule, target, episode, answered_by, ts, reason FROM gpu_cost_answers
 WHERE choice = 'wrong' AND status = 'accepted' AND target IN :targets;
 
+
+-- ---------------------------------------------------------------------------------------------
+-- Outcomes (gpu_cost.outcomes) and verifier models (gpu_cost.verifier)
+
+-- name: decisions_to_label
+-- decisions that did something (or, in dry-run, would have): every action but none
+SELECT decision_id, ts, rule, target_kind, target, episode, action, mode, job_id, user_name, gpus,
+    gpu_hours_saved, evidence FROM gpu_cost_decisions
+WHERE ts >= :since AND ts <= :until AND action <> 'none' ORDER BY ts, decision_id;
+
+-- name: job_usage_of_jobs
+SELECT ts, job_id, gpus, gpus_active FROM gpu_cost_jobs_usage
+WHERE job_id IN :job_ids AND ts > :since AND ts <= :until ORDER BY job_id, ts;
+
+-- name: last_job_usage_ts
+SELECT MAX(ts) AS ts FROM gpu_cost_jobs_usage WHERE ts <= :until;
+
+-- name: succeeded_actions_on
+-- destructive effects that really happened (not dry-run) on these targets
+SELECT target, action, finished_at FROM gpu_cost_actions
+WHERE target IN :targets AND status = 'succeeded' AND dry_run = 0 AND action IN :actions AND finished_at >= :since;
+
+-- name: snoozes_created_since
+SELECT target, created_at, until_ts FROM gpu_cost_snoozes WHERE created_at >= :since AND created_at <= :until;
+
+-- name: wrong_answers_since
+SELECT decision_id, rule, target, episode, ts FROM gpu_cost_answers
+WHERE choice = 'wrong' AND status = 'accepted' AND ts >= :since AND ts <= :until;
+
+-- name: upsert_outcome
+-- a re-run on the same data instant changes nothing; an older data instant never replaces a newer one
+INSERT INTO gpu_cost_outcomes (decision_id, ts, rule, target, episode, job_id, user_name, action, outcome, outcome_ts,
+    after_s, horizon_s, run_id, data_ts)
+VALUES (:decision_id, :ts, :rule, :target, :episode, :job_id, :user_name, :action, :outcome, :outcome_ts, :after_s,
+    :horizon_s, :run_id, :data_ts)
+ON CONFLICT (decision_id) DO UPDATE SET
+    ts = excluded.ts, rule = excluded.rule, target = excluded.target, episode = excluded.episode,
+    job_id = excluded.job_id, user_name = excluded.user_name, action = excluded.action, outcome = excluded.outcome,
+    outcome_ts = excluded.outcome_ts, after_s = excluded.after_s, horizon_s = excluded.horizon_s,
+    run_id = excluded.run_id, data_ts = excluded.data_ts
+WHERE excluded.data_ts > gpu_cost_outcomes.data_ts;
+
+-- name: outcomes_between
+SELECT * FROM gpu_cost_outcomes WHERE ts >= :since AND ts <= :until ORDER BY ts, decision_id;
+
+-- name: outcomes_of_users
+-- the owners' earlier labelled decisions (their history is a feature of the verifier)
+SELECT user_name, outcome, outcome_ts FROM gpu_cost_outcomes
+WHERE user_name IN :users AND outcome_ts IS NOT NULL AND outcome_ts <= :until
+  AND outcome IN ('active_again', 'wrong', 'ended', 'still_idle');
+
+-- name: insert_verifier_model
+INSERT INTO gpu_cost_verifier_models (model_id, trained_at, since_ts, until_ts, labels, false_positives, confirmed,
+    backtest_precision, backtest_recall, false_kills_prevented, gpu_hours_given_up, status, note, model, run_id)
+VALUES (:model_id, :trained_at, :since_ts, :until_ts, :labels, :false_positives, :confirmed, :backtest_precision,
+    :backtest_recall, :false_kills_prevented, :gpu_hours_given_up, :status, :note, :model, :run_id)
+ON CONFLICT (model_id) DO NOTHING;
+
+-- name: latest_verifier_model
+SELECT * FROM gpu_cost_verifier_models WHERE trained_at <= :until ORDER BY trained_at DESC, model_id DESC LIMIT 1;
+
+-- name: verifier_models
+SELECT model_id, trained_at, since_ts, until_ts, labels, false_positives, confirmed, backtest_precision,
+    backtest_recall, false_kills_prevented, gpu_hours_given_up, status, note FROM gpu_cost_verifier_models
+ORDER BY trained_at DESC, model_id DESC LIMIT :limit;

@@ -300,3 +300,42 @@ CREATE TABLE IF NOT EXISTS gpu_cost_answer_nonces (
     answer_id       TEXT NOT NULL,
     ts              TIMESTAMPTZ NOT NULL
 );
+
+-- Outcomes (gpu_cost.outcomes): what happened after each decision that did something, from later sweeps:
+-- active_again | ended | acted | snoozed | wrong | still_idle | pending. Derived, like the usage tables.
+-- Verifier models (gpu_cost.verifier): every model trained on those labels, with its backtest. History.
+CREATE TABLE IF NOT EXISTS gpu_cost_outcomes (
+    decision_id     TEXT PRIMARY KEY,
+    ts              TIMESTAMPTZ NOT NULL,
+    rule            TEXT NOT NULL,
+    target          TEXT NOT NULL,
+    episode         INTEGER NOT NULL DEFAULT 1,
+    job_id          TEXT,
+    user_name       TEXT,
+    action          TEXT NOT NULL,
+    outcome         TEXT NOT NULL,
+    outcome_ts      TIMESTAMPTZ,
+    after_s         DOUBLE PRECISION,
+    horizon_s       DOUBLE PRECISION NOT NULL,
+    run_id          TEXT,
+    data_ts         TIMESTAMPTZ NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_outcomes_user ON gpu_cost_outcomes (user_name, ts);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_jobs_usage_job ON gpu_cost_jobs_usage (job_id, ts);
+CREATE TABLE IF NOT EXISTS gpu_cost_verifier_models (
+    model_id        TEXT PRIMARY KEY,
+    trained_at      TIMESTAMPTZ NOT NULL,
+    since_ts        TIMESTAMPTZ,
+    until_ts        TIMESTAMPTZ,
+    labels          INTEGER NOT NULL DEFAULT 0,
+    false_positives INTEGER NOT NULL DEFAULT 0,
+    confirmed       INTEGER NOT NULL DEFAULT 0,
+    backtest_precision DOUBLE PRECISION,
+    backtest_recall DOUBLE PRECISION,
+    false_kills_prevented INTEGER,
+    gpu_hours_given_up DOUBLE PRECISION,
+    status          TEXT NOT NULL,
+    note            TEXT,
+    model           TEXT,
+    run_id          TEXT
+);

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpu_cost import answers, baselines
+from gpu_cost import answers, baselines, verifier
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.errors import GpuCostError
 from gpu_cost.model import Decision, Finding, Snapshot
@@ -73,7 +73,11 @@ def plan(findings: Sequence[Finding], snapshot: Snapshot, policy: Policy, store:
     """Return the decisions for ``findings``, reading escalation state and snoozes from the store.
 
     :param predicted_end: job id → forecast p90 end; None reads the runtime forecasts.
+
+    Each job finding is scored by the active verifier model first (``evidence["verifier"]``), so
+    the engine can hold a destructive rung back for a human when it doubts the waste.
     """
+    findings = verifier.annotate(findings, policy, store, now)
     tracks = {track_of(policy.rule_mode(f.rule)) for f in findings} | {track_of(policy.mode)}
     escalations: dict[tuple[str, str, str], dict[str, Any]] = {}
     for track in tracks:

@@ -38,7 +38,8 @@ _RESULT_INSTANT = {"upsert_usage": "ts", "upsert_job_usage": "ts", "insert_savin
 
 _TIME_COLUMNS = {
     "started_at", "finished_at", "data_ts", "ts", "approved_at", "first_seen", "last_seen", "last_action_at",
-    "closed_at", "snoozed_until", "until_ts", "created_at", "horizon_ts", "pinned_at",
+    "closed_at", "snoozed_until", "until_ts", "created_at", "horizon_ts", "pinned_at", "outcome_ts", "trained_at",
+    "since_ts",
 }
 
 

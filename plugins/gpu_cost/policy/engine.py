@@ -7,8 +7,9 @@ makes them need a human); inference services (advice only); the rule's escalatio
 rung per wait and at most one per data instant, state per target and episode; notice rungs keep
 to working hours when ``notifications.only_in_working_hours``); the mode (``dry-run`` records,
 ``notify`` holds destructive rungs back, ``enforce`` acts); degraded data (holds destructive
-rungs back); the cost of being wrong (approval above a threshold); rejections (a decision a human
-rejected is not asked again); and the per-run caps.
+rungs back); the cost of being wrong (approval above a threshold); the finding's confidence and the
+verifier's score (approval below their minimums); rejections (a decision a human rejected is not
+asked again); and the per-run caps.
 """
 
 from __future__ import annotations
@@ -325,8 +326,9 @@ def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask
     actions), inference services (destructive actions need a human), the mode (the policy's, or
     the rule's when milder, is the ceiling: ``notify`` holds destructive actions back and
     ``dry-run`` records only), degraded data (holds destructive actions back), the cost of
-    being wrong (approval above ``approval.gpu_hours_at_risk``) and the finding's confidence
-    (approval below ``evidence.min_confidence``).
+    being wrong (approval above ``approval.gpu_hours_at_risk``), the finding's confidence
+    (approval below ``evidence.min_confidence``) and the verifier's chance that it is waste, when
+    the sweep scored it (approval below ``verifier.min_probability``).
     """
     reasons: list[str] = []
     evidence: dict[str, Any] = {}
@@ -400,6 +402,14 @@ def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask
         needs_approval = True
         reasons.append(f"approval required (confidence {float(conf):.2f} is below evidence.min_confidence "
                        f"{policy.evidence.min_confidence:g})")
+    ver = f.evidence.get("verifier")
+    p_waste = ver.get("p_waste") if isinstance(ver, Mapping) else None
+    if destructive and p_waste is not None and policy.verifier.enabled and \
+            float(p_waste) < policy.verifier.min_probability:
+        # a second opinion learnt from outcomes: it may hold an action back for a human, never cause one
+        needs_approval = True
+        reasons.append(f"approval required (the verifier {ver.get('model') or ''} gives a {float(p_waste):.2f} "  # type: ignore[union-attr]
+                       f"chance of waste, below verifier.min_probability {policy.verifier.min_probability:g})")
     eff_mode = "dry-run" if shadow else mode
     track = "shadow" if shadow else track_of(mode)
     evidence["stakes_basis"] = st.basis

@@ -454,6 +454,27 @@ class AnswersConfig:
 
 
 @dataclass(frozen=True)
+class VerifierConfig:
+    """A second opinion learnt from outcomes: what happened after earlier decisions (the target busy
+    again within ``horizon``, or answered "this is wrong", is a false positive; ended or still idle
+    is waste confirmed) trains a model of the chance that a finding is waste (``gpu_cost.verifier``,
+    nightly). Below ``min_probability`` a destructive rung needs a human's approval. It only ever
+    holds an action back, never causes one; notices are unaffected; the rules stay the floor."""
+
+    enabled: bool = True
+    #: labelled decisions (false positives plus waste confirmed) a model needs before it is used
+    min_labels: Annotated[int, Range(20, 10_000_000)] = 200
+    #: the chance that a finding is waste below which a destructive rung waits for a human
+    min_probability: Share = 0.5
+    #: how long after a decision its target is watched: busy again within it is a false positive
+    horizon: Annotated[float, Dur(), Range(3600, 14 * 86400)] = 86400.0
+    #: the decisions a nightly training reads (and labels)
+    history: Annotated[float, Dur(), Range(86400, 366 * 86400)] = 60 * 86400.0
+    #: the newest share of the labels (by time) kept out of training to backtest the model on
+    test_share: Annotated[float, Range(0.1, 0.5)] = 0.25
+
+
+@dataclass(frozen=True)
 class CostConfig:
     """Money: what a GPU-hour and a kWh cost."""
 
@@ -560,6 +581,7 @@ class Policy:
     notifications: NotificationConfig = field(default_factory=NotificationConfig)
     snooze: SnoozeConfig = field(default_factory=SnoozeConfig)
     answers: AnswersConfig = field(default_factory=AnswersConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     offhours: OffhoursConfig = field(default_factory=OffhoursConfig)
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
