@@ -323,7 +323,7 @@ SELECT * FROM gpu_cost_outcomes WHERE ts >= :since AND ts <= :until ORDER BY ts,
 -- name: outcomes_of_users
 -- the owners' earlier labelled decisions (their history is a feature of the verifier)
 SELECT user_name, outcome, outcome_ts FROM gpu_cost_outcomes
-WHERE user_name IN :users AND outcome_ts IS NOT NULL AND outcome_ts <= :until
+WHERE user_name IN :users AND rule IN :rules AND outcome_ts IS NOT NULL AND outcome_ts <= :until
   AND outcome IN ('active_again', 'wrong', 'ended', 'still_idle');
 
 -- name: insert_verifier_model

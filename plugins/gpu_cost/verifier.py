@@ -34,7 +34,9 @@ from gpu_cost.policy.schema import Policy
 
 logger = logging.getLogger(__name__)
 
-RULES = ("idle_allocation", "idle_interactive", "low_efficiency")
+#: the rules whose findings say "idle": their targets going back to work is what a false positive is
+#: (a low-efficiency job is busy by definition, an anomaly is advice)
+RULES = ("idle_allocation", "idle_interactive")
 FEATURES = (
     "util_mean", "util_max", "util_max_lookback", "mem_gib_log", "mem_known", "bursts_lookback", "confidence",
     "runtime_h_log", "limit_h_log", "limit_known", "elapsed_share", "hour_sin", "hour_cos", "weekend",
@@ -122,7 +124,7 @@ def dataset(store: AuditStore, policy: Policy, now: float) -> list[dict[str, Any
             if d["target_kind"] == "job" and d["rule"] in RULES and d["decision_id"] in labels]
     # the owner's history as each decision saw it: labels known (outcome_ts) before the decision
     known = sorted(((float(o["outcome_ts"]), str(o.get("user_name") or ""), outcomes.label_of(o["outcome"]))
-                    for o in labels.values() if o.get("outcome_ts") is not None
+                    for o in labels.values() if o.get("outcome_ts") is not None and o["rule"] in RULES
                     and outcomes.label_of(o["outcome"]) is not None), key=lambda k: k[0])
     out = []
     hist: dict[str, list[int]] = {}
@@ -268,7 +270,7 @@ def annotate(findings: Sequence[Finding], policy: Policy, store: AuditStore, now
         return findings
     users = sorted({findings[i].user or "" for i in scorable})
     hist: dict[str, list[int]] = {}
-    for o in store.fetch("outcomes_of_users", {"users": users, "until": now}):
+    for o in store.fetch("outcomes_of_users", {"users": users, "until": now, "rules": list(RULES)}):
         h = hist.setdefault(str(o["user_name"] or ""), [0, 0])
         h[0] += int(o["outcome"] in outcomes.FALSE_POSITIVE)
         h[1] += 1
