@@ -13,12 +13,17 @@ model; writes everything to `gpu_cost_forecasts` in the audit store (`gpu_cost_d
   sweep (idle past its p90 end ⇒ higher confidence) and by `gpu-cost forecast eta --job ID`;
 * `backtest:demand` / `backtest:runtime` — tonight's figures against the baselines (also in XCom).
 
+Beside the fits, `train_verifier` labels the decisions of `policy.verifier.history` with what happened
+next (`gpu_cost_outcomes`) and trains the verifier on them (`gpu_cost_verifier_models`, with its
+backtest; fewer than `verifier.min_labels` labels: stored as `too_few_labels`, not used). The sweep
+scores findings with the newest model; `gpu-cost verifier show` prints its figures.
+
 **Knobs.** Params `policy` (a policy of `GPU_COST_POLICY_DIR`, by name), `source` (`sim` / `slurm` / `store` / `trace`) and `jobs`
 (trace file for `trace`); or `GPU_COST_FORECAST_SOURCE` / `GPU_COST_SOURCE`.
 `GPU_COST_FORECAST_SCHEDULE` (cron, default `0 2 * * *`; `none`: manual triggers only).
 
 **Owner / triage.** GPU platform team. `extract` failing: the history source is unreachable (see
-its log). A `fit_demand` map index failing: that batch's series keep yesterday's forecasts
+its log). `train_verifier` failing: the sweep keeps using the previous model (or none). A `fit_demand` map index failing: that batch's series keep yesterday's forecasts
 and `finish` does not run (no backtest row tonight); a Prophet failure alone does not fail the task
 (the level / seasonal-naive candidates are used). Every run is
 idempotent (upserts keyed by series and horizon time): clear and re-run freely.
@@ -73,9 +78,14 @@ def gpu_forecast_nightly() -> None:
     def finish(ref, results, runtime_out):  # type: ignore[no-untyped-def]
         return forecast_tasks.finish(ref, results, runtime_out)
 
+    @task
+    def train_verifier(ref):  # type: ignore[no-untyped-def]
+        return forecast_tasks.train_verifier(ref)
+
     ref = extract()
     fits = fit_demand.expand(batch=batches(ref))
     finish(ref, fits, fit_runtime(ref))
+    train_verifier(ref)
 
 
 dag_object = gpu_forecast_nightly()

@@ -221,3 +221,22 @@ rules:
     looks_idle = dataclasses.replace(f, evidence={**f.evidence, "mem_min_mib": 0.0, "confidence": 0.95})
     acts = next(x for x in sweep.plan([looks_idle], snap, policy, store, NOW + 900, {}).decisions)
     assert acts.action == "terminate" and not acts.requires_approval and acts.evidence["verifier"]["p_waste"] > 0.5
+
+
+# -- the command line -------------------------------------------------------------------------------------
+def test_the_verifier_commands_train_and_show(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_cost.cli import main
+
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(POLICY)
+    labelled_history(parse_policy(POLICY), AuditStore(url).ensure_schema())
+    assert main(["verifier", "show", "--db", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["models"] == []
+    assert main(["verifier", "train", "--db", url, "--policy", str(policy_file), "--at", str(NOW), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "active" and out["labels"] == 40 and "model" not in out
+    assert out["outcomes"]["active_again"] == 20
+    assert main(["verifier", "show", "--db", url]) == 0
+    text = capsys.readouterr().out
+    assert out["model_id"] in text and "40 labels (20 false positives, 20 confirmed)" in text

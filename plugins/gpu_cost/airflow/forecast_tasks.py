@@ -75,3 +75,15 @@ def finish(ref: Mapping[str, Any], results: Sequence[Mapping[str, Any]], runtime
     from gpu_cost.forecast import nightly
 
     return nightly.finish(runtime.store(), float(ref["now"]), list(results or []), runtime_out, run_id=ref.get("run_id"))
+
+
+def train_verifier(ref: Mapping[str, Any]) -> dict[str, Any]:
+    """Label the recent decisions with their outcomes and train the verifier at the run's data instant."""
+    from gpu_cost import verifier
+
+    store = runtime.store()
+    policy = runtime.run_policy(store, ref["run_id"])
+    if not policy.verifier.enabled:
+        logger.info("verifier disabled in %s: nothing to train", policy.source)
+        return {"disabled": True}
+    return verifier.train(store, policy, float(ref["now"]), run_id=ref["run_id"])
