@@ -10,6 +10,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("bench.queries", []),
     ("bench.replay", []),
     ("bench.replay_hard", []),
+    ("bench.verifier_month", []),
     ("bench.parse", []),
     ("bench.forecast", []),
     ("bench.soak", []),

@@ -136,7 +136,7 @@ class ReplayResult:
 
 
 def replay_files(samples: str | Path | None, jobs: str | Path, policy: Policy, *, mode: str | None = "enforce",
-                 approvals: str = "approve", logs: str | Path | None = None) -> ReplayResult:
+                 approvals: str = "approve", logs: str | Path | None = None, store: Any = None) -> ReplayResult:
     """Read trace files and replay ``policy`` over them (see :func:`replay`).
 
     :param logs: job log lines (``ts, job_id, stream, line``); default ``logs.csv`` beside ``jobs``
@@ -149,11 +149,11 @@ def replay_files(samples: str | Path | None, jobs: str | Path, policy: Policy, *
         notes.append(f"job logs read from {logs} (beside the jobs file)")
     ldf = read_logs(logs) if logs else None
     if not samples:
-        res = replay(None, jdf, policy, mode=mode, approvals=approvals, logs=ldf)
+        res = replay(None, jdf, policy, mode=mode, approvals=approvals, logs=ldf, store=store)
     else:
         holder = [normalise_samples(read_table(samples, "samples", REPLAY_SAMPLE_COLUMNS), str(samples))]
         # the replay drops the samples once they are dense: keep no other reference to them here
-        res = replay(holder, jdf, policy, mode=mode, approvals=approvals, logs=ldf)
+        res = replay(holder, jdf, policy, mode=mode, approvals=approvals, logs=ldf, store=store)
     res.notes[:0] = notes
     return res
 
@@ -173,7 +173,8 @@ def read_logs(path: str | Path) -> pd.DataFrame:
 
 
 def replay(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFrame, policy: Policy, *,
-           mode: str | None = "enforce", approvals: str = "approve", logs: pd.DataFrame | None = None) -> ReplayResult:
+           mode: str | None = "enforce", approvals: str = "approve", logs: pd.DataFrame | None = None,
+           store: Any = None) -> ReplayResult:
     """Replay ``policy`` over a trace.
 
     :param samples: trace samples (normalised); None for a jobs-only trace. A one-element list
@@ -182,6 +183,9 @@ def replay(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFrame
     :param approvals: ``approve`` (decisions needing a human are taken as approved) or ``reject``.
     :param logs: job log lines (``ts, job_id, line``): each sweep reads the lines written by then,
         as the live sweep reads a job's StdOut tail.
+    :param store: the audit store the replay's sweeps write to (escalations, decisions, usage,
+        baselines); default a throwaway in-memory one. A store given keeps what it held (a verifier
+        model, class baselines, outcomes learnt from earlier weeks) and what the replay adds.
     """
     t0 = time.time()
     if approvals not in ("approve", "reject"):
@@ -198,6 +202,7 @@ def replay(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFrame
         res.seconds = time.time() - t0
         return res
     engine = _Replay(frame, jobs, policy, approvals, res, logs)
+    engine.store = store
     del frame
     engine.run()
     res.seconds = time.time() - t0
@@ -254,6 +259,8 @@ class _Replay:
         self.history: list[dict[str, Any]] = []
         #: decision id -> idle GPU-hours measured on its target before the kill
         self.waste_seen: dict[str, float] = {}
+        #: the audit store to replay into (None: a throwaway in-memory one)
+        self.store: Any = None
         self._dense(samples)
         n_g = len(self.hosts)
         times = self.times
@@ -410,7 +417,7 @@ class _Replay:
         from gpu_cost.snapshot import from_matrix, rule_windows
 
         p = self.policy
-        store = AuditStore("sqlite:///:memory:").ensure_schema()
+        store = (self.store or AuditStore("sqlite:///:memory:")).ensure_schema()
         primary, others = rule_windows(p)
         # the first sweep once the short windows are filled; a rule with a longer one (sessions: 2 h) reads
         # its window as stale until then, and stale is never idle

@@ -82,3 +82,9 @@ def test_replay_hard_bench_smoke() -> None:
     runs = {r["run"] for r in out["results"]}
     assert runs == {"baselines on", "baselines off"}
     assert all(r["idle_gpu_h"] > 0 for r in out["results"])
+
+
+@pytest.mark.slow
+def test_verifier_month_bench_smoke() -> None:
+    out = run_bench("bench.verifier_month", "--days", "1.5", "--test-days", "0.5", "--gpus", "16")
+    assert [r["run"] for r in out["results"]] == ["without verifier", "with verifier"]
