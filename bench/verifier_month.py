@@ -9,13 +9,14 @@ unanswered (an action that needs a human is not carried out) in both. Figures co
 the last week only (the test replay starts a lookback earlier to fill its windows). Nothing is
 asserted: the figures are for reading (tests/unit/test_verifier.py holds the behaviour).
 
-    python -m bench.verifier_month [--days 28] [--test-days 7] [--gpus 32] [--seed 0]
+    python -m bench.verifier_month [--days 28] [--test-days 7] [--gpus 32] [--seed 0] [--without-baselines]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shutil
 import tempfile
 import time
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--test-days", type=float, default=7.0)
     ap.add_argument("--gpus", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--without-baselines", action="store_true",
+                    help="judge every job alone (baselines.enabled: false) in every phase: what the verifier "
+                         "catches when the class baselines do not")
     args = ap.parse_args(argv)
     import pandas as pd
 
@@ -44,6 +48,10 @@ def main(argv: list[str] | None = None) -> None:
     from gpu_cost.sources.trace import normalise_jobs, normalise_samples, read_table
 
     policy = load_policy(None)
+    if args.without_baselines:
+        src = policy.source
+        policy = dataclasses.replace(policy, baselines=dataclasses.replace(policy.baselines, enabled=False))
+        object.__setattr__(policy, "source", src)
     split = END - args.test_days * 86400.0
     head = split - policy.sweep.lookback  # the test replay's windows fill before the split
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,13 +95,19 @@ def main(argv: list[str] | None = None) -> None:
             kills = [a for a in week if a.get("freed_gpu_hours") is not None and "false_kill" in a]
             held = store.query("SELECT COUNT(*) AS n FROM gpu_cost_decisions WHERE ts >= :since AND reason LIKE :p",
                                {"since": split, "p": "%verifier.min_probability%"})[0]["n"]
+            scores = [json.loads(e["evidence"] or "{}").get("verifier", {}).get("p_waste") for e in store.query(
+                "SELECT evidence FROM gpu_cost_decisions WHERE ts >= :since AND mode = 'enforce' AND action IN "
+                "('demote', 'terminate', 'kill', 'cancel')", {"since": split})]
+            scored = [float(s) for s in scores if s is not None]
             runs.append({"run": name, "kills": len(kills), "false_kills": sum(1 for a in kills if a["false_kill"]),
                          "reclaimed_gpu_h": round(sum(float(a["freed_gpu_hours"]) for a in kills), 1),
+                         "destructive_decisions": len(scores), "scored": len(scored),
+                         "min_p_waste": round(min(scored), 3) if scored else None,
                          "held_by_verifier": int(held), "approvals_unanswered": r["approvals_requested"],
                          "wall_s": round(time.perf_counter() - t0, 1)})
             store.engine.dispose()
     report(f"verifier model trained at the split: {args.days:g} days x {info['gpus']} GPUs, {info['jobs']} jobs, "
-           f"seed {args.seed}; trace {gen_s:.0f} s, {args.days - args.test_days:g} training days replayed in dry-run "
+           f"seed {args.seed}{', baselines off' if args.without_baselines else ''}; trace {gen_s:.0f} s, {args.days - args.test_days:g} training days replayed in dry-run "
            f"in {train_s:.0f} s ({train_run.sweeps} sweeps)",
            [{k: model.get(k) for k in ("model_id", "status", "labels", "false_positives", "confirmed",
                                        "backtest_precision", "backtest_recall", "false_kills_prevented",
