@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--test-days", type=float, default=7.0)
     ap.add_argument("--gpus", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--approvals", choices=("reject", "approve"), default="reject",
+                    help="how the last week's approval requests are answered (reject: as if unanswered)")
+    ap.add_argument("--on-doubt", choices=("approval", "wait"), default=None,
+                    help="verifier.on_doubt for the gated run (default: the policy's)")
     ap.add_argument("--without-baselines", action="store_true",
                     help="judge every job alone (baselines.enabled: false) in every phase: what the verifier "
                          "catches when the class baselines do not")
@@ -85,12 +89,14 @@ def main(argv: list[str] | None = None) -> None:
         for name, enabled in (("without verifier", False), ("with verifier", True)):
             db = out / f"{name.replace(' ', '-')}.db"
             shutil.copy(out / "learnt.db", db)
-            pol = dataclasses.replace(policy, verifier=dataclasses.replace(policy.verifier, enabled=enabled))
+            doubt = args.on_doubt or policy.verifier.on_doubt
+            pol = dataclasses.replace(policy, verifier=dataclasses.replace(policy.verifier, enabled=enabled,
+                                                                           on_doubt=doubt))
             object.__setattr__(pol, "source", policy.source)
             store = AuditStore(f"sqlite:///{db}")
             t0 = time.perf_counter()
             r = replay_files(out / "test" / "samples.parquet", out / "test" / "jobs.csv", pol, mode="enforce",
-                             approvals="reject", store=store).to_dict()
+                             approvals=args.approvals, store=store).to_dict()
             week = [a for a in r["actions"] if pd.Timestamp(a["ts"]).timestamp() >= split]
             kills = [a for a in week if a.get("freed_gpu_hours") is not None and "false_kill" in a]
             held = store.query("SELECT COUNT(*) AS n FROM gpu_cost_decisions WHERE ts >= :since AND reason LIKE :p",
@@ -118,7 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     lost = (1 - gated["reclaimed_gpu_h"] / base["reclaimed_gpu_h"]) if base["reclaimed_gpu_h"] else 0.0
     print(f"\nfalse kills {base['false_kills']} -> {gated['false_kills']}; reclaimed GPU-h {base['reclaimed_gpu_h']} -> "
           f"{gated['reclaimed_gpu_h']} ({100 * lost:.1f} % given up; target: fewer false kills, at most 10 % given up)")
-    report(f"last {args.test_days:g} days replayed in enforce, approvals unanswered", runs, list(runs[0]))
+    answered = "approvals unanswered" if args.approvals == "reject" else "approvals granted"
+    report(f"last {args.test_days:g} days replayed in enforce, {answered}, verifier.on_doubt "
+           f"{args.on_doubt or policy.verifier.on_doubt}", runs, list(runs[0]))
 
 
 if __name__ == "__main__":

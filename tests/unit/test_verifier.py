@@ -191,6 +191,17 @@ def test_the_gate_holds_only_destructive_rungs_below_the_threshold(policy: Polic
     assert v.action == action  # it holds for a human; it never changes or causes an action
 
 
+def test_on_doubt_wait_holds_the_rung_back_instead_of_asking(policy: Policy) -> None:
+    wait = parse_policy("mode: enforce\nverifier: {on_doubt: wait}\n")
+    v = guard(_finding(wait, 0.1), "terminate", wait, now=NOW)
+    assert v.mode == "dry-run" and v.track == "shadow" and not v.requires_approval
+    assert any("verifier.min_probability" in r and "waits (would terminate)" in r for r in v.reasons)
+    sure = guard(_finding(wait, 0.9), "terminate", wait, now=NOW)
+    assert sure.mode == "enforce" and sure.track == "live"
+    notice = guard(_finding(wait, 0.1), "notify", wait, now=NOW)
+    assert notice.mode == "enforce" and not notice.reasons
+
+
 def test_the_gate_is_off_when_the_policy_says_so(policy: Policy) -> None:
     off = parse_policy("mode: enforce\nverifier: {enabled: false}\n")
     assert not guard(_finding(off, 0.01), "terminate", off, now=NOW).requires_approval

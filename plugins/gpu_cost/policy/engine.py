@@ -406,10 +406,15 @@ def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask
     p_waste = ver.get("p_waste") if isinstance(ver, Mapping) else None
     if destructive and p_waste is not None and policy.verifier.enabled and \
             float(p_waste) < policy.verifier.min_probability:
-        # a second opinion learnt from outcomes: it may hold an action back for a human, never cause one
-        needs_approval = True
-        reasons.append(f"approval required (the verifier {ver.get('model') or ''} gives a {float(p_waste):.2f} "  # type: ignore[union-attr]
-                       f"chance of waste, below verifier.min_probability {policy.verifier.min_probability:g})")
+        # a second opinion learnt from outcomes: it may hold an action back, never cause one
+        doubt = (f"the verifier {ver.get('model') or ''} gives a {float(p_waste):.2f} chance of waste, "  # type: ignore[union-attr]
+                 f"below verifier.min_probability {policy.verifier.min_probability:g}")
+        if policy.verifier.on_doubt == "wait":
+            shadow = True
+            reasons.append(f"{doubt}: waits (would {action})")
+        else:
+            needs_approval = True
+            reasons.append(f"approval required ({doubt})")
     eff_mode = "dry-run" if shadow else mode
     track = "shadow" if shadow else track_of(mode)
     evidence["stakes_basis"] = st.basis

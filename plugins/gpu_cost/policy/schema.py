@@ -466,6 +466,9 @@ class VerifierConfig:
     min_labels: Annotated[int, Range(20, 10_000_000)] = 200
     #: the chance that a finding is waste below which a destructive rung waits for a human
     min_probability: Share = 0.5
+    #: what a doubted destructive rung does: ``approval`` asks a human; ``wait`` holds it back
+    #: (recorded as what it would do) until a later sweep's score clears it, or the finding ends
+    on_doubt: Literal["approval", "wait"] = "approval"
     #: how long after a decision its target is watched: busy again within it is a false positive
     horizon: Annotated[float, Dur(), Range(3600, 14 * 86400)] = 86400.0
     #: the decisions a nightly training reads (and labels)
