@@ -273,6 +273,23 @@ def answer_kpis(answers: Iterable[Mapping[str, Any]], actions: Iterable[Mapping[
             "p90_answer_h": round(p90 / 3600, 2) if p90 is not None else None}
 
 
+def verifier_kpis(store: AuditStore, decisions: Sequence[Mapping[str, Any]], until: float) -> dict[str, Any] | None:
+    """The verifier in use at the period's end (its training window, labels and backtest), and how many
+    of the period's destructive rungs it held back; None when no model was ever trained."""
+    rows = store.fetch("latest_verifier_model", {"until": until})
+    if not rows:
+        return None
+    m = rows[0]
+    held = sum(1 for d in decisions if "verifier.min_probability" in str(d.get("reason") or ""))
+    return {"model_id": m["model_id"], "status": m["status"], "trained_at": iso(float(m["trained_at"])),
+            "since": iso(float(m["since_ts"])) if m.get("since_ts") is not None else None,
+            "until": iso(float(m["until_ts"])) if m.get("until_ts") is not None else None,
+            "labels": int(m["labels"] or 0), "false_positives": int(m["false_positives"] or 0),
+            "precision": m.get("backtest_precision"), "recall": m.get("backtest_recall"),
+            "false_kills_prevented": m.get("false_kills_prevented"), "gpu_hours_given_up": m.get("gpu_hours_given_up"),
+            "held": held}
+
+
 def potential_savings(store: AuditStore, decisions: Iterable[Mapping[str, Any]], policy: Policy,
                       until: float) -> dict[str, Any]:
     """Return GPU time dry-run decisions *would* have freed (one per target and episode), counted as the ledger
@@ -520,6 +537,7 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
         "users_with_idle": owners["users_with_idle"],
         "events": events,
         "answers": answered,
+        "verifier": verifier_kpis(store, decisions, until),
         "savings": {**savings, "potential": potential},
         "right_sizing": sizing,
         "heatmap": heatmap(by_ts, tzname),

@@ -247,3 +247,20 @@ def test_the_report_counts_the_answers_given_in_the_period(store, policy) -> Non
     store.execute("insert_answer", {**row, "answer_id": answers.answer_id(UNTIL + HOUR), "ts": UNTIL + HOUR})  # next week
     k = kpis.compute(store, policy, SINCE, UNTIL)
     assert (k["answers"]["wrong"], k["answers"]["kept"]) == (1, 0)
+
+
+def test_the_report_shows_the_verifier_in_use_and_what_it_held(store, policy, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert kpis.compute(store, policy, SINCE, UNTIL)["verifier"] is None  # never trained: no section
+    model = {"model_id": "v1", "trained_at": SINCE - HOUR, "since_ts": SINCE - 30 * 86400, "until_ts": SINCE - HOUR,
+             "labels": 412, "false_positives": 150, "confirmed": 262, "backtest_precision": 0.91,
+             "backtest_recall": 0.88, "false_kills_prevented": 6, "gpu_hours_given_up": 12.5, "status": "active",
+             "note": None, "model": "{}", "run_id": "nightly"}
+    store.execute("insert_verifier_model", model)
+    store.execute("insert_verifier_model", {**model, "model_id": "v2", "trained_at": UNTIL + HOUR})  # after the period
+    v = kpis.compute(store, policy, SINCE, UNTIL)["verifier"]
+    assert (v["model_id"], v["labels"], v["precision"], v["false_kills_prevented"], v["held"]) == ("v1", 412, 0.91, 6, 0)
+    from gpu_cost.report.render import build_report
+
+    out = build_report(store, policy, SINCE, UNTIL, tmp_path / "reports")
+    html = open(out["index"]).read()
+    assert "The verifier (a second opinion learnt from outcomes)" in html and "91 % / 88 %" in html
