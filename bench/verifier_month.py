@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
             scored = [float(s) for s in scores if s is not None]
             runs.append({"run": name, "kills": len(kills), "false_kills": sum(1 for a in kills if a["false_kill"]),
                          "reclaimed_gpu_h": round(sum(float(a["freed_gpu_hours"]) for a in kills), 1),
+                         # what the true kills freed: a false kill "frees" the rest of a job still at work
+                         "reclaimed_waste_gpu_h": round(sum(float(a["freed_gpu_hours"]) for a in kills
+                                                            if not a["false_kill"]), 1),
                          "destructive_decisions": len(scores), "scored": len(scored),
                          "min_p_waste": round(min(scored), 3) if scored else None,
                          "held_by_verifier": int(held), "approvals_unanswered": r["approvals_requested"],
@@ -121,9 +124,10 @@ def main(argv: list[str] | None = None) -> None:
            ["model_id", "status", "labels", "false_positives", "confirmed", "backtest_precision", "backtest_recall",
             "false_kills_prevented", "gpu_hours_given_up"])
     base, gated = runs
-    lost = (1 - gated["reclaimed_gpu_h"] / base["reclaimed_gpu_h"]) if base["reclaimed_gpu_h"] else 0.0
-    print(f"\nfalse kills {base['false_kills']} -> {gated['false_kills']}; reclaimed GPU-h {base['reclaimed_gpu_h']} -> "
-          f"{gated['reclaimed_gpu_h']} ({100 * lost:.1f} % given up; target: fewer false kills, at most 10 % given up)")
+    lost = (1 - gated["reclaimed_waste_gpu_h"] / base["reclaimed_waste_gpu_h"]) if base["reclaimed_waste_gpu_h"] else 0.0
+    print(f"\nfalse kills {base['false_kills']} -> {gated['false_kills']}; GPU-h reclaimed from real waste "
+          f"{base['reclaimed_waste_gpu_h']} -> {gated['reclaimed_waste_gpu_h']} ({100 * lost:.1f} % given up; all kills: "
+          f"{base['reclaimed_gpu_h']} -> {gated['reclaimed_gpu_h']}; target: fewer false kills, at most 10 % given up)")
     answered = "approvals unanswered" if args.approvals == "reject" else "approvals granted"
     report(f"last {args.test_days:g} days replayed in enforce, {answered}, verifier.on_doubt "
            f"{args.on_doubt or policy.verifier.on_doubt}", runs, list(runs[0]))
