@@ -26,6 +26,16 @@ demand conditions; a node an ``approval`` protection names goes through marked f
 *Waking.* Outside the windows every node the agent powered down (Slurm reason starting with
 ``offhours.reason``) comes back; inside, enough of them come back for pending jobs that do not fit
 and for forecast demand within ``wake_lead``. Slurm also wakes nodes itself when a job needs them.
+
+*Sized by the forecast.* With ``offhours.forecast_lulls`` and a forecast of the next
+``lull_min`` (``lull_gpus``: the upper bound of its 80 % interval, the demand it would take to
+be caught short), every hour is planned as if inside a window, and the forecast takes the place
+of ``util_max``: idle nodes go down as long as the nodes left up hold ``lull_gpus``, and nodes
+come back only as far as pending work or the forecast within ``wake_lead`` needs them. Without
+a forecast the windows alone decide, as before.
+
+The hourly run sees the forecast until the next run plus the wake lead
+(:func:`wake_horizon`): a node woken at this run is up before demand that arrives before the next.
 """
 
 from __future__ import annotations
@@ -134,6 +144,8 @@ class PowerPlan:
     needs_approval: bool = False
     pending_gpus: int = 0
     forecast_gpus: float | None = None
+    #: the forecast's most GPUs over the lull horizon, when the forecast sizes the plan (forecast_lulls)
+    lull_gpus: float | None = None
     powered_by_agent: list[str] = field(default_factory=list)
     capped: int = 0
 
@@ -144,7 +156,8 @@ class PowerPlan:
             "down": [c.to_dict() for c in self.down], "up": [c.to_dict() for c in self.up],
             "reserve": list(self.reserve), "skipped": dict(self.skipped), "held": list(self.held),
             "needs_approval": self.needs_approval, "pending_gpus": self.pending_gpus,
-            "forecast_gpus": self.forecast_gpus, "powered_by_agent": list(self.powered_by_agent),
+            "forecast_gpus": self.forecast_gpus, "lull_gpus": self.lull_gpus,
+            "powered_by_agent": list(self.powered_by_agent),
             "capped": self.capped, "idle_kw": round(sum(c.power_w for c in self.down) / 1000.0, 3),
         }
 
@@ -200,15 +213,36 @@ def node_power(snapshot: Snapshot, node: Node, cfg: OffhoursConfig) -> tuple[flo
     return float(cfg.idle_power_w), "policy offhours.idle_power_w"
 
 
-def plan_power(snapshot: Snapshot, policy: Policy, now: float, *, forecast_gpus: float | None = None) -> PowerPlan:
-    """Return the power plan for ``now`` (see the module docstring)."""
+#: how often the ``gpu_offhours_power`` DAG plans (its schedule is hourly)
+RUN_INTERVAL_S = 3600.0
+
+
+def wake_horizon(cfg: OffhoursConfig) -> float:
+    """Return how far ahead an hourly run must see demand: until the next run, plus the wake lead."""
+    return RUN_INTERVAL_S + cfg.wake_lead
+
+
+def lull_horizon(cfg: OffhoursConfig) -> float:
+    """Return how far ahead a predicted lull must hold before a node goes down for it."""
+    return max(cfg.lull_min, wake_horizon(cfg))
+
+
+def plan_power(snapshot: Snapshot, policy: Policy, now: float, *, forecast_gpus: float | None = None,
+               lull_gpus: float | None = None) -> PowerPlan:
+    """Return the power plan for ``now`` (see the module docstring).
+
+    ``forecast_gpus`` is the most GPUs the demand forecast expects within :func:`wake_horizon`,
+    ``lull_gpus`` within :func:`lull_horizon` (both the interval's upper bound; None: no forecast).
+    """
     cfg = policy.offhours
-    inside = in_window(cfg, now) and cfg.enabled
+    by_forecast = cfg.enabled and cfg.forecast_lulls and lull_gpus is not None
+    window = in_window(cfg, now) and cfg.enabled
+    inside = window or by_forecast
     local = local_time(cfg, now)
     util = cluster_utilisation(snapshot, cfg.window)
     nodes = list(snapshot.nodes)
-    plan = PowerPlan(now=now, in_window=inside, local_time=local.isoformat(timespec="minutes"), cluster_util=util,
-                     forecast_gpus=forecast_gpus)
+    plan = PowerPlan(now=now, in_window=window, local_time=local.isoformat(timespec="minutes"), cluster_util=util,
+                     forecast_gpus=forecast_gpus, lull_gpus=lull_gpus if by_forecast else None)
     mine = [n for n in nodes if by_agent(n, cfg)]
     plan.powered_by_agent = [n.name for n in mine]
     pending = snapshot.pending_jobs()
@@ -232,7 +266,8 @@ def plan_power(snapshot: Snapshot, policy: Policy, now: float, *, forecast_gpus:
     if forecast_gpus is not None and forecast_gpus > total_up:
         extra = forecast_gpus - total_up
         if extra > need:
-            need, why = extra, f"forecast demand {forecast_gpus:g} GPUs within {cfg.wake_lead / 60:.0f} min, {total_up} up"
+            need, why = extra, (f"forecast demand {forecast_gpus:g} GPUs within {wake_horizon(cfg) / 60:.0f} min, "
+                               f"{total_up} up")
     woken = 0.0
     for n in asleep:
         if woken >= need:
@@ -248,7 +283,7 @@ def plan_power(snapshot: Snapshot, policy: Policy, now: float, *, forecast_gpus:
         plan.held.append("degraded data: " + "; ".join(snapshot.problems)[:200])
     if util is None and cfg.require_gpu_metrics:
         plan.held.append("no fresh GPU metrics (offhours.require_gpu_metrics)")
-    elif util is not None and util >= cfg.util_max:
+    elif util is not None and util >= cfg.util_max and not by_forecast:
         plan.held.append(f"cluster GPU utilisation {util:.1f}% ≥ {cfg.util_max:g}%")
     hp = [j.job_id for j in pending if (j.partition in cfg.high_priority_partitions or j.qos in cfg.high_priority_qos)]
     if hp:
@@ -257,8 +292,13 @@ def plan_power(snapshot: Snapshot, policy: Policy, now: float, *, forecast_gpus:
         return plan
 
     # -- which -------------------------------------------------------------------------------------
-    sel = _select(snapshot, policy, None, cap_gpus=(free_up - plan.pending_gpus, total_up - (forecast_gpus or 0.0)),
-                  reason=f"idle in the off-hours window (cluster {util if util is not None else 0:.1f}%)")
+    keep_for = max(forecast_gpus or 0.0, plan.lull_gpus or 0.0)
+    if window:
+        reason = f"idle in the off-hours window (cluster {util if util is not None else 0:.1f}%)"
+    else:
+        reason = (f"idle in a predicted lull (forecast at most {keep_for:g} GPUs over the next "
+                  f"{lull_horizon(cfg) / 3600:g} h)")
+    sel = _select(snapshot, policy, None, cap_gpus=(free_up - plan.pending_gpus, total_up - keep_for), reason=reason)
     plan.down, plan.reserve, plan.skipped, plan.capped = sel.chosen, sel.reserve, sel.skipped, sel.capped
     plan.needs_approval = len(sel.chosen) > cfg.approval_over_nodes
     return plan

@@ -313,3 +313,34 @@ def test_vet_passes_approval_and_overridden_protections_marked_for_a_human() -> 
     chosen, refused = vet_power_down(snap(nodes, gpus, jobs=[job]), protected(label, warm_reserve_nodes=0), NIGHT,
                                      ["gpu03"], override_protections=True)
     assert chosen == [] and refused["gpu03"].startswith("protected by 'no-interrupt label'")
+
+
+def test_a_predicted_lull_powers_down_by_day_only_with_forecast_lulls() -> None:
+    nodes, gpus = cluster(5, states={"gpu01": "allocated"})
+    # 14:00 on a weekday: outside every window; the forecast's upper bound over the lull is 6 GPUs
+    plain = plan_power(snap(nodes, gpus), policy(warm_reserve_nodes=0, max_nodes_per_run=10), DAY,
+                       forecast_gpus=4.0, lull_gpus=6.0)
+    assert not plain.down and plain.held == ["outside the off-hours window"] and plain.lull_gpus is None
+    sized = plan_power(snap(nodes, gpus), policy(warm_reserve_nodes=0, max_nodes_per_run=10, forecast_lulls=True),
+                       DAY, forecast_gpus=4.0, lull_gpus=6.0)
+    # 20 GPUs up; 6 must stay up for the lull's upper bound: 3 idle nodes of 4 GPUs go, 2 nodes (8 GPUs) stay
+    assert len(sized.down) == 3 and not sized.in_window and sized.lull_gpus == 6.0
+    assert all("predicted lull" in c.reason for c in sized.down)
+    assert sized.to_dict()["lull_gpus"] == 6.0
+    # the forecast takes the place of util_max: a busy cluster still sheds what the forecast does not need
+    busy = [dict(r, util_mean=95.0) for r in gpus if r["host"] == "gpu01"] + [r for r in gpus if r["host"] != "gpu01"]
+    assert len(plan_power(snap(nodes, busy), policy(warm_reserve_nodes=0, max_nodes_per_run=10, forecast_lulls=True,
+                                                    util_max=1.0), DAY, lull_gpus=6.0).down) == 3
+    # no forecast: the windows alone decide, as without the knob
+    assert not plan_power(snap(nodes, gpus), policy(forecast_lulls=True), DAY).down
+
+
+def test_outside_the_windows_a_forecast_wakes_only_what_it_needs() -> None:
+    nodes, gpus = cluster(4, states={"gpu01": "allocated"})
+    asleep = [dataclasses.replace(n, state="idle~", reason="gpu-cost: off-hours") if n.name in ("gpu03", "gpu04")
+              else n for n in nodes]
+    gpus = [r for r in gpus if r["host"] not in ("gpu03", "gpu04")]
+    both = plan_power(snap(asleep, gpus), policy(), DAY, forecast_gpus=10.0, lull_gpus=10.0)
+    assert [c.node for c in both.up] == ["gpu03", "gpu04"]  # the windows alone: every node comes back by day
+    sized = plan_power(snap(asleep, gpus), policy(forecast_lulls=True), DAY, forecast_gpus=10.0, lull_gpus=10.0)
+    assert [c.node for c in sized.up] == ["gpu03"] and "forecast demand 10 GPUs within 90 min" in sized.up[0].reason

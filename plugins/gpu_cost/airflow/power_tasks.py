@@ -73,11 +73,13 @@ def effective_mode(policy: Policy, dry_run: bool) -> str:
 
 
 def make_plan(policy: Policy, now: float, source: str, store: Any | None = None) -> tuple[Any, Snapshot]:
-    from gpu_cost.offhours import plan_power
+    from gpu_cost.offhours import lull_horizon, plan_power, wake_horizon
 
     snap = snapshot_for(policy, now, source)
-    forecast = forecast_demand(store, now, policy.offhours.wake_lead) if store is not None else None
-    return plan_power(snap, policy, now, forecast_gpus=forecast), snap
+    cfg = policy.offhours
+    forecast = forecast_demand(store, now, wake_horizon(cfg)) if store is not None else None
+    lull = forecast_demand(store, now, lull_horizon(cfg)) if store is not None and cfg.forecast_lulls else None
+    return plan_power(snap, policy, now, forecast_gpus=forecast, lull_gpus=lull), snap
 
 
 def decisions_of(plan: Any, policy: Policy, now: float, mode: str) -> list[Decision]:

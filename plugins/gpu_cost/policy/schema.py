@@ -535,6 +535,12 @@ class OffhoursConfig:
     require_gpu_metrics: bool = True
     #: wake powered-down nodes when pending jobs need more GPUs than the running nodes have free
     wake_on_pending: bool = True
+    #: with a demand forecast, size the nodes kept up by it at any hour, not only inside the
+    #: windows: idle nodes go down when the forecast's upper bound over ``lull_min`` fits in the
+    #: nodes left up (the forecast replaces ``util_max``), and they stay down through the lull
+    forecast_lulls: bool = False
+    #: how far ahead a predicted lull must hold before a node goes down for it
+    lull_min: Annotated[float, Dur(), Range(3600, 7 * 86400)] = 3 * 3600.0
 
 
 @dataclass(frozen=True)
