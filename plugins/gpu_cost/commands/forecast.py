@@ -24,7 +24,7 @@ def register(sub: Any) -> None:
     add_json(b)
     b.set_defaults(handler=_backtest)
 
-    d = fsub.add_parser("demand-backtest", help="demand model vs seasonal naive, last H hours of each series held out")
+    d = fsub.add_parser("demand-backtest", help="demand model vs the simple forecasts (WAPE, GPU-hours short/idle, sMAPE), last H hours held out")
     d.add_argument("--series", required=True, help="series file: ts, key, value (hourly)")
     d.add_argument("--horizon", required=True, help="time held out, with its unit (e.g. 168h or 7d)")
     d.add_argument("--no-prophet", action="store_true", help="no Prophet (level and seasonal naive only)")
@@ -91,14 +91,24 @@ def _demand_backtest(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     out = backtest.demand_backtest(series, _hours(args.horizon), use_prophet=not args.no_prophet, refit_every=every)
     how = f", refitted every {every} h" if every else ", one forecast"
     lines = [f"demand backtest on {args.series}: {out['n_series']} series, last {out['horizon']} h held out{how}",
+             f"  WAPE {_pct(out['wape'])}   best naive per series {_pct(out['best_naive_wape'])}   "
+             f"seasonal naive {_pct(out['seasonal_naive_wape'])}   daily repeat {_pct(out['daily_repeat_wape'])}",
+             f"  GPU-h short {out['gpu_hours_short']:.0f}  idle {out['gpu_hours_idle']:.0f}   (best naive: short "
+             f"{out['best_naive_gpu_hours_short']:.0f}  idle {out['best_naive_gpu_hours_idle']:.0f})",
              f"  sMAPE {out['smape']:.1f}   seasonal naive {out['seasonal_naive_smape']:.1f}   "
              f"daily repeat {out['daily_repeat_smape']:.1f}   80% interval coverage {out['coverage_80']:.0%}",
              f"  best flat forecast in hindsight {out['hindsight_flat_smape']:.1f} (knows the held-out hours: a gauge"
-             " of how predictable they were, not a forecast)"]
+             " of how predictable they were, not a forecast)",
+             f"  {'series':<12} {'WAPE':>6} {'naive':>6} {'best naive':<15} {'sMAPE':>6} {'short':>6} {'idle':>6}  model"]
     for key, s in out["series"].items():
-        lines.append(f"  {key:<24} {s['smape']:6.1f}  naive {s['seasonal_naive_smape']:6.1f}  "
-                     f"hindsight flat {s['hindsight_flat_smape']:6.1f}  ({s['model']})")
+        lines.append(f"  {key:<12} {_pct(s['wape']):>6} {_pct(s['best_naive_wape']):>6} {s['best_naive']:<15} "
+                     f"{s['smape']:6.1f} {s['gpu_hours_short']:6.0f} {s['gpu_hours_idle']:6.0f}  {s['model']}")
+        lines.extend(f"      fell back {why}" for why in s["fallbacks"])
     return out, "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def _find_job(args: argparse.Namespace, now: float) -> dict[str, Any]:

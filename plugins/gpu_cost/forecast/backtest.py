@@ -1,4 +1,4 @@
-"""The two contract backtests: job end times against the time limit, demand against seasonal naive.
+"""The two contract backtests: job end times against the time limit, demand against the simple forecasts.
 
 **Runtime** (:func:`runtime_backtest`): the model is fitted on jobs that *ended* before the split;
 it predicts every job that *started* at or after it. A test job's features may use jobs that
@@ -6,18 +6,31 @@ finished before that job was submitted (what a live agent would know then), neve
 Runtimes are capped at the limit (a job killed at its limit runs a few seconds past it).
 
 **Demand** (:func:`demand_backtest`): per series, the last ``horizon`` hours are held out and the
-forecast sees only what came before; sMAPE (0 to 200, 0/0 counts 0) of the model and of the weekly
-seasonal naive (the value one week earlier, repeated) is averaged over the series. Next to them,
-``hindsight_flat_smape``: the best constant forecast *chosen knowing the held-out hours* -- not a
-forecast, a gauge of how predictable the held-out window was. A model far above it has room to
-improve; a model close to it (or below, thanks to the daily shape) is losing to level shifts that
-no forecast from the series alone could see coming.
+forecast sees only what came before (or, with ``refit_every``, is refitted that often inside them,
+as the nightly DAG does). Scored against the two simple forecasts under the same refit schedule:
+the weekly seasonal naive (the value one week earlier) and the daily repeat (yesterday's hours).
+
+* **WAPE** (a fraction: 0.25 means a quarter of the GPU-hours demanded were mis-forecast) is the
+  capacity figure: absolute GPUs off summed over the hours, over the GPUs demanded. Overall it is
+  pooled -- every series' errors over all their demand -- so a big team weighs what its GPUs
+  weigh. ``gpu_hours_short`` (demand above the forecast: queueing if capacity followed it) and
+  ``gpu_hours_idle`` (forecast above demand: GPUs kept up for nothing) split the same errors.
+* ``best_naive`` is, per series, the better of the two simple forecasts by WAPE on the held-out
+  hours (chosen knowing them, so a demanding bar); overall ``best_naive_wape`` pools those
+  per-series choices, ``seasonal_naive_wape`` / ``daily_repeat_wape`` pool one method everywhere.
+* sMAPE (0 to 200, 0/0 counts 0) averaged over the series, for continuity. It punishes any non-zero
+  forecast of an idle hour with the full 200, whatever the GPUs, so it is not the capacity figure.
+* ``hindsight_flat_smape``: the best constant forecast *chosen knowing the held-out hours* -- not a
+  forecast, a gauge of how predictable the held-out window was. A model far above it has room to
+  improve; a model close to it (or below, thanks to the daily shape) is losing to level shifts that
+  no forecast from the series alone could see coming.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpu_cost.errors import TraceError
@@ -25,6 +38,7 @@ from gpu_cost.forecast import demand as demand_mod
 from gpu_cost.forecast import prophet_util
 from gpu_cost.forecast import runtime as runtime_mod
 from gpu_cost.forecast.history import finished
+from gpu_cost.timeutil import iso
 
 if TYPE_CHECKING:
     import numpy as np
@@ -100,6 +114,30 @@ def smape(y: np.ndarray, p: np.ndarray) -> float:
     return float(np.mean(v))
 
 
+def wape(y: np.ndarray, p: np.ndarray) -> float:
+    """Return the WAPE of ``p``: the sum of absolute errors over the sum of demand (a fraction; NaN if none).
+
+    Unlike sMAPE it weighs an hour by its GPUs, so being 5 GPUs off costs the same at 2 GPUs
+    demanded as at 200, and a quiet team's hours do not dominate the score.
+    """
+    import numpy as np
+
+    y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
+    ok = ~np.isnan(y)
+    den = float(np.sum(np.abs(y[ok])))
+    return float(np.sum(np.abs(y[ok] - p[ok]))) / den if den > 0 else float("nan")
+
+
+def short_idle(y: np.ndarray, p: np.ndarray) -> tuple[float, float]:
+    """Return ``(GPU-hours short, GPU-hours idle)``: demand above the forecast, forecast above demand."""
+    import numpy as np
+
+    y, p = np.asarray(y, dtype=float), np.asarray(p, dtype=float)
+    ok = ~np.isnan(y)
+    d = y[ok] - p[ok]
+    return float(np.sum(np.clip(d, 0, None))), float(np.sum(np.clip(-d, 0, None)))
+
+
 def seasonal_naive(train: np.ndarray, horizon: int, season: int = 168) -> np.ndarray:
     """Return the last ``season`` values repeated over ``horizon`` (shorter history: daily)."""
     import numpy as np
@@ -129,16 +167,29 @@ def hindsight_flat_smape(y: np.ndarray) -> float:
     return float(cost.mean(axis=1).min())
 
 
+@dataclass
+class _Held:
+    """What each forecast said about the held-out hours, and the simple forecasts refreshed as often."""
+
+    yhat: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    daily: np.ndarray
+    weekly: np.ndarray
+    models: list[str]
+    fallbacks: list[str]
+
+
 def _rolling(tr_ts: np.ndarray, v: np.ndarray, n_train: int, horizon: int, every: int, stats: prophet_util.FitStats,
-             use_prophet: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
+             use_prophet: bool) -> _Held:
     """Forecast ``v[n_train:]`` in ``every``-hour pieces, each refitted on everything before it.
 
-    Returns model, lower, upper, daily repeat and the models used: what a forecast refreshed every
-    ``every`` hours (the nightly DAG: 24) would have said about each held-out hour.
+    What a forecast refreshed every ``every`` hours (the nightly DAG: 24) would have said about
+    each held-out hour; the daily repeat and seasonal naive are refreshed at the same instants.
     """
     import numpy as np
 
-    yhat, lo, hi, daily, models = [], [], [], [], set()
+    yhat, lo, hi, daily, weekly, models, fallbacks = [], [], [], [], [], [], []
     for o in range(n_train, n_train + horizon, every):
         n = min(every, n_train + horizon - o)
         fc = demand_mod.forecast(tr_ts[:o], v[:o], n, stats=stats, use_prophet=use_prophet)
@@ -146,19 +197,28 @@ def _rolling(tr_ts: np.ndarray, v: np.ndarray, n_train: int, horizon: int, every
         lo.append(fc.lower)
         hi.append(fc.upper)
         daily.append(seasonal_naive(np.nan_to_num(v[:o]), n, 24))
-        models.add(fc.model)
-    return (np.concatenate(yhat), np.concatenate(lo), np.concatenate(hi), np.concatenate(daily),
-            "+".join(sorted(models)))
+        weekly.append(seasonal_naive(np.nan_to_num(v[:o]), n))
+        models.append(fc.model)
+        if fc.fallback:
+            fallbacks.append(f"{iso(tr_ts[o])} {fc.fallback}")
+    return _Held(np.concatenate(yhat), np.concatenate(lo), np.concatenate(hi), np.concatenate(daily),
+                 np.concatenate(weekly), models, fallbacks)
+
+
+NAIVES = ("seasonal_naive", "daily_repeat")  # the simple forecasts the model must beat
 
 
 def demand_backtest(series: pd.DataFrame, horizon: int, *, use_prophet: bool = True,
                     refit_every: int | None = None) -> dict[str, Any]:
-    """Hold out the last ``horizon`` hours of every series; return model vs seasonal-naive sMAPE.
+    """Hold out the last ``horizon`` hours of every series; return the model's errors next to the naive ones.
 
     By default one forecast made at the start of the held-out hours covers all of them (the
     contract). With ``refit_every`` (hours) the forecast is refitted that often, on everything seen
     so far, and each piece scores the hours up to the next refit -- how the nightly DAG's forecasts
-    (refitted every 24 h) are actually read; the daily repeat is then refreshed as often.
+    (refitted every 24 h) are actually read; the daily repeat and seasonal naive are then refreshed
+    as often. Per series and overall: sMAPE (mean over series), WAPE and GPU-hours short / idle
+    (pooled over series: the overall WAPE is every series' absolute errors over all their demand),
+    for the model and for ``best_naive``, the better of seasonal naive and daily repeat by WAPE.
     """
     import numpy as np
 
@@ -167,6 +227,8 @@ def demand_backtest(series: pd.DataFrame, horizon: int, *, use_prophet: bool = T
     t0 = time.perf_counter()
     per: dict[str, dict[str, Any]] = {}
     stats = prophet_util.FitStats()
+    pooled: dict[str, list[float]] = {}  # per forecast: GPU-hours short and idle, summed over series
+    demand = 0.0
     for key, g in series.groupby("key", sort=True):
         g = g.sort_values("ts")
         ts = g["ts"].to_numpy(dtype=float)
@@ -175,26 +237,68 @@ def demand_backtest(series: pd.DataFrame, horizon: int, *, use_prophet: bool = T
             logger.info("series %s: %d points, too short for a %d h holdout; skipped", key, len(v), horizon)
             continue
         tr_v, te = v[:-horizon], v[-horizon:]
-        if refit_every:
-            yhat, lower, upper, daily, model = _rolling(ts, v, len(tr_v), horizon, refit_every, stats, use_prophet)
-        else:
-            fc = demand_mod.forecast(ts[:-horizon], tr_v, horizon, stats=stats, use_prophet=use_prophet)
-            yhat, lower, upper, model = fc.yhat, fc.lower, fc.upper, fc.model
-            daily = seasonal_naive(np.nan_to_num(tr_v), horizon, 24)
-        naive = seasonal_naive(np.nan_to_num(tr_v), horizon)
+        held = _rolling(ts, v, len(tr_v), horizon, refit_every or horizon, stats, use_prophet)
         ok = ~np.isnan(te)
+        y = te[ok]
+        fcs = {"model": held.yhat[ok], "seasonal_naive": held.weekly[ok], "daily_repeat": held.daily[ok]}
+        figs = {k: _errors(y, p) for k, p in fcs.items()}
+        best = min(NAIVES, key=lambda k: _nan_last(figs[k]["wape"]))
+        for k, f in (*figs.items(), ("best_naive", figs[best])):
+            acc = pooled.setdefault(k, [0.0, 0.0])
+            acc[0] += f["gpu_hours_short"]
+            acc[1] += f["gpu_hours_idle"]
+        demand += float(np.sum(np.abs(y)))
+        models: dict[str, int] = {}
+        for m in held.models:
+            models[m] = models.get(m, 0) + 1
         per[str(key)] = {
-            "smape": round(smape(te[ok], yhat[ok]), 2),
-            "seasonal_naive_smape": round(smape(te[ok], naive[ok]), 2),
-            "daily_repeat_smape": round(smape(te[ok], daily[ok]), 2),
-            "hindsight_flat_smape": round(hindsight_flat_smape(te[ok]), 2),
-            "coverage_80": round(float(np.mean((te[ok] >= lower[ok]) & (te[ok] <= upper[ok]))), 3),
-            "model": model,
+            "smape": round(smape(y, fcs["model"]), 2),
+            "seasonal_naive_smape": round(smape(y, fcs["seasonal_naive"]), 2),
+            "daily_repeat_smape": round(smape(y, fcs["daily_repeat"]), 2),
+            "hindsight_flat_smape": round(hindsight_flat_smape(y), 2),
+            **_rounded(figs["model"]),
+            "seasonal_naive_wape": _round4(figs["seasonal_naive"]["wape"]),
+            "daily_repeat_wape": _round4(figs["daily_repeat"]["wape"]),
+            "best_naive": best,
+            **_rounded(figs[best], "best_naive_"),
+            "best_naive_smape": round(smape(y, fcs[best]), 2),
+            "coverage_80": round(float(np.mean((y >= held.lower[ok]) & (y <= held.upper[ok]))), 3),
+            "gpu_hours": round(float(np.sum(np.abs(y))), 1),
+            "model": "+".join(sorted(models)),
+            "models": models,
+            "fallbacks": held.fallbacks,
         }
     if not per:
         raise TraceError(f"demand backtest: no series has more than {horizon + 48} hourly points")
     mean = {m: round(float(np.mean([p[m] for p in per.values()])), 2)
-            for m in ("smape", "seasonal_naive_smape", "daily_repeat_smape", "hindsight_flat_smape", "coverage_80")}
+            for m in ("smape", "seasonal_naive_smape", "daily_repeat_smape", "hindsight_flat_smape", "coverage_80",
+                      "best_naive_smape")}
+    overall: dict[str, Any] = {"gpu_hours": round(demand, 1)}
+    for k, (short, idle) in pooled.items():
+        overall.update(_rounded({"wape": (short + idle) / demand if demand > 0 else float("nan"),
+                                 "gpu_hours_short": short, "gpu_hours_idle": idle}, "" if k == "model" else f"{k}_"))
+    # the one simple method that does best on all series together (per series, best_naive may differ)
+    overall["best_single_naive"] = min(NAIVES, key=lambda k: _nan_last(overall[f"{k}_wape"]))
+    overall["fallback_series"] = sorted(k for k, p in per.items() if p["fallbacks"])
     logger.info("%s", stats.summary("demand"))
-    return {**mean, "n_series": len(per), "horizon": horizon, "refit_every": refit_every, "series": per,
+    return {**mean, **overall, "n_series": len(per), "horizon": horizon, "refit_every": refit_every, "series": per,
             "prophet_fits": stats.fits, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _errors(y: np.ndarray, p: np.ndarray) -> dict[str, float]:
+    short, idle = short_idle(y, p)
+    return {"wape": wape(y, p), "gpu_hours_short": short, "gpu_hours_idle": idle}
+
+
+def _rounded(figs: dict[str, float], prefix: str = "") -> dict[str, Any]:
+    return {f"{prefix}wape": _round4(figs["wape"]), f"{prefix}gpu_hours_short": round(figs["gpu_hours_short"], 1),
+            f"{prefix}gpu_hours_idle": round(figs["gpu_hours_idle"], 1)}
+
+
+def _round4(x: float) -> float | None:
+    # JSON has no NaN: a series (or set) that saw no demand has no WAPE
+    return None if x != x else round(x, 4)
+
+
+def _nan_last(x: float | None) -> float:
+    return float("inf") if x is None or x != x else x

@@ -4,35 +4,49 @@ Team demand on a GPU cluster is mostly a *level* that shifts when projects start
 daily / weekly shape that is strong on some clusters and weak or unsteady on others. No single
 method wins: Prophet follows the shape but over-reacts to the last shift, the recent level is right
 until it moves, last week is often a different regime. So the forecast is the hour-by-hour
-**median of five forecasts** -- two flat ones (recent level, level reverting to the week's median)
-and three with a shape (Prophet, last week, the last week's median day). A fixed combination, not
-a per-series pick: with two to four weeks of history a pick scored on a couple of validation folds
-is mostly noise, and in rolling-origin tests on the Helios VC traces (every cut-off before the
-held-out week) the median beat picking the best two or three candidates per series; on strongly
-seasonal series the three shaped members carry the median. The median is also the right centre
-for sMAPE, which rewards not chasing outliers. The candidates (all clipped at 0):
+**median of seven votes**: the recent level (twice), yesterday repeated, the level reverting to the
+week's median, and three with a shape (Prophet, last week, the last week's median day). The recent
+values hold three of the seven votes, so after a level shift the median follows the new level at
+once instead of averaging it with the old regime's seasonality; on a steady seasonal series they
+agree with the shaped votes anyway. The median is also the right centre for WAPE (an absolute
+error) and for sMAPE, which both reward not chasing outliers.
 
-``prophet``    Prophet with daily and weekly seasonality on the cleaned series (whole days of exact
-               zeros in an otherwise busy series are outages, treated as missing), changepoints
-               allowed up to the last 5 % of the history so it can follow a recent level shift.
+**Fallback.** A fixed combination is right for most series, not all: an intermittent team (zeros
+for days) is best forecast as zero, and right after a shift yesterday or the last hours can beat
+any combination. Every candidate is scored on rolling-origin validation folds (refitted at earlier
+cut-offs inside the history, scored on the hours that followed, folds as long as the horizon asked
+for, between 48 h and a week; nothing after the forecast instant is seen) by WAPE -- GPUs off over
+GPUs demanded, the capacity-relevant error -- with each fold weighted by how recent it is (half
+per :data:`RECENT_HALF_LIFE_H`). When a simple forecast (:data:`SIMPLE`: zero, only for a team idle
+over the last day; the recent level; yesterday repeated) scores at least :data:`FALLBACK_MARGIN`
+times better than the median, it is the forecast instead (``model`` = ``<name> (fallback)``, the
+reason in ``fallback``). The margin is there because the best of three scores on two folds is
+flattered by luck: without it, on the Helios VC traces, fallbacks cost more than they saved in
+held-out weeks before the last one.
+
+The candidates (all clipped at 0):
+
+``prophet``    Prophet with daily and weekly seasonality on the cleaned series (short runs of whole
+               zero days followed by demand are outages, treated as missing; see :func:`clean`),
+               changepoints allowed up to the last 5 % of the history so it can follow a shift.
 ``level``      the recent level (median of the last 3 hours), flat.
 ``revert``     the recent level decaying towards the median of the last week (half-life 4 days):
                a spike or dip right before the forecast is rarely the week's level.
-``profile``    (inside ``median`` only) the hour-of-day medians of the last 7 days.
-``median``     the hourly median of Prophet, level, revert, profile and seasonal naive -- **the
-               forecast**. Without Prophet (not installed, or the fit failed) the median of the
-               other four.
+``daily_repeat``  the last 24 hours repeated.
+``zero``       no demand.
+``median``     the hourly median of level (twice), daily repeat, revert, the last 7 days'
+               hour-of-day medians, seasonal naive and Prophet -- **the forecast** unless it fell
+               back. Without Prophet (not installed, or the fit failed) the median of the others.
 ``blend``      the mean of Prophet and level; ``ensemble`` the median of Prophet, level and
                seasonal naive (scored for the record, not used).
 ``seasonal_naive``  the value one week earlier (one day earlier with under two weeks of history):
-               the fallback for a series with under 48 usable hours, and the baseline every fit is
+               the forecast for a series with under 48 usable hours, and the baseline every fit is
                scored against (``extra.baseline_smape`` of each forecast row).
 
-Every candidate is scored by sMAPE on rolling-origin validation folds (refitted at earlier
-cut-offs inside the history, scored on the hours that followed, folds as long as the horizon
-asked for up to a week; nothing after the forecast instant is seen). The scores go with each
-forecast (``extra.scores``), and all candidates' validation errors give the 80 % interval around
-it (model uncertainty included; widening like a random walk past the folds).
+The sMAPE and WAPE of every candidate go with each forecast (``extra.scores``, ``extra.wape``),
+with the candidate chosen and why a fallback was taken (``extra.chosen``, ``extra.fallback``).
+The validation errors of the chosen forecast and of the other candidates give the 80 % interval
+around it (model uncertainty included; widening like a random walk past the folds).
 """
 
 from __future__ import annotations
@@ -56,7 +70,12 @@ logger = logging.getLogger(__name__)
 HOUR = 3600.0
 DAY_H = 24
 WEEK_H = 168
-CANDIDATES = ("prophet", "level", "revert", "blend", "ensemble", "median", "seasonal_naive")
+CANDIDATES = ("prophet", "level", "revert", "blend", "ensemble", "median", "seasonal_naive", "daily_repeat", "zero")
+MODEL = "median"         # the forecast, unless a simple one clearly beat it on the validation folds
+SIMPLE = ("zero", "level", "daily_repeat")  # the fallbacks, preferred in this order on a tie
+FALLBACK_MARGIN = 1.25   # a fallback's weighted validation error times this must not exceed the model's
+# the candidates whose fold errors make the interval (zero's errors are the demand itself: no model's doubt)
+INTERVAL_POOL = ("prophet", "level", "revert", "blend", "ensemble", "median", "seasonal_naive", "daily_repeat")
 LEVEL_HOURS = 3          # the recent level: median of this many last hours
 REVERT_HALF_LIFE_H = 96  # the recent level's pull fades to half in 4 days ...
 REVERT_WINDOW_H = WEEK_H  # ... towards the median of the last week
@@ -65,6 +84,8 @@ MIN_HISTORY_H = 48       # usable hours the median needs; shorter series get the
 ORIGINS = 2              # validation cut-offs ...
 ORIGIN_STEP_H = 48       # ... this far apart
 MIN_TRAIN_H = WEEK_H     # history a validation fit needs at least
+RECENT_HALF_LIFE_H = 48  # a validation fold's weight in the fallback choice halves every 2 days back
+OUTAGE_MAX_DAYS = 2      # whole zero days in a row that can be an outage; longer runs are no demand
 
 
 @dataclass
@@ -72,9 +93,13 @@ class Forecast:
     """A demand forecast for one series.
 
     :param ts: horizon instants (epoch seconds, hourly); :param yhat: expected GPUs.
-    :param lower: / :param upper: the 80 % interval. :param model: the candidate used (``median``, or
-    ``seasonal_naive`` for a short series).
+    :param lower: / :param upper: the 80 % interval. :param model: the candidate used (``median``;
+        ``<simple> (fallback)`` when a simple forecast beat it on the validation folds;
+        ``seasonal_naive`` for a short series).
     :param scores: validation sMAPE per candidate (lower is better).
+    :param wape: recency-weighted validation WAPE per candidate (a fraction; None where the
+        validation hours saw no demand), what the fallback choice is made on.
+    :param fallback: why a simple forecast replaced the model, or None.
     """
 
     ts: Any
@@ -83,24 +108,44 @@ class Forecast:
     upper: Any
     model: str
     scores: dict[str, float] = field(default_factory=dict)
+    wape: dict[str, float | None] = field(default_factory=dict)
+    fallback: str | None = None
 
     @property
     def baseline_smape(self) -> float | None:
         return self.scores.get("seasonal_naive")
 
+    @property
+    def candidate(self) -> str:
+        """Return the candidate's name without the ``(fallback)`` mark (a key of :attr:`scores`)."""
+        return self.model.removesuffix(" (fallback)")
+
 
 def clean(v: np.ndarray) -> np.ndarray:
-    """Return ``v`` with outage days (24 aligned hours of exact zeros in a busy series) as NaN."""
+    """Return ``v`` with outage days (short runs of whole zero days inside a busy series) as NaN.
+
+    A run of up to :data:`OUTAGE_MAX_DAYS` aligned days of exact zeros with demand after it is an
+    outage: the team still wanted GPUs, the cluster (or its accounting) was down. A longer run, or
+    one still going at the end of the history, is the team wanting nothing, and stays zero: hiding
+    it would make an idle team's forecast repeat the level it had before it went quiet.
+    """
     import numpy as np
 
     v = np.asarray(v, dtype=float).copy()
     if not np.nanmax(v, initial=0) > 0:
         return v
     off = len(v) % 24
-    for s in range(off, len(v) - 23, 24):
-        day = v[s:s + 24]
-        if np.all(day == 0):
-            v[s:s + 24] = np.nan
+    zero_days = [s for s in range(off, len(v) - 23, 24) if np.all(v[s:s + 24] == 0)]
+    runs: list[list[int]] = []
+    for s in zero_days:
+        if runs and runs[-1][-1] + 24 == s:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    for run in runs:
+        end = run[-1] + 24
+        if len(run) <= OUTAGE_MAX_DAYS and end < len(v) and np.nanmax(v[end:], initial=0) > 0:
+            v[run[0]:end] = np.nan
     return v
 
 
@@ -118,6 +163,14 @@ def _seasonal_naive(v: np.ndarray, horizon: int) -> np.ndarray:
     season = min(season, len(v)) or 1
     base = np.nan_to_num(v[-season:], nan=_level(v))
     return base[np.arange(horizon) % season]
+
+
+def _daily_repeat(v: np.ndarray, horizon: int) -> np.ndarray:
+    """The last 24 hours repeated (gaps filled with the recent level): "tomorrow is like today"."""
+    import numpy as np
+
+    day = np.nan_to_num(v[-DAY_H:], nan=_level(v)) if len(v) else np.zeros(1)
+    return day[np.arange(horizon) % len(day)]
 
 
 def _revert(vc: np.ndarray, horizon: int) -> np.ndarray:
@@ -171,8 +224,11 @@ def candidates(ts: np.ndarray, v: np.ndarray, horizon: int, stats: prophet_util.
 
     vc = clean(v)
     out = {"seasonal_naive": _seasonal_naive(v, horizon), "level": np.full(horizon, _level(vc)),
-           "revert": _revert(vc, horizon)}
-    members = [out["level"], out["revert"], _profile(ts, vc, horizon), out["seasonal_naive"]]
+           "revert": _revert(vc, horizon), "daily_repeat": _daily_repeat(v, horizon), "zero": np.zeros(horizon)}
+    # the recent level votes twice and yesterday once, so a level shift moves the median at once rather
+    # than after the members that remember the old level (revert, profile, last week, Prophet) catch up
+    members = [out["level"], out["level"], out["revert"], _profile(ts, vc, horizon), out["seasonal_naive"],
+               out["daily_repeat"]]
     p = _prophet(ts, vc, horizon, stats) if use_prophet else None
     if p is not None:
         p = np.clip(p, 0.0, None)
@@ -218,10 +274,12 @@ def forecast(ts: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndar
              origins: int = ORIGINS) -> Forecast:
     """Forecast the ``horizon`` hours after the last point of an hourly series.
 
-    The forecast is the ``median`` candidate (``seasonal_naive`` for a series with under
-    :data:`MIN_HISTORY_H` usable hours). Every candidate is also scored on ``origins``
-    rolling-origin validation folds (:func:`validation_cutoffs`): the scores go with the forecast
-    (``seasonal_naive``'s is the baseline) and their errors give the interval.
+    The forecast is the ``median`` candidate, unless one of the :data:`SIMPLE` forecasts had a
+    lower recency-weighted WAPE on the ``origins`` rolling-origin validation folds
+    (:func:`validation_cutoffs`, :func:`fold_wape`): then that one, marked ``(fallback)``, with
+    the reason in :attr:`Forecast.fallback`. A series with under :data:`MIN_HISTORY_H` usable
+    hours gets the ``seasonal_naive`` unscored. Every candidate's sMAPE goes with the forecast
+    (``seasonal_naive``'s is the baseline), and the fold errors give the interval.
     """
     import numpy as np
 
@@ -233,17 +291,62 @@ def forecast(ts: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndar
         z = np.zeros(horizon)
         return Forecast(fut, z, z, z, "empty")
     final = candidates(ts, v, horizon, stats, use_prophet)
-    chosen = "median" if np.sum(~np.isnan(clean(v))) >= MIN_HISTORY_H else "seasonal_naive"
     vh, cuts = validation_cutoffs(len(v), horizon, origins)
-    folds = [(v[cut:cut + vh], candidates(ts[:cut], v[:cut], vh, stats, use_prophet)) for cut in cuts]
+    folds = [(cut, v[cut:cut + vh], candidates(ts[:cut], v[:cut], vh, stats, use_prophet)) for cut in cuts]
     scores: dict[str, float] = {}
     for k in final:
-        s = [_smape(t, c[k]) for t, c in folds if k in c]
+        s = [_smape(t, c[k]) for _, t, c in folds if k in c]
         if s and not all(math.isnan(x) for x in s):
             scores[k] = round(float(np.nanmean(s)), 2)
-    errs = np.concatenate([t - x for t, c in folds for x in c.values()]) if folds else np.zeros(0)
+    err, den = fold_wape(folds, len(v))
+    wape = {k: (round(e / den, 4) if den > 0 else None) for k, e in err.items()}
+    chosen, reason = MODEL, None
+    if np.sum(~np.isnan(clean(v))) < MIN_HISTORY_H:
+        chosen = "seasonal_naive"
+    elif MODEL in err:
+        # zero only for a team idle now: the folds' hours can all lie before its demand returned
+        idle = float(np.nanmedian(v[-DAY_H:])) == 0 if np.any(~np.isnan(v[-DAY_H:])) else False
+        best = min((k for k in SIMPLE if k != "zero" or idle), key=lambda k: err.get(k, math.inf))
+        if err[MODEL] > 0 and err[best] * FALLBACK_MARGIN <= err[MODEL]:
+            chosen, reason = best, _fallback_reason(best, err, den)
+            logger.debug("demand forecast falls back to %s: %s", best, reason)
+    pool = set(INTERVAL_POOL) | {chosen}
+    errs = np.concatenate([t - x for _, t, c in folds for k, x in c.items() if k in pool]) if folds else np.zeros(0)
     lower, upper = _interval(final[chosen], errs, vh, v)
-    return Forecast(fut, final[chosen], lower, upper, chosen, scores)
+    model = f"{chosen} (fallback)" if reason else chosen
+    return Forecast(fut, final[chosen], lower, upper, model, scores, wape, reason)
+
+
+def fold_wape(folds: Sequence[tuple[int, np.ndarray, Mapping[str, np.ndarray]]], n: int,
+              half_life: float = RECENT_HALF_LIFE_H) -> tuple[dict[str, float], float]:
+    """Return each candidate's recency-weighted absolute error on the folds, and the weighted demand.
+
+    ``folds`` are ``(cut-off, truth, candidates)``; a fold that ended ``a`` hours before the end of
+    the ``n``-hour history weighs ``0.5 ** (a / half_life)`` (the latest 1, one a step earlier
+    half), so the regime of the last days outweighs the weeks before it. Whole folds are weighted,
+    not hours: weighting a fold's late hours up would favour whatever fits the newest level at the
+    longest leads, which is no forecast's skill. Error over demand is the weighted WAPE; the
+    ranking is the same without dividing, which also ranks folds that saw no demand at all.
+    """
+    import numpy as np
+
+    err: dict[str, float] = {}
+    den = 0.0
+    for cut, truth, cands in folds:
+        w = 0.5 ** ((n - cut - len(truth)) / half_life)
+        ok = ~np.isnan(truth)
+        den += w * float(np.sum(np.abs(truth[ok])))
+        for k, x in cands.items():
+            err[k] = err.get(k, 0.0) + w * float(np.sum(np.abs(truth[ok] - x[:len(truth)][ok])))
+    return err, den
+
+
+def _fallback_reason(best: str, err: Mapping[str, float], den: float) -> str:
+    """Say why ``best`` replaced the model, in the units the choice was made in."""
+    if den > 0:
+        return f"{best}: the model's validation WAPE {err[MODEL] / den:.2f} did not beat it ({err[best] / den:.2f})"
+    return (f"{best}: no demand in the validation hours; the model's weighted error {err[MODEL]:.1f} GPU-h "
+            f"did not beat it ({err[best]:.1f})")
 
 
 def _interval(yhat: np.ndarray, errs: np.ndarray, fold_h: int, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -272,7 +375,8 @@ def _interval(yhat: np.ndarray, errs: np.ndarray, fold_h: int, v: np.ndarray) ->
 # -- stored forecasts --------------------------------------------------------------------------
 def forecast_rows(key: str, fc: Forecast, created_at: float) -> list[dict[str, Any]]:
     """Return ``gpu_cost_forecasts`` rows (series ``demand:<key>``, one per horizon hour)."""
-    extra = json.dumps({"scores": fc.scores, "baseline_smape": fc.baseline_smape})
+    extra = json.dumps({"scores": fc.scores, "baseline_smape": fc.baseline_smape, "wape": fc.wape,
+                        "chosen": fc.candidate, "fallback": fc.fallback})
     return [
         {"series": f"demand:{key}", "horizon_ts": float(t), "kind": "demand", "yhat": round(float(y), 3),
          "yhat_lower": round(float(lo), 3), "yhat_upper": round(float(hi), 3), "model": fc.model,

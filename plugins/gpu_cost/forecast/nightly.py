@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SOURCES = ("sim", "slurm", "store", "trace")
+MAX_LISTED = 20  # fallen-back series named in the nightly's figures (XCom); the rest are counted
 _JOB_COLS = ("job_id", "user", "account", "partition", "name", "state", "submit_ts", "start_ts", "end_ts",
              "time_limit_s", "gpus")
 
@@ -172,7 +173,8 @@ def fit_batch(store: AuditStore, batch: Mapping[str, Any]) -> dict[str, Any]:
     now = float(batch["now"])
     stats = prophet_util.FitStats()
     models: dict[str, int] = {}
-    val, base = [], []
+    val, base, val_wape, naive_wape = [], [], [], []
+    fallbacks: list[str] = []
     n_rows = 0
     t0 = time.perf_counter()
     for key in batch["keys"]:
@@ -180,13 +182,22 @@ def fit_batch(store: AuditStore, batch: Mapping[str, Any]) -> dict[str, Any]:
         fc = demand.forecast(ts, v, int(batch["horizon_h"]), stats=stats)
         n_rows += _upsert(store, demand.forecast_rows(key, fc, now), now, batch.get("run_id")) or len(fc.ts)
         models[fc.model] = models.get(fc.model, 0) + 1
-        chosen = [fc.scores[m] for m in fc.model.split("+") if m in fc.scores]
-        if chosen and fc.baseline_smape is not None:
-            val.append(sum(chosen) / len(chosen))
+        if fc.fallback:
+            fallbacks.append(key)
+            logger.info("demand:%s fell back to %s", key, fc.fallback)
+        if fc.candidate in fc.scores and fc.baseline_smape is not None:
+            val.append(fc.scores[fc.candidate])
             base.append(fc.baseline_smape)
+        naive = [w for k in ("seasonal_naive", "daily_repeat") if (w := fc.wape.get(k)) is not None]
+        chosen = fc.wape.get(fc.candidate)
+        if chosen is not None and naive:
+            val_wape.append(chosen)
+            naive_wape.append(min(naive))
     logger.info("batch %s: %d series, %s", batch.get("batch"), len(batch["keys"]), stats.summary("demand"))
     return {"batch": batch.get("batch"), "series": len(batch["keys"]), "rows": n_rows, "models": models,
             "val_smape_sum": round(sum(val), 3), "baseline_smape_sum": round(sum(base), 3), "scored": len(val),
+            "val_wape_sum": round(sum(val_wape), 4), "best_naive_wape_sum": round(sum(naive_wape), 4),
+            "wape_scored": len(val_wape), "fallbacks": fallbacks,
             "prophet_fits": stats.fits, "prophet_failed": stats.failed,
             "seconds": round(time.perf_counter() - t0, 2)}
 
@@ -231,8 +242,15 @@ def finish(store: AuditStore, now: float, batches: Iterable[Mapping[str, Any]],
     scored = sum(int(b.get("scored", 0)) for b in batches)
     val = sum(float(b.get("val_smape_sum", 0)) for b in batches) / scored if scored else None
     base = sum(float(b.get("baseline_smape_sum", 0)) for b in batches) / scored if scored else None
+    wape_scored = sum(int(b.get("wape_scored", 0)) for b in batches)
+    val_wape = sum(float(b.get("val_wape_sum", 0)) for b in batches) / wape_scored if wape_scored else None
+    naive_wape = sum(float(b.get("best_naive_wape_sum", 0)) for b in batches) / wape_scored if wape_scored else None
+    fell_back = sorted(k for b in batches for k in b.get("fallbacks", []))
     demand_fig = {"series": sum(int(b.get("series", 0)) for b in batches), "rows": sum(int(b.get("rows", 0)) for b in batches),
                   "models": models, "validation_smape": _round(val), "seasonal_naive_smape": _round(base),
+                  "validation_wape": _round(val_wape, 4), "best_naive_wape": _round(naive_wape, 4),
+                  # XCom stays small: the count, and the first keys (each row's extra says why)
+                  "fallbacks": len(fell_back), "fallback_series": fell_back[:MAX_LISTED],
                   "prophet_fits": sum(int(b.get("prophet_fits", 0)) for b in batches),
                   "prophet_failed": sum(int(b.get("prophet_failed", 0)) for b in batches)}
     rt_fig = dict((runtime_out or {}).get("backtest") or {})
@@ -250,8 +268,8 @@ def finish(store: AuditStore, now: float, batches: Iterable[Mapping[str, Any]],
     return out
 
 
-def _round(v: float | None) -> float | None:
-    return None if v is None else round(v, 2)
+def _round(v: float | None, digits: int = 2) -> float | None:
+    return None if v is None else round(v, digits)
 
 
 def run(policy: Policy, now: float, store: AuditStore, source: str | None = "sim", *, jobs_path: str | None = None,
@@ -285,8 +303,9 @@ def summary_line(out: Mapping[str, Any]) -> str:
     d = out.get("demand") or {}
     r = out.get("runtime") or {}
     bt = r.get("backtest") or {}
+    fell = f"; {d['fallbacks']} fell back to a simple forecast" if d.get("fallbacks") else ""
     parts = [f"{d.get('series', 0)} demand series (validation sMAPE {d.get('validation_smape')} vs seasonal naive "
-             f"{d.get('seasonal_naive_smape')})", f"{r.get('classes', 0)} runtime classes",
+             f"{d.get('seasonal_naive_smape')}{fell})", f"{r.get('classes', 0)} runtime classes",
              f"{r.get('running_jobs', 0)} running-job ETAs"]
     if bt:
         parts.append(f"runtime MAE {bt['mae_s'] / 3600:.2f} h vs limit {bt['baseline_limit_mae_s'] / 3600:.2f} h")

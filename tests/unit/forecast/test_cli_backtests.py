@@ -81,3 +81,23 @@ def test_nightly_then_eta_from_the_stored_forecasts(theta_slice: Path, tmp_path:
     proc = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "forecast", "eta", "--job", "nope", "--jobs",
                            str(theta_slice), "--json"], capture_output=True, text=True, env={**os.environ, **env})
     assert proc.returncode == 2 and "nope" in json.loads(proc.stdout)["error"]
+
+
+@pytest.mark.parametrize("refit", [["--refit-every", "24h"], []], ids=["refitted-daily-as-the-nightly", "one-forecast"])
+def test_demand_backtest_reports_wape_and_never_loses_to_the_best_naive(shared_data: Path, refit: list[str]) -> None:
+    """The shipped Helios file, last week held out: WAPE next to sMAPE, and within 5 % of the best naive per series."""
+    out = _cli("demand-backtest", "--series", str(shared_data / "helios_vc_demand_hourly.csv"), "--horizon", "168h",
+               *refit)
+    assert out["n_series"] == 8 and out["horizon"] == 168
+    assert out["refit_every"] == (24 if refit else None)
+    for key, s in {"overall": out, **out["series"]}.items():
+        for k in ("wape", "best_naive_wape", "gpu_hours_short", "gpu_hours_idle", "smape",
+                  "best_naive_gpu_hours_short", "best_naive_gpu_hours_idle"):
+            assert isinstance(s[k], float) and s[k] >= 0, (key, k)
+        assert s["best_naive_wape"] <= min(s["seasonal_naive_wape"], s["daily_repeat_wape"]) + 1e-9, key
+        assert s["wape"] <= 1.05 * s["best_naive_wape"], f"{key}: WAPE {s['wape']} vs best naive {s['best_naive_wape']}"
+    for key, s in out["series"].items():
+        assert sum(s["models"].values()) == (7 if refit else 1), key
+        fell = sum(n for m, n in s["models"].items() if m.endswith("(fallback)"))
+        assert len(s["fallbacks"]) == fell and all("did not beat it" in why for why in s["fallbacks"]), key
+    assert out["fallback_series"] == sorted(k for k, s in out["series"].items() if s["fallbacks"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -162,3 +163,125 @@ def test_daily_refits_see_more_and_score_each_piece(shared_data: Path) -> None:
     assert daily["hindsight_flat_smape"] == one["hindsight_flat_smape"]
     with pytest.raises(TraceError, match="refit_every"):
         backtest.demand_backtest(series, 96, use_prophet=False, refit_every=0)
+
+
+# -- WAPE, fallbacks, intermittent series and level shifts ----------------------------------------
+def test_wape_and_gpu_hours_short_and_idle_on_a_hand_checked_example() -> None:
+    y = np.array([10.0, 0.0, 5.0, np.nan])
+    p = np.array([8.0, 2.0, 5.0, 99.0])  # 2 GPUs short, 2 idle, exact; the unknown hour does not count
+    assert backtest.wape(y, p) == pytest.approx(4 / 15)
+    assert backtest.short_idle(y, p) == (2.0, 2.0)
+    assert backtest.wape(y, np.zeros(4)) == pytest.approx(1.0)  # forecasting nothing misses all of it
+    assert np.isnan(backtest.wape(np.zeros(3), np.ones(3)))  # no demand: no WAPE, not a division by zero
+
+
+def test_recent_folds_weigh_more_in_the_fallback_choice() -> None:
+    truth = np.array([10.0, 10.0])
+    folds = [(96, truth, {"a": np.array([10.0, 10.0]), "b": np.array([0.0, 0.0])}),  # ended 2 days ago
+             (98, truth, {"a": np.array([0.0, 0.0]), "b": np.array([10.0, 10.0])})]  # ended now
+    err, den = demand.fold_wape(folds, 100, half_life=2)
+    assert den == pytest.approx(0.5 * 20 + 20)
+    assert err["a"] == pytest.approx(20) and err["b"] == pytest.approx(0.5 * 20)
+    assert min(err, key=err.get) == "b"  # right on the latest fold wins over right on an older one
+
+
+def test_idle_days_at_the_end_are_no_demand_not_an_outage() -> None:
+    _, v = _series(24 * 10)
+    v[-48:] = 0.0  # the team stopped two days ago: nothing says it comes back
+    assert not np.isnan(demand.clean(v)).any()
+    v = _series(24 * 10)[1]
+    v[24:24 * 5] = 0.0  # four quiet days in the middle: idle, not a four-day outage
+    assert not np.isnan(demand.clean(v)).any()
+
+
+def _went_quiet(idle_days: int) -> tuple[np.ndarray, np.ndarray]:
+    ts, v = _series(24 * 21 + 24 * idle_days)
+    v[-24 * idle_days:] = 0.0
+    return ts, v
+
+
+def test_intermittent_series_falls_back_to_zero_and_says_so(store) -> None:  # type: ignore[no-untyped-def]
+    """A team that wanted about 45 GPUs for three weeks and nothing for the last four days."""
+    ts, v = _went_quiet(4)
+    fc = demand.forecast(ts, v, 48)
+    assert fc.model == "zero (fallback)" and fc.candidate == "zero"
+    assert fc.fallback is not None and fc.fallback.startswith("zero:") and "no demand" in fc.fallback
+    assert np.all(fc.yhat < 0.5) and np.all(fc.lower <= fc.yhat) and np.all(fc.yhat <= fc.upper)
+    assert fc.wape["median"] is None  # no demand in the validation hours: WAPE undefined, ranked by GPU-h
+    # the model's own median was not zero on the folds: the fallback is what chose nothing
+    cut = len(v) - 48
+    assert demand.candidates(ts[:cut - 48], v[:cut - 48], 48, demand.prophet_util.FitStats())["median"].mean() > 10
+    # the stored rows say what was used and why
+    store.execute("upsert_forecast", demand.forecast_rows("account:quiet", fc, ts[-1]))
+    rows = store.query("SELECT model, extra FROM gpu_cost_forecasts WHERE series = 'demand:account:quiet'")
+    assert len(rows) == 48 and {r["model"] for r in rows} == {"zero (fallback)"}
+    extra = json.loads(rows[0]["extra"])
+    assert extra["chosen"] == "zero" and extra["fallback"] == fc.fallback
+    assert set(extra["wape"]) == set(fc.wape) and extra["scores"] == fc.scores
+
+
+def test_a_busy_team_is_never_forecast_zero() -> None:
+    """A demand that fell to a few GPUs is low, not gone: zero is a fallback only for a team idle over the last day."""
+    ts, v = _series(24 * 24)
+    v[-30:] = 3.0 + np.arange(30) % 2
+    fc = demand.forecast(ts, v, 48)
+    assert fc.candidate != "zero" and fc.yhat.mean() > 1
+
+
+def test_after_a_level_drop_the_recent_level_outweighs_old_seasonality() -> None:
+    """A steady daily cycle around 40 GPUs for three weeks; two days ago the team dropped to around 15."""
+    rng = np.random.default_rng(7)
+    t = np.arange(24 * 26)
+    y = 40 + 10 * np.sin(2 * np.pi * t / 24) + rng.normal(0, 2, len(t))
+    y[-96:] -= 25.0
+    ts, v, truth = T0 + H * t[:-48], y[:-48], y[-48:]
+    fc = demand.forecast(ts, v, 48)
+    # last week remembers 40 GPUs; the median of five without the extra recent votes scored 0.40 here
+    assert backtest.wape(truth, fc.yhat) < 0.25 * backtest.wape(truth, seasonal_naive(v, 48))
+    assert backtest.wape(truth, fc.yhat) < 0.35
+    assert abs(fc.yhat.mean() - 15) < 5
+    assert (fc.lower <= fc.yhat + 1e-9).all() and (fc.yhat <= fc.upper + 1e-9).all()
+
+
+def test_nightly_batch_counts_fallbacks_and_stores_why(store) -> None:  # type: ignore[no-untyped-def]
+    import pandas as pd
+
+    from gpu_cost.forecast import nightly
+
+    quiet_ts, quiet = _went_quiet(4)
+    busy = _series(len(quiet))[1]
+    series = pd.DataFrame({"ts": np.concatenate([quiet_ts, quiet_ts]), "value": np.concatenate([quiet, busy]),
+                           "key": ["account:quiet"] * len(quiet) + ["account:busy"] * len(busy)})
+    now = float(quiet_ts[-1] + H)
+    keys = nightly.store_series(store, series, now)
+    out = nightly.fit_batch(store, {"now": now, "keys": keys, "horizon_h": 48, "batch": 0})
+    assert out["fallbacks"] == ["account:quiet"] and out["models"]["zero (fallback)"] == 1
+    done = nightly.finish(store, now, [out], None)
+    assert done["demand"]["fallbacks"] == 1 and done["demand"]["fallback_series"] == ["account:quiet"]
+    assert "1 fell back" in nightly.summary_line(done)
+    row = store.query("SELECT extra FROM gpu_cost_forecasts WHERE series = 'demand:account:quiet' LIMIT 1")[0]
+    assert json.loads(row["extra"])["fallback"].startswith("zero:")
+
+
+def test_backtest_reports_wape_pooled_and_the_best_naive_per_series() -> None:
+    rng = np.random.default_rng(5)
+    frames = []
+    for key, level in (("big", 200.0), ("small", 4.0)):
+        ts, v = _series(24 * 21, seed=int(level))
+        v = v * level / 40 + rng.normal(0, 1, len(v))
+        frames.append({"ts": ts, "value": np.clip(v, 0, None), "key": key})
+    import pandas as pd
+
+    series = pd.concat([pd.DataFrame(f) for f in frames])
+    out = backtest.demand_backtest(series, 72, use_prophet=False, refit_every=24)
+    per = out["series"]
+    for s in per.values():
+        assert s["best_naive_wape"] == min(s["seasonal_naive_wape"], s["daily_repeat_wape"])
+        assert s["best_naive_wape"] == s[f"{s['best_naive']}_wape"]
+        # short and idle split the absolute error: together they are the WAPE's numerator
+        assert s["gpu_hours_short"] + s["gpu_hours_idle"] == pytest.approx(s["wape"] * s["gpu_hours"], rel=1e-3)
+    # pooled, not a mean of ratios: the big team's GPUs dominate
+    pooled = sum(s["wape"] * s["gpu_hours"] for s in per.values()) / sum(s["gpu_hours"] for s in per.values())
+    assert out["wape"] == pytest.approx(pooled, abs=1e-3)
+    assert out["best_naive_wape"] <= min(out["seasonal_naive_wape"], out["daily_repeat_wape"]) + 1e-9
+    assert out["gpu_hours_short"] == pytest.approx(sum(s["gpu_hours_short"] for s in per.values()), abs=0.5)
