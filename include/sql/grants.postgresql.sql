@@ -57,14 +57,15 @@ GRANT UPDATE (episode, rung, state, first_seen, last_seen, last_action_at, close
 
 -- Results derived from the data (usage summaries, forecasts): a re-run of the same data instant
 -- replaces its rows; the statements never let an older data instant replace a newer one.
-GRANT INSERT ON gpu_cost_usage, gpu_cost_jobs_usage, gpu_cost_forecasts, gpu_cost_class_members, gpu_cost_outcomes
-    TO gpu_cost_agent;
+GRANT INSERT ON gpu_cost_usage, gpu_cost_jobs_usage, gpu_cost_forecasts, gpu_cost_class_members, gpu_cost_outcomes,
+    gpu_cost_rightsize TO gpu_cost_agent;
 -- upsert_usage
 GRANT UPDATE (interval_s, gpus, total_gpu_s, allocated_gpu_s, busy_gpu_s, idle_alloc_gpu_s, zombie_gpu_s, util_sum,
     run_id, data_ts) ON gpu_cost_usage TO gpu_cost_agent;
 -- upsert_job_usage
 GRANT UPDATE (interval_s, user_name, account, partition_name, gpu_model, job_name, gpus, gpus_requested, gpus_busy,
-    gpus_active, gpus_stale, work_gpus, time_limit_s, start_ts, run_id, data_ts) ON gpu_cost_jobs_usage TO gpu_cost_agent;
+    gpus_active, gpus_stale, work_gpus, time_limit_s, start_ts, run_id, data_ts, gpus_needed, mem_max_mib, mem_total_mib)
+    ON gpu_cost_jobs_usage TO gpu_cost_agent;
 -- upsert_class_members
 GRANT UPDATE (class_key, coarse_key, user_name, account, partition_name, stem, gpus, start_ts, last_seen, seen_s,
     active_s, idle_s, idle_mem_s, wakes, quiet_since, longest_quiet_s, cpu_pct_s, cpu_active_s, run_id, data_ts)
@@ -75,3 +76,7 @@ GRANT UPDATE (ts, rule, target, episode, job_id, user_name, action, outcome, out
 -- upsert_forecast
 GRANT UPDATE (kind, yhat, yhat_lower, yhat_upper, model, created_at, extra, run_id, data_ts)
     ON gpu_cost_forecasts TO gpu_cost_agent;
+-- upsert_rightsize
+GRANT UPDATE (status, jobs, gpus_asked, gpus_need, gpus_advice, ask_min, block_above, mem_peak_mib, mem_total_mib,
+    time_jobs, time_asked_s, runtime_s, time_advice_s, time_ask_min_s, idle_gpu_hours, text, advice_file, run_id)
+    ON gpu_cost_rightsize TO gpu_cost_agent;

@@ -154,15 +154,18 @@ SELECT * FROM gpu_cost_usage WHERE ts > :since AND ts <= :until;
 
 -- name: upsert_job_usage
 INSERT INTO gpu_cost_jobs_usage (ts, job_id, interval_s, user_name, account, partition_name, gpu_model, job_name, gpus,
-    gpus_requested, gpus_busy, gpus_active, gpus_stale, work_gpus, time_limit_s, start_ts, run_id, data_ts)
+    gpus_requested, gpus_busy, gpus_active, gpus_stale, work_gpus, time_limit_s, start_ts, run_id, data_ts,
+    gpus_needed, mem_max_mib, mem_total_mib)
 VALUES (:ts, :job_id, :interval_s, :user_name, :account, :partition_name, :gpu_model, :job_name, :gpus,
-    :gpus_requested, :gpus_busy, :gpus_active, :gpus_stale, :work_gpus, :time_limit_s, :start_ts, :run_id, :data_ts)
+    :gpus_requested, :gpus_busy, :gpus_active, :gpus_stale, :work_gpus, :time_limit_s, :start_ts, :run_id, :data_ts,
+    :gpus_needed, :mem_max_mib, :mem_total_mib)
 ON CONFLICT (ts, job_id) DO UPDATE SET
     interval_s = excluded.interval_s, user_name = excluded.user_name, account = excluded.account,
     partition_name = excluded.partition_name, gpu_model = excluded.gpu_model, job_name = excluded.job_name,
     gpus = excluded.gpus, gpus_requested = excluded.gpus_requested, gpus_busy = excluded.gpus_busy,
     gpus_active = excluded.gpus_active, gpus_stale = excluded.gpus_stale, work_gpus = excluded.work_gpus,
-    time_limit_s = excluded.time_limit_s, start_ts = excluded.start_ts, run_id = excluded.run_id, data_ts = excluded.data_ts
+    time_limit_s = excluded.time_limit_s, start_ts = excluded.start_ts, run_id = excluded.run_id, data_ts = excluded.data_ts,
+    gpus_needed = excluded.gpus_needed, mem_max_mib = excluded.mem_max_mib, mem_total_mib = excluded.mem_total_mib
 WHERE excluded.data_ts >= gpu_cost_jobs_usage.data_ts;
 
 -- name: job_usage_between
@@ -340,3 +343,52 @@ SELECT * FROM gpu_cost_verifier_models WHERE trained_at <= :until ORDER BY train
 SELECT model_id, trained_at, since_ts, until_ts, labels, false_positives, confirmed, backtest_precision,
     backtest_recall, false_kills_prevented, gpu_hours_given_up, status, note FROM gpu_cost_verifier_models
 ORDER BY trained_at DESC, model_id DESC LIMIT :limit;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- Right-sizing at submission (gpu_cost.rightsize)
+
+-- name: rightsize_jobs
+-- one row per GPU job the sweeps saw in the window: what it held and asked, when it was seen, its memory,
+-- and the GPU-seconds it held beyond what each sample needed
+SELECT job_id, MAX(user_name) AS user_name, MAX(account) AS account, MAX(job_name) AS job_name, MAX(gpus) AS gpus,
+    MAX(gpus_requested) AS gpus_requested, MIN(start_ts) AS start_ts, MIN(ts) AS first_seen, MAX(ts) AS last_seen,
+    MAX(interval_s) AS interval_s, MAX(time_limit_s) AS time_limit_s, MAX(mem_max_mib) AS mem_max_mib,
+    MIN(mem_total_mib) AS mem_total_mib, COUNT(*) AS samples, COUNT(gpus_needed) AS needed_samples,
+    SUM(CASE WHEN gpus_needed IS NULL THEN 0 ELSE (gpus - gpus_needed) * interval_s END) AS spare_gpu_s
+FROM gpu_cost_jobs_usage WHERE ts > :since AND ts <= :until AND gpus >= 1 GROUP BY job_id;
+
+-- name: rightsize_needs
+-- per job, how many of its samples needed each number of GPUs (a histogram: quantiles without the samples)
+SELECT job_id, gpus_needed, COUNT(*) AS n FROM gpu_cost_jobs_usage
+WHERE ts > :since AND ts <= :until AND gpus >= 1 AND gpus_needed IS NOT NULL GROUP BY job_id, gpus_needed;
+
+-- name: upsert_rightsize
+-- a re-run of the same data instant replaces its rows
+INSERT INTO gpu_cost_rightsize (data_ts, scope, user_name, stem, status, jobs, gpus_asked, gpus_need, gpus_advice,
+    ask_min, block_above, mem_peak_mib, mem_total_mib, time_jobs, time_asked_s, runtime_s, time_advice_s,
+    time_ask_min_s, idle_gpu_hours, text, advice_file, run_id)
+VALUES (:data_ts, :scope, :user_name, :stem, :status, :jobs, :gpus_asked, :gpus_need, :gpus_advice, :ask_min,
+    :block_above, :mem_peak_mib, :mem_total_mib, :time_jobs, :time_asked_s, :runtime_s, :time_advice_s,
+    :time_ask_min_s, :idle_gpu_hours, :text, :advice_file, :run_id)
+ON CONFLICT (data_ts, scope, user_name, stem) DO UPDATE SET
+    status = excluded.status, jobs = excluded.jobs, gpus_asked = excluded.gpus_asked, gpus_need = excluded.gpus_need,
+    gpus_advice = excluded.gpus_advice, ask_min = excluded.ask_min, block_above = excluded.block_above,
+    mem_peak_mib = excluded.mem_peak_mib, mem_total_mib = excluded.mem_total_mib, time_jobs = excluded.time_jobs,
+    time_asked_s = excluded.time_asked_s, runtime_s = excluded.runtime_s, time_advice_s = excluded.time_advice_s,
+    time_ask_min_s = excluded.time_ask_min_s, idle_gpu_hours = excluded.idle_gpu_hours, text = excluded.text,
+    advice_file = excluded.advice_file, run_id = excluded.run_id;
+
+-- name: rightsize_instants
+-- the instants advice was computed at, up to :until, newest first
+SELECT DISTINCT data_ts FROM gpu_cost_rightsize WHERE data_ts <= :until ORDER BY data_ts DESC LIMIT :limit;
+
+-- name: rightsize_between
+SELECT * FROM gpu_cost_rightsize WHERE data_ts >= :since AND data_ts <= :until ORDER BY data_ts, scope, user_name, stem;
+
+-- name: rightsize_jobs_started
+-- the GPU jobs that started in the period, as the sweeps saw them (what they asked)
+SELECT job_id, MAX(user_name) AS user_name, MAX(job_name) AS job_name, MAX(gpus_requested) AS gpus_requested,
+    MAX(gpus) AS gpus, MIN(start_ts) AS start_ts, MAX(time_limit_s) AS time_limit_s
+FROM gpu_cost_jobs_usage WHERE ts > :since AND ts <= :until AND gpus >= 1
+GROUP BY job_id HAVING MIN(start_ts) >= :start_since AND MIN(start_ts) < :start_until;

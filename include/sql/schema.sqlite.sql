@@ -228,6 +228,9 @@ CREATE TABLE IF NOT EXISTS gpu_cost_jobs_usage (
     start_ts        REAL,                              -- epoch seconds
     run_id          TEXT,                              -- the run that wrote it
     data_ts         TEXT NOT NULL,                 -- the data instant it came from
+    gpus_needed     INTEGER,                           -- GPUs it needed: busy (stale counted busy), work, memory
+    mem_max_mib     REAL,                               -- most framebuffer used on one of its GPUs in the window
+    mem_total_mib   REAL,                               -- framebuffer of its GPUs (the smallest)
     PRIMARY KEY (ts, job_id)
 );
 
@@ -339,3 +342,33 @@ CREATE TABLE IF NOT EXISTS gpu_cost_verifier_models (
     model           TEXT,
     run_id          TEXT
 );
+
+-- Right-sizing advice (gpu_cost.rightsize): per user and per job class (user, name stem) with enough finished
+-- jobs, as of one data instant; what the nightly wrote to the advice file the Slurm cli_filter reads. Derived,
+-- like the usage tables: a re-run of the same instant replaces its rows.
+CREATE TABLE IF NOT EXISTS gpu_cost_rightsize (
+    data_ts         TEXT NOT NULL,                       -- the history's instant (the nightly's data instant)
+    scope           TEXT NOT NULL,                 -- class | user
+    user_name       TEXT NOT NULL,
+    stem            TEXT NOT NULL DEFAULT '',      -- class: the job name stem; user: ''
+    status          TEXT NOT NULL,                 -- advice | fits (enough history, nothing to advise)
+    jobs            INTEGER NOT NULL DEFAULT 0,    -- finished jobs the advice rests on
+    gpus_asked      INTEGER NOT NULL DEFAULT 0,    -- the most common request
+    gpus_need       INTEGER NOT NULL DEFAULT 0,    -- GPUs needed (rightsize.quantile of jobs' quantile of samples)
+    gpus_advice     INTEGER NOT NULL DEFAULT 0,    -- 0: no GPU advice
+    ask_min         INTEGER NOT NULL DEFAULT 0,    -- requests of at least this many GPUs are shown the advice
+    block_above     INTEGER NOT NULL DEFAULT 0,    -- requests above this are refused (0: never)
+    mem_peak_mib    REAL,                               -- peak framebuffer on one GPU (quantile over jobs)
+    mem_total_mib   REAL,
+    time_jobs       INTEGER NOT NULL DEFAULT 0,    -- jobs that ended on their own (the time advice rests on)
+    time_asked_s    REAL,                               -- median time limit asked (NULL: none known)
+    runtime_s       REAL,                               -- run time (quantile)
+    time_advice_s   REAL NOT NULL DEFAULT 0,                  -- 0: no --time advice
+    time_ask_min_s  REAL NOT NULL DEFAULT 0,                  -- limits of at least this are shown the advice
+    idle_gpu_hours  REAL NOT NULL DEFAULT 0,                  -- GPU-hours held beyond the need in the lookback
+    text            TEXT,                          -- the advice in words
+    advice_file     TEXT,                          -- where it was published (NULL: not written)
+    run_id          TEXT,
+    PRIMARY KEY (data_ts, scope, user_name, stem)
+);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_rightsize_user ON gpu_cost_rightsize (user_name, data_ts);

@@ -90,6 +90,9 @@ ORDER = {"gpu_cost_runs": "run_id", "gpu_cost_snapshots": "run_id", "gpu_cost_de
 #: where a result row written before the migration takes its data instant from
 INSTANT = {"gpu_cost_forecasts": "created_at", "gpu_cost_usage": "ts", "gpu_cost_savings": "ts",
            "gpu_cost_jobs_usage": "ts"}
+#: columns later migrations added, with what they hold for a row written before them (0007 backfills
+#: gpus_needed from the busy, stale and work columns: alice's job 7 held 4 GPUs, all idle, no work)
+ADDED = {"gpu_cost_jobs_usage": {"gpus_needed": 0, "mem_max_mib": None, "mem_total_mib": None}}
 
 
 def fill_baseline(engine: sa.Engine) -> None:
@@ -115,6 +118,7 @@ def expected_after() -> dict[str, list[dict[str, Any]]]:
         rows = sorted(rows, key=lambda r: tuple(str(r[k.strip()]) for k in ORDER[table].split(",")))
         if table in INSTANT:
             rows = [{**r, "run_id": None, "data_ts": r[INSTANT[table]]} for r in rows]
+        rows = [{**r, **ADDED.get(table, {})} for r in rows]
         out[table] = [_row(_bind(r)) for r in rows]
     return out
 

@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 #: result writes whose rows carry ``run_id`` and ``data_ts``; the column that gives a row's data
 #: instant when its writer names none (the row's own instant: what a run at that instant saw)
 _RESULT_INSTANT = {"upsert_usage": "ts", "upsert_job_usage": "ts", "insert_saving": "ts", "upsert_forecast": "created_at"}
+#: columns a later migration added to a write, NULL when the writer names them not (a row built by
+#: code, a test or a tool of the earlier shape)
+_OPTIONAL = {"upsert_job_usage": ("gpus_needed", "mem_max_mib", "mem_total_mib")}
 
 _TIME_COLUMNS = {
     "started_at", "finished_at", "data_ts", "ts", "approved_at", "first_seen", "last_seen", "last_action_at",
@@ -322,7 +325,11 @@ def decision_row(d: Decision, run_id: str, status: str = "decided") -> dict[str,
 
 
 def _defaults(name: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Give a result row whose writer named no run or data instant ``run_id`` NULL and its own instant."""
+    """Give a result row whose writer named no run or data instant ``run_id`` NULL and its own instant,
+    and the columns of :data:`_OPTIONAL` it does not name NULL."""
+    optional = [c for c in _OPTIONAL.get(name, ()) if c not in params]
+    if optional:
+        params = {**params, **dict.fromkeys(optional)}
     instant = _RESULT_INSTANT.get(name)
     if instant is None or ("data_ts" in params and "run_id" in params):
         return params

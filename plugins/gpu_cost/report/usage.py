@@ -24,6 +24,8 @@ nothing to ``util_sum``. Mean utilisation of a group is ``util_sum / total_gpu_s
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +45,7 @@ USAGE_KEYS = (
 JOB_USAGE_KEYS = (
     "ts", "job_id", "interval_s", "user_name", "account", "partition_name", "gpu_model", "job_name", "gpus",
     "gpus_requested", "gpus_busy", "gpus_active", "gpus_stale", "work_gpus", "time_limit_s", "start_ts",
+    "gpus_needed", "mem_max_mib", "mem_total_mib",
 )
 
 
@@ -64,6 +67,8 @@ def _columns(snapshot: Snapshot, policy: Policy) -> dict[str, np.ndarray]:
         "job": job_ids,
         "host": g["host"].to_numpy(dtype=object),
         "model": g["model"].fillna("").to_numpy(dtype=object),
+        "mem_max": g["mem_max_mib"].to_numpy(dtype=float) if "mem_max_mib" in g else np.full(len(g), np.nan),
+        "mem_total": g["mem_total_mib"].to_numpy(dtype=float) if "mem_total_mib" in g else np.full(len(g), np.nan),
     }
 
 
@@ -112,7 +117,9 @@ def job_usage_rows(snapshot: Snapshot, policy: Policy, interval_s: float | None 
 
     ``gpus_busy`` counts GPUs whose mean utilisation in the window reached ``sweep.busy_util``;
     ``gpus_active`` those above the idle threshold; ``work_gpus`` is Σ utilisation / 100 (how
-    many fully busy GPUs the same work would need). Right-sizing reads these.
+    many fully busy GPUs the same work would need); ``gpus_needed`` is :func:`gpus_needed`;
+    ``mem_max_mib`` the most framebuffer used on one of its GPUs, ``mem_total_mib`` their
+    framebuffer (the smallest). Right-sizing reads these.
     """
     g = snapshot.gpus
     if g.empty:
@@ -130,15 +137,51 @@ def job_usage_rows(snapshot: Snapshot, policy: Policy, interval_s: float | None 
             continue
         idx = np.array(pos)
         models = sorted({str(m) for m in c["model"][idx] if m})
+        mem = c["mem_max"][idx]
+        total = c["mem_total"][idx]
+        busy = int(c["busy"][idx].sum())
+        stale = int((~c["fresh"][idx]).sum())
+        work = float(c["util"][idx].sum()) / 100.0
         rows.append({
             "ts": snapshot.ts, "job_id": job.job_id, "interval_s": interval, "user_name": job.user,
             "account": job.account, "partition_name": job.partition, "gpu_model": ",".join(models),
             "job_name": job.name, "gpus": len(idx), "gpus_requested": int(job.gpus_requested or len(idx)),
-            "gpus_busy": int(c["busy"][idx].sum()), "gpus_active": int(c["active"][idx].sum()),
-            "gpus_stale": int((~c["fresh"][idx]).sum()), "work_gpus": round(float(c["util"][idx].sum()) / 100.0, 4),
+            "gpus_busy": busy, "gpus_active": int(c["active"][idx].sum()),
+            "gpus_stale": stale, "work_gpus": round(work, 4),
             "time_limit_s": job.time_limit_s, "start_ts": job.start_ts,
+            "gpus_needed": gpus_needed(len(idx), busy, stale, work, mem, total),
+            "mem_max_mib": _finite_max(mem), "mem_total_mib": _finite_min(total),
         })
     return rows
+
+
+def gpus_needed(held: int, busy: int, stale: int, work_gpus: float, mem_mib: Sequence[float] | np.ndarray = (),
+                mem_total_mib: Sequence[float] | np.ndarray = ()) -> int:
+    """Return how many GPUs a job needed in one sample, at most the ``held`` ones.
+
+    At least its busy GPUs plus those with no fresh data (no data is never evidence of less), its
+    work in GPU-equivalents rounded up, and the GPUs its resident memory fills: the framebuffer used
+    on each of its GPUs (``mem_mib``) summed, over one GPU's framebuffer (``mem_total_mib``, the
+    smallest known; ignored when none is). A job sharding a model over GPUs it barely computes on
+    still needs them for the memory.
+    """
+    need = max(busy + stale, math.ceil(work_gpus - 1e-9))
+    used = np.asarray(mem_mib, dtype=float)
+    sizes = np.asarray(mem_total_mib, dtype=float)
+    sizes = sizes[np.isfinite(sizes) & (sizes > 0)]
+    if used.size and sizes.size:
+        need = max(need, math.ceil(float(np.nansum(used)) / float(sizes.min()) - 1e-9))
+    return int(min(held, max(0, need)))
+
+
+def _finite_max(values: np.ndarray) -> float | None:
+    v = values[np.isfinite(values)]
+    return round(float(v.max()), 1) if v.size else None
+
+
+def _finite_min(values: np.ndarray) -> float | None:
+    v = values[np.isfinite(values)]
+    return round(float(v.min()), 1) if v.size else None
 
 
 def record_usage(store: AuditStore, snapshot: Snapshot, policy: Policy, interval_s: float | None = None, *,
