@@ -17,6 +17,10 @@ Beside the fits, `train_verifier` labels the decisions of `policy.verifier.histo
 next (`gpu_cost_outcomes`) and trains the verifier on them (`gpu_cost_verifier_models`, with its
 backtest; fewer than `verifier.min_labels` labels: stored as `too_few_labels`, not used). The sweep
 scores findings with the newest model; `gpu-cost verifier show` prints its figures.
+`rightsize` computes the right-sizing advice (per user and job class: the GPUs their finished jobs
+needed and how long they ran, over `policy.rightsize.lookback`), stores it in `gpu_cost_rightsize`
+and writes `policy.rightsize.advice_file`, which `include/slurm/cli_filter.lua` shows at `sbatch`
+time (docs/rightsizing.md); `gpu-cost rightsize show` prints it.
 
 **Knobs.** Params `policy` (a policy of `GPU_COST_POLICY_DIR`, by name), `source` (`sim` / `slurm` / `store` / `trace`) and `jobs`
 (trace file for `trace`); or `GPU_COST_FORECAST_SOURCE` / `GPU_COST_SOURCE`.
@@ -25,7 +29,8 @@ scores findings with the newest model; `gpu-cost verifier show` prints its figur
 **Owner / triage.** GPU platform team. `extract` failing: the history source is unreachable (see
 its log). `train_verifier` failing: the sweep keeps using the previous model (or none). A `fit_demand` map index failing: that batch's series keep yesterday's forecasts
 and `finish` does not run (no backtest row tonight); a Prophet failure alone does not fail the task
-(the level / seasonal-naive candidates are used). Every run is
+(the level / seasonal-naive candidates are used). `rightsize` failing (most often: the advice file's
+folder is not writable): sbatch keeps showing yesterday's advice. Every run is
 idempotent (upserts keyed by series and horizon time): clear and re-run freely.
 """
 
@@ -82,10 +87,15 @@ def gpu_forecast_nightly() -> None:
     def train_verifier(ref):  # type: ignore[no-untyped-def]
         return forecast_tasks.train_verifier(ref)
 
+    @task
+    def rightsize(ref):  # type: ignore[no-untyped-def]
+        return forecast_tasks.rightsize(ref)
+
     ref = extract()
     fits = fit_demand.expand(batch=batches(ref))
     finish(ref, fits, fit_runtime(ref))
     train_verifier(ref)
+    rightsize(ref)
 
 
 dag_object = gpu_forecast_nightly()

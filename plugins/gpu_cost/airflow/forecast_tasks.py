@@ -87,3 +87,15 @@ def train_verifier(ref: Mapping[str, Any]) -> dict[str, Any]:
         logger.info("verifier disabled in %s: nothing to train", policy.source)
         return {"disabled": True}
     return verifier.train(store, policy, float(ref["now"]), run_id=ref["run_id"])
+
+
+def rightsize(ref: Mapping[str, Any]) -> dict[str, Any]:
+    """Compute the right-sizing advice at the run's data instant, write the advice file, store the rows."""
+    from gpu_cost import rightsize as advice
+
+    store = runtime.store()
+    policy = runtime.run_policy(store, ref["run_id"])
+    if not policy.rightsize.enabled:
+        logger.info("right-sizing disabled in %s: nothing to write", policy.source)
+        return {"disabled": True}
+    return advice.publish(store, policy, float(ref["now"]), run_id=ref["run_id"])

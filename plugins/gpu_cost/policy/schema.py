@@ -559,6 +559,36 @@ class ForecastConfig:
 
 
 @dataclass(frozen=True)
+class RightsizeConfig:
+    """Right-sizing at submission: from the jobs the sweeps saw finish, per user and per job class
+    (user and job name stem), the GPUs they needed and the time they ran; the nightly writes the
+    advice where ``include/slurm/cli_filter.lua`` reads it, and ``sbatch`` shows it to a user who
+    asks for more (``gpu_cost.rightsize``, docs/rightsizing.md). Advice only, unless ``block``."""
+
+    enabled: bool = True
+    #: the history the advice is computed from
+    lookback: Annotated[float, Dur(), Range(86400, 366 * 86400)] = 30 * 86400.0
+    #: finished jobs a user or a class needs before it gets advice (fewer: nothing is said)
+    min_jobs: Annotated[int, Range(1, 100_000)] = 5
+    #: the quantile of a job's samples it needed GPUs for, and of the jobs' needs and run times
+    quantile: Annotated[float, Range(0.5, 1)] = 0.9
+    #: fewer GPUs are advised only when that saves at least this share of the GPUs asked
+    gpu_cut_min: Annotated[float, Range(0.1, 0.9)] = 0.5
+    #: headroom added to the run time quantile before it is advised as ``--time``
+    time_margin: Annotated[float, Range(0, 5)] = 0.25
+    #: a shorter ``--time`` is advised only when it is at most (1 - this) of the limit asked
+    time_cut_min: Annotated[float, Range(0.1, 0.9)] = 0.5
+    #: the advised ``--time`` is rounded up to a multiple of this
+    time_round: Annotated[float, Dur(), Range(60, 86400)] = 900.0
+    #: where the advice for the Slurm cli_filter is written (a relative path is under the agent's
+    #: state folder, ``GPU_COST_HOME``); empty: rows in the audit store only, no file
+    advice_file: str = "gpu-cost-advice.tsv"
+    #: true: ``sbatch`` refuses a request of more than ``block_factor`` times the advised GPUs
+    block: bool = False
+    block_factor: Annotated[float, Range(1.5, 100)] = 4.0
+
+
+@dataclass(frozen=True)
 class ReportConfig:
     """The weekly report."""
 
@@ -594,6 +624,7 @@ class Policy:
     cost: CostConfig = field(default_factory=CostConfig)
     offhours: OffhoursConfig = field(default_factory=OffhoursConfig)
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
+    rightsize: RightsizeConfig = field(default_factory=RightsizeConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     #: where the policy came from (set by the loader, not a YAML key)
     source: str = field(default="<defaults>", init=False, compare=False)
