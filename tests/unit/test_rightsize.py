@@ -311,3 +311,28 @@ def test_cli_show_and_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_the_policy_section_has_its_defaults() -> None:
     assert Policy().rightsize == RightsizeConfig()
     assert RightsizeConfig().block is False  # advice only unless a site says otherwise
+
+
+# -- the weekly report ------------------------------------------------------------------------------
+def test_the_weekly_report_counts_how_often_the_advice_was_followed(tmp_path: Path) -> None:
+    from gpu_cost.report import kpis
+    from gpu_cost.report.render import build_report
+
+    s = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}").ensure_schema()
+    since, until = NOW, NOW + 7 * 86400.0
+    pol = policy()
+    assert kpis.compute(s, pol, since, until)["rightsize_advice"] is None
+    history(s, 6)
+    still_running(s)
+    rightsize.publish(s, pol, NOW, out=tmp_path / "advice.tsv")
+    later = NOW + 86400.0
+    s.execute("upsert_job_usage", job_rows("f1", gpus=1, needs=[1], start=later, limit=5400.0)
+              + job_rows("f2", gpus=8, needs=[1], start=later + H, limit=86400.0))
+    adv = kpis.compute(s, pol, since, until)["rightsize_advice"]
+    assert (adv["advised_jobs"], adv["followed"], adv["followed_share"]) == (2, 1, 0.5)
+    out = build_report(s, pol, since, until, tmp_path / "reports")
+    html = Path(out["index"]).read_text(encoding="utf-8")
+    assert "Advice at submission (sbatch)" in html and "1 of 2 (50 %)" in html
+    assert "alice: asked for more than advised" in html
+    md = next(Path(out["index"]).parent.glob("*.md")).read_text(encoding="utf-8")
+    assert "**Advice at sbatch:** 1 of 2 jobs it applied to followed it (50 %" in md

@@ -8,6 +8,8 @@
   action counts in the week its decision was taken, once (actions are keyed by decision);
 - dry-run decisions are counted apart as "would have", and so is the GPU time they would have
   freed ("potential"): the report never claims what was only observed;
+- right-sizing advice (``gpu_cost_rightsize``): how many GPU jobs started in the period followed the
+  advice ``sbatch`` showed (:func:`gpu_cost.rightsize.followed`);
 - savings come from the savings ledger ``gpu_cost_savings`` only: *freed* (what the agent's actions,
   and owners' own releases after a notice, gave back, bounded by the waste seen on each target) and
   *re-used* (what other jobs were then given, measured from later sweeps); the headline is re-used
@@ -24,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpu_cost import registry, timeutil
+from gpu_cost import registry, rightsize, timeutil
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.errors import GpuCostError
 from gpu_cost.policy.schema import Policy
@@ -509,6 +511,7 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
     freed, reused = savings["freed"], savings["reused"]
     potential = potential_savings(store, decisions, policy, until)
     sizing = right_sizing(store.fetch("job_usage_between", {"since": since, "until": until, "min_gpus": 2}))
+    advice = rightsize.followed(store, since, until)
     runs = store.query(_RUNS, {"since": since, "until": until})
     rate = policy.cost.gpu_hour("default")
     cluster = {**totals, "util_alloc_pct": owners["util_alloc_pct"],
@@ -540,6 +543,8 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
         "verifier": verifier_kpis(store, decisions, until),
         "savings": {**savings, "potential": potential},
         "right_sizing": sizing,
+        #: the advice shown at sbatch: jobs it applied to, how many followed it (None: never published)
+        "rightsize_advice": advice,
         "heatmap": heatmap(by_ts, tzname),
         "daily": daily_series(since, until, tzname, actions, decisions),
         # only weeks with data: a week before the agent was installed is not a week of 0 % utilisation
