@@ -140,3 +140,22 @@ def test_block_refuses_a_far_bigger_request(login: Login, store: AuditStore, slu
     res = login.sbatch("--gpus=4", "-J", "sweep-lr0.05-77ab09")
     accepted(res)
     assert "(--gpus=1)" in res.stderr and "refused" not in res.stderr
+
+
+NAMES = ["Train_0042-3f9a2c", "llama7b-endpoint-3f9a2c", "run.2024-01-05", "eval@v2+cafe", "a1b2", "deadbeef",
+         "x 12 y", "lr0.001", "job", "ABC-DEF-0x1f", "sweep/seed:7"]
+
+
+def test_the_lua_stem_is_the_agents(login: Login) -> None:
+    """Each name finds its own class row only if the script strips it as gpu_cost.baselines.name_stem does."""
+    from gpu_cost.baselines import name_stem
+
+    stems = [name_stem(n) for n in NAMES]
+    assert len(set(stems)) == len(stems)
+    rows = [f"class\troot\t{stem}\t2\t1\t0\t0\t0\tclass {i}\tGPUs: one\t\t" for i, stem in enumerate(stems)]
+    login.advice.write_text("\n".join([rightsize.FILE_MAGIC, *rows, "user\troot\t\t2\t1\t0\t0\t0\tthe user's\tGPUs\t\t"])
+                            + "\n")
+    for i, name in enumerate(NAMES):
+        res = login.sbatch("--gpus=2", "-J", name)
+        accepted(res)
+        assert f"sbatch: gpu-cost: class {i}\n" in res.stderr, (name, stems[i], res.stderr)
