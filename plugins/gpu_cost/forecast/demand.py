@@ -45,8 +45,10 @@ The candidates (all clipped at 0):
 
 The sMAPE and WAPE of every candidate go with each forecast (``extra.scores``, ``extra.wape``),
 with the candidate chosen and why a fallback was taken (``extra.chosen``, ``extra.fallback``).
-The validation errors of the chosen forecast and of the other candidates give the 80 % interval
-around it (model uncertainty included; widening like a random walk past the folds).
+The validation errors of the chosen forecast and of the candidates that did about as well on the
+folds give the 80 % interval around it (their disagreement is the model's doubt; widening like a
+random walk past the folds). Capacity decisions read its upper bound, so a candidate far worse
+than the chosen one does not widen it.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ MODEL = "median"         # the forecast, unless a simple one clearly beat it on 
 SIMPLE = ("zero", "level", "daily_repeat")  # the fallbacks, preferred in this order on a tie
 FALLBACK_MARGIN = 1.25   # a fallback's weighted validation error times this must not exceed the model's
 # the candidates whose fold errors make the interval (zero's errors are the demand itself: no model's doubt)
+INTERVAL_PEER_RATIO = 1.5  # ... those whose fold error is at most this times the chosen forecast's
 INTERVAL_POOL = ("prophet", "level", "revert", "blend", "ensemble", "median", "seasonal_naive", "daily_repeat")
 LEVEL_HOURS = 3          # the recent level: median of this many last hours
 REVERT_HALF_LIFE_H = 96  # the recent level's pull fades to half in 4 days ...
@@ -310,11 +313,27 @@ def forecast(ts: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndar
         if err[MODEL] > 0 and err[best] * FALLBACK_MARGIN <= err[MODEL]:
             chosen, reason = best, _fallback_reason(best, err, den)
             logger.debug("demand forecast falls back to %s: %s", best, reason)
-    pool = set(INTERVAL_POOL) | {chosen}
+    pool = interval_peers(chosen, err, den)
     errs = np.concatenate([t - x for _, t, c in folds for k, x in c.items() if k in pool]) if folds else np.zeros(0)
     lower, upper = _interval(final[chosen], errs, vh, v)
     model = f"{chosen} (fallback)" if reason else chosen
     return Forecast(fut, final[chosen], lower, upper, model, scores, wape, reason)
+
+
+def interval_peers(chosen: str, err: Mapping[str, float], den: float) -> set[str]:
+    """Return the candidates whose fold errors make the interval around ``chosen``'s forecast.
+
+    The chosen forecast and the candidates that did about as well on the folds (weighted error at
+    most :data:`INTERVAL_PEER_RATIO` times the chosen one's, plus 1 % of the demand): their
+    disagreement is the model's doubt. A candidate far worse than the chosen one is not a doubt
+    about it: on a team whose days repeat exactly, the recent level misses every morning, and
+    pooling its errors would keep a band of the whole day's swing around a forecast that was
+    right on every fold (capacity kept up "just in case" for nothing).
+    """
+    if chosen not in err:
+        return set(INTERVAL_POOL) | {chosen}
+    bar = INTERVAL_PEER_RATIO * err[chosen] + 0.01 * den
+    return {k for k in INTERVAL_POOL if k in err and err[k] <= bar} | {chosen}
 
 
 def fold_wape(folds: Sequence[tuple[int, np.ndarray, Mapping[str, np.ndarray]]], n: int,
@@ -352,9 +371,9 @@ def _fallback_reason(best: str, err: Mapping[str, float], den: float) -> str:
 def _interval(yhat: np.ndarray, errs: np.ndarray, fold_h: int, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return an 80 % band: the 10th / 90th percentiles of the validation errors, else of the spread.
 
-    ``errs`` pools every candidate's errors on every fold (truth minus forecast, leads 1 to
-    ``fold_h``): one model's errors on a couple of folds understate how far a week can move,
-    the candidates' disagreement adds the model uncertainty. Past ``fold_h`` the band widens
+    ``errs`` pools the errors of the chosen forecast and its peers (:func:`interval_peers`) on
+    every fold (truth minus forecast, leads 1 to ``fold_h``): one model's errors on a couple of
+    folds understate how far a week can move, the peers' disagreement adds the model uncertainty. Past ``fold_h`` the band widens
     like a random walk. It always holds the forecast.
     """
     import numpy as np

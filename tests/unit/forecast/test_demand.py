@@ -285,3 +285,21 @@ def test_backtest_reports_wape_pooled_and_the_best_naive_per_series() -> None:
     assert out["wape"] == pytest.approx(pooled, abs=1e-3)
     assert out["best_naive_wape"] <= min(out["seasonal_naive_wape"], out["daily_repeat_wape"]) + 1e-9
     assert out["gpu_hours_short"] == pytest.approx(sum(s["gpu_hours_short"] for s in per.values()), abs=0.5)
+
+
+def test_a_team_whose_days_repeat_gets_a_band_as_narrow_as_its_forecast_was_right() -> None:
+    # busy 09:00-18:00 at 64 GPUs, 4 otherwise, for 15 days: the daily repeat is exact on every fold,
+    # the recent level misses every morning by 60; the band must not inherit the level's misses
+    ts = 1793577600.0 + 3600.0 * np.arange(15 * 24 + 2)  # 2026-11-02 00:00 UTC, then up to 02:00
+    hour = (ts // 3600).astype(int) % 24
+    v = np.where((hour >= 9) & (hour < 18), 64.0, 4.0)
+    fc = demand.forecast(ts, v, 48, use_prophet=False)
+    assert fc.candidate == "daily_repeat" and fc.fallback
+    night = (((fc.ts // 3600).astype(int) % 24) < 9)
+    assert np.allclose(fc.yhat[night], 4.0) and np.all(fc.upper[night] < 8.0)
+    assert np.all(fc.upper >= fc.yhat) and np.all(fc.lower <= fc.yhat)
+    # a candidate far worse than the chosen one is no doubt about it; one about as good is
+    err = {"daily_repeat": 0.0, "level": 500.0, "median": 10.0, "revert": 400.0}
+    assert demand.interval_peers("daily_repeat", err, 1000.0) == {"daily_repeat", "median"}
+    assert demand.interval_peers("median", {"median": 100.0, "level": 140.0, "revert": 170.0}, 1000.0) == \
+        {"median", "level"}
