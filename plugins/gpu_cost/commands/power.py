@@ -28,6 +28,45 @@ def register(sub: Any) -> None:
     week.add_argument("--jobs-per-node", type=float, default=2.0, help="job arrival rate of the trace (per node-hour)")
     add_json(week)
     week.set_defaults(handler=_week)
+    rep = psub.add_parser("replay", help="Slurm's reactive power saving, the off-hours policy and the same with "
+                          "forecasts, played side by side against an hourly demand series")
+    rep.add_argument("--series", required=True, help="series file: ts, key, value (GPUs demanded per key per hour)")
+    rep.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    rep.add_argument("--nodes", type=int, default=None,
+                     help="nodes per key (default: the fewest that hold the key's peak demand)")
+    rep.add_argument("--boot", default="10m", help="a resumed node's time until usable (Slurm's ResumeTimeout "
+                     "covers it; default 10m)")
+    rep.add_argument("--suspend-time", default="30m", help="Slurm's SuspendTime for the reactive strategy "
+                     "(default 30m)")
+    rep.add_argument("--step", default="5m", help="simulation step, dividing an hour (default 5m)")
+    rep.add_argument("--refit-hour", type=int, default=2, choices=range(24), metavar="H",
+                     help="UTC hour of the daily forecast refit (the nightly DAG's: 2)")
+    rep.add_argument("--prophet", action="store_true",
+                     help="fit Prophet among the forecast's members, as the nightly does (about 2 s per key and day)")
+    rep.add_argument("--timezone", help="zone of the off-hours windows (default: the policy's offhours.timezone)")
+    add_policy(rep)
+    add_json(rep)
+    rep.set_defaults(handler=_replay)
+
+
+def _replay(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    from gpu_cost.cli import duration_arg
+    from gpu_cost.forecast.history import load_series
+    from gpu_cost.policy import load_policy
+    from gpu_cost.power_replay import ReplaySettings, replay, table
+
+    policy = load_policy(args.policy)
+    settings = ReplaySettings(gpus_per_node=args.gpus_per_node, nodes=args.nodes,
+                              step_s=duration_arg(args.step, "--step"), boot_s=duration_arg(args.boot, "--boot"),
+                              suspend_time_s=duration_arg(args.suspend_time, "--suspend-time"),
+                              refit_hour=args.refit_hour, use_prophet=args.prophet, timezone=args.timezone)
+    out = replay(load_series(args.series), policy, settings)
+    s = out["settings"]
+    head = (f"power replay of {args.series}: {len(out['keys'])} keys, {out['node_hours']:g} node-hours "
+            f"({s['gpus_per_node']} GPUs a node), boot {s['boot_s']:g} s, SuspendTime {s['suspend_time_s']:g} s, "
+            f"windows in {s['timezone']}; {out['gpu_hours_over_pool']:g} GPU-hours of demand above the pools "
+            "queue under every strategy")
+    return out, "\n".join([head, "", table(out), "", out["verdict"]])
 
 
 def _week(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
