@@ -6,7 +6,9 @@ plans under the policy's `offhours` section (windows in its time zone, utilisati
 warm reserve, exclusions, cap per run, forecast demand), then powers nodes down with
 `scontrol update nodename=<n> state=POWER_DOWN reason="gpu-cost: off-hours"` and back up with
 `state=POWER_UP` (outside the windows, for pending jobs that do not fit, or for forecast demand
-within `wake_lead`). Slurm runs the site's `SuspendProgram` / `ResumeProgram` and wakes nodes by
+before the next run plus `wake_lead`; the forecast's 80 % upper bound). With
+`offhours.forecast_lulls` the forecast sizes the nodes kept up at every hour, predicted lulls
+included (`gpu-cost power replay` compares it with Slurm's own power saving first). Slurm runs the site's `SuspendProgram` / `ResumeProgram` and wakes nodes by
 itself when a job needs one. Each powered-down node-hour goes to the savings ledger (kWh, money).
 
 **Safety.** Dry-run by default (param `dry_run`, and the policy's mode must be `enforce`). More

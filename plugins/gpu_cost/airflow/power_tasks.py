@@ -55,13 +55,16 @@ def snapshot_for(policy: Policy, now: float, source: str) -> Snapshot:
 
 
 def forecast_demand(store: Any, now: float, horizon_s: float) -> float | None:
-    """Return the forecast's peak GPUs within ``horizon_s``; None when no forecast exists."""
+    """Return the peak of the forecast's 80 % upper bound within ``horizon_s``; None when no forecast exists.
+
+    Capacity is kept for the band, not the median: the median is short half the time.
+    """
     try:
         from gpu_cost.forecast.demand import expected_demand
     except ImportError:
         return None
     try:
-        return expected_demand(store, now, horizon_s)
+        return expected_demand(store, now, horizon_s, bound="upper")
     except Exception as exc:
         logger.warning("demand forecast unavailable: %s", exc)
         return None

@@ -404,13 +404,18 @@ def forecast_rows(key: str, fc: Forecast, created_at: float) -> list[dict[str, A
     ]
 
 
-def expected_demand(store: AuditStore, now: float, horizon_s: float, key_prefix: str | None = None) -> float | None:
+def expected_demand(store: AuditStore, now: float, horizon_s: float, key_prefix: str | None = None, *,
+                    bound: str = "yhat") -> float | None:
     """Return the most GPUs expected at any hour of ``[now, now + horizon_s]``; None without forecasts.
 
     ``key_prefix`` selects series by key (``partition:batch``, ``account:``...; series within one
     dimension are summed per hour). Without it the cluster total (``cluster:all``) is used, or the
     sum of the partition series when there is no total. The hour containing ``now`` counts.
+    ``bound="upper"`` reads the 80 % band's upper bound instead of the forecast (what capacity
+    decisions keep room for; a row without a band counts its forecast).
     """
+    if bound not in ("yhat", "upper"):
+        raise ValueError(f"expected_demand: bound must be 'yhat' or 'upper', not {bound!r}")
     rows = store.fetch("forecasts_of", {"pattern": "demand:%", "since": now - HOUR})
     rows = [r for r in rows if r.get("kind") == "demand" and r["horizon_ts"] <= now + horizon_s
             and r["horizon_ts"] > now - HOUR and r.get("yhat") is not None]
@@ -428,5 +433,6 @@ def expected_demand(store: AuditStore, now: float, horizon_s: float, key_prefix:
         return None
     per_hour: dict[float, float] = {}
     for r in chosen:
-        per_hour[r["horizon_ts"]] = per_hour.get(r["horizon_ts"], 0.0) + float(r["yhat"])
+        value = r.get("yhat_upper") if bound == "upper" and r.get("yhat_upper") is not None else r["yhat"]
+        per_hour[r["horizon_ts"]] = per_hour.get(r["horizon_ts"], 0.0) + float(value)
     return round(max(per_hour.values()), 3)

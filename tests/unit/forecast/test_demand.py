@@ -120,6 +120,11 @@ def test_stored_forecasts_upsert_and_expected_demand(store) -> None:  # type: ig
     assert demand.expected_demand(store, now, 12 * H, key_prefix="partition:") == 10.0 + 2 * 1.1
     assert demand.expected_demand(store, now, 12 * H, key_prefix="account:nobody") is None
     assert demand.expected_demand(store, now + 60 * H, 12 * H) is None  # forecasts ran out
+    # capacity reads the band's upper bound, summed the same way
+    assert demand.expected_demand(store, now, 12 * H, bound="upper") == 99.0
+    assert demand.expected_demand(store, now, 12 * H, key_prefix="partition:", bound="upper") == 198.0
+    with pytest.raises(ValueError, match="bound must be"):
+        demand.expected_demand(store, now, 12 * H, bound="p95")
 
 
 def test_hindsight_flat_is_the_best_constant() -> None:
