@@ -38,9 +38,11 @@ FORECAST_COLUMNS = "series, horizon_ts, kind, yhat, yhat_lower, yhat_upper, mode
 
 
 def _results(value: Any) -> Any:
-    """Drop what measures or names the run rather than the result (durations in seconds, the run's id)."""
+    """Drop what measures or names the run rather than the result (durations in seconds, the run's id), and
+    keep only the name of a file the run wrote (each deployment writes under its own home)."""
     if isinstance(value, dict):
-        return {k: _results(v) for k, v in value.items() if k not in ("seconds", "run_id")}
+        return {k: (Path(v).name if k == "file" and isinstance(v, str) else _results(v))
+                for k, v in value.items() if k not in ("seconds", "run_id")}
     if isinstance(value, list):
         return [_results(v) for v in value]
     if isinstance(value, float):
