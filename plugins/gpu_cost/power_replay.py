@@ -100,8 +100,6 @@ class _Node:
 class _Tally:
     node_hours_off: float = 0.0
     gpu_hours_waited: float = 0.0
-    gpu_hours_over_pool: float = 0.0
-    gpu_hours_demand: float = 0.0
     max_wait_s: float = 0.0
     boots: int = 0
     power_downs: int = 0
@@ -129,8 +127,6 @@ class _Pool:
         """Serve ``demand`` GPUs from ``t`` for one step; Slurm resumes nodes for what does not fit."""
         dt = self.s.step_s
         want = min(demand, float(self.capacity))
-        self.tally.gpu_hours_demand += demand * dt / HOUR
-        self.tally.gpu_hours_over_pool += max(demand - self.capacity, 0.0) * dt / HOUR
         left = want
         for n in self.nodes:
             if n.down or n.ready_at > t:
@@ -340,8 +336,9 @@ def replay(series: pd.DataFrame, policy: Policy, settings: ReplaySettings | None
             tally = _run_strategy(name, key, grid, v, nodes, lulls if name == "forecast" else policy, settings,
                                   fcs if name == "forecast" else None)
             row[name] = _figures(tally, policy)
-            row["gpu_hours_demand"] = round(tally.gpu_hours_demand, 1)
-            row["gpu_hours_over_pool"] = round(tally.gpu_hours_over_pool, 1)
+        # the demand and what the pool cannot hold are the series' own, the same under every strategy
+        row["gpu_hours_demand"] = round(float(np.sum(v)), 1)
+        row["gpu_hours_over_pool"] = round(float(np.sum(np.clip(v - nodes * settings.gpus_per_node, 0, None))), 1)
         row["node_hours"] = nodes * len(grid)
         per_key[key] = row
         if progress is not None:
