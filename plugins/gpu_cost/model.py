@@ -106,6 +106,8 @@ class Job:
     nice: int | None = None
     #: Slurm's batch flag: False for salloc / srun outside a batch script (an interactive session); None unknown
     batch: bool | None = None
+    #: the Slurm reservation the job runs (or waits) in; empty when none
+    reservation: str = ""
 
     @property
     def running(self) -> bool:
@@ -228,6 +230,44 @@ class Node:
 
 
 @dataclass(frozen=True, slots=True)
+class Reservation:
+    """A Slurm reservation (``scontrol show reservation``): nodes held for some accounts or users.
+
+    :param state: ``ACTIVE`` (started) or ``INACTIVE`` (starts later), as Slurm says.
+    :param flags: Slurm's flags, upper case (``MAINT``, ``IGNORE_JOBS``...).
+    """
+
+    name: str
+    start_ts: float
+    end_ts: float
+    nodes: tuple[str, ...] = ()
+    node_count: int = 0
+    state: str = "ACTIVE"
+    accounts: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    partition: str = ""
+    flags: tuple[str, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        return self.state == "ACTIVE"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in ("nodes", "accounts", "users", "flags"):
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Reservation:
+        data = dict(d)
+        for k in ("nodes", "accounts", "users", "flags"):
+            data[k] = tuple(data.get(k) or ())
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, slots=True)
 class Disagreement:
     """Two sources tell different stories about one GPU; the snapshot says so instead of guessing."""
 
@@ -268,6 +308,8 @@ class Snapshot:
     job_logs: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: job id → its class baseline (:mod:`gpu_cost.baselines`): ``key``, ``members``, ``kind``, shares, run times
     classes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Slurm reservations (empty when the source has none or could not read them)
+    reservations: tuple[Reservation, ...] = ()
 
     def view(self, window_s: float) -> pd.DataFrame:
         """Return ``gpus`` with its window columns computed over ``window_s`` instead."""
@@ -320,6 +362,7 @@ class Snapshot:
                 },
                 "job_logs": self.job_logs,
                 "classes": self.classes,
+                "reservations": [r.to_dict() for r in self.reservations],
             },
             separators=(",", ":"),
         )
@@ -350,6 +393,7 @@ class Snapshot:
             },
             job_logs=dict(d.get("job_logs") or {}),
             classes=dict(d.get("classes") or {}),
+            reservations=tuple(Reservation.from_dict(r) for r in d.get("reservations") or ()),
         )
 
 
@@ -371,7 +415,7 @@ class Finding:
     """One piece of waste a rule found.
 
     :param target: stable key of what is wasteful: ``job:<id>``, ``proc:<host>:<pid>:<start>``,
-        ``gpu:<host>:<index>`` or ``node:<name>``.
+        ``gpu:<host>:<index>``, ``node:<name>`` or ``reservation:<name>``.
     :param gpus: number of GPUs the waste holds.
     :param action: what the rule suggests; the policy decides what is actually done.
     :param inference: the target looks like (or is declared as) an inference service.

@@ -915,6 +915,9 @@ class StubSlurm:
     def nodes(self) -> list[Any]:
         return list(self.snap.nodes)
 
+    def reservations(self) -> list[Any]:
+        return []
+
 
 class StubNodes:
     def __init__(self, fail: bool = False) -> None:

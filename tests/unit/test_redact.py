@@ -89,6 +89,9 @@ def test_live_snapshot_problems_and_freshness_are_redacted(policy: Any, caplog: 
         def nodes(self) -> list[Any]:
             return []
 
+        def reservations(self) -> list[Any]:
+            return []
+
     def source() -> prom.PrometheusSource:
         from requests.exceptions import ConnectionError as Refused
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpu_cost.errors import SourceError
-from gpu_cost.model import GpuProcess, Job, Node, Snapshot
+from gpu_cost.model import GpuProcess, Job, Node, Reservation, Snapshot
 from gpu_cost.policy.schema import Policy
 from gpu_cost.redact import redact, redact_all
 
@@ -92,6 +92,7 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     # jobs and nodes
     jobs: list[Job] = []
     nodes: list[Node] = []
+    resv: list[Reservation] = []
     try:
         src = _slurm_source(slurm)
         jobs = list(src.jobs())
@@ -100,6 +101,11 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
         problems.append(f"slurm: {exc}")
     except ImportError as exc:
         problems.append(f"slurm: source not available: {exc}")
+    else:
+        if policy.rules.idle_reservation.enabled:
+            from gpu_cost.sources.slurm import read_reservations
+
+            resv = read_reservations(src)  # unread: no reservation is found idle, nothing else changes
 
     # processes
     procs: list[GpuProcess] = []
@@ -137,7 +143,8 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
                 now, len(frame), len(jobs), len(procs), prom.queries_made if prom is not None else 0, elapsed, problems)
     snap = Snapshot(ts=now, window_s=primary, lookback_s=policy.sweep.lookback, source="prometheus", gpus=frame,
                     jobs=tuple(jobs), processes=tuple(procs), nodes=tuple(nodes), problems=tuple(problems),
-                    disagreements=tuple(disagreements), sample_interval_s=policy.sweep.sample_interval, windows=windows)
+                    disagreements=tuple(disagreements), sample_interval_s=policy.sweep.sample_interval, windows=windows,
+                    reservations=tuple(resv))
     if want and ns is not None and policy.evidence.job_log.enabled:
         from gpu_cost import evidence
 

@@ -6,6 +6,8 @@ Commands (argument lists, run locally or on a login node over SSH through a
 - ``squeue --json``                       running and pending jobs
 - ``scontrol show nodes --json`` (23.02+), else ``sinfo --json`` (22.05)   nodes
 - ``sacct --json -X -a -S <since> -E <until>``   finished jobs (accounting)
+- ``scontrol show reservation --oneliner``  reservations (``Key=Value`` text, times as epoch
+  seconds through ``SLURM_TIME_FORMAT=%s``: there is no JSON for it before 23.02)
 
 The JSON changed across Slurm versions. Both shapes are read:
 
@@ -30,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from gpu_cost.errors import SourceError
-from gpu_cost.model import Job, Node, labels_from_comment
+from gpu_cost.model import Job, Node, Reservation, labels_from_comment
 from gpu_cost.runner import LocalRunner, Runner, SSHRunner
 from gpu_cost.timeutil import epoch
 
@@ -372,6 +374,7 @@ def _job_from_squeue(d: Mapping[str, Any]) -> Job:
         gpus_requested=_requested_gpus(d), labels=labels_from_comment(comment),
         priority=int(prio) if prio is not None else None, nice=int(nice) if nice is not None else None,
         batch=_flag(d.get("batch_flag")),
+        reservation=_str(d, "resv_name"),
     )
 
 
@@ -517,6 +520,70 @@ def powered_down(node: Node) -> bool:
     return node.state.endswith(("~", "%", "!"))
 
 
+# -- reservations -------------------------------------------------------------------------------
+_KEY = re.compile(r"\s+(?=[A-Za-z][A-Za-z0-9_]*=)")
+_NULL = ("", "(null)", "n/a")
+#: ``scontrol show reservation`` with times as epoch seconds (strftime's ``%s``), whatever the locale
+RESERVATION_ARGV = ("env", "SLURM_TIME_FORMAT=%s", "scontrol", "show", "reservation", "--oneliner")
+
+
+def key_values(line: str) -> dict[str, str]:
+    """Return the ``Key=Value`` pairs of one ``scontrol show ... --oneliner`` line (a value may hold ``=``)."""
+    out: dict[str, str] = {}
+    for token in _KEY.split(line.strip()):
+        key, sep, value = token.partition("=")
+        if sep:
+            out[key] = value
+    return out
+
+
+def _resv_time(value: str, field: str) -> float:
+    import datetime as dt
+
+    text = value.strip()
+    if re.fullmatch(r"\d{9,11}", text):
+        return float(text)
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()  # local time, as Slurm prints it by default
+    except ValueError:
+        raise _Bad(f"{field} is {text!r:.40}, expected epoch seconds or YYYY-MM-DDTHH:MM:SS") from None
+
+
+def _names(value: str) -> tuple[str, ...]:
+    # ``Users=-bob`` excludes bob: the reservation is not *for* the names after a minus sign
+    return tuple(v for v in value.split(",") if v and v not in _NULL and not v.startswith("-"))
+
+
+def parse_reservations(text: str, command: str = "scontrol show reservation") -> list[Reservation]:
+    """Return the reservations of a ``scontrol show reservation --oneliner`` answer.
+
+    ``No reservations in the system`` is an empty list; a line without a name or with a bad time
+    raises :class:`SourceError` naming the line.
+    """
+    out: list[Reservation] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.strip().lower().startswith("no reservations"):
+            continue
+        kv = key_values(line)
+        name = kv.get("ReservationName", "")
+        try:
+            if not name:
+                raise _Bad("ReservationName is missing")
+            nodes = tuple(expand_hostlist(kv.get("Nodes", ""))) if kv.get("Nodes", "") not in _NULL else ()
+            count = kv.get("NodeCnt", "")
+            out.append(Reservation(
+                name=name, start_ts=_resv_time(kv.get("StartTime", ""), "StartTime"),
+                end_ts=_resv_time(kv.get("EndTime", ""), "EndTime"), nodes=nodes,
+                node_count=int(count) if count.isdigit() else len(nodes), state=kv.get("State", "").upper(),
+                accounts=_names(kv.get("Accounts", "")), users=_names(kv.get("Users", "")),
+                partition="" if kv.get("PartitionName", "") in _NULL else kv["PartitionName"],
+                flags=tuple(f.upper() for f in kv.get("Flags", "").split(",") if f and f not in _NULL),
+            ))
+        except _Bad as exc:
+            raise SourceError(f"`{command}` line {n} ({name or 'no name'}): {exc}") from None
+    return out
+
+
 # -- the source ---------------------------------------------------------------------------------
 class SlurmSource:
     """Read jobs and nodes from Slurm through a runner.
@@ -555,6 +622,16 @@ class SlurmSource:
             raise SourceError(f"`{command}` exited {res.rc}: {res.stderr.strip()[:300]}")
         return parse_nodes(load_json(res.stdout, command), command)
 
+    def reservations(self, name: str | None = None) -> list[Reservation]:
+        """Return Slurm's reservations (or the one named ``name``; [] when it does not exist)."""
+        argv = list(RESERVATION_ARGV) + ([name] if name else [])
+        res = self.runner.run(argv, timeout=self.timeout)
+        if not res.ok:
+            if name and "not found" in (res.stderr + res.stdout).lower():
+                return []
+            raise SourceError(f"`{' '.join(argv[2:])}` exited {res.rc}: {res.stderr.strip()[:300]}")
+        return parse_reservations(res.stdout, " ".join(argv[2:]))
+
     def finished_jobs(self, since: object, until: object) -> list[Job]:
         """Return jobs that ended in ``[since, until)`` from accounting (``sacct --json -X``)."""
         s, u = epoch(since), epoch(until)
@@ -577,6 +654,16 @@ class SlurmSource:
             if j.job_id == str(job_id):
                 return j
         return None
+
+
+def read_reservations(src: SlurmSource) -> list[Reservation]:
+    """Return Slurm's reservations, or [] (with a warning) when they cannot be read: a missing list only
+    means no reservation is proposed or found idle, never that one is acted on."""
+    try:
+        return src.reservations()
+    except SourceError as exc:
+        logger.warning("reservations not read: %s", exc)
+        return []
 
 
 def _sacct_time(ts: float) -> str:
