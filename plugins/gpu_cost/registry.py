@@ -27,12 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 #: target kinds an action may apply to
-KINDS = ("job", "user", "process", "node")
+KINDS = ("job", "user", "process", "node", "reservation")
 
 #: the modules that declare the shipped actions and rules (importing one registers what it declares)
-ACTION_MODULES = ("gpu_cost.actions.notify", "gpu_cost.actions.slurm", "gpu_cost.actions.node", "gpu_cost.actions.power")
+ACTION_MODULES = ("gpu_cost.actions.notify", "gpu_cost.actions.slurm", "gpu_cost.actions.node", "gpu_cost.actions.power",
+                  "gpu_cost.actions.reservation")
 RULE_MODULES = ("gpu_cost.rules.zombie", "gpu_cost.rules.idle_allocation", "gpu_cost.rules.low_efficiency",
-                "gpu_cost.rules.idle_interactive", "gpu_cost.rules.anomaly")
+                "gpu_cost.rules.idle_interactive", "gpu_cost.rules.anomaly", "gpu_cost.rules.idle_reservation")
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class ActionSpec:
     :param verb: the report's verb ("cancel"; a dry-run says "would cancel").
     :param doc: what it does, one or two sentences.
     :param example: a YAML example of its use in a policy.
-    :param targets: the target kinds it applies to (``job``, ``user``, ``process``, ``node``).
+    :param targets: the target kinds it applies to (``job``, ``user``, ``process``, ``node``, ``reservation``).
     :param destructive: it takes resources away from someone (caps, approvals, dry-run brakes).
     :param notice: it only tells people (advice, notice, escalation).
     :param ends_job: it ends a job or a process (the kill family).
@@ -81,8 +82,9 @@ class ActionSpec:
 
     @property
     def touches_work(self) -> bool:
-        """Destructive on running work (a job, a process): its GPUs count in the GPU-share caps."""
-        return self.destructive and any(k != "node" for k in self.targets)
+        """Destructive on running work (a job, a process): its GPUs count in the GPU-share caps.
+        Powering a node down or changing a reservation touches no running job."""
+        return self.destructive and any(k not in ("node", "reservation") for k in self.targets)
 
 
 @dataclass(frozen=True)

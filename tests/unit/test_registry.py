@@ -31,12 +31,13 @@ REFERENCE = ROOT / "docs" / "reference" / "actions-and-rules.md"
 
 # What the code held as hand-written literals before the registry (a regression shows here).
 OLD_ACTIONS = ("none", "advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel",
-               "kill_process", "power_down", "power_up")
-OLD_DESTRUCTIVE = {"demote", "hold", "requeue", "terminate", "kill", "cancel", "kill_process", "power_down"}
+               "kill_process", "power_down", "power_up", "reserve", "release_reservation")
+OLD_DESTRUCTIVE = {"demote", "hold", "requeue", "terminate", "kill", "cancel", "kill_process", "power_down",
+                   "reserve", "release_reservation"}
 OLD_KILL = {"terminate", "kill", "cancel", "kill_process"}
 OLD_NOTICE = {"advise", "notify", "notify_manager"}
 OLD_LADDER = ("advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel",
-              "kill_process")
+              "kill_process", "release_reservation")
 OLD_FORM = ("notify", "demote", "cancel", "kill_process", "power_down")
 OLD_BY_KIND = {
     "job": ("notify", "demote", "cancel"),
@@ -51,6 +52,7 @@ OLD_RULE_ACTIONS = {
     "low_efficiency": {"advise", "notify", "notify_manager"},
     "idle_interactive": {"advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel"},
     "anomaly": {"advise", "notify", "notify_manager"},
+    "idle_reservation": {"advise", "notify", "notify_manager", "release_reservation"},
 }
 OLD_CATEGORIES = {
     "notifications": ("Notifications", {"notify", "notify_manager", "advise"}),
@@ -60,6 +62,8 @@ OLD_CATEGORIES = {
     "process_kills": ("Processes killed", {"kill_process"}),
     "power_downs": ("Nodes powered down", {"power_down"}),
     "power_ups": ("Nodes powered up", {"power_up"}),
+    "reservations": ("Reservations made", {"reserve"}),
+    "reservations_released": ("Reservations released or shrunk", {"release_reservation"}),
 }
 
 
@@ -86,7 +90,7 @@ def test_every_used_action_has_one_spec_and_one_executor() -> None:
 
 def test_every_rule_has_one_spec_a_detector_and_a_policy_section() -> None:
     specs = registry.rules()
-    assert list(specs) == ["zombie", "idle_allocation", "low_efficiency", "idle_interactive", "anomaly"]
+    assert list(specs) == ["zombie", "idle_allocation", "low_efficiency", "idle_interactive", "anomaly", "idle_reservation"]
     sections = {f.name: f.type for f in dataclasses.fields(Rules)}
     assert set(sections) == set(specs), "schema.Rules and the registered rules disagree"
     defaults = Rules()
@@ -112,7 +116,8 @@ def test_derived_sets_equal_the_old_literals() -> None:
     assert set(FREEING_ACTIONS) == set(FREEING) == OLD_FREEING
     assert {n: set(registry.rule_actions(n)) for n in registry.rules()} == OLD_RULE_ACTIONS
     assert {k: (label, set(acts)) for k, label, acts in CATEGORIES} == OLD_CATEGORIES
-    assert {a for a in registry.actions() if touches_work(a)} == OLD_DESTRUCTIVE - {"power_down"}
+    assert {a for a in registry.actions() if touches_work(a)} == OLD_DESTRUCTIVE - {
+        "power_down", "reserve", "release_reservation"}
     assert {a for a, s in registry.actions().items() if s.final} == {"kill", "cancel", "kill_process"}
     # the live views behave like the frozensets they replace
     assert DESTRUCTIVE_ACTIONS == frozenset(OLD_DESTRUCTIVE)

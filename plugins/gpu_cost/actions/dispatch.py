@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 #: modules that register executors when imported
 EXECUTOR_MODULES = ("gpu_cost.actions.slurm", "gpu_cost.actions.node", "gpu_cost.actions.notify", "gpu_cost.actions.power",
-                    "gpu_cost.audit.savings")  # the savings ledger registers its SAVINGS_HOOKS entry
+                    "gpu_cost.actions.reservation", "gpu_cost.audit.savings")  # the savings ledger registers its SAVINGS_HOOKS entry
 
 #: called after a successful action to write its saving (set by the savings ledger)
 SAVINGS_HOOKS: list[Callable[[AuditStore, Decision, Outcome, ActionContext], None]] = []

@@ -44,14 +44,14 @@ from gpu_cost.notices.ratelimit import rate_limited
 from gpu_cost.notices.recipients import Recipient, recipients
 from gpu_cost.notices.render import Message, render
 from gpu_cost.policy.schema import Policy
-from gpu_cost.registry import ActionSpec
+from gpu_cost.registry import KINDS, ActionSpec
 
 if TYPE_CHECKING:
     from gpu_cost.audit.store import AuditStore
 
 logger = logging.getLogger(__name__)
 
-_ANY = ("job", "user", "process", "node")
+_ANY = KINDS  # a notice may be about anything
 _NOTICES = ("notifications", "Notifications")
 ADVISE = ActionSpec(
     "advise", rank=1, title="Advice", verb="advise", targets=_ANY, category=_NOTICES,

@@ -404,6 +404,25 @@ def forecast_rows(key: str, fc: Forecast, created_at: float) -> list[dict[str, A
     ]
 
 
+def demand_rows(store: AuditStore, now: float, horizon_s: float) -> dict[str, dict[float, tuple[float, float]]]:
+    """Return series key → hour → (forecast, 80 % upper bound) for the hours of ``[now, now + horizon_s]``.
+
+    The newest forecast rows per series and hour are read; a row without a band gives its forecast
+    as the upper bound. The hour containing ``now`` counts.
+    """
+    rows = store.fetch("forecasts_of", {"pattern": "demand:%", "since": now - HOUR})
+    out: dict[str, dict[float, tuple[float, float]]] = {}
+    for r in rows:
+        if r.get("kind") != "demand" or r.get("yhat") is None:
+            continue
+        if not (now - HOUR < r["horizon_ts"] <= now + horizon_s):
+            continue
+        y = float(r["yhat"])
+        hi = float(r["yhat_upper"]) if r.get("yhat_upper") is not None else y
+        out.setdefault(r["series"][len("demand:"):], {})[float(r["horizon_ts"])] = (y, hi)
+    return out
+
+
 def expected_demand(store: AuditStore, now: float, horizon_s: float, key_prefix: str | None = None, *,
                     bound: str = "yhat") -> float | None:
     """Return the most GPUs expected at any hour of ``[now, now + horizon_s]``; None without forecasts.
@@ -416,14 +435,12 @@ def expected_demand(store: AuditStore, now: float, horizon_s: float, key_prefix:
     """
     if bound not in ("yhat", "upper"):
         raise ValueError(f"expected_demand: bound must be 'yhat' or 'upper', not {bound!r}")
-    rows = store.fetch("forecasts_of", {"pattern": "demand:%", "since": now - HOUR})
-    rows = [r for r in rows if r.get("kind") == "demand" and r["horizon_ts"] <= now + horizon_s
-            and r["horizon_ts"] > now - HOUR and r.get("yhat") is not None]
-    if not rows:
+    series = demand_rows(store, now, horizon_s)
+    if not series:
         return None
 
-    def pick(pred: Any) -> list[Mapping[str, Any]]:
-        return [r for r in rows if pred(r["series"][len("demand:"):])]
+    def pick(pred: Any) -> list[dict[float, tuple[float, float]]]:
+        return [v for k, v in series.items() if pred(k)]
 
     if key_prefix is not None:
         chosen = pick(lambda k: k.startswith(key_prefix))
@@ -432,7 +449,7 @@ def expected_demand(store: AuditStore, now: float, horizon_s: float, key_prefix:
     if not chosen:
         return None
     per_hour: dict[float, float] = {}
-    for r in chosen:
-        value = r.get("yhat_upper") if bound == "upper" and r.get("yhat_upper") is not None else r["yhat"]
-        per_hour[r["horizon_ts"]] = per_hour.get(r["horizon_ts"], 0.0) + float(value)
+    for hours in chosen:
+        for t, (y, hi) in hours.items():
+            per_hour[t] = per_hour.get(t, 0.0) + (hi if bound == "upper" else y)
     return round(max(per_hour.values()), 3)

@@ -141,6 +141,26 @@ class AnomalyRule:
 
 
 @dataclass(frozen=True)
+class IdleReservationRule:
+    """A Slurm reservation whose nodes sit unused: reserved, started at least ``window`` ago, no
+    job running or waiting in them, and (where GPU metrics are seen) their GPUs idle over the
+    window. Notice first, then ``release_reservation`` frees the unused nodes: it deletes a
+    reservation nobody uses and shrinks one that is partly used to the nodes its jobs hold."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    util_max: Percent = 5.0
+    window: Annotated[float, Dur(), Range(600, 7 * 86400)] = 2 * 3600.0
+    ladder: tuple[Rung, ...] = (Rung("notify", 0.0), Rung("release_reservation", 2 * 3600.0))
+    #: reservations with any of these Slurm flags are never found (maintenance windows are not waste)
+    exclude_flags: tuple[str, ...] = ("MAINT",)
+    #: reservation names (globs) never found
+    exclude_names: tuple[str, ...] = ()
+    #: who is told about a reservation that names no user (its first account's owner otherwise unknown)
+    owner: str = ""
+
+
+@dataclass(frozen=True)
 class Rules:
     """The rules' policy sections: one field per rule registered by ``gpu_cost.rules.*``, typed by
     its config dataclass (tests/unit/test_registry.py checks the two agree)."""
@@ -150,6 +170,7 @@ class Rules:
     low_efficiency: LowEfficiencyRule = field(default_factory=LowEfficiencyRule)
     idle_interactive: IdleInteractiveRule = field(default_factory=IdleInteractiveRule)
     anomaly: AnomalyRule = field(default_factory=AnomalyRule)
+    idle_reservation: IdleReservationRule = field(default_factory=IdleReservationRule)
 
 
 @dataclass(frozen=True)
@@ -544,6 +565,35 @@ class OffhoursConfig:
 
 
 @dataclass(frozen=True)
+class ReservationsConfig:
+    """Reservations for predicted peaks: when an account's forecast (its 80 % upper bound) needs
+    more GPUs than would be free once the other accounts' expected demand is served, the hourly
+    power run proposes a Slurm reservation for it ahead of the peak (``reserve``). A reservation
+    that then sits unused is shrunk or released by the ``idle_reservation`` rule. Off unless enabled."""
+
+    enabled: bool = False
+    mode: Mode | None = None
+    #: accounts that may get reservations (empty: every account with a demand forecast)
+    accounts: tuple[str, ...] = ()
+    #: create the reservation this long before the predicted peak starts
+    lead: Annotated[float, Dur(), Range(0, 86400)] = 3600.0
+    #: look this far ahead for peaks
+    horizon: Annotated[float, Dur(), Range(3600, 7 * 86400)] = 12 * 3600.0
+    #: a shortfall under this many GPUs gets no reservation
+    min_gpus: Annotated[int, Range(1, 100_000)] = 4
+    #: at most this many nodes in one reservation
+    max_nodes: Annotated[int, Range(1, 100_000)] = 4
+    #: a reservation of more nodes than this needs a human's approval
+    approval_over_nodes: Annotated[int, Range(0, 100_000)] = 1
+    #: GPUs per node when the nodes do not say (Slurm's GRES)
+    gpus_per_node: Annotated[int, Range(1, 64)] = 8
+    #: names of the agent's reservations start with this
+    prefix: str = "gpu-cost-"
+    #: the partition reservations are made in (empty: Slurm's default)
+    partition: str = ""
+
+
+@dataclass(frozen=True)
 class ForecastConfig:
     """Nightly forecasting."""
 
@@ -624,6 +674,7 @@ class Policy:
     cost: CostConfig = field(default_factory=CostConfig)
     offhours: OffhoursConfig = field(default_factory=OffhoursConfig)
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
+    reservations: ReservationsConfig = field(default_factory=ReservationsConfig)
     rightsize: RightsizeConfig = field(default_factory=RightsizeConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     #: where the policy came from (set by the loader, not a YAML key)

@@ -39,6 +39,8 @@ CATEGORY_COLORS = {
     "process_kills": "#b91c1c",
     "power_downs": "#10b981",
     "power_ups": "#6ee7b7",
+    "reservations": "#0ea5e9",
+    "reservations_released": "#7dd3fc",
 }
 
 
@@ -221,7 +223,7 @@ def actions_over_time(k: Mapping[str, Any]) -> bytes:
         vals = np.array(daily["live"][key], dtype=float)
         if vals.sum() == 0:
             continue
-        ax.bar(x, vals, bottom=bottom, color=CATEGORY_COLORS[key], label=label, width=0.6)
+        ax.bar(x, vals, bottom=bottom, color=CATEGORY_COLORS.get(key, POTENTIAL), label=label, width=0.6)
         bottom += vals
     if any(daily["would_have"]):
         ax.plot(x, daily["would_have"], color=POTENTIAL, linestyle="--", marker="o", markersize=4,

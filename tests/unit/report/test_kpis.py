@@ -127,7 +127,7 @@ def test_events_live_once_and_dry_run_apart(store, policy) -> None:  # type: ign
         store.action_finished(f"d{i}:{action}", status, t + 6)
     ev = kpis.compute(store, policy, SINCE, UNTIL)["events"]
     assert ev["live"] == {"notifications": 1, "demotions": 1, "cancels": 1, "holds": 0, "process_kills": 1,
-                          "power_downs": 0, "power_ups": 0}
+                          "power_downs": 0, "power_ups": 0, "reservations": 0, "reservations_released": 0}
     assert ev["would_have"]["cancels"] == 1 and ev["would_have"]["notifications"] == 1
     assert ev["approvals"] == {"requested": 2, "approved": 1, "rejected": 1, "timed_out": 0, "pending": 0}
     assert ev["failed"] == 1 and ev["live_total"] == 4 and ev["would_have_total"] == 2

@@ -1,0 +1,114 @@
+"""Idle reservation: Slurm reservations whose nodes sit unused.
+
+Policy (``rules.idle_reservation``)::
+
+    idle_reservation:
+      window: 2h          # started at least this long ago, and GPUs idle over it where seen
+      util_max: 5         # % — a reserved node's GPU above this in the window counts as used
+      ladder: [notify, release_reservation (2h)]
+      exclude_flags: [MAINT]
+
+A reservation is idle when it is active, began at least ``window`` ago, no job waits for it, and
+some of its nodes run none of its jobs (and, where the metrics show the node's GPUs, none was busy
+in the window). One finding per reservation names the unused nodes; its ladder notifies the
+reservation's first user (or ``owner``), and ``release_reservation`` then deletes a reservation
+nobody uses or shrinks it to the nodes its jobs hold. The ladder's wait is what makes "idle for
+a while" hold across sweeps: a job that starts in the reservation closes the episode. Maintenance
+reservations (``MAINT``) and names in ``exclude_names`` are never found; a reservation whose jobs
+or nodes the snapshot cannot see is left alone (no data, no action).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from gpu_cost.model import Finding, Reservation, Snapshot
+from gpu_cost.policy.schema import IdleReservationRule, Policy
+from gpu_cost.registry import RuleSpec
+from gpu_cost.rules import register
+
+
+def why(f: Finding) -> str:
+    """The decision reason for an idle-reservation finding."""
+    ev = f.evidence
+    unused = ev.get("unused_nodes") or []
+    used = ev.get("used_nodes") or []
+    seen = int(ev.get("gpus_idle_for_s") or 0)
+    idle = f"their GPUs idle for {seen // 60} min" if seen else "no GPU metrics for them"
+    text = (f"reservation {ev.get('reservation')}: {len(unused)} of {ev.get('node_count')} reserved node(s) "
+            f"run none of its jobs ({idle})")
+    if used:
+        text += f" (its jobs hold {', '.join(used)}: shrink to those)"
+    return text
+
+
+SPEC = RuleSpec(
+    "idle_reservation", config=IdleReservationRule, target="reservation", title="a reservation whose nodes sit unused",
+    label="Idle reservations", why=why, window=lambda cfg, policy: cfg.window,
+    doc="An active Slurm reservation, begun at least ``window`` ago, with nodes no job of it uses (and whose GPUs "
+        "stayed idle where seen) and no job waiting for it; ``release_reservation`` deletes it or shrinks it to "
+        "the nodes in use. Maintenance reservations are left alone.",
+    example="""
+        rules:
+          idle_reservation:
+            window: 2h
+            ladder:
+              - {action: notify}
+              - {action: release_reservation, after: 2h}
+    """,
+)
+
+
+def _excluded(r: Reservation, cfg: IdleReservationRule) -> bool:
+    flags = {f.upper() for f in cfg.exclude_flags}
+    return bool(flags & set(r.flags)) or any(fnmatch.fnmatchcase(r.name, pat) for pat in cfg.exclude_names)
+
+
+def _busy_hosts(snapshot: Snapshot, hosts: set[str], cfg: IdleReservationRule) -> tuple[set[str], set[str], set[str]]:
+    """Return the hosts among ``hosts`` whose GPUs were busy in the window, were stale, and were seen."""
+    if not hosts or not len(snapshot.gpus):
+        return set(), set(), set()
+    try:
+        frame = snapshot.view(cfg.window)
+    except KeyError:
+        frame = snapshot.gpus
+    frame = frame[frame["host"].isin(sorted(hosts))]
+    busy = {str(h) for h in frame.loc[(~frame["stale"]) & (frame["util_max"] > cfg.util_max), "host"]}
+    stale = {str(h) for h in frame.loc[frame["stale"], "host"]}
+    return busy, stale, {str(h) for h in frame["host"]}
+
+
+@register(SPEC)
+def idle_reservation(snapshot: Snapshot, cfg: IdleReservationRule, policy: Policy) -> list[Finding]:
+    """Return one finding per active reservation with nodes that ran none of its jobs over the window."""
+    out: list[Finding] = []
+    now = snapshot.ts
+    gpus_of = {n.name: int(n.gpus_total or 0) for n in snapshot.nodes}
+    for r in snapshot.reservations:
+        if not r.active or _excluded(r, cfg) or now - r.start_ts < cfg.window or not r.nodes:
+            continue
+        mine = [j for j in snapshot.jobs if j.reservation == r.name]
+        if any(j.pending for j in mine):
+            continue  # demand is waiting for it: not idle
+        used = {h for j in mine if j.running for h in j.nodes} & set(r.nodes)
+        busy, stale, seen = _busy_hosts(snapshot, set(r.nodes) - used, cfg)
+        if stale:
+            continue  # part of it unseen: no data, no action
+        unused = [h for h in r.nodes if h not in used and h not in busy]
+        if not unused:
+            continue
+        user = r.users[0] if r.users else (cfg.owner or None)
+        out.append(Finding(
+            rule="idle_reservation", target_kind="reservation", target=f"reservation:{r.name}",
+            action="release_reservation", gpus=sum(gpus_of.get(h, 0) for h in unused), user=user,
+            account=r.accounts[0] if r.accounts else None, partition=r.partition or None, nodes=tuple(unused),
+            evidence={
+                "reservation": r.name, "node_count": r.node_count, "nodes": list(r.nodes), "unused_nodes": unused,
+                "used_nodes": sorted(used | busy), "jobs": sorted(j.job_id for j in mine if j.running),
+                "reservation_start_ts": r.start_ts, "reservation_end_ts": r.end_ts,
+                "gpus_idle_for_s": cfg.window if set(unused) <= seen else 0,
+                "accounts": list(r.accounts), "users": list(r.users), "flags": list(r.flags),
+                "window_s": cfg.window, "util_max": cfg.util_max,
+            },
+        ))
+    return out
