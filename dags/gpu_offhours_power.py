@@ -10,6 +10,9 @@ before the next run plus `wake_lead`; the forecast's 80 % upper bound). With
 `offhours.forecast_lulls` the forecast sizes the nodes kept up at every hour, predicted lulls
 included (`gpu-cost power replay` compares it with Slurm's own power saving first). Slurm runs the site's `SuspendProgram` / `ResumeProgram` and wakes nodes by
 itself when a job needs one. Each powered-down node-hour goes to the savings ledger (kWh, money).
+With `reservations.enabled`, it also reserves nodes for an account whose forecast peak would not
+fit (`scontrol create reservation`, the `reserve` step); more than
+`reservations.approval_over_nodes` nodes need the same approval.
 
 **Safety.** Dry-run by default (param `dry_run`, and the policy's mode must be `enforce`). More
 than `offhours.approval_over_nodes` nodes in one run need a human (Approve / Reject; no answer
@@ -70,6 +73,10 @@ def gpu_offhours_power() -> None:
     def power_down(p, **context):  # type: ignore[no-untyped-def]
         return power_tasks.act_task(p, "power_down", context)
 
+    @task(trigger_rule="none_failed_min_one_success")
+    def reserve(p, **context):  # type: ignore[no-untyped-def]
+        return power_tasks.act_task(p, "reserve", context)
+
     @task(trigger_rule="all_done")
     def record(p, **context):  # type: ignore[no-untyped-def]
         return power_tasks.record_task(p, context)
@@ -77,8 +84,9 @@ def gpu_offhours_power() -> None:
     p = plan()
     up = power_up(p)
     down = power_down(p)
-    p >> approve >> down
-    [up, down] >> record(p)
+    held = reserve(p)
+    p >> approve >> [down, held]
+    [up, down, held] >> record(p)
 
 
 dag_object = gpu_offhours_power()

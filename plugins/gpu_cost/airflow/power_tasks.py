@@ -22,6 +22,8 @@ from gpu_cost.policy.schema import Policy, milder
 logger = logging.getLogger(__name__)
 
 RULE = "offhours"
+#: the rules of this DAG's decisions: power, and the reservations for forecast peaks
+RULES = (RULE, "forecast_peak")
 DAG_ID = "gpu_offhours_power"
 
 
@@ -38,20 +40,23 @@ def snapshot_for(policy: Policy, now: float, source: str) -> Snapshot:
     if source == "sim":
         return sweep.collect(policy, now, "sim")
     from gpu_cost.model import empty_gpu_frame
-    from gpu_cost.sources.slurm import SlurmSource
+    from gpu_cost.sources.slurm import SlurmSource, read_reservations
 
     src = SlurmSource()
     nodes, jobs = tuple(src.nodes()), tuple(src.jobs())
+    resv = tuple(read_reservations(src)) if policy.reservations.enabled else ()
     if source == "slurm":
         return Snapshot(ts=now, window_s=policy.offhours.window, lookback_s=policy.sweep.lookback, source="slurm",
-                        gpus=empty_gpu_frame(), jobs=jobs, nodes=nodes)
+                        gpus=empty_gpu_frame(), jobs=jobs, nodes=nodes, reservations=resv)
     try:
         snap = sweep.collect(policy, now, source)
     except Exception as exc:
         logger.warning("%s source unavailable (%s): planning from Slurm alone, nothing powered down", source, exc)
         return Snapshot(ts=now, window_s=policy.offhours.window, lookback_s=policy.sweep.lookback, source=source,
-                        gpus=empty_gpu_frame(), jobs=jobs, nodes=nodes, problems=(f"{source}: {exc}"[:200],))
-    return dataclasses.replace(snap, nodes=nodes, jobs=jobs)
+                        gpus=empty_gpu_frame(), jobs=jobs, nodes=nodes, problems=(f"{source}: {exc}"[:200],),
+                        reservations=resv)
+    return dataclasses.replace(snap, nodes=nodes, jobs=jobs, reservations=resv or snap.reservations)
+
 
 
 def forecast_demand(store: Any, now: float, horizon_s: float) -> float | None:
@@ -83,6 +88,24 @@ def make_plan(policy: Policy, now: float, source: str, store: Any | None = None)
     forecast = forecast_demand(store, now, wake_horizon(cfg)) if store is not None else None
     lull = forecast_demand(store, now, lull_horizon(cfg)) if store is not None and cfg.forecast_lulls else None
     return plan_power(snap, policy, now, forecast_gpus=forecast, lull_gpus=lull), snap
+
+
+def reservation_decisions(snap: Snapshot, policy: Policy, now: float, mode: str,
+                          store: Any | None) -> tuple[list[Decision], list[str]]:
+    """Return the ``reserve`` decisions for the forecast peaks (``reservations:``) and notes on the others."""
+    from gpu_cost.reservations import decisions_for, plan_reservations
+
+    if not policy.reservations.enabled:
+        return [], []
+    if store is None:
+        return [], ["reservations: no forecast store"]
+    try:
+        from gpu_cost.forecast.demand import demand_rows
+    except ImportError:
+        return [], ["reservations: forecasts are not available in this build"]
+    demand = demand_rows(store, now, policy.reservations.horizon + 3600.0)
+    proposals, notes = plan_reservations(snap, policy, now, demand)
+    return decisions_for(proposals, policy, now, mode, degraded=snap.degraded, problems=snap.problems), notes
 
 
 def decisions_of(plan: Any, policy: Policy, now: float, mode: str) -> list[Decision]:
@@ -120,17 +143,20 @@ def plan_task(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str
     mode = effective_mode(policy, dry_run)
     store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode=mode)
     plan, snap = make_plan(policy, now, source, store)
-    decisions = decisions_of(plan, policy, now, mode)
+    resv, resv_notes = reservation_decisions(snap, policy, now, mode, store)
+    decisions = decisions_of(plan, policy, now, mode) + resv
     store.record_decisions(decisions, run_id, status="decided" if mode != "dry-run" else "recorded")
     store.save_snapshot(run_id, now, snap.to_json())  # the record step's nodes and power come from here
     full = plan.to_dict()
     summary = {"run_id": run_id, "policy": policy.source, "source": source, "mode": mode, "now": now,
                "in_window": plan.in_window, "local_time": plan.local_time, "held": list(plan.held),
-               "needs_approval": plan.needs_approval, "idle_kw": full["idle_kw"], "skipped": dict(plan.skipped),
+               "needs_approval": plan.needs_approval or any(d.requires_approval for d in resv),
+               "idle_kw": full["idle_kw"], "skipped": dict(plan.skipped), "reservation_notes": resv_notes,
                "counts": {"down": len(plan.down), "up": len(plan.up), "reserve": len(plan.reserve),
-                          "capped": plan.capped, "decisions": len(decisions)}}
-    logger.info("power plan at %s (%s, in window: %s): down %s, up %s, held %s, kept up %s", plan.local_time, mode,
-                plan.in_window, [c.node for c in plan.down], [c.node for c in plan.up], plan.held, plan.skipped)
+                          "reservations": len(resv), "capped": plan.capped, "decisions": len(decisions)}}
+    logger.info("power plan at %s (%s, in window: %s): down %s, up %s, held %s, kept up %s; reservations %s %s",
+                plan.local_time, mode, plan.in_window, [c.node for c in plan.down], [c.node for c in plan.up], plan.held,
+                plan.skipped, [d.target for d in resv], resv_notes)
     return summary
 
 
@@ -141,7 +167,9 @@ def _power(snap: Snapshot, node: Any, policy: Policy) -> tuple[float, str]:
 
 
 def needs_approval(plan: Mapping[str, Any]) -> bool:
-    return bool(plan.get("needs_approval")) and plan.get("mode") != "dry-run" and bool(plan.get("counts", {}).get("down"))
+    counts = plan.get("counts", {})
+    return (bool(plan.get("needs_approval")) and plan.get("mode") != "dry-run"
+            and bool(counts.get("down") or counts.get("reservations")))
 
 
 def act_task(plan: Mapping[str, Any], action: str, context: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -163,7 +191,7 @@ def act_task(plan: Mapping[str, Any], action: str, context: Mapping[str, Any] | 
     run = store.get_run(run_id)
     if run is None:
         raise AuditError(f"no audit row for run {run_id}: nothing planned, nothing to act on")
-    rows = [r for r in store.decisions_of_run(run_id) if r["rule"] == RULE and r["action"] == action]
+    rows = [r for r in store.decisions_of_run(run_id) if r["rule"] in RULES and r["action"] == action]
     acting = [Decision.from_row(r) for r in rows if may_act(r)]
     dry_run = run["mode"] == "dry-run"
     if dry_run or not acting:

@@ -13,7 +13,8 @@ from gpu_cost.timeutil import iso
 def register(sub: Any) -> None:
     p = sub.add_parser("power", help="off-hours node power management")
     psub = p.add_subparsers(dest="power_command", required=True, metavar="SUBCOMMAND")
-    plan = psub.add_parser("plan", help="show which nodes the off-hours run would power down / up now")
+    plan = psub.add_parser("plan", help="show which nodes the off-hours run would power down / up now, and the "
+                           "reservations it would propose for forecast peaks (reservations.enabled)")
     plan.add_argument("--source", choices=["sim", "slurm", "prometheus"], default=None,
                       help="sim (default with the shipped policy), slurm (nodes and jobs), prometheus (with GPU metrics)")
     add_policy(plan)
@@ -82,7 +83,7 @@ def _week(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def _plan(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from gpu_cost.airflow.power_tasks import make_plan
+    from gpu_cost.airflow.power_tasks import make_plan, reservation_decisions
     from gpu_cost.policy import load_policy
 
     policy = load_policy(args.policy)
@@ -112,4 +113,12 @@ def _plan(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         lines.append(f"  held: {h}")
     if plan.needs_approval:
         lines.append("  needs approval (more nodes than offhours.approval_over_nodes)")
+    resv, notes = reservation_decisions(snap, policy, now, "enforce" if policy.mode == "enforce" else "dry-run", store)
+    out["reservations"] = [{"target": d.target, "action": d.action, "mode": d.mode, "account": d.account,
+                            "nodes": d.evidence.get("node_count"), "requires_approval": d.requires_approval,
+                            "reason": d.reason} for d in resv]
+    out["reservation_notes"] = notes
+    for d in resv:
+        lines.append(f"  {'reserve' if d.action == 'reserve' else d.action}: {d.reason}")
+    lines += [f"  {n}" for n in notes if policy.reservations.enabled]
     return out, "\n".join(lines)
