@@ -262,13 +262,52 @@ def _state(value: Any, field: str) -> tuple[str, tuple[str, ...]]:
     return parts[0], tuple(parts[1:])
 
 
+#: a job id as Slurm's commands accept it: ``123``, an array task ``123_4``, an array's pending
+#: tasks ``123_[5-9]``, a heterogeneous component ``123+1``, or a SLUID (Slurm 25.11+: ``s`` and 13
+#: Crockford base32 digits, lower case). Anything else never reaches a command line.
+JOB_ID = re.compile(r"[0-9]{1,10}(?:_(?:[0-9]{1,10}|\[[0-9,%-]{1,200}\]))?(?:\+[0-9]{1,5})?"
+                    r"|s[0-9a-hjkmnp-tv-z]{13}")
+
+
+def check_job_id(value: object, where: str = "job id") -> str:
+    """Return ``value`` as a job id string when it is one Slurm accepts (see :data:`JOB_ID`).
+
+    Job ids are opaque text to the agent (never ``int()``-ed): a SLUID is not a number. Raises
+    :class:`SourceError` naming ``where`` and the value, so nothing malformed (an option such as
+    ``--user=bob``, spaces, shell characters) becomes a command argument.
+    """
+    text = str(value).strip() if isinstance(value, str | int) and not isinstance(value, bool) else None
+    if text is None or not JOB_ID.fullmatch(text):
+        raise SourceError(f"{where}: {str(value)!r:.60} is not a Slurm job id (digits, 123_4, 123+1 or a SLUID)")
+    return text
+
+
+def _sluid(d: Mapping[str, Any]) -> str:
+    """The job's SLUID (``sluid`` of 26.05+, ``step_id.sluid`` of 25.11), or ``""``."""
+    for holder in (d, d.get("step_id")):
+        v = holder.get("sluid") if isinstance(holder, Mapping) else None
+        if isinstance(v, str) and v:
+            return v
+    return ""
+
+
 def _job_id(d: Mapping[str, Any]) -> str:
     raw = d.get("job_id")
-    if raw is None or isinstance(raw, bool):
-        raise _Bad("job_id is missing")
-    jid = _num(raw, "job_id")
-    if jid is None:
-        raise _Bad("job_id is unset")
+    if isinstance(raw, str) and not re.fullmatch(r"\d+", raw.strip()):
+        # an answer naming the job by an opaque id only: keep it as text, if it is a job id at all
+        try:
+            return check_job_id(raw, "job_id")
+        except SourceError as exc:
+            raise _Bad(str(exc)) from None
+    jid = None if raw is None or isinstance(raw, bool) else _num(raw, "job_id")
+    if not jid:
+        sluid = _sluid(d)
+        if sluid:
+            try:
+                return check_job_id(sluid, "sluid")
+            except SourceError as exc:
+                raise _Bad(str(exc)) from None
+        raise _Bad("job_id is missing" if raw is None or isinstance(raw, bool) else "job_id is unset")
     array_job = d.get("array_job_id")
     task = d.get("array_task_id")
     if isinstance(d.get("array"), Mapping):  # sacct shape
@@ -644,7 +683,7 @@ class SlurmSource:
         """Return one job as squeue shows it now, or None when Slurm no longer lists it."""
         # an array's pending record (``500_[3-9]``) is asked for by its array id; only an exact id
         # matches: a bare ``500`` is never taken to mean one of the array's tasks
-        asked = str(job_id).split("_[", 1)[0]
+        asked = check_job_id(job_id).split("_[", 1)[0]
         res = self.runner.run(["squeue", "--json", "--jobs", asked], timeout=self.timeout)
         if not res.ok:
             if "Invalid job id" in res.stderr:
