@@ -510,8 +510,11 @@ def parse_nodes(doc: Mapping[str, Any], command: str = "sinfo --json") -> list[N
         seen: dict[str, Mapping[str, Any]] = {}
         try:
             for group in doc["sinfo"]:
-                for name in expand_hostlist(((group.get("nodes") or {}).get("nodes") or [""])[0]
-                                            if isinstance((group.get("nodes") or {}).get("nodes"), list) else ""):
+                listed = (group.get("nodes") or {}).get("nodes")
+                # a HOSTLIST: one name per entry (each entry is also read as a hostlist expression)
+                names = [n for entry in (listed if isinstance(listed, list) else [listed or ""])
+                         for n in expand_hostlist(str(entry))]
+                for name in names:
                     seen.setdefault(name, {"name": name, "state": (group.get("node") or {}).get("state", ["UNKNOWN"]),
                                            "gres": (group.get("gres") or {}).get("total", ""),
                                            "gres_used": (group.get("gres") or {}).get("used", ""),
