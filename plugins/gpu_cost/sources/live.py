@@ -4,7 +4,9 @@
 
 - GPUs: :class:`gpu_cost.sources.prometheus.PrometheusSource` (a constant number of PromQL
   queries, aggregated in Prometheus), node CPU from node_exporter;
-- jobs and nodes: :class:`gpu_cost.sources.slurm.SlurmSource` (``squeue``/``scontrol`` JSON);
+- jobs and nodes: :class:`gpu_cost.sources.slurm.SlurmSource` (``squeue``/``scontrol`` JSON), or
+  :class:`gpu_cost.sources.slurmrestd.SlurmRestSource` when the ``gpu_cost_slurmrestd``
+  connection is configured (same JSON over HTTP);
 - GPU processes: :class:`gpu_cost.sources.nodes.NodeSource`, only when the node SSH connection
   ``gpu_cost_node_ssh`` is configured; the same inspection checks each inspected node's GPU
   numbering (:mod:`gpu_cost.sources.gpu_map`, also on the nodes of running jobs that look idle):
@@ -49,7 +51,9 @@ def _slurm_source(slurm: Any) -> Any:
     from gpu_cost.sources.slurm import SlurmSource
 
     if slurm is None:
-        return SlurmSource()
+        from gpu_cost.sources.slurm import default_source
+
+        return default_source()
     return SlurmSource(runner=slurm)  # a Runner: local or on a login node
 
 

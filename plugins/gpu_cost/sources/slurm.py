@@ -626,6 +626,40 @@ def parse_reservations(text: str, command: str = "scontrol show reservation") ->
     return out
 
 
+def reservations_from_json(doc: Mapping[str, Any], command: str = "scontrol show reservation --json") -> list[Reservation]:
+    """Return the reservations of a JSON answer (``scontrol show reservation --json`` of 23.02+,
+    slurmrestd's ``GET /slurm/<v>/reservations/``): ``start_time``/``end_time`` plain or as number
+    objects, ``flags`` a list, ``accounts``/``users`` comma-separated (a leading ``-`` excludes)."""
+    def one(d: Mapping[str, Any]) -> Reservation:
+        name = _str(d, "name")
+        if not name:
+            raise _Bad("name is missing")
+        start, end = _num(d.get("start_time"), "start_time"), _num(d.get("end_time"), "end_time")
+        if start is None or end is None:
+            raise _Bad("start_time or end_time is unset")
+        nodes = tuple(expand_hostlist(_str(d, "node_list")))
+        count = _num(d.get("node_count"), "node_count")
+        flags = d.get("flags") or []
+        if isinstance(flags, str):
+            flags = [f for f in flags.split(",") if f]
+        return Reservation(name=name, start_ts=start, end_ts=end, nodes=nodes,
+                           node_count=int(count) if count is not None else len(nodes), state="",
+                           accounts=_names(_str(d, "accounts")), users=_names(_str(d, "users")),
+                           partition=_str(d, "partition"), flags=tuple(str(f).upper() for f in flags))
+
+    return _parse_each(doc, "reservations", command, one, "name")
+
+
+def default_source(**kwargs: Any) -> Any:
+    """Return the Slurm reader this deployment uses: slurmrestd when its connection
+    (``gpu_cost_slurmrestd``) is configured, else the commands (:class:`SlurmSource`)."""
+    from gpu_cost.sources import slurmrestd
+
+    if slurmrestd.configured():
+        return slurmrestd.SlurmRestSource()
+    return SlurmSource(**kwargs)
+
+
 # -- the source ---------------------------------------------------------------------------------
 class SlurmSource:
     """Read jobs and nodes from Slurm through a runner.
