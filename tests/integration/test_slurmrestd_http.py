@@ -80,7 +80,7 @@ class FakeRestd(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server API
+    def do_GET(self) -> None:
         parts = urlsplit(self.path)
         FakeRestd.seen.append((parts.path, parse_qs(parts.query), dict(self.headers)))
         if not valid(self.headers.get("X-SLURM-USER-TOKEN", ""), self.headers.get("X-SLURM-USER-NAME", "")):
