@@ -141,3 +141,15 @@ def test_inspect_answer_carries_the_numbering() -> None:
     answer["map"] = {"rc": 0, "stdout": "0, GPU-x\n"}
     with pytest.raises(SourceError, match="gpu01: GPU numbering line 1"):
         parse_inspect(json.dumps(answer), "gpu01")
+
+
+def test_the_nodes_of_idle_looking_jobs_are_checked_too(policy) -> None:  # type: ignore[no-untyped-def]
+    from gpu_cost.sources.live import idle_job_hosts
+
+    frame = pd.DataFrame({"host": ["gpu01", "gpu01", "gpu02", "gpu03"], "gpu": [0, 1, 0, 0],
+                          "util_max": [0.0, 1.0, 80.0, 0.0], "stale": [False, False, False, True]})
+    jobs = [Job(job_id="1", user="a", gpu_alloc=(("gpu01", (0, 1)),)),  # idle: a cancel could touch gpu01
+            Job(job_id="2", user="b", gpu_alloc=(("gpu02", (0,)),)),  # busy
+            Job(job_id="3", user="c", gpu_alloc=(("gpu03", (0,)),)),  # stale: never idle
+            Job(job_id="4", user="d", state="PENDING")]
+    assert idle_job_hosts(frame, jobs, policy) == ["gpu01"]
