@@ -1,7 +1,9 @@
 """slurmrestd as a source, over real HTTP, for each Slurm version's answers.
 
-This machine's Slurm (Debian 12's 22.05) has no ``slurmrestd`` binary, and 22.05's would only
-speak OpenAPI v0.0.36-v0.0.38; so a real HTTP server on 127.0.0.1 plays slurmrestd here: it
+The test machines run Debian 12's Slurm 22.05: its ``slurmrestd`` package only speaks OpenAPI
+v0.0.36-v0.0.38 and its Slurm build has no ``auth/jwt`` plugin for slurmctld (only slurmrestd's
+``rest_auth_jwt.so``), so no real token could be checked. A real HTTP server on 127.0.0.1 plays
+slurmrestd here instead: it
 serves the per-version answers of ``tests/data/slurm/<version>/`` (constructed from SchedMD's
 data_parser tables, see the README there) at slurmrestd's paths, and checks the JWT the way
 ``auth/jwt`` does (HS256 signature with the cluster's key, ``exp``, ``sun`` = the user name in
