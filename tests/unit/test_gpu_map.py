@@ -153,3 +153,18 @@ def test_the_nodes_of_idle_looking_jobs_are_checked_too(policy) -> None:  # type
             Job(job_id="3", user="c", gpu_alloc=(("gpu03", (0,)),)),  # stale: never idle
             Job(job_id="4", user="d", state="PENDING")]
     assert idle_job_hosts(frame, jobs, policy) == ["gpu01"]
+
+
+def test_a_job_log_is_never_asked_for_with_a_bad_job_id() -> None:
+    from gpu_cost.sources.nodes import NodeAccess, NodeSource
+
+    asked: list[list[str]] = []
+
+    class Runner:
+        def run(self, argv: list[str], timeout: float | None = None) -> None:
+            asked.append(argv)
+            raise AssertionError("no command may run")
+
+    src = NodeSource(NodeAccess(), runner_for=lambda node: Runner())  # type: ignore[arg-type,return-value]
+    got = src.job_log("gpu01", "12;reboot")
+    assert "not a Slurm job id" in got["error"] and asked == []

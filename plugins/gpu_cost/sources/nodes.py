@@ -427,7 +427,11 @@ class NodeSource:
         ``max_bytes`` (per file) is kept within the wrapper's bounds (512-65536). Never raises:
         whatever goes wrong is ``{"error": "<node>: <reason>"}``.
         """
+        from gpu_cost.sources.slurm import JOB_ID
+
         size = max(JOB_LOG_MIN_BYTES, min(JOB_LOG_MAX_BYTES, int(max_bytes)))
+        if not JOB_ID.fullmatch(str(job_id)):  # never sent to a node as an argument
+            return {"error": _one_line(f"{node}: job-log {job_id!r}: not a Slurm job id", 500)}
         try:
             res = self.runner_for(node).run(self.access.argv("job-log", job_id, size), timeout=self.timeout)
             if not res.ok:
