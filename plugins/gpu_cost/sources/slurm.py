@@ -9,13 +9,20 @@ Commands (argument lists, run locally or on a login node over SSH through a
 - ``scontrol show reservation --oneliner``  reservations (``Key=Value`` text, times as epoch
   seconds through ``SLURM_TIME_FORMAT=%s``: there is no JSON for it before 23.02)
 
-The JSON changed across Slurm versions. Both shapes are read:
+The JSON changed across Slurm versions. Every shape from 22.05 to 25.11 is read (tested on each
+version's answers in ``tests/data/slurm/``):
 
 - **22.05** (OpenAPI ``v0.0.38``): plain numbers (``"time_limit": 60``, ``null`` when unset),
   ``"job_state": "RUNNING"``, node ``"state": "idle"`` plus ``"state_flags"``.
-- **23.11 / 24.x** (data_parser ``v0.0.40``+): numbers wrapped as
-  ``{"set": true, "infinite": false, "number": 60}``, ``"job_state": ["RUNNING"]``, node
-  ``"state": ["IDLE", "POWERED_DOWN"]``, sacct ``"state": {"current": ["COMPLETED"]}``.
+- **23.02** (data_parser ``v0.0.39``): ``UINT32_NO_VAL`` numbers wrapped as
+  ``{"set": true, "infinite": false, "number": 60}``, times still plain, ``job_state`` text.
+- **23.11 - 25.11** (``v0.0.40`` - ``v0.0.44``): times wrapped too, ``"job_state": ["RUNNING"]``,
+  node ``"state": ["IDLE", "POWERED_DOWN"]``, sacct ``"state": {"current": ["COMPLETED"]}``;
+  ``job_resources.nodes.allocation[]`` from v0.0.41; the job's SLUID in ``step_id`` from v0.0.44.
+
+Job ids are opaque text (:data:`JOB_ID`: numbers, array tasks, SLUIDs) and checked by
+:func:`check_job_id` before they become a command argument. The same parsers read slurmrestd's
+answers (:mod:`gpu_cost.sources.slurmrestd`; :func:`default_source` picks it when configured).
 
 GPU indices of a running job come from ``gres_detail`` (``gpu:a100:2(IDX:0-1)``, one entry per
 allocated node, in node-list order). A malformed or truncated answer raises
