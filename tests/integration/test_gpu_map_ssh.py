@@ -1,7 +1,7 @@
 """Index truth over a real sshd: a node whose nvidia-smi numbers its GPUs otherwise than the metrics
 and Slurm do has its GPUs stale, and neither a kill nor a cancel is decided there.
 
-The node is the session's sshd with the node wrapper as a forced command and the fake
+The node is the test run's sshd with the node wrapper as a forced command and the fake
 ``nvidia-smi`` first on the PATH (``tests/fixtures/sshd.py``); Prometheus and Slurm are stubs
 giving what they would (the GPU frame with the exporter's UUID per index, one running job):
 this test is about the node access path and the engine's answer.
