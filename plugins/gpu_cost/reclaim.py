@@ -2,7 +2,7 @@
 
 The ``gpu_manual_reclaim`` DAG (and anyone calling this module) goes through four steps:
 
-1. :func:`parse_request` validates the form: target kind, ids (job ids digits/underscore, node
+1. :func:`parse_request` validates the form: target kind, ids (job ids digits/underscore or a SLUID, node
    names hostname-safe, user names POSIX-safe, processes ``node:pid``), the action for that kind,
    a reason, dry-run, and an explicit protection override with its justification. Anything else
    is refused with a message naming the field and the value.
@@ -52,7 +52,8 @@ ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST = rf"{_LABEL}(?:\.{_LABEL})*"
 KIND_PATTERNS = {
-    "job": (re.compile(r"^[0-9]+(?:_[0-9]+)?$"), "a Slurm job id: digits, or digits_digits for an array task"),
+    "job": (re.compile(r"^(?:[0-9]+(?:_[0-9]+)?|s[0-9a-hjkmnp-tv-z]{13})$"),
+            "a Slurm job id: digits, digits_digits for an array task, or a SLUID (s and 13 base32 digits)"),
     "node": (re.compile(rf"^(?=.{{1,253}}$){_HOST}$"), "a hostname: letters, digits, '-' and '.'"),
     "user": (re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"), "a user name: letters, digits, '_', '.', '-'"),
     "process": (re.compile(rf"^(?=.{{1,260}}$)({_HOST}):([0-9]{{1,7}})$"), "node:pid, e.g. gpu01:4242"),

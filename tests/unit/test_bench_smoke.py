@@ -88,3 +88,10 @@ def test_replay_hard_bench_smoke() -> None:
 def test_verifier_month_bench_smoke() -> None:
     out = run_bench("bench.verifier_month", "--days", "1.5", "--test-days", "0.5", "--gpus", "16")
     assert [r["run"] for r in out["results"]] == ["without verifier", "with verifier"]
+
+
+def test_slurm_json_bench_smoke() -> None:
+    out = run_bench("bench.slurm_json", "--jobs", "40", "--nodes", "8", "--repeat", "1")
+    versions = [r["version"] for r in out["results"]]
+    assert versions[0].startswith("23.02") and versions[-1] == "index check"
+    assert all(r["nodes_s"] > 0 for r in out["results"])

@@ -65,11 +65,16 @@ def _sleep(ctx: ActionContext, seconds: float) -> None:
 
 def job_id_of(d: Decision) -> str:
     """Return the Slurm job id of a decision (``job_id`` or a ``job:<id>`` target)."""
-    if d.job_id:
-        return str(d.job_id)
-    if d.target.startswith("job:"):
-        return d.target[4:]
-    raise ValueError(f"decision {d.decision_id} targets {d.target!r}, not a Slurm job")
+    from gpu_cost.sources.slurm import check_job_id
+
+    raw = d.job_id or (d.target[4:] if d.target.startswith("job:") else None)
+    if not raw:
+        raise ValueError(f"decision {d.decision_id} targets {d.target!r}, not a Slurm job")
+    try:
+        # opaque text (a SLUID is no number), but only a job id ever becomes a command argument
+        return check_job_id(raw, f"decision {d.decision_id}")
+    except SourceError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def classify(res: Completed) -> str:

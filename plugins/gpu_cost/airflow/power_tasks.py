@@ -40,9 +40,9 @@ def snapshot_for(policy: Policy, now: float, source: str) -> Snapshot:
     if source == "sim":
         return sweep.collect(policy, now, "sim")
     from gpu_cost.model import empty_gpu_frame
-    from gpu_cost.sources.slurm import SlurmSource, read_reservations
+    from gpu_cost.sources.slurm import default_source, read_reservations
 
-    src = SlurmSource()
+    src = default_source()
     nodes, jobs = tuple(src.nodes()), tuple(src.jobs())
     resv = tuple(read_reservations(src)) if policy.reservations.enabled else ()
     if source == "slurm":

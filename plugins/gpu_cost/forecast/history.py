@@ -109,11 +109,11 @@ def finished(jobs: pd.DataFrame, *, before: float | None = None) -> pd.DataFrame
 def slurm_jobs(since: float, until: float) -> pd.DataFrame | None:
     """Return finished jobs from Slurm accounting, or None when the Slurm source is not available."""
     try:
-        from gpu_cost.sources.slurm import SlurmSource  # type: ignore[import-not-found]
+        from gpu_cost.sources.slurm import default_source
     except ImportError:
         logger.info("no Slurm source in this installation: history from another origin")
         return None
-    raw = SlurmSource().finished_jobs(since, until)
+    raw = default_source().finished_jobs(since, until)
     rows = [_job_dict(j) for j in raw] if not hasattr(raw, "columns") else raw
     import pandas as pd
 

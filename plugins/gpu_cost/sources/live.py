@@ -4,9 +4,14 @@
 
 - GPUs: :class:`gpu_cost.sources.prometheus.PrometheusSource` (a constant number of PromQL
   queries, aggregated in Prometheus), node CPU from node_exporter;
-- jobs and nodes: :class:`gpu_cost.sources.slurm.SlurmSource` (``squeue``/``scontrol`` JSON);
+- jobs and nodes: :class:`gpu_cost.sources.slurm.SlurmSource` (``squeue``/``scontrol`` JSON), or
+  :class:`gpu_cost.sources.slurmrestd.SlurmRestSource` when the ``gpu_cost_slurmrestd``
+  connection is configured (same JSON over HTTP);
 - GPU processes: :class:`gpu_cost.sources.nodes.NodeSource`, only when the node SSH connection
-  ``gpu_cost_node_ssh`` is configured;
+  ``gpu_cost_node_ssh`` is configured; the same inspection checks each inspected node's GPU
+  numbering (:mod:`gpu_cost.sources.gpu_map`, also on the nodes of running jobs that look idle):
+  a node whose Slurm, NVML, driver and metrics numberings disagree has its GPUs marked stale and
+  is named in the problems (nothing destructive is decided);
 - job logs (same condition, and ``evidence.job_log.enabled``): the tail of the StdOut/StdErr of
   the jobs :func:`gpu_cost.evidence.log_candidates` picks, through the wrapper's read-only
   ``job-log`` verb, into ``Snapshot.job_logs``; a log that cannot be read is an ``error`` in its
@@ -46,7 +51,9 @@ def _slurm_source(slurm: Any) -> Any:
     from gpu_cost.sources.slurm import SlurmSource
 
     if slurm is None:
-        return SlurmSource()
+        from gpu_cost.sources.slurm import default_source
+
+        return default_source()
     return SlurmSource(runner=slurm)  # a Runner: local or on a login node
 
 
@@ -111,14 +118,29 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     procs: list[GpuProcess] = []
     want = processes if processes is not None else (node_source is not None or nodes_mod.configured())
     ns = None
+    maps: dict[str, Any] = {}
+    seen_procs: list[GpuProcess] = []
     if want:
         try:
             ns = node_source or nodes_mod.NodeSource()
             hosts = suspect_hosts(frame, jobs, policy)
-            procs, node_problems = ns.processes(hosts)
+            if hasattr(ns, "inspect_many"):
+                # the nodes a kill or a cancel could touch are inspected, and their GPU numbering checked
+                found, node_problems = ns.inspect_many([*hosts, *idle_job_hosts(frame, jobs, policy)])
+                seen_procs = [p for i in found for p in i.processes]
+                procs = [p for p in seen_procs if p.host in hosts]
+                maps = {i.host: i.gpu_map for i in found}
+            else:
+                procs, node_problems = ns.processes(hosts)
             problems.extend(node_problems)
         except SourceError as exc:
             problems.append(f"node processes: {exc}")
+    if maps:
+        from gpu_cost.sources import gpu_map
+
+        checks = gpu_map.check_snapshot_nodes(maps, frame, jobs, nodes, seen_procs)
+        frame, map_problems = gpu_map.apply(frame, checks)
+        problems.extend(map_problems)
 
     frame, disagreements = attribute(frame, jobs, procs)
     if len(frame) and frame["stale"].all():
@@ -174,6 +196,23 @@ def suspect_hosts(frame: Any, jobs: Sequence[Job], policy: Policy) -> list[str]:
             continue
         if umax == umax and mmin == mmin and umax < z.util_max and mmin > z.mem_min_mib:
             hosts.add(str(host))
+    return sorted(hosts)
+
+
+def idle_job_hosts(frame: Any, jobs: Sequence[Job], policy: Policy) -> list[str]:
+    """Return the hosts of running jobs whose allocated GPUs all look idle: a cancel could touch them,
+    so their GPU numbering is checked (:mod:`gpu_cost.sources.gpu_map`) before anything acts there."""
+    if not len(frame):
+        return []
+    util = {(str(h), int(g)): (bool(s), float(u)) for h, g, s, u in
+            zip(frame["host"], frame["gpu"], frame["stale"], frame["util_max"], strict=True)}
+    limit = policy.rules.idle_allocation.util_max
+    hosts: set[str] = set()
+    for j in jobs:
+        keys = j.gpu_keys() if j.running else []
+        seen = [util.get(k) for k in keys]
+        if keys and all(v is not None and not v[0] and v[1] == v[1] and v[1] < limit for v in seen):
+            hosts.update(h for h, _ in keys)
     return sorted(hosts)
 
 

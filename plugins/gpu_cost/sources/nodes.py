@@ -38,6 +38,7 @@ from gpu_cost import connections
 from gpu_cost.errors import SourceError
 from gpu_cost.model import GpuProcess, Job
 from gpu_cost.runner import Runner
+from gpu_cost.sources.gpu_map import NodeMap, node_map_from
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class NodeInspection:
     host: str
     gpus: list[NodeGpu] = field(default_factory=list)
     processes: list[GpuProcess] = field(default_factory=list)
+    #: the node's GPU numbering for the index check (:mod:`gpu_cost.sources.gpu_map`)
+    gpu_map: NodeMap = field(default_factory=lambda: NodeMap(reported=False))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,6 +149,14 @@ def start_ticks(stat: str, host: str = "?", pid: int | str = "?") -> int:
         raise SourceError(f"{host}: /proc/{pid}/stat is not a stat line: {stat[:120]!r}") from None
 
 
+def _env_job_id(value: Any) -> str | None:
+    """The ``SLURM_JOB_ID`` a process's environment named, when it is a job id at all (opaque text)."""
+    from gpu_cost.sources.slurm import JOB_ID
+
+    text = str(value).strip() if value else ""
+    return text if text and JOB_ID.fullmatch(text) else None
+
+
 def job_from_cgroup(text: str) -> str | None:
     """Return the Slurm job id in a ``/proc/<pid>/cgroup`` (``.../job_1234/step_0/...``), or None."""
     for line in text.splitlines():
@@ -205,14 +216,14 @@ def parse_inspect(text: str, host: str) -> NodeInspection:
             continue
         start = btime + start_ticks(stat, host, pid) / tck
         cgroup = info.get("cgroup") or ""
-        job = job_from_cgroup(cgroup) or (str(info["slurm_job_id"]) if info.get("slurm_job_id") else None)
+        job = job_from_cgroup(cgroup) or _env_job_id(info.get("slurm_job_id"))
         name = stat[stat.find("(") + 1:stat.rfind(")")] if "(" in stat else ""
         found = container_of(cgroup)
         container = f"{found[0]}:{found[1]}" if found else None
         out.append(GpuProcess(host=host, pid=pid, gpu_uuid=uuid, gpu=index_of.get(uuid), used_mib=used,
                               start_ts=float(int(start)), job_id=job, container=container,
                               user=str(info.get("user", "")), name=name))
-    return NodeInspection(host=host, gpus=gpus, processes=out)
+    return NodeInspection(host=host, gpus=gpus, processes=out, gpu_map=node_map_from(data, host))
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -381,28 +392,34 @@ class NodeSource:
 
     def processes(self, nodes: Iterable[str]) -> tuple[list[GpuProcess], list[str]]:
         """Return every GPU process of ``nodes`` and the problems met (a node that failed is named)."""
+        found, problems = self.inspect_many(nodes)
+        return [p for i in found for p in i.processes], problems
+
+    def inspect_many(self, nodes: Iterable[str]) -> tuple[list[NodeInspection], list[str]]:
+        """Return the inspections of ``nodes`` that could be read and the problems met (each names its node)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        procs: list[GpuProcess] = []
+        out: list[NodeInspection] = []
         problems: list[str] = []
-        names = list(nodes)
+        names = list(dict.fromkeys(nodes))
         if not names:
-            return procs, problems
+            return out, problems
 
-        def one(node: str) -> tuple[list[GpuProcess], str | None]:
+        def one(node: str) -> tuple[NodeInspection | None, str | None]:
             try:
-                return list(self.inspect(node).processes), None
+                return self.inspect(node), None
             except SourceError as exc:
                 logger.warning("node processes: %s", exc)
-                return [], f"node processes: {exc}"
+                return None, f"node processes: {exc}"
 
         # nodes are inspected in parallel, each bounded by the runner's timeout
         with ThreadPoolExecutor(max_workers=min(16, len(names)), thread_name_prefix="inspect") as pool:
             for found, problem in pool.map(one, names):
-                procs.extend(found)
+                if found is not None:
+                    out.append(found)
                 if problem:
                     problems.append(problem)
-        return procs, problems
+        return out, problems
 
     def job_log(self, node: str, job_id: str, max_bytes: int = 16384) -> dict[str, Any]:
         """Return the tail of a job's StdOut/StdErr as read on ``node`` (see :func:`parse_job_log`).
@@ -410,7 +427,11 @@ class NodeSource:
         ``max_bytes`` (per file) is kept within the wrapper's bounds (512-65536). Never raises:
         whatever goes wrong is ``{"error": "<node>: <reason>"}``.
         """
+        from gpu_cost.sources.slurm import JOB_ID
+
         size = max(JOB_LOG_MIN_BYTES, min(JOB_LOG_MAX_BYTES, int(max_bytes)))
+        if not JOB_ID.fullmatch(str(job_id)):  # never sent to a node as an argument
+            return {"error": _one_line(f"{node}: job-log {job_id!r}: not a Slurm job id", 500)}
         try:
             res = self.runner_for(node).run(self.access.argv("job-log", job_id, size), timeout=self.timeout)
             if not res.ok:

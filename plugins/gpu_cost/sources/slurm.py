@@ -9,13 +9,20 @@ Commands (argument lists, run locally or on a login node over SSH through a
 - ``scontrol show reservation --oneliner``  reservations (``Key=Value`` text, times as epoch
   seconds through ``SLURM_TIME_FORMAT=%s``: there is no JSON for it before 23.02)
 
-The JSON changed across Slurm versions. Both shapes are read:
+The JSON changed across Slurm versions. Every shape from 22.05 to 25.11 is read (tested on each
+version's answers in ``tests/data/slurm/``):
 
 - **22.05** (OpenAPI ``v0.0.38``): plain numbers (``"time_limit": 60``, ``null`` when unset),
   ``"job_state": "RUNNING"``, node ``"state": "idle"`` plus ``"state_flags"``.
-- **23.11 / 24.x** (data_parser ``v0.0.40``+): numbers wrapped as
-  ``{"set": true, "infinite": false, "number": 60}``, ``"job_state": ["RUNNING"]``, node
-  ``"state": ["IDLE", "POWERED_DOWN"]``, sacct ``"state": {"current": ["COMPLETED"]}``.
+- **23.02** (data_parser ``v0.0.39``): ``UINT32_NO_VAL`` numbers wrapped as
+  ``{"set": true, "infinite": false, "number": 60}``, times still plain, ``job_state`` text.
+- **23.11 - 25.11** (``v0.0.40`` - ``v0.0.44``): times wrapped too, ``"job_state": ["RUNNING"]``,
+  node ``"state": ["IDLE", "POWERED_DOWN"]``, sacct ``"state": {"current": ["COMPLETED"]}``;
+  ``job_resources.nodes.allocation[]`` from v0.0.41; the job's SLUID in ``step_id`` from v0.0.44.
+
+Job ids are opaque text (:data:`JOB_ID`: numbers, array tasks, SLUIDs) and checked by
+:func:`check_job_id` before they become a command argument. The same parsers read slurmrestd's
+answers (:mod:`gpu_cost.sources.slurmrestd`; :func:`default_source` picks it when configured).
 
 GPU indices of a running job come from ``gres_detail`` (``gpu:a100:2(IDX:0-1)``, one entry per
 allocated node, in node-list order). A malformed or truncated answer raises
@@ -262,13 +269,52 @@ def _state(value: Any, field: str) -> tuple[str, tuple[str, ...]]:
     return parts[0], tuple(parts[1:])
 
 
+#: a job id as Slurm's commands accept it: ``123``, an array task ``123_4``, an array's pending
+#: tasks ``123_[5-9]``, a heterogeneous component ``123+1``, or a SLUID (Slurm 25.11+: ``s`` and 13
+#: Crockford base32 digits, lower case). Anything else never reaches a command line.
+JOB_ID = re.compile(r"[0-9]{1,10}(?:_(?:[0-9]{1,10}|\[[0-9,%-]{1,200}\]))?(?:\+[0-9]{1,5})?"
+                    r"|s[0-9a-hjkmnp-tv-z]{13}")
+
+
+def check_job_id(value: object, where: str = "job id") -> str:
+    """Return ``value`` as a job id string when it is one Slurm accepts (see :data:`JOB_ID`).
+
+    Job ids are opaque text to the agent (never ``int()``-ed): a SLUID is not a number. Raises
+    :class:`SourceError` naming ``where`` and the value, so nothing malformed (an option such as
+    ``--user=bob``, spaces, shell characters) becomes a command argument.
+    """
+    text = str(value).strip() if isinstance(value, str | int) and not isinstance(value, bool) else None
+    if text is None or not JOB_ID.fullmatch(text):
+        raise SourceError(f"{where}: {str(value)!r:.60} is not a Slurm job id (digits, 123_4, 123+1 or a SLUID)")
+    return text
+
+
+def _sluid(d: Mapping[str, Any]) -> str:
+    """The job's SLUID (``sluid`` of 26.05+, ``step_id.sluid`` of 25.11), or ``""``."""
+    for holder in (d, d.get("step_id")):
+        v = holder.get("sluid") if isinstance(holder, Mapping) else None
+        if isinstance(v, str) and v:
+            return v
+    return ""
+
+
 def _job_id(d: Mapping[str, Any]) -> str:
     raw = d.get("job_id")
-    if raw is None or isinstance(raw, bool):
-        raise _Bad("job_id is missing")
-    jid = _num(raw, "job_id")
-    if jid is None:
-        raise _Bad("job_id is unset")
+    if isinstance(raw, str) and not re.fullmatch(r"\d+", raw.strip()):
+        # an answer naming the job by an opaque id only: keep it as text, if it is a job id at all
+        try:
+            return check_job_id(raw, "job_id")
+        except SourceError as exc:
+            raise _Bad(str(exc)) from None
+    jid = None if raw is None or isinstance(raw, bool) else _num(raw, "job_id")
+    if not jid:
+        sluid = _sluid(d)
+        if sluid:
+            try:
+                return check_job_id(sluid, "sluid")
+            except SourceError as exc:
+                raise _Bad(str(exc)) from None
+        raise _Bad("job_id is missing" if raw is None or isinstance(raw, bool) else "job_id is unset")
     array_job = d.get("array_job_id")
     task = d.get("array_task_id")
     if isinstance(d.get("array"), Mapping):  # sacct shape
@@ -471,8 +517,11 @@ def parse_nodes(doc: Mapping[str, Any], command: str = "sinfo --json") -> list[N
         seen: dict[str, Mapping[str, Any]] = {}
         try:
             for group in doc["sinfo"]:
-                for name in expand_hostlist(((group.get("nodes") or {}).get("nodes") or [""])[0]
-                                            if isinstance((group.get("nodes") or {}).get("nodes"), list) else ""):
+                listed = (group.get("nodes") or {}).get("nodes")
+                # a HOSTLIST: one name per entry (each entry is also read as a hostlist expression)
+                names = [n for entry in (listed if isinstance(listed, list) else [listed or ""])
+                         for n in expand_hostlist(str(entry))]
+                for name in names:
                     seen.setdefault(name, {"name": name, "state": (group.get("node") or {}).get("state", ["UNKNOWN"]),
                                            "gres": (group.get("gres") or {}).get("total", ""),
                                            "gres_used": (group.get("gres") or {}).get("used", ""),
@@ -584,6 +633,40 @@ def parse_reservations(text: str, command: str = "scontrol show reservation") ->
     return out
 
 
+def reservations_from_json(doc: Mapping[str, Any], command: str = "scontrol show reservation --json") -> list[Reservation]:
+    """Return the reservations of a JSON answer (``scontrol show reservation --json`` of 23.02+,
+    slurmrestd's ``GET /slurm/<v>/reservations/``): ``start_time``/``end_time`` plain or as number
+    objects, ``flags`` a list, ``accounts``/``users`` comma-separated (a leading ``-`` excludes)."""
+    def one(d: Mapping[str, Any]) -> Reservation:
+        name = _str(d, "name")
+        if not name:
+            raise _Bad("name is missing")
+        start, end = _num(d.get("start_time"), "start_time"), _num(d.get("end_time"), "end_time")
+        if start is None or end is None:
+            raise _Bad("start_time or end_time is unset")
+        nodes = tuple(expand_hostlist(_str(d, "node_list")))
+        count = _num(d.get("node_count"), "node_count")
+        flags = d.get("flags") or []
+        if isinstance(flags, str):
+            flags = [f for f in flags.split(",") if f]
+        return Reservation(name=name, start_ts=start, end_ts=end, nodes=nodes,
+                           node_count=int(count) if count is not None else len(nodes), state="",
+                           accounts=_names(_str(d, "accounts")), users=_names(_str(d, "users")),
+                           partition=_str(d, "partition"), flags=tuple(str(f).upper() for f in flags))
+
+    return _parse_each(doc, "reservations", command, one, "name")
+
+
+def default_source(**kwargs: Any) -> Any:
+    """Return the Slurm reader this deployment uses: slurmrestd when its connection
+    (``gpu_cost_slurmrestd``) is configured, else the commands (:class:`SlurmSource`)."""
+    from gpu_cost.sources import slurmrestd
+
+    if slurmrestd.configured():
+        return slurmrestd.SlurmRestSource()
+    return SlurmSource(**kwargs)
+
+
 # -- the source ---------------------------------------------------------------------------------
 class SlurmSource:
     """Read jobs and nodes from Slurm through a runner.
@@ -644,7 +727,7 @@ class SlurmSource:
         """Return one job as squeue shows it now, or None when Slurm no longer lists it."""
         # an array's pending record (``500_[3-9]``) is asked for by its array id; only an exact id
         # matches: a bare ``500`` is never taken to mean one of the array's tasks
-        asked = str(job_id).split("_[", 1)[0]
+        asked = check_job_id(job_id).split("_[", 1)[0]
         res = self.runner.run(["squeue", "--json", "--jobs", asked], timeout=self.timeout)
         if not res.ok:
             if "Invalid job id" in res.stderr:
