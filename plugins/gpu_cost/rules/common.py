@@ -23,6 +23,43 @@ def job_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in out.items()}
 
 
+def shared_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Return row positions per job among the sharers of a shared device (``attribution == "shared"``)."""
+    if "sharers" not in frame:
+        return {}
+    out: dict[str, list[int]] = {}
+    for pos, text in enumerate(frame["sharers"].to_numpy(dtype=object)):
+        for jid in str(text or "").split(","):
+            if jid:
+                out.setdefault(jid, []).append(pos)
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def devices(frame: pd.DataFrame, pos: np.ndarray) -> tuple[tuple[str, ...], float | None]:
+    """Return the device ids of rows ``pos`` (``gpu01:3``, ``gpu01:0/mig2``) and their whole-GPU share.
+
+    The share is None when every row is a whole GPU: the finding's ``gpus`` already says what it holds.
+    """
+    from gpu_cost.model import device_id
+
+    hosts = frame["host"].to_numpy(dtype=object)[pos]
+    idx = frame["gpu"].to_numpy()[pos]
+    migs = frame["mig"].to_numpy(dtype=object)[pos] if "mig" in frame else [""] * len(pos)
+    ids = tuple(device_id(str(h), int(i), str(m or "")) for h, i, m in zip(hosts, idx, migs, strict=True))
+    if not any(migs):
+        return ids, None
+    return ids, round(float(np.sum(frame["share"].to_numpy(dtype=float)[pos])), 4)
+
+
+def per_node(ids: Iterable[str]) -> dict[str, int]:
+    """Return devices per node for device ids (``gpu01:3`` → ``{"gpu01": 1}``)."""
+    out: dict[str, int] = {}
+    for d in ids:
+        host = d.rsplit(":", 1)[0]
+        out[host] = out.get(host, 0) + 1
+    return out
+
+
 def declared_inference(job: Job, cfg: InferenceConfig) -> str | None:
     """Return why the policy declares ``job`` an inference service, or None."""
     return declared(job, cfg.partitions, cfg.name_patterns, cfg.labels)
@@ -95,6 +132,7 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
     if g.empty:
         return []
     rows = job_rows(g)
+    shared = shared_rows(g)
     stale = g["stale"].to_numpy(dtype=bool)
     umax = g["util_max"].to_numpy(dtype=float)
     umean = g["util_mean"].to_numpy(dtype=float)
@@ -114,6 +152,9 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         if snapshot.ts - job.start_ts < max(cfg.min_runtime, cfg.window):
             continue
         pos = rows.get(job.job_id)
+        on_shared = shared.get(job.job_id)
+        if on_shared is not None:
+            pos = on_shared if pos is None else np.concatenate([pos, on_shared])
         if pos is None or len(pos) < len(keys):
             continue  # some GPU of the job is not seen: no data, no action
         if stale[pos].any() or np.isnan(umax[pos]).any() or not (umax[pos] < cfg.util_max).all():
@@ -173,12 +214,32 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         if why_service:
             ev["inference"] = why_service
         hosts = sorted({h for h, _ in keys})
+        ids, share = devices(g, pos)
+        gpu_ids = tuple(f"{h}:{i}" for h, i in keys) if share is None else ids
+        if share is not None:
+            ev["gpu_share"] = share
+            ev["mig_profiles"] = sorted({str(x) for x in g["mig_profile"].to_numpy(dtype=object)[pos] if x})
+        if len(hosts) > 1:
+            # a multi-node job is judged over all its GPUs on all its nodes
+            ev["per_node"] = {h: {"gpus": n, "idle": n} for h, n in sorted(per_node(ids).items())}
+        refused = None
+        if on_shared is not None:
+            sharing = {ids[k]: str(g["sharers"].to_numpy(dtype=object)[p]).split(",")
+                       for k, p in enumerate(pos) if p in set(on_shared.tolist())}
+            ev["shared"] = sharing
+            refused = (f"{len(sharing)} of its GPU(s) shared with other jobs "
+                       f"({', '.join(sorted({j for js in sharing.values() for j in js} - {job.job_id}))}): the "
+                       "device's utilisation is not this job's alone, so it is never acted on; advice only")
+            ev["refused"] = refused
+            signals.append(evidence.signal("Shared GPU", ", ".join(f"{d}: jobs {','.join(js)}" for d, js in sharing.items()),
+                                           "several jobs on one device: attributed by process, never acted on"))
         findings.append(
             Finding(
                 rule=rule, target_kind="job", target=f"job:{job.job_id}",
-                action="advise" if why_service else "cancel", gpus=len(keys),
-                host=hosts[0] if len(hosts) == 1 else None, gpu_ids=tuple(f"{h}:{i}" for h, i in keys),
-                inference=bool(why_service), evidence=ev, **job_fields(job),  # type: ignore[arg-type]
+                action="advise" if (why_service or refused) else "cancel", gpus=len(keys),
+                host=hosts[0] if len(hosts) == 1 else None, gpu_ids=gpu_ids,
+                inference=bool(why_service), evidence=ev, gpu_share=share,
+                **job_fields(job),  # type: ignore[arg-type]
             )
         )
     return findings
