@@ -379,7 +379,7 @@ class PrometheusSource:
         self.queries_made = 0
         #: per GPU key, labels the frame has no column for (pod, namespace, temperature)
         #: (a MIG slice: keyed with its GPU instance id as a fourth element)
-        self.extras: dict[tuple[str, ...], dict[str, Any]] = {}
+        self.extras: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     @property
     def client(self) -> Any:
@@ -545,9 +545,11 @@ class PrometheusSource:
             frame = with_mig(frame, mig_columns(keys, recs))
             # device-level power on a slice is the whole GPU's: not a sign of the slice's work
             frame.loc[frame["mig"] != "", "power_w"] = math.nan
-        self.extras = {(k[0], k[1], k[2]) if not k[3] else k: {"pod": r.get("pod", ""), "namespace": r.get("namespace", ""),
-                                                              "temp_c": r.get("temp", math.nan)}
-                       for k, r in zip(keys, recs, strict=True)}
+        self.extras = {}
+        for k, r in zip(keys, recs, strict=True):
+            ek: tuple[Any, ...] = k if k[3] else k[:3]
+            self.extras[ek] = {"pod": r.get("pod", ""), "namespace": r.get("namespace", ""),
+                               "temp_c": r.get("temp", math.nan)}
         extra = {w: _window_frame(pd, recs, w, step, sw, last_ts, now) for w in others}
         return frame, extra
 
