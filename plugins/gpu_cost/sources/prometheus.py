@@ -546,8 +546,8 @@ class PrometheusSource:
             # device-level power on a slice is the whole GPU's: not a sign of the slice's work
             frame.loc[frame["mig"] != "", "power_w"] = math.nan
         self.extras = {}
-        for k, r in zip(keys, recs, strict=True):
-            ek: tuple[Any, ...] = k if k[3] else k[:3]
+        for dk, r in zip(keys, recs, strict=True):
+            ek: tuple[Any, ...] = dk if dk[3] else dk[:3]
             self.extras[ek] = {"pod": r.get("pod", ""), "namespace": r.get("namespace", ""),
                                "temp_c": r.get("temp", math.nan)}
         extra = {w: _window_frame(pd, recs, w, step, sw, last_ts, now) for w in others}
