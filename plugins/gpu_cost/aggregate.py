@@ -180,7 +180,10 @@ def gpu_frame(
 
 
 def with_mig(frame: pd.DataFrame, mig: Mapping[str, np.ndarray] | None) -> pd.DataFrame:
-    """Return ``frame`` with the MIG columns from ``mig`` when some row is a slice, else unchanged."""
+    """Return ``frame`` with the MIG columns from ``mig`` when some row is a slice, else unchanged.
+
+    A slice's ``power_w`` is NaN: no exporter measures a slice's own power.
+    """
     if not mig or not any(str(x) for x in mig.get("mig", ())):
         return frame
     out = frame.copy()
@@ -190,6 +193,8 @@ def with_mig(frame: pd.DataFrame, mig: Mapping[str, np.ndarray] | None) -> pd.Da
             out[col] = np.asarray(mig.get(col, np.ones(n)), dtype=float)
         else:
             out[col] = pd.Series([str(x or "") for x in mig.get(col, [""] * n)], index=out.index, dtype=object)
+    # device-level power on a slice is the whole GPU's (dcgm-exporter repeats it), not the slice's work
+    out.loc[out["mig"] != "", "power_w"] = np.nan
     return out
 
 

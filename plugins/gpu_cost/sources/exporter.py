@@ -167,6 +167,8 @@ def behaviour_of(job: Job) -> tuple[str, dict[str, float]]:
                         params[key] = parse_duration(value)
                     elif key == "leak_mib_per_h":
                         params[key] = float(value)
+                    elif key == "idle_gpus":
+                        params[key] = int(value)
                 return parts[0], params
     lowered = job.name.lower()
     for b in BEHAVIOURS:
@@ -212,15 +214,16 @@ class SlurmFeed:
         for j in jobs:
             if not j.running or j.start_ts is None:
                 continue
-            for host, idx in j.gpu_alloc:
-                if host in names and idx:
-                    running[j.job_id] = (j, host, tuple(int(i) for i in idx))
-                    break  # one node per simulated job: multi-node jobs show their first node
+            # every node of a multi-node job shows its GPUs: the first as the job's node, the rest as ``also``
+            alloc = [(host, tuple(int(i) for i in idx)) for host, idx in j.gpu_alloc if host in names and idx]
+            if alloc:
+                running[j.job_id] = (j, alloc)
         changed = False
-        for jid, (j, host, idx) in running.items():
+        for jid, (j, alloc) in running.items():
             if jid not in self._jobs:
                 beh, params = behaviour_of(j)
-                self._jobs[jid] = SimJob(job_id=jid, user=j.user, behaviour=beh, node=host, gpus=idx,
+                (host, idx), rest = alloc[0], tuple(alloc[1:])
+                self._jobs[jid] = SimJob(job_id=jid, user=j.user, behaviour=beh, node=host, gpus=idx, also=rest,
                                          start=float(j.start_ts or 0.0) - self.anchor, name=j.name, comment=j.comment,
                                          account=j.account, partition=j.partition, **params)  # type: ignore[arg-type]
                 changed = True

@@ -543,8 +543,6 @@ class PrometheusSource:
         })[list(GPU_COLUMNS)]
         if any(k[3] for k in keys):
             frame = with_mig(frame, mig_columns(keys, recs))
-            # device-level power on a slice is the whole GPU's: not a sign of the slice's work
-            frame.loc[frame["mig"] != "", "power_w"] = math.nan
         self.extras = {}
         for dk, r in zip(keys, recs, strict=True):
             ek: tuple[Any, ...] = dk if dk[3] else dk[:3]
