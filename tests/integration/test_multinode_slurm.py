@@ -39,9 +39,10 @@ def test_a_two_node_job_is_judged_over_both_nodes(slurm_cluster, policy) -> None
         assert sim_jobs[idle].node == "gpu01" and [h for h, _ in sim_jobs[idle].also] == ["gpu02"]
         assert sim_jobs[part].idle_gpus == 3
 
-        # the simulated GPUs of these real jobs, half an hour on (they stay as Slurm placed them)
+        # the simulated GPUs of these real jobs two hours on (they stay as Slurm placed them), past both
+        # rules' windows and grace periods
         cluster = SimCluster(feed.scenario(), anchor=feed.anchor)
-        t = now + 1800
+        t = now + 7200
         m = cluster.matrix(t - policy.sweep.lookback, t)
         snap = from_matrix(policy=policy, now=t, source="test", hosts=m.hosts, gpus=m.gpus, uuids=m.uuids,
                            models=m.models, mem_total=m.mem_total, times=m.times, util=m.util, mem=m.mem, power=m.power,

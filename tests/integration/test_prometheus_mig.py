@@ -33,6 +33,9 @@ class SimSide:
     def nodes(self):  # type: ignore[no-untyped-def]
         return self.cluster.nodes_at(self.now)
 
+    def reservations(self):  # type: ignore[no-untyped-def]
+        return []  # the simulated cluster holds no Slurm reservation
+
     def processes(self, hosts):  # type: ignore[no-untyped-def]
         self.asked = list(hosts)
         # what nvidia-smi shows: the slice's MIG UUID and (-L) its profile, not its GPU instance id
