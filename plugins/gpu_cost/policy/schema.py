@@ -107,7 +107,8 @@ class PartlyIdleRule:
     enabled: bool = True
     mode: Mode | None = None
     util_max: Percent = 5.0
-    window: Annotated[float, Dur(), Range(60, 86400)] = 3600.0
+    #: unset: an hour, or the whole lookback when that is shorter
+    window: Annotated[float, Dur(), Range(60, 86400)] | None = None
     min_runtime: Seconds = 3600.0
     #: at least this many of the job's GPUs idle ...
     min_idle_gpus: Annotated[int, Range(1, 100_000)] = 1

@@ -4,7 +4,7 @@ Policy (``rules.partly_idle``)::
 
     partly_idle:
       util_max: 5          # % — an idle GPU stays under this for the whole window
-      window: 1h
+      window: 1h           # unset: an hour, or the lookback when shorter
       min_runtime: 1h
       min_idle_gpus: 1     # at least this many of the job's GPUs idle ...
       min_idle_share: 0.25 # ... and at least this share of them
@@ -33,6 +33,15 @@ from gpu_cost.rules.common import devices, job_fields, job_rows, per_node, r, sh
 ADVICE_CONFIDENCE = 0.8
 
 
+#: the window when the policy sets none (capped at the lookback)
+DEFAULT_WINDOW_S = 3600.0
+
+
+def window_of(cfg: PartlyIdleRule, policy: Policy) -> float:
+    """Return the rule's window: the policy's, else an hour or the whole lookback when that is shorter."""
+    return float(cfg.window) if cfg.window is not None else min(DEFAULT_WINDOW_S, policy.sweep.lookback)
+
+
 def why(f: Finding) -> str:
     """The decision reason for a partly-idle finding."""
     ev = f.evidence
@@ -45,7 +54,7 @@ def why(f: Finding) -> str:
 
 SPEC = RuleSpec(
     "partly_idle", config=PartlyIdleRule, target="job", title="a job some of whose GPUs sit idle",
-    label="Partly idle jobs", why=why, advice_only=True, window=lambda cfg, policy: cfg.window,
+    label="Partly idle jobs", why=why, advice_only=True, window=lambda cfg, policy: window_of(cfg, policy),
     doc="A running job (on one node or many) some of whose GPUs stay idle for the whole window while the "
         "others work: right-sizing advice to the owner, never a cancel.",
     example="""
@@ -62,7 +71,8 @@ SPEC = RuleSpec(
 @register(SPEC)
 def partly_idle(snapshot: Snapshot, cfg: PartlyIdleRule, policy: Policy) -> list[Finding]:
     """Return one advisory finding per running job with some, not all, of its GPUs idle over the window."""
-    g = snapshot.view(cfg.window)
+    window = window_of(cfg, policy)
+    g = snapshot.view(window)
     if g.empty:
         return []
     rows = job_rows(g)
@@ -73,7 +83,7 @@ def partly_idle(snapshot: Snapshot, cfg: PartlyIdleRule, policy: Policy) -> list
     findings = []
     for job in snapshot.running_jobs():
         keys = job.gpu_keys()
-        if len(keys) < 2 or job.start_ts is None or snapshot.ts - job.start_ts < max(cfg.min_runtime, cfg.window):
+        if len(keys) < 2 or job.start_ts is None or snapshot.ts - job.start_ts < max(cfg.min_runtime, window):
             continue
         pos = rows.get(job.job_id)
         if job.job_id in shared or pos is None or len(pos) < len(keys):
@@ -91,13 +101,13 @@ def partly_idle(snapshot: Snapshot, cfg: PartlyIdleRule, policy: Policy) -> list
         idle_counts = per_node(idle_ids)
         ev = {
             "gpus": n, "idle_gpus": n_idle, "busy_gpus": n - n_idle, "suggested_gpus": n - n_idle,
-            "idle_gpu_ids": idle_ids, "window_s": cfg.window,
+            "idle_gpu_ids": idle_ids, "window_s": window,
             "util_max_idle": r(float(np.max(umax[pos][idle]))), "util_mean_busy": r(float(np.mean(umean[pos][~idle]))),
             "per_node": {h: {"gpus": counts[h], "idle": idle_counts.get(h, 0)} for h in sorted(counts)},
             "runtime_s": round(snapshot.ts - job.start_ts), "confidence": ADVICE_CONFIDENCE,
             "signals": [
                 signal("GPU utilisation", f"{n_idle} of {n} GPU(s) at most {r(float(np.max(umax[pos][idle])))} % over "
-                       f"{int(cfg.window) // 60} min", f"under {cfg.util_max:g} %: those ranks compute nothing"),
+                       f"{int(window) // 60} min", f"under {cfg.util_max:g} %: those ranks compute nothing"),
                 signal("Nodes", ", ".join(f"{h}: {idle_counts.get(h, 0)} of {counts[h]} idle" for h in sorted(counts)),
                        "the job is judged over all its GPUs on all its nodes"),
             ],
