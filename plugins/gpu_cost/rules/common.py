@@ -35,20 +35,36 @@ def shared_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in out.items()}
 
 
-def devices(frame: pd.DataFrame, pos: np.ndarray) -> tuple[tuple[str, ...], float | None]:
-    """Return the device ids of rows ``pos`` (``gpu01:3``, ``gpu01:0/mig2``) and their whole-GPU share.
+class Devices:
+    """The frame's device ids and shares, read once per rule run (a rule asks per finding).
 
-    The share is None when every row is a whole GPU: the finding's ``gpus`` already says what it holds.
+    :param frame: a GPU frame (MIG columns optional).
     """
-    from gpu_cost.model import device_id
 
-    hosts = frame["host"].to_numpy(dtype=object)[pos]
-    idx = frame["gpu"].to_numpy()[pos]
-    migs = frame["mig"].to_numpy(dtype=object)[pos] if "mig" in frame else [""] * len(pos)
-    ids = tuple(device_id(str(h), int(i), str(m or "")) for h, i, m in zip(hosts, idx, migs, strict=True))
-    if not any(migs):
-        return ids, None
-    return ids, round(float(np.sum(frame["share"].to_numpy(dtype=float)[pos])), 4)
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.hosts = frame["host"].to_numpy(dtype=object)
+        self.idx = frame["gpu"].to_numpy()
+        self.migs = frame["mig"].to_numpy(dtype=object) if "mig" in frame else None
+        self.shares = frame["share"].to_numpy(dtype=float) if "share" in frame else None
+        self.profiles = frame["mig_profile"].to_numpy(dtype=object) if "mig_profile" in frame else None
+
+    def __call__(self, pos: np.ndarray) -> tuple[tuple[str, ...], float | None]:
+        """Return the device ids of rows ``pos`` (``gpu01:3``, ``gpu01:0/mig2``) and their whole-GPU share.
+
+        The share is None when every row is a whole GPU: the finding's ``gpus`` already says what it holds.
+        """
+        from gpu_cost.model import device_id
+
+        migs = self.migs[pos] if self.migs is not None else [""] * len(pos)
+        ids = tuple(device_id(str(h), int(i), str(m or "")) for h, i, m in
+                    zip(self.hosts[pos], self.idx[pos], migs, strict=True))
+        if self.shares is None or not any(migs):
+            return ids, None
+        return ids, round(float(np.sum(self.shares[pos])), 4)
+
+    def mig_profiles(self, pos: np.ndarray) -> list[str]:
+        """Return the MIG profiles among rows ``pos``, sorted."""
+        return [] if self.profiles is None else sorted({str(x) for x in self.profiles[pos] if x})
 
 
 def per_node(ids: Iterable[str]) -> dict[str, int]:
@@ -133,6 +149,8 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         return []
     rows = job_rows(g)
     shared = shared_rows(g)
+    devices = Devices(g)
+    sharers = g["sharers"].to_numpy(dtype=object) if "sharers" in g else None
     stale = g["stale"].to_numpy(dtype=bool)
     umax = g["util_max"].to_numpy(dtype=float)
     umean = g["util_mean"].to_numpy(dtype=float)
@@ -214,18 +232,18 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         if why_service:
             ev["inference"] = why_service
         hosts = sorted({h for h, _ in keys})
-        ids, share = devices(g, pos)
+        ids, share = devices(pos)
         gpu_ids = tuple(f"{h}:{i}" for h, i in keys) if share is None else ids
         if share is not None:
             ev["gpu_share"] = share
-            ev["mig_profiles"] = sorted({str(x) for x in g["mig_profile"].to_numpy(dtype=object)[pos] if x})
+            ev["mig_profiles"] = devices.mig_profiles(pos)
         if len(hosts) > 1:
             # a multi-node job is judged over all its GPUs on all its nodes
             ev["per_node"] = {h: {"gpus": n, "idle": n} for h, n in sorted(per_node(ids).items())}
         refused = None
-        if on_shared is not None:
-            sharing = {ids[k]: str(g["sharers"].to_numpy(dtype=object)[p]).split(",")
-                       for k, p in enumerate(pos) if p in set(on_shared.tolist())}
+        if on_shared is not None and sharers is not None:
+            mine = set(on_shared.tolist())
+            sharing = {ids[k]: str(sharers[p]).split(",") for k, p in enumerate(pos) if p in mine}
             ev["shared"] = sharing
             refused = (f"{len(sharing)} of its GPU(s) shared with other jobs "
                        f"({', '.join(sorted({j for js in sharing.values() for j in js} - {job.job_id}))}): the "

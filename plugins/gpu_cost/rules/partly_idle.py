@@ -27,7 +27,7 @@ from gpu_cost.model import Finding, Snapshot
 from gpu_cost.policy.schema import PartlyIdleRule, Policy
 from gpu_cost.registry import RuleSpec
 from gpu_cost.rules import register
-from gpu_cost.rules.common import devices, job_fields, job_rows, per_node, r, shared_rows
+from gpu_cost.rules.common import Devices, job_fields, job_rows, per_node, r, shared_rows
 
 #: how sure the advice is: the per-GPU utilisation is the finding
 ADVICE_CONFIDENCE = 0.8
@@ -77,6 +77,7 @@ def partly_idle(snapshot: Snapshot, cfg: PartlyIdleRule, policy: Policy) -> list
         return []
     rows = job_rows(g)
     shared = shared_rows(g)
+    devices = Devices(g)
     stale = g["stale"].to_numpy(dtype=bool)
     umax = g["util_max"].to_numpy(dtype=float)
     umean = g["util_mean"].to_numpy(dtype=float)
@@ -94,8 +95,8 @@ def partly_idle(snapshot: Snapshot, cfg: PartlyIdleRule, policy: Policy) -> list
         n_idle, n = int(idle.sum()), len(pos)
         if n_idle == n or n_idle < cfg.min_idle_gpus or n_idle / n < cfg.min_idle_share:
             continue
-        ids, _ = devices(g, pos)
-        _, share = devices(g, pos[idle])  # MIG slices: what the idle ones cost in whole GPUs
+        ids, _ = devices(pos)
+        _, share = devices(pos[idle])  # MIG slices: what the idle ones cost in whole GPUs
         idle_ids = [d for d, i in zip(ids, idle, strict=True) if i]
         counts = per_node(ids)
         idle_counts = per_node(idle_ids)

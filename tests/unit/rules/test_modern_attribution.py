@@ -236,3 +236,43 @@ def test_fake_nvidia_smi_lists_slices_and_the_node_source_reads_them(modern) -> 
     zombie = next(p for p in seen.processes if p.pid == sim.sim_pid("2002"))
     assert zombie.gpu == 0 and zombie.gpu_uuid.startswith("MIG-") and zombie.mig_profile == "1g.10gb"
     assert {d.profile for d in seen.mig.values()} == {"3g.40gb", "2g.20gb", "1g.10gb", "4g.40gb"}
+
+
+def test_the_modern_scenario_round_trips(modern) -> None:  # type: ignore[no-untyped-def]
+    back = sim.scenario_from_dict(sim.scenario_to_dict(modern), modern.source)
+    assert back.nodes == modern.nodes and back.jobs == modern.jobs
+
+
+@pytest.mark.parametrize(
+    ("node", "job", "error"),
+    [({"mig": {0: ["4g.40gb", "4g.40gb"]}}, None, r"nodes\[0\]: mig\[0\]: slices .* do not fit one GPU"),
+     ({"mig": {0: ["9g.1gb"]}}, None, r"nodes\[0\]: mig\[0\]: '9g.1gb' is not a MIG profile"),
+     ({"mig": {0: ["1g.10gb"]}}, {"gpus": [0]}, r"jobs\[0\]: gpus \[0\] do not fit .* held by its slices"),
+     ({"mig": {0: ["1g.10gb"]}}, {"mig": ["0/2"]}, r"jobs\[0\]: MIG slice '0/2' is not a slice of node g"),
+     ({}, {"gpus": [0], "also": {"h": [0]}}, r"jobs\[0\]: also: node 'h' is not a node of the scenario")],
+    ids=["too-many-slices", "bad-profile", "whole-gpu-of-a-mig-gpu", "no-such-slice", "unknown-other-node"],
+)
+def test_scenario_errors_name_the_entry(node: dict, job: dict | None, error: str) -> None:
+    from gpu_cost.errors import ScenarioError
+
+    jobs = [] if job is None else [{"job_id": "1", "user": "u", "behaviour": "idle", "node": "g", "start": "-1h", **job}]
+    with pytest.raises(ScenarioError, match=error):
+        sim.scenario_from_dict({"nodes": [{"name": "g", "gpus": 2, **node}], "jobs": jobs})
+
+
+def test_traces_carry_multi_node_jobs_and_refuse_mig(modern, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pandas as pd
+
+    from gpu_cost.commands.simtrace import write_scenario_trace
+    from gpu_cost.errors import GpuCostError
+
+    with pytest.raises(GpuCostError, match="a scenario with MIG slices cannot be written as a trace"):
+        write_scenario_trace(tmp_path / "mig", modern, NOW - 3600, NOW, fmt="csv")
+    whole = dataclasses.replace(modern, nodes=tuple(dataclasses.replace(n, mig=()) for n in modern.nodes),
+                                jobs=tuple(j for j in modern.jobs if not j.mig))
+    write_scenario_trace(tmp_path / "t", whole, NOW - 3600, NOW, fmt="csv")
+    samples = pd.read_csv(tmp_path / "t" / "samples.csv")
+    jobs = pd.read_csv(tmp_path / "t" / "jobs.csv", dtype={"job_id": str}).set_index("job_id")
+    assert jobs.loc["2004", "gpus"] == 8 and jobs.loc["2004", "nodes"] == "gpu02,gpu03"
+    on_second = samples[(samples["host"] == "gpu01") & (samples["gpu"] == 5)]  # job 2005's second node
+    assert (on_second["pid"] == sim.sim_pid("2005")).all(), "the second node's GPUs carry the job's process too"
