@@ -9,12 +9,12 @@ PromQL. Invalid samples (negative, above 100 %, NaN; memory negative or above
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 
-from gpu_cost.model import GPU_COLUMNS
+from gpu_cost.model import GPU_COLUMNS, MIG_COLUMNS
 
 #: framebuffer readings above this (2 TiB, several times any GPU's memory) are garbage, e.g. DCGM's
 #: blank value 0x7ffffff0 for a field the driver could not read: dropped, never read as memory held
@@ -150,8 +150,13 @@ def gpu_frame(
     min_sample_ratio: float,
     max_staleness_s: float,
     busy_util: float,
+    mig: Mapping[str, np.ndarray] | None = None,
 ) -> pd.DataFrame:
-    """Return the :data:`~gpu_cost.model.GPU_COLUMNS` frame from a dense sample matrix."""
+    """Return the :data:`~gpu_cost.model.GPU_COLUMNS` frame from a dense sample matrix.
+
+    ``mig`` holds the :data:`~gpu_cost.model.MIG_COLUMNS` per row; they are added only when some
+    row is a MIG slice, so a cluster of whole GPUs gives the same frame as before.
+    """
     util, mem = clean(util, mem)
     w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s, power)
     lb = lookback_stats(times, util, now, lookback_s, busy_util)
@@ -170,7 +175,27 @@ def gpu_frame(
             "util_chart_lb": chart_buckets(times, util, now, lookback_s),
         }
     )
-    return frame[list(GPU_COLUMNS)]
+    frame = frame[list(GPU_COLUMNS)]
+    return with_mig(frame, mig)
+
+
+def with_mig(frame: pd.DataFrame, mig: Mapping[str, np.ndarray] | None) -> pd.DataFrame:
+    """Return ``frame`` with the MIG columns from ``mig`` when some row is a slice, else unchanged.
+
+    A slice's ``power_w`` is NaN: no exporter measures a slice's own power.
+    """
+    if not mig or not any(str(x) for x in mig.get("mig", ())):
+        return frame
+    out = frame.copy()
+    n = len(out)
+    for col in MIG_COLUMNS:
+        if col == "share":
+            out[col] = np.asarray(mig.get(col, np.ones(n)), dtype=float)
+        else:
+            out[col] = pd.Series([str(x or "") for x in mig.get(col, [""] * n)], index=out.index, dtype=object)
+    # device-level power on a slice is the whole GPU's (dcgm-exporter repeats it), not the slice's work
+    out.loc[out["mig"] != "", "power_w"] = np.nan
+    return out
 
 
 #: buckets of the utilisation chart a notice shows (the lookback in equal parts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,49 @@ GPU_COLUMNS: dict[str, str] = {
                      "the notices' chart",
 }
 
+#: Columns a GPU frame has only when it shows MIG slices (absent: every row is a whole GPU, share 1).
+#: A slice is a device of its own, keyed ``(host, gpu, mig)``; its parent's index stays in ``gpu``.
+MIG_COLUMNS: dict[str, str] = {
+    "mig": "MIG GPU instance id (dcgm-exporter GPU_I_ID) of a slice; empty for a whole GPU",
+    "mig_profile": "MIG profile of a slice (dcgm-exporter GPU_I_PROFILE, e.g. 1g.10gb); empty for a whole GPU",
+    "mig_uuid": "the slice's MIG device UUID (nvidia-smi -L, MIG-...) where a source knows it; else empty",
+    "share": "the device's share of its physical GPU (1 for a whole GPU, 1/7 for a 1g slice): what it costs",
+}
+
+#: compute slices of a full MIG GPU (A100, H100, H200: 7) and memory slices (8)
+MIG_COMPUTE_SLICES = 7
+_MIG_MEMORY_SLICES = 8
+#: memory slices a profile of N compute slices normally holds (1g: 1/8, 2g: 2/8, 3g and 4g: 4/8, 7g: all)
+_MEM_TO_COMPUTE = {1: 1, 2: 2, 4: 3, 8: 7}
+_PROFILE = re.compile(r"^(\d)g\.(\d+)gb(?:\+\w+)?$")
+
+
+def mig_share(profile: str, parent_mem_gb: float | None = None) -> float:
+    """Return the share of its GPU a MIG profile holds: ``1g.10gb`` → 1/7, ``3g.40gb`` → 3/7, ``7g.80gb`` → 1.
+
+    Compute slices set the share; a memory-based variant that holds more memory than its compute
+    slices normally carry (``1g.20gb`` on an 80 GB GPU: two eighths, as a 2g) costs what that
+    memory's compute profile costs (2/7), when the parent's memory is known. Raises ValueError for
+    a name that is not a MIG profile.
+    """
+    m = _PROFILE.match(profile.strip().lower())
+    if not m or not 1 <= int(m.group(1)) <= MIG_COMPUTE_SLICES:
+        raise ValueError(f"{profile!r} is not a MIG profile (like 1g.10gb)")
+    compute = int(m.group(1))
+    if compute >= MIG_COMPUTE_SLICES:
+        return 1.0
+    if parent_mem_gb and parent_mem_gb > 0:
+        eighths = round(int(m.group(2)) / (parent_mem_gb / _MIG_MEMORY_SLICES))
+        fits = [c for k, c in sorted(_MEM_TO_COMPUTE.items()) if k >= eighths]
+        compute = max(compute, fits[0] if fits else MIG_COMPUTE_SLICES)
+    return min(1.0, compute / MIG_COMPUTE_SLICES)
+
+
+def device_id(host: str, gpu: int, mig: str = "") -> str:
+    """Return the id findings use for a device: ``gpu01:3`` for a whole GPU, ``gpu01:3/mig2`` for a MIG slice."""
+    return f"{host}:{int(gpu)}/mig{mig}" if mig else f"{host}:{int(gpu)}"
+
+
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"})
 PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
 
@@ -72,6 +116,9 @@ _GPU_DTYPES = {
     "bursts_lb": "int64",
     "stale": "bool",
     "util_chart_lb": "object",
+    "mig": "object",
+    "mig_profile": "object",
+    "mig_uuid": "object",
 }
 
 
@@ -108,6 +155,12 @@ class Job:
     batch: bool | None = None
     #: the Slurm reservation the job runs (or waits) in; empty when none
     reservation: str = ""
+    #: per node, the MIG slices the job holds there: ``<gpu>/<GPU instance id>`` or a MIG UUID
+    #: (``MIG-...``, as the job's environment or cgroup device list names it); its ``gpu_alloc``
+    #: entries on such a node count slices, not physical GPUs
+    mig_alloc: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: the job holds its GPUs shared with other jobs (Slurm ``shard`` or ``mps`` gres, time-slicing)
+    gpu_shared: bool = False
 
     @property
     def running(self) -> bool:
@@ -126,6 +179,10 @@ class Job:
         """Return ``(host, index)`` for every GPU the job holds."""
         return [(host, i) for host, idx in self.gpu_alloc for i in idx]
 
+    def mig_keys(self) -> list[tuple[str, str]]:
+        """Return ``(host, slice)`` for every MIG slice the job holds (``slice``: ``<gpu>/<gi>`` or a MIG UUID)."""
+        return [(host, s) for host, slices in self.mig_alloc for s in slices]
+
     def runtime_s(self, now: float) -> float:
         if self.start_ts is None:
             return 0.0
@@ -137,11 +194,21 @@ class Job:
         d["gpu_alloc"] = {h: list(i) for h, i in self.gpu_alloc}
         d["nodes"] = list(self.nodes)
         d["labels"] = list(self.labels)
+        # present only when set, so a whole-GPU job's record reads as it always did
+        if self.mig_alloc:
+            d["mig_alloc"] = {h: list(s) for h, s in self.mig_alloc}
+        else:
+            d.pop("mig_alloc")
+        if not self.gpu_shared:
+            d.pop("gpu_shared")
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Job:
         data = dict(d)
+        mig = data.get("mig_alloc") or {}
+        pairs = mig.items() if isinstance(mig, Mapping) else mig
+        data["mig_alloc"] = tuple((h, tuple(str(x) for x in s)) for h, s in pairs)
         alloc = data.get("gpu_alloc") or {}
         if isinstance(alloc, Mapping):
             data["gpu_alloc"] = tuple((h, tuple(int(i) for i in idx)) for h, idx in alloc.items())
@@ -181,6 +248,10 @@ class GpuProcess:
     container: str | None = None
     user: str = ""
     name: str = ""
+    #: the MIG GPU instance id the process runs in, when known (its ``gpu_uuid`` may be the slice's MIG UUID)
+    mig: str = ""
+    #: the MIG profile of the slice it runs in (``nvidia-smi -L``), when its ``gpu_uuid`` is a MIG UUID
+    mig_profile: str = ""
 
     @property
     def key(self) -> str:
@@ -188,7 +259,11 @@ class GpuProcess:
         return f"proc:{self.host}:{self.pid}:{start}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for k in ("mig", "mig_profile"):
+            if not d[k]:
+                d.pop(k)  # a whole-GPU process's record reads as it always did
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GpuProcess:
@@ -440,9 +515,18 @@ class Finding:
     job_start_ts: float | None = None
     time_limit_s: float | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    #: whole-GPU equivalents the waste holds when it is MIG slices (``gpus`` counts devices); None: ``gpus``
+    gpu_share: float | None = None
+
+    @property
+    def gpu_equivalents(self) -> float:
+        """Return what the finding's devices cost in whole GPUs (a 1g.10gb slice: 1/7)."""
+        return float(self.gpus) if self.gpu_share is None else float(self.gpu_share)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        if self.gpu_share is None:
+            d.pop("gpu_share")
         d["gpu_ids"] = list(self.gpu_ids)
         d["labels"] = list(self.labels)
         d["nodes"] = list(self.nodes)

@@ -33,7 +33,8 @@ KINDS = ("job", "user", "process", "node", "reservation")
 ACTION_MODULES = ("gpu_cost.actions.notify", "gpu_cost.actions.slurm", "gpu_cost.actions.node", "gpu_cost.actions.power",
                   "gpu_cost.actions.reservation")
 RULE_MODULES = ("gpu_cost.rules.zombie", "gpu_cost.rules.idle_allocation", "gpu_cost.rules.low_efficiency",
-                "gpu_cost.rules.idle_interactive", "gpu_cost.rules.anomaly", "gpu_cost.rules.idle_reservation")
+                "gpu_cost.rules.idle_interactive", "gpu_cost.rules.partly_idle", "gpu_cost.rules.anomaly",
+                "gpu_cost.rules.idle_reservation")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -43,8 +43,9 @@ def from_matrix(
     processes: Sequence[GpuProcess],
     nodes: Sequence[Node],
     problems: Sequence[str] = (),
+    mig: Mapping[str, np.ndarray] | None = None,
 ) -> Snapshot:
-    """Aggregate a GPU × time matrix and join it with jobs and processes."""
+    """Aggregate a GPU × time matrix and join it with jobs and processes (``mig``: the rows' MIG columns)."""
     sw = policy.sweep
     primary, others = rule_windows(policy)
     label = job[:, -1] if job.shape[1] else np.full(len(hosts), "", dtype=object)
@@ -52,7 +53,7 @@ def from_matrix(
         hosts=hosts, gpus=gpus, uuids=uuids, models=models, mem_total=mem_total, label_job=label, times=times,
         util=util, mem=mem, power=power, now=now, window_s=primary, lookback_s=sw.lookback,
         sample_interval_s=sw.sample_interval, min_sample_ratio=sw.min_sample_ratio,
-        max_staleness_s=sw.max_staleness, busy_util=sw.busy_util,
+        max_staleness_s=sw.max_staleness, busy_util=sw.busy_util, mig=mig,
     )
     windows = {
         w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness)

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import pytest
 
 from gpu_cost.actions.base import ActionContext
@@ -310,3 +311,75 @@ def test_no_pidfd_no_signal(sshd_node: SshNode, wrapper_conn: NodeAccess, policy
                             r"No such file or directory)\): not signalling it", out.error or ""), out.error
     finally:
         reap(proc)
+
+
+# -- MIG: a zombie on one slice, a running job on the next ---------------------------------------
+
+MIG_A = "MIG-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, "gpu0.mig1.node.test"))
+MIG_B = "MIG-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, "gpu0.mig2.node.test"))
+MIG_GPUS = [{"index": 0, "uuid": GPU0, "name": "NVIDIA A100-SXM4-80GB", "memory_total": 81920, "memory_used": 6144,
+             "utilization": None, "mig": [
+                 {"gi": 1, "profile": "1g.10gb", "uuid": MIG_A, "memory_total": 10240, "memory_used": 2048},
+                 {"gi": 2, "profile": "2g.20gb", "uuid": MIG_B, "memory_total": 20480, "memory_used": 4096}]}]
+
+
+def _slices_snapshot(policy, now: float, processes, jobs):  # type: ignore[no-untyped-def]
+    """Two idle slices of GPU 0 on gpu01, both holding memory, as dcgm-exporter's series give them."""
+    from gpu_cost.snapshot import from_matrix
+
+    step = policy.sweep.sample_interval
+    times = np.arange(now - policy.sweep.lookback + step, now + 1, step)
+    n = len(times)
+    return from_matrix(
+        policy=policy, now=now, source="test", hosts=np.array(["gpu01", "gpu01"], dtype=object),
+        gpus=np.array([0, 0]), uuids=np.array([GPU0, GPU0], dtype=object), models=np.array(["a100", "a100"], dtype=object),
+        mem_total=np.array([10240.0, 20480.0]), times=times, util=np.zeros((2, n)),
+        mem=np.vstack([np.full(n, 2048.0), np.full(n, 4096.0)]), power=np.full((2, n), 60.0),
+        job=np.full((2, n), "", dtype=object), jobs=jobs, processes=processes, nodes=[],
+        mig={"mig": np.array(["1", "2"], dtype=object), "mig_profile": np.array(["1g.10gb", "2g.20gb"], dtype=object),
+             "mig_uuid": np.array(["", ""], dtype=object), "share": np.array([1 / 7, 2 / 7])})
+
+
+def test_mig_zombie_only_on_its_slice_and_the_running_jobs_slice_refused(  # type: ignore[no-untyped-def]
+        sshd_node: SshNode, wrapper_conn: NodeAccess, policy, sleeper, fake_squeue) -> None:
+    from gpu_cost.actions.node import kill_process
+    from gpu_cost.model import Job
+    from gpu_cost.rules import run_rules
+
+    fake_squeue("RUNNING")
+    job_proc = spawn(["/bin/sleep", "600"], env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4242"})
+    try:
+        sshd_node.set_state(gpus=MIG_GPUS, processes=[
+            {"pid": sleeper.pid, "gpu_uuid": MIG_A, "used_mib": 2048, "name": "python"},
+            {"pid": job_proc.pid, "gpu_uuid": MIG_B, "used_mib": 4096, "name": "python"}])
+        seen = NodeSource(wrapper_conn).inspect("gpu01")
+        by_pid = {p.pid: p for p in seen.processes}
+        assert by_pid[sleeper.pid].gpu == 0 and by_pid[sleeper.pid].mig_profile == "1g.10gb"
+        assert by_pid[job_proc.pid].job_id == "4242" and by_pid[job_proc.pid].gpu_uuid == MIG_B
+
+        now = time.time()
+        job = Job("4242", OWNER, state="RUNNING", start_ts=now - 7200, nodes=("gpu01",), gpu_alloc=(("gpu01", (0,)),))
+        snap = _slices_snapshot(policy, now, seen.processes, [job])
+        rows = snap.gpus.set_index("mig")
+        assert rows.loc["2", "job_id"] == "4242" and rows.loc["2", "attribution"] == "cgroup"
+        assert rows.loc["1", "attribution"] == "none" and rows.loc["1", "mig_uuid"] == MIG_A
+        zombies = [f for f in run_rules(snap, policy) if f.rule == "zombie"]
+        assert [f.evidence["pid"] for f in zombies] == [sleeper.pid], "only the finished job's process is a zombie"
+        z = zombies[0]
+        assert z.gpu_ids == ("gpu01:0/mig1",) and z.evidence["gpu_uuid"] == MIG_A
+
+        # the wrapper refuses the running job's process on the other slice (re-checked on the node) ...
+        refused = kill_process(_decision(job_proc.pid, start_ts(job_proc.pid), gpu_uuid=MIG_B), _ctx(policy, wrapper_conn))
+        _untouched(job_proc)
+        assert refused.status == "skipped" and refused.details["result"] == "refused", (refused.error, refused.output)
+        assert refused.error == f"process {job_proc.pid} belongs to Slurm job 4242, still RUNNING per squeue: not touching it"
+        # ... and the zombie's kill names its slice's MIG UUID, which the node checks it still holds
+        wrong = kill_process(_decision(sleeper.pid, start_ts(sleeper.pid), gpu_uuid=MIG_B), _ctx(policy, wrapper_conn))
+        assert wrong.status == "skipped" and f"does not hold GPU {MIG_B}" in (wrong.error or ""), wrong.error
+        out = kill_process(_decision(sleeper.pid, int(z.evidence["process_start_ts"]), gpu_uuid=z.evidence["gpu_uuid"]),
+                           _ctx(policy, wrapper_conn))
+        assert out.status == "succeeded", (out.error, out.output)
+        assert sleeper.wait(10) == -15
+        assert job_proc.poll() is None
+    finally:
+        reap(job_proc)

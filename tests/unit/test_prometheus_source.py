@@ -49,7 +49,9 @@ def test_queries_select_every_metric_and_match_the_aggregation_grid() -> None:
                prom.lookback_query(sel, 21600, 60, 20)]
     for q in queries:
         names = re.findall(r"\b(DCGM_FI_\w+|nvidia_smi_\w+)\b(\{[^}]*\})?", q)
-        assert names and all(m == f"{{{sel}}}" for _, m in names), q
+        # device-level utilisation is read only off MIG slices (GPU_I_ID unset): never a slice's
+        assert names and all(m == (f'{{GPU_I_ID="",{sel}}}' if n == "DCGM_FI_DEV_GPU_UTIL" else f"{{{sel}}}")
+                             for n, m in names), q
         assert q.count("(") == q.count(")")
     w = prom.windows_query(sel, [900], 900, 60)
     assert "[870000ms:60000ms]" in w  # steps t in (now-15m, now]: 15 samples, as the simulator

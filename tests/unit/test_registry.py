@@ -52,6 +52,8 @@ OLD_RULE_ACTIONS = {
     "low_efficiency": {"advise", "notify", "notify_manager"},
     "idle_interactive": {"advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel"},
     "anomaly": {"advise", "notify", "notify_manager"},
+    # advice only: the idle ranks of a job may wait on its busy ones by design
+    "partly_idle": {"advise", "notify", "notify_manager"},
     "idle_reservation": {"advise", "notify", "notify_manager", "release_reservation"},
 }
 OLD_CATEGORIES = {
@@ -90,7 +92,8 @@ def test_every_used_action_has_one_spec_and_one_executor() -> None:
 
 def test_every_rule_has_one_spec_a_detector_and_a_policy_section() -> None:
     specs = registry.rules()
-    assert list(specs) == ["zombie", "idle_allocation", "low_efficiency", "idle_interactive", "anomaly", "idle_reservation"]
+    assert list(specs) == ["zombie", "idle_allocation", "low_efficiency", "idle_interactive", "partly_idle", "anomaly",
+                           "idle_reservation"]
     sections = {f.name: f.type for f in dataclasses.fields(Rules)}
     assert set(sections) == set(specs), "schema.Rules and the registered rules disagree"
     defaults = Rules()

@@ -140,10 +140,13 @@ def saving_row(decision: Decision, policy: Policy, store: AuditStore, now: float
     else:
         why = f"the waste already seen ({seen / 3600.0:.2f} h)"
     hours = credited / 3600.0
-    gpu_hours = round(decision.gpus * hours, 4)
+    share = decision.evidence.get("gpu_share")  # MIG slices: their share of whole GPUs
+    gpus = float(share) if isinstance(share, int | float) and not isinstance(share, bool) else float(decision.gpus)
+    gpu_hours = round(gpus * hours, 4)
     model = gpu_model if gpu_model is not None else _gpu_model(store, decision, now)
     rate = policy.cost.gpu_hour(model)
-    note = f"freed: {decision.gpus} GPU x {hours:.2f} h, until {why}"
+    note = (f"freed: {decision.gpus} GPU x {hours:.2f} h, until {why}" if share is None else
+            f"freed: {decision.gpus} MIG slice(s) = {gpus:.3g} GPU x {hours:.2f} h, until {why}")
     return {
         "saving_id": f"gpu:{decision.target}:{decision.episode}", "decision_id": decision.decision_id, "ts": now,
         "kind": "gpu", "target": decision.target, "user_name": decision.user, "account": decision.account,

@@ -84,12 +84,15 @@ def write_scenario_trace(out: Path, scenario: Any, start: float, end: float, *, 
     from gpu_cost.sources.sim import SimCluster, long_samples, sim_pid
 
     cluster = SimCluster(scenario, anchor=end)
+    if cluster.mig is not None:
+        # the trace format keys a GPU by (host, gpu): a slice would collide with its neighbours
+        raise GpuCostError(f"{scenario.source}: a scenario with MIG slices cannot be written as a trace "
+                           "(samples name a GPU by host and index only); use it with the simulator or the exporter")
     m = cluster.matrix(start, end)
     n_g, n_t = m.util.shape
     pid = np.zeros((n_g, n_t), dtype=np.int64)
     owner = np.full((n_g, n_t), -1, dtype=np.int32)
     users: list[str] = []
-    rows_of = {(h, int(g)): i for i, (h, g) in enumerate(zip(m.hosts, m.gpus, strict=True))}
     linger_end: dict[str, float] = {}
     for j in scenario.jobs:
         if j.pending or j.start is None or j.node is None:
@@ -108,7 +111,7 @@ def write_scenario_trace(out: Path, scenario: Any, start: float, end: float, *, 
         hi = int(np.searchsorted(m.times, tail, side="left"))
         if hi <= lo:
             continue
-        rows = np.array([rows_of[(j.node, g)] for g in j.gpus])
+        rows = cluster.job_rows(j)  # every node of a multi-node job
         pid[rows, lo:hi] = sim_pid(j.job_id)
         users.append(j.user)
         owner[rows, lo:hi] = len(users) - 1

@@ -23,7 +23,8 @@ def stakes(f: Finding, now: float, predicted_end: float | None = None,
            open_ended: float = DEFAULT_HORIZON_S) -> Stakes:
     """Return the stakes of acting on ``f`` at ``now``.
 
-    At risk: GPUs x how long the job (or process) has run — the work lost if it was not waste.
+    GPUs are whole-GPU equivalents (:attr:`~gpu_cost.model.Finding.gpu_equivalents`: a 1g.10gb slice
+    is 1/7). At risk: GPUs x how long the job (or process) has run — the work lost if it was not waste.
     Saved: GPUs x time until it would end anyway — the forecast p90 end when known, else the
     time limit, else ``open_ended`` seconds (the policy's ``cost.open_ended``).
     """
@@ -42,4 +43,5 @@ def stakes(f: Finding, now: float, predicted_end: float | None = None,
             basis = "time limit"
     end = min(ends) if ends else now + open_ended
     remaining = max(0.0, end - now)
-    return Stakes(at_risk=f.gpus * ran / 3600.0, saved=f.gpus * remaining / 3600.0, basis=basis)
+    gpus = f.gpu_equivalents  # a MIG slice costs its share of the GPU
+    return Stakes(at_risk=gpus * ran / 3600.0, saved=gpus * remaining / 3600.0, basis=basis)

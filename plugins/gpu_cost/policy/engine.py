@@ -3,7 +3,8 @@
 For each finding the engine applies, in order: an owner's "this is wrong" answer (the episode's
 ladder stops); snoozes (recorded once, nothing done);
 protections (``never`` records only, ``notify_only`` removes destructive rungs, ``approval``
-makes them need a human); inference services (advice only); the rule's escalation ladder (one
+makes them need a human); inference services and jobs on shared GPUs (advice only; a destructive
+action on a shared GPU's job is refused on every way in); the rule's escalation ladder (one
 rung per wait and at most one per data instant, state per target and episode; notice rungs keep
 to working hours when ``notifications.only_in_working_hours``); the mode (``dry-run`` records,
 ``notify`` holds destructive rungs back, ``enforce`` acts); degraded data (holds destructive
@@ -271,7 +272,7 @@ def _ladder(f: Finding, policy: Policy, level: str | None) -> tuple[Rung, ...]:
         return (Rung("advise"),)  # recorded once per episode as "none" below
     rule = policy.rule(f.rule)
     ladder: tuple[Rung, ...] = rule.ladder
-    if f.inference or f.action == "advise":
+    if f.inference or f.action == "advise" or f.evidence.get("shared"):
         ladder = tuple(r for r in ladder if r.action in NOTICE_ACTIONS)[:1] or (Rung("advise"),)
         ladder = (Rung("advise", ladder[0].after),)
     if level == "notify_only":
@@ -377,6 +378,12 @@ def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask
         if refusal:
             reasons.append(refusal)
             action, destructive = "none", False
+    if destructive and f.evidence.get("shared"):
+        # several jobs on one device: its utilisation is no single job's, so nothing is done to one of
+        # them because of it, whoever asks (the finding's evidence names the sharers)
+        refusal = str(f.evidence.get("refused") or "its GPU is shared with other jobs: never acted on")
+        reasons.append(refusal)
+        action, destructive = "none", False
     if inference and destructive:
         evidence["inference"] = inference
         needs_approval = True

@@ -100,6 +100,24 @@ class LowEfficiencyRule:
 
 
 @dataclass(frozen=True)
+class PartlyIdleRule:
+    """A running job some of whose GPUs (on one node or many) stay idle while the others work:
+    right-sizing advice to the owner, never a cancel or a kill."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    util_max: Percent = 5.0
+    #: unset: an hour, or the whole lookback when that is shorter
+    window: Annotated[float, Dur(), Range(60, 86400)] | None = None
+    min_runtime: Seconds = 3600.0
+    #: at least this many of the job's GPUs idle ...
+    min_idle_gpus: Annotated[int, Range(1, 100_000)] = 1
+    #: ... and at least this share of them
+    min_idle_share: Annotated[float, Range(0.0, 1.0)] = 0.25
+    ladder: tuple[Rung, ...] = (Rung("advise", 0.0),)
+
+
+@dataclass(frozen=True)
 class IdleInteractiveRule:
     """An interactive session (salloc, srun --pty, a notebook) whose GPUs stay idle for long.
 
@@ -169,6 +187,7 @@ class Rules:
     idle_allocation: IdleAllocationRule = field(default_factory=IdleAllocationRule)
     low_efficiency: LowEfficiencyRule = field(default_factory=LowEfficiencyRule)
     idle_interactive: IdleInteractiveRule = field(default_factory=IdleInteractiveRule)
+    partly_idle: PartlyIdleRule = field(default_factory=PartlyIdleRule)
     anomaly: AnomalyRule = field(default_factory=AnomalyRule)
     idle_reservation: IdleReservationRule = field(default_factory=IdleReservationRule)
 

@@ -23,6 +23,59 @@ def job_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in out.items()}
 
 
+def shared_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Return row positions per job among the sharers of a shared device (``attribution == "shared"``)."""
+    if "sharers" not in frame:
+        return {}
+    out: dict[str, list[int]] = {}
+    for pos, text in enumerate(frame["sharers"].to_numpy(dtype=object)):
+        for jid in str(text or "").split(","):
+            if jid:
+                out.setdefault(jid, []).append(pos)
+    return {k: np.array(v) for k, v in out.items()}
+
+
+class Devices:
+    """The frame's device ids and shares, read once per rule run (a rule asks per finding).
+
+    :param frame: a GPU frame (MIG columns optional).
+    """
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.hosts = frame["host"].to_numpy(dtype=object)
+        self.idx = frame["gpu"].to_numpy()
+        self.migs = frame["mig"].to_numpy(dtype=object) if "mig" in frame else None
+        self.shares = frame["share"].to_numpy(dtype=float) if "share" in frame else None
+        self.profiles = frame["mig_profile"].to_numpy(dtype=object) if "mig_profile" in frame else None
+
+    def __call__(self, pos: np.ndarray) -> tuple[tuple[str, ...], float | None]:
+        """Return the device ids of rows ``pos`` (``gpu01:3``, ``gpu01:0/mig2``) and their whole-GPU share.
+
+        The share is None when every row is a whole GPU: the finding's ``gpus`` already says what it holds.
+        """
+        from gpu_cost.model import device_id
+
+        migs = self.migs[pos] if self.migs is not None else [""] * len(pos)
+        ids = tuple(device_id(str(h), int(i), str(m or "")) for h, i, m in
+                    zip(self.hosts[pos], self.idx[pos], migs, strict=True))
+        if self.shares is None or not any(migs):
+            return ids, None
+        return ids, round(float(np.sum(self.shares[pos])), 4)
+
+    def mig_profiles(self, pos: np.ndarray) -> list[str]:
+        """Return the MIG profiles among rows ``pos``, sorted."""
+        return [] if self.profiles is None else sorted({str(x) for x in self.profiles[pos] if x})
+
+
+def per_node(ids: Iterable[str]) -> dict[str, int]:
+    """Return devices per node for device ids (``gpu01:3`` → ``{"gpu01": 1}``)."""
+    out: dict[str, int] = {}
+    for d in ids:
+        host = d.rsplit(":", 1)[0]
+        out[host] = out.get(host, 0) + 1
+    return out
+
+
 def declared_inference(job: Job, cfg: InferenceConfig) -> str | None:
     """Return why the policy declares ``job`` an inference service, or None."""
     return declared(job, cfg.partitions, cfg.name_patterns, cfg.labels)
@@ -95,6 +148,9 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
     if g.empty:
         return []
     rows = job_rows(g)
+    shared = shared_rows(g)
+    devices = Devices(g)
+    sharers = g["sharers"].to_numpy(dtype=object) if "sharers" in g else None
     stale = g["stale"].to_numpy(dtype=bool)
     umax = g["util_max"].to_numpy(dtype=float)
     umean = g["util_mean"].to_numpy(dtype=float)
@@ -114,6 +170,9 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         if snapshot.ts - job.start_ts < max(cfg.min_runtime, cfg.window):
             continue
         pos = rows.get(job.job_id)
+        on_shared = shared.get(job.job_id)
+        if on_shared is not None:
+            pos = on_shared if pos is None else np.concatenate([pos, on_shared])
         if pos is None or len(pos) < len(keys):
             continue  # some GPU of the job is not seen: no data, no action
         if stale[pos].any() or np.isnan(umax[pos]).any() or not (umax[pos] < cfg.util_max).all():
@@ -173,12 +232,32 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         if why_service:
             ev["inference"] = why_service
         hosts = sorted({h for h, _ in keys})
+        ids, share = devices(pos)
+        gpu_ids = tuple(f"{h}:{i}" for h, i in keys) if share is None else ids
+        if share is not None:
+            ev["gpu_share"] = share
+            ev["mig_profiles"] = devices.mig_profiles(pos)
+        if len(hosts) > 1:
+            # a multi-node job is judged over all its GPUs on all its nodes
+            ev["per_node"] = {h: {"gpus": n, "idle": n} for h, n in sorted(per_node(ids).items())}
+        refused = None
+        if on_shared is not None and sharers is not None:
+            mine = set(on_shared.tolist())
+            sharing = {ids[k]: str(sharers[p]).split(",") for k, p in enumerate(pos) if p in mine}
+            ev["shared"] = sharing
+            refused = (f"{len(sharing)} of its GPU(s) shared with other jobs "
+                       f"({', '.join(sorted({j for js in sharing.values() for j in js} - {job.job_id}))}): the "
+                       "device's utilisation is not this job's alone, so it is never acted on; advice only")
+            ev["refused"] = refused
+            signals.append(evidence.signal("Shared GPU", ", ".join(f"{d}: jobs {','.join(js)}" for d, js in sharing.items()),
+                                           "several jobs on one device: attributed by process, never acted on"))
         findings.append(
             Finding(
                 rule=rule, target_kind="job", target=f"job:{job.job_id}",
-                action="advise" if why_service else "cancel", gpus=len(keys),
-                host=hosts[0] if len(hosts) == 1 else None, gpu_ids=tuple(f"{h}:{i}" for h, i in keys),
-                inference=bool(why_service), evidence=ev, **job_fields(job),  # type: ignore[arg-type]
+                action="advise" if (why_service or refused) else "cancel", gpus=len(keys),
+                host=hosts[0] if len(hosts) == 1 else None, gpu_ids=gpu_ids,
+                inference=bool(why_service), evidence=ev, gpu_share=share,
+                **job_fields(job),  # type: ignore[arg-type]
             )
         )
     return findings

@@ -14,6 +14,12 @@ power or CPU busy). Services — declared in ``inference:``, bursty within the l
 class behaves like one (``baselines:``) — are reported with ``inference=True`` and only advised.
 Interactive sessions (``interactive:``) are left to ``idle_interactive``. Each finding carries its
 evidence (``signals``) and a ``confidence`` (:mod:`gpu_cost.evidence`).
+
+A multi-node job is judged over all its GPUs on all its nodes (``per_node`` counts them); a job
+holding MIG slices is judged on its slices and costed by their share (``gpu_share``); a job on a
+GPU shared with other jobs (``shared``: Slurm shard/MPS gres, time-slicing) is only advised, and
+the engine refuses any destructive action on it (``refused`` says why). Some GPUs idle while
+the others work is ``partly_idle``'s advice.
 """
 
 from __future__ import annotations
@@ -28,10 +34,16 @@ from gpu_cost.rules.common import idle_jobs
 def why(f: Finding) -> str:
     """The decision reason for an idle-allocation finding."""
     ev = f.evidence
-    text = (f"job {f.job_id}: all {f.gpus} allocated GPU(s) ≤{ev.get('util_max')}% for "
-            f"{int(ev.get('window_s', 0)) // 60} min")
+    held = (f"{f.gpus} allocated GPU(s)" if f.gpu_share is None else
+            f"{f.gpus} allocated MIG slice(s) ({', '.join(ev.get('mig_profiles') or [])}: {f.gpu_share:.2g} GPU)")
+    text = f"job {f.job_id}: all {held} ≤{ev.get('util_max')}% for {int(ev.get('window_s', 0)) // 60} min"
+    nodes = ev.get("per_node") or {}
+    if len(nodes) > 1:
+        text += f" on {len(nodes)} nodes"
     if f.inference:
         text += f" — inference service ({ev.get('inference')}): advice only"
+    if ev.get("refused"):
+        text += f" — {ev['refused']}"
     if ev.get("log_state"):
         text += f"; its log says it {ev['log_state']}"
     return text

@@ -10,6 +10,10 @@ Policy (``rules.zombie``)::
       act_on_owners: []    # also act on: system, container, or user names (never root)
       system_users: [nobody]
 
+A MIG slice is a device of its own: it qualifies alone, and only the processes in it (its MIG
+UUID, or its GPU instance) are its orphans, so a zombie on one slice never involves the job on
+the next; a slice's finding carries its ``mig``, ``mig_profile`` and ``gpu_share``.
+
 A GPU qualifies when it is fresh (enough recent samples), attributed to no running job, and idle
 with memory held over the whole window. With process data (nvidia-smi over SSH) each orphan
 process is one finding (target ``proc:<host>:<pid>:<start>``); without it the GPU is the target
@@ -28,7 +32,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from gpu_cost.evidence import signal
-from gpu_cost.model import Finding, GpuProcess, Snapshot
+from gpu_cost.model import Finding, GpuProcess, Snapshot, device_id
 from gpu_cost.policy.schema import Policy, ZombieRule
 from gpu_cost.registry import RuleSpec
 from gpu_cost.rules import register
@@ -110,22 +114,35 @@ def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]
     for p in snapshot.processes:
         if p.gpu_uuid:
             procs_by_gpu[(p.host, p.gpu_uuid)].append(p)
-        elif p.gpu is not None:
+        elif p.gpu is not None and not p.mig:
             procs_by_gpu[(p.host, int(p.gpu))].append(p)
+        if p.mig and p.gpu is not None and not p.gpu_uuid.startswith("MIG-"):
+            procs_by_gpu[(p.host, f"{int(p.gpu)}/{p.mig}")].append(p)
+    has_mig = "mig" in cand
     have_procs = snapshot.source_has_processes if hasattr(snapshot, "source_has_processes") else bool(snapshot.processes)
     by_proc: dict[str, dict] = {}
     findings: list[Finding] = []
     for row in cand.itertuples(index=False):
-        procs = procs_by_gpu.get((row.host, row.uuid), []) or procs_by_gpu.get((row.host, int(row.gpu)), [])
+        mig = str(row.mig or "") if has_mig else ""
+        if mig:
+            # a MIG slice is a device of its own: only the processes in that slice count
+            procs = (procs_by_gpu.get((row.host, str(row.mig_uuid)), []) if row.mig_uuid else []) or \
+                procs_by_gpu.get((row.host, f"{int(row.gpu)}/{mig}"), [])
+        else:
+            procs = procs_by_gpu.get((row.host, row.uuid), []) or procs_by_gpu.get((row.host, int(row.gpu)), [])
+        device = device_id(row.host, int(row.gpu), mig)
         evidence = {
             "util_max": r(row.util_max), "util_mean": r(row.util_mean), "mem_min_mib": r(row.mem_min_mib, 0),
             "samples": int(row.n_samples), "window_s": cfg.window, "last_job": row.label_job_id or None,
         }
+        if mig:
+            evidence.update({"mig": mig, "mig_profile": row.mig_profile, "gpu_share": round(float(row.share), 4)})
         orphans = [p for p in procs if not p.job_id or p.job_id not in running]
         if orphans:
             for p in orphans:
-                entry = by_proc.setdefault(p.key, {"proc": p, "gpus": [], "evidence": evidence, "mem": 0.0})
-                entry["gpus"].append(f"{row.host}:{int(row.gpu)}")
+                entry = by_proc.setdefault(p.key, {"proc": p, "gpus": [], "evidence": evidence, "mem": 0.0, "share": 0.0})
+                entry["gpus"].append(device)
+                entry["share"] += float(row.share) if mig else 1.0
                 entry["mem"] += p.used_mib
             continue
         if procs:
@@ -137,9 +154,9 @@ def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]
             continue
         findings.append(
             Finding(
-                rule="zombie", target_kind="gpu", target=f"gpu:{row.host}:{int(row.gpu)}", action="notify", gpus=1,
-                host=row.host, gpu_ids=(f"{row.host}:{int(row.gpu)}",), job_id=row.label_job_id or None,
-                evidence=evidence,
+                rule="zombie", target_kind="gpu", target=f"gpu:{device}", action="notify", gpus=1,
+                host=row.host, gpu_ids=(device,), job_id=row.label_job_id or None,
+                evidence=evidence, gpu_share=round(float(row.share), 4) if mig else None,
             )
         )
     for key, entry in by_proc.items():
@@ -172,6 +189,7 @@ def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]
             Finding(
                 rule="zombie", target_kind="process", target=key, action=action, gpus=len(entry["gpus"]),
                 user=p.user or None, host=p.host, gpu_ids=tuple(entry["gpus"]), job_id=p.job_id, evidence=ev,
+                gpu_share=round(entry["share"], 4) if ev.get("mig") else None,
             )
         )
     return findings

@@ -48,6 +48,9 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active."),
 )
+#: fields DCGM has no value for on a MIG slice (device-level utilisation is not valid there: a
+#: slice's utilisation is DCGM_FI_PROF_GR_ENGINE_ACTIVE of its GPU instance)
+DEVICE_ONLY = frozenset({"DCGM_FI_DEV_GPU_UTIL"})
 MODEL_NAMES = {
     "a100": "NVIDIA A100-SXM4-80GB", "h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200",
     "a10g": "NVIDIA A10G", "l40s": "NVIDIA L40S", "v100": "Tesla V100-SXM2-32GB", "t4": "Tesla T4",
@@ -74,6 +77,8 @@ class GpuState:
     mem: np.ndarray
     power: np.ndarray
     job: np.ndarray
+    #: per row, the MIG columns (``mig``, ``mig_profile``, ``mig_uuid``, ``share``); None without slices
+    mig: Mapping[str, np.ndarray] | None = None
 
 
 def state_of(cluster: SimCluster, t: float) -> GpuState:
@@ -85,7 +90,14 @@ def state_of(cluster: SimCluster, t: float) -> GpuState:
     if col < 0:  # cannot happen on the grid, but never expose garbage
         raise RuntimeError(f"no simulated sample at {grid}")
     return GpuState(grid, m.hosts, m.gpus, m.uuids, m.models, m.mem_total, m.util[:, col], m.mem[:, col],
-                    m.power[:, col], m.job[:, col])
+                    m.power[:, col], m.job[:, col], m.mig)
+
+
+def _mig_of(state: GpuState, i: int) -> tuple[str, str]:
+    """Return ``(GPU instance id, profile)`` of row ``i`` (empty strings for a whole GPU)."""
+    if state.mig is None:
+        return "", ""
+    return str(state.mig["mig"][i] or ""), str(state.mig["mig_profile"][i] or "")
 
 
 def _labels(state: GpuState, i: int) -> dict[str, str]:
@@ -99,6 +111,11 @@ def _labels(state: GpuState, i: int) -> dict[str, str]:
         "Hostname": str(state.hosts[i]),
         "DCGM_FI_DRIVER_VERSION": DRIVER_VERSION,
     }
+    gi, profile = _mig_of(state, i)
+    if gi:
+        # dcgm-exporter's labels on a MIG slice: UUID and gpu stay the parent's
+        labels["GPU_I_PROFILE"] = profile
+        labels["GPU_I_ID"] = gi
     if state.job[i]:
         labels["hpc_job"] = str(state.job[i])
     return labels
@@ -150,6 +167,8 @@ def behaviour_of(job: Job) -> tuple[str, dict[str, float]]:
                         params[key] = parse_duration(value)
                     elif key == "leak_mib_per_h":
                         params[key] = float(value)
+                    elif key == "idle_gpus":
+                        params[key] = int(value)
                 return parts[0], params
     lowered = job.name.lower()
     for b in BEHAVIOURS:
@@ -195,15 +214,16 @@ class SlurmFeed:
         for j in jobs:
             if not j.running or j.start_ts is None:
                 continue
-            for host, idx in j.gpu_alloc:
-                if host in names and idx:
-                    running[j.job_id] = (j, host, tuple(int(i) for i in idx))
-                    break  # one node per simulated job: multi-node jobs show their first node
+            # every node of a multi-node job shows its GPUs: the first as the job's node, the rest as ``also``
+            alloc = [(host, tuple(int(i) for i in idx)) for host, idx in j.gpu_alloc if host in names and idx]
+            if alloc:
+                running[j.job_id] = (j, alloc)
         changed = False
-        for jid, (j, host, idx) in running.items():
+        for jid, (j, alloc) in running.items():
             if jid not in self._jobs:
                 beh, params = behaviour_of(j)
-                self._jobs[jid] = SimJob(job_id=jid, user=j.user, behaviour=beh, node=host, gpus=idx,
+                (host, idx), rest = alloc[0], tuple(alloc[1:])
+                self._jobs[jid] = SimJob(job_id=jid, user=j.user, behaviour=beh, node=host, gpus=idx, also=rest,
                                          start=float(j.start_ts or 0.0) - self.anchor, name=j.name, comment=j.comment,
                                          account=j.account, partition=j.partition, **params)  # type: ignore[arg-type]
                 changed = True
@@ -254,6 +274,8 @@ class DcgmCollector:
         for name, doc in METRICS:
             metric = Metric(name, doc, "gauge")
             for i, lab in enumerate(labels):
+                if name in DEVICE_ONLY and "GPU_I_ID" in lab:
+                    continue
                 metric.add_sample(name, lab, float(values[name][i]))
             yield metric
 
@@ -299,14 +321,17 @@ def openmetrics_history(cluster: SimCluster, start: float, end: float, extra_lab
     """
     m = cluster.matrix(start, end)
     extra = dict(extra_labels or {})
-    full = GpuState(end, m.hosts, m.gpus, m.uuids, m.models, m.mem_total[:, None], m.util, m.mem, m.power, m.job)
+    full = GpuState(end, m.hosts, m.gpus, m.uuids, m.models, m.mem_total[:, None], m.util, m.mem, m.power, m.job, m.mig)
     values = _values(full)
     base = []
+    sliced = []
     for row in range(len(m.hosts)):
+        mig = None if m.mig is None else {k: v[row:row + 1] for k, v in m.mig.items()}
         one = GpuState(end, m.hosts[row:row + 1], m.gpus[row:row + 1], m.uuids[row:row + 1], m.models[row:row + 1],
                        m.mem_total[row:row + 1], m.util[row:row + 1, 0], m.mem[row:row + 1, 0], m.power[row:row + 1, 0],
-                       np.array([""], dtype=object))
+                       np.array([""], dtype=object), mig)
         labels = {**_labels(one, 0), **extra}
+        sliced.append("GPU_I_ID" in labels)
         base.append(",".join(f'{k}="{_om_escape(v)}"' for k, v in labels.items()))
     stamps = [str(int(ts)) for ts in m.times]
     for name, doc in METRICS:
@@ -314,6 +339,8 @@ def openmetrics_history(cluster: SimCluster, start: float, end: float, extra_lab
         yield f"# TYPE {name} gauge"
         vals = values[name]
         for row in range(len(m.hosts)):
+            if name in DEVICE_ONLY and sliced[row]:
+                continue
             prev = None
             for col, ts in enumerate(stamps):
                 job = m.job[row, col]
@@ -334,13 +361,31 @@ def nvidia_smi_state(cluster: SimCluster, host: str, t: float) -> dict[str, Any]
     rows = [i for i in range(len(state.hosts)) if state.hosts[i] == host]
     if not rows:
         raise ValueError(f"host {host!r} is not a node of the scenario")
-    gpus = [
-        {"index": int(state.gpus[i]), "uuid": str(state.uuids[i]), "name": model_name(str(state.models[i])),
-         "memory_total": round(float(state.total[i])), "memory_used": round(float(state.mem[i])),
-         "utilization": round(float(state.util[i])), "power_draw": round(float(state.power[i]), 2),
-         "temperature": round(30 + 0.45 * float(state.util[i]))}
-        for i in rows
-    ]
+    gpus: list[dict[str, Any]] = []
+    parents: dict[int, dict[str, Any]] = {}
+    node = next(n for n in cluster.scenario.nodes if n.name == host)
+    for i in rows:
+        gi, profile = _mig_of(state, i)
+        if not gi:
+            gpus.append(
+                {"index": int(state.gpus[i]), "uuid": str(state.uuids[i]), "name": model_name(str(state.models[i])),
+                 "memory_total": round(float(state.total[i])), "memory_used": round(float(state.mem[i])),
+                 "utilization": round(float(state.util[i])), "power_draw": round(float(state.power[i]), 2),
+                 "temperature": round(30 + 0.45 * float(state.util[i]))})
+            continue
+        # a MIG GPU: nvidia-smi lists the parent (its utilisation is N/A in MIG mode) with its slices
+        parent = parents.get(int(state.gpus[i]))
+        if parent is None:
+            parent = {"index": int(state.gpus[i]), "uuid": str(state.uuids[i]), "name": model_name(str(state.models[i])),
+                      "memory_total": round(node.mem_total_mib), "memory_used": 0, "utilization": None,
+                      "power_draw": 0.0, "temperature": 30, "mig": []}
+            parents[int(state.gpus[i])] = parent
+            gpus.append(parent)
+        assert state.mig is not None
+        parent["memory_used"] += round(float(state.mem[i]))
+        parent["power_draw"] = round(parent["power_draw"] + float(state.power[i]), 2)
+        parent["mig"].append({"gi": int(gi), "profile": profile, "uuid": str(state.mig["mig_uuid"][i]),
+                              "memory_total": round(float(state.total[i])), "memory_used": round(float(state.mem[i]))})
     procs = [
         {"pid": p.pid, "gpu_uuid": p.gpu_uuid, "used_mib": round(p.used_mib), "name": p.name or "python"}
         for p in cluster.processes_at(state.ts) if p.host == host

@@ -189,10 +189,14 @@ def suspect_hosts(frame: Any, jobs: Sequence[Job], policy: Policy) -> list[str]:
         return []
     z = policy.rules.zombie
     allocated = {(h, int(i)) for j in jobs if j.running for h, idx in j.gpu_alloc for i in idx}
+    # a MIG slice is held only through a job's mig_alloc: Slurm's GPU indices there count slices
+    slices = {(h, s) for j in jobs if j.running for h, sl in j.mig_alloc for s in sl}
+    migs = frame["mig"].fillna("").astype(str) if "mig" in frame else [""] * len(frame)
     hosts = set()
-    for host, gpu, stale, umax, mmin in zip(frame["host"], frame["gpu"], frame["stale"], frame["util_max"],
-                                            frame["mem_min_mib"], strict=True):
-        if stale or (str(host), int(gpu)) in allocated:
+    for host, gpu, mig, stale, umax, mmin in zip(frame["host"], frame["gpu"], migs, frame["stale"], frame["util_max"],
+                                                 frame["mem_min_mib"], strict=True):
+        held = (str(host), f"{int(gpu)}/{mig}") in slices if mig else (str(host), int(gpu)) in allocated
+        if stale or held:
             continue
         if umax == umax and mmin == mmin and umax < z.util_max and mmin > z.mem_min_mib:
             hosts.add(str(host))

@@ -71,6 +71,16 @@ class NodeGpu:
     util: float | None
 
 
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG slice as ``nvidia-smi -L`` lists it under its GPU."""
+
+    gpu: int
+    device: int
+    profile: str
+    uuid: str
+
+
 @dataclass
 class NodeInspection:
     """What one node showed: GPUs, GPU processes, and any trouble reading it."""
@@ -80,6 +90,32 @@ class NodeInspection:
     processes: list[GpuProcess] = field(default_factory=list)
     #: the node's GPU numbering for the index check (:mod:`gpu_cost.sources.gpu_map`)
     gpu_map: NodeMap = field(default_factory=lambda: NodeMap(reported=False))
+    #: MIG slices by MIG UUID (empty: no GPU in MIG mode, or a wrapper that does not list them)
+    mig: dict[str, MigDevice] = field(default_factory=dict)
+
+
+_LIST_GPU = re.compile(r"^GPU (\d+): .* \(UUID: (GPU-[^)]+)\)$")
+_LIST_MIG = re.compile(r"^\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: (MIG-[^)]+)\)$")
+
+
+def parse_mig_listing(text: str, host: str) -> dict[str, MigDevice]:
+    """Parse ``nvidia-smi -L``: the MIG slices under each GPU (``  MIG 1g.10gb     Device  0: (UUID: MIG-...)``)."""
+    out: dict[str, MigDevice] = {}
+    gpu: int | None = None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        m = _LIST_GPU.match(line.rstrip())
+        if m:
+            gpu = int(m.group(1))
+            continue
+        m = _LIST_MIG.match(line.rstrip())
+        if m is None:
+            continue  # other lines (a driver banner) say nothing of slices
+        if gpu is None:
+            raise SourceError(f"{host}: nvidia-smi -L line {lineno}: a MIG device before any GPU: {line!r}")
+        out[m.group(3)] = MigDevice(gpu=gpu, device=int(m.group(2)), profile=m.group(1), uuid=m.group(3))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,6 +237,9 @@ def parse_inspect(text: str, host: str) -> NodeInspection:
             raise SourceError(f"{host}: nvidia-smi failed ({res.get('rc')}): {str(res.get('stderr', '')).strip()[:200]}")
     gpus = parse_gpus(data["gpus"].get("stdout", ""), host)
     index_of = {g.uuid: g.index for g in gpus}
+    listing = data.get("list") or {}
+    mig = parse_mig_listing(str(listing.get("stdout", "")), host) if listing.get("rc", 1) == 0 else {}
+    index_of.update({u: d.gpu for u, d in mig.items()})  # a process on a slice names the slice's MIG UUID
     try:
         btime = float(data["btime"])
         tck = float(data["clk_tck"])
@@ -222,8 +261,9 @@ def parse_inspect(text: str, host: str) -> NodeInspection:
         container = f"{found[0]}:{found[1]}" if found else None
         out.append(GpuProcess(host=host, pid=pid, gpu_uuid=uuid, gpu=index_of.get(uuid), used_mib=used,
                               start_ts=float(int(start)), job_id=job, container=container,
-                              user=str(info.get("user", "")), name=name))
-    return NodeInspection(host=host, gpus=gpus, processes=out, gpu_map=node_map_from(data, host))
+                              user=str(info.get("user", "")), name=name,
+                              mig_profile=mig[uuid].profile if uuid in mig else ""))
+    return NodeInspection(host=host, gpus=gpus, processes=out, gpu_map=node_map_from(data, host), mig=mig)
 
 
 def _one_line(text: str, limit: int = 300) -> str:

@@ -49,10 +49,14 @@ logger = logging.getLogger(__name__)
 CONN_ID = "gpu_cost_prometheus"
 URL_ENV = "GPU_COST_PROMETHEUS_URL"
 
-#: labels that identify one GPU after normalisation
-KEY_LABELS = ("host", "gpu", "UUID")
-#: extra labels read from the newest sample of each GPU
-INFO_LABELS = ("modelName", "hpc_job", "pod", "namespace")
+#: labels that identify one device after normalisation: a GPU, or a MIG slice of it (dcgm-exporter's
+#: ``GPU_I_ID``, the GPU instance; ``UUID`` and ``gpu`` stay the parent's)
+KEY_LABELS = ("host", "gpu", "UUID", "GPU_I_ID")
+#: extra labels read from the newest sample of each device
+INFO_LABELS = ("modelName", "hpc_job", "pod", "namespace", "GPU_I_PROFILE")
+#: the matcher of series that are no MIG slice's (the label absent)
+WHOLE_GPU = 'GPU_I_ID=""'
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,11 +176,13 @@ class Dialects:
         self.selector = selector
         self.offset = offset
 
-    def s(self, name: str) -> str:
-        return _sel(name, self.selector, self.offset)
+    def s(self, name: str, extra: str = "") -> str:
+        return _sel(name, self.selector, self.offset, extra)
 
     def util_raw(self) -> str:
-        return (f"{self.s('DCGM_FI_PROF_GR_ENGINE_ACTIVE')} * 100 or {self.s('DCGM_FI_DEV_GPU_UTIL')}"
+        # device-level utilisation is not valid on a MIG slice: a slice's is its GPU instance's
+        # GR_ENGINE_ACTIVE, so DCGM_FI_DEV_GPU_UTIL is read only where no GPU_I_ID label is set
+        return (f"{self.s('DCGM_FI_PROF_GR_ENGINE_ACTIVE')} * 100 or {self.s('DCGM_FI_DEV_GPU_UTIL', WHOLE_GPU)}"
                 f" or {self.s('nvidia_smi_utilization_gpu_ratio')} * 100")
 
     def util(self) -> str:
@@ -202,7 +208,8 @@ class Dialects:
 
     def newest(self, labels: Iterable[str] = KEY_LABELS) -> str:
         """Timestamp of each GPU's newest utilisation sample (raw sample time, not the query's)."""
-        return _by(f"timestamp({self.s('DCGM_FI_PROF_GR_ENGINE_ACTIVE')}) or timestamp({self.s('DCGM_FI_DEV_GPU_UTIL')})"
+        return _by(f"timestamp({self.s('DCGM_FI_PROF_GR_ENGINE_ACTIVE')}) or "
+                   f"timestamp({self.s('DCGM_FI_DEV_GPU_UTIL', WHOLE_GPU)})"
                    f" or timestamp({self.s('nvidia_smi_utilization_gpu_ratio')})", labels)
 
 
@@ -371,7 +378,8 @@ class PrometheusSource:
         self._client = client
         self.queries_made = 0
         #: per GPU key, labels the frame has no column for (pod, namespace, temperature)
-        self.extras: dict[tuple[str, int, str], dict[str, Any]] = {}
+        #: (a MIG slice: keyed with its GPU instance id as a fourth element)
+        self.extras: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     @property
     def client(self) -> Any:
@@ -426,7 +434,7 @@ class PrometheusSource:
         """Return ``(gpus, windows)``: the :data:`~gpu_cost.model.GPU_COLUMNS` frame and extra windows."""
         import pandas as pd
 
-        from gpu_cost.aggregate import CHART_BUCKETS, chart_text
+        from gpu_cost.aggregate import CHART_BUCKETS, chart_text, with_mig
         from gpu_cost.model import GPU_COLUMNS, empty_gpu_frame
         from gpu_cost.snapshot import rule_windows
 
@@ -440,12 +448,12 @@ class PrometheusSource:
         win = self.query(windows_query(self.config.selector, windows, primary, step), at, "windows")
         lb = self.query(lookback_query(self.config.selector, sw.lookback, step, sw.busy_util), at, "lookback")
 
-        rows: dict[tuple[str, str, str], dict[str, Any]] = {}
-        info: dict[tuple[str, str, str], dict[str, Any]] = {}
+        rows: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+        info: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         uuid_gpu: dict[tuple[str, str], str] = {}
 
-        def key_of(m: Mapping[str, str]) -> tuple[str, str, str]:
-            return (m.get("host", ""), m.get("gpu", ""), m.get("UUID", ""))
+        def key_of(m: Mapping[str, str]) -> tuple[str, str, str, str]:
+            return (m.get("host", ""), m.get("gpu", ""), m.get("UUID", ""), m.get("GPU_I_ID", ""))
 
         for s in cur:
             m = s.get("metric", {})
@@ -476,9 +484,13 @@ class PrometheusSource:
         if not rows:
             return empty_gpu_frame(), {w: _window_frame(pd, [], w, step, sw) for w in others}
 
+        # a GPU whose slices report is seen through them: a series of the whole GPU beside them
+        # (device-level fields without GPU_I_ID) is not a device of its own
+        sliced = {(h, g, u) for (h, g, u, gi) in rows if gi}
+        rows = {k: v for k, v in rows.items() if k[3] or (k[0], k[1], k[2]) not in sliced}
         # nvidia_gpu_exporter has no index label: take it from nvidia_smi_index
-        merged: dict[tuple[str, int, str], dict[str, Any]] = {}
-        for (host, gpu, uuid), row in rows.items():
+        merged: dict[tuple[str, int, str, str], dict[str, Any]] = {}
+        for (host, gpu, uuid, gi_id), row in rows.items():
             idx = gpu or uuid_gpu.get((host, uuid), "")
             try:
                 gi = int(idx)
@@ -488,13 +500,13 @@ class PrometheusSource:
             if not 0 <= gi < 1 << 16:
                 logger.warning("GPU %s on %s has an impossible index %r: skipped", uuid or "?", host or "?", idx)
                 continue
-            model = row.get("modelName") or info.get((host, gpu, uuid), {}).get("model_name", "")
-            target = merged.setdefault((host, gi, uuid), {})
+            model = row.get("modelName") or info.get((host, gpu, uuid, ""), {}).get("model_name", "")
+            target = merged.setdefault((host, gi, uuid, gi_id), {})
             for k2, v2 in row.items():
                 if k2 not in target or (isinstance(v2, float) and not math.isnan(v2)):
                     target[k2] = v2
             target["model"] = short_model(model) if model else target.get("model", "")
-        keys = sorted(merged)
+        keys = sorted(merged, key=lambda k: (k[0], k[1], k[2], int(k[3]) if k[3].isdigit() else -1, k[3]))
         recs = [merged[k] for k in keys]
         expected = max(1, round(primary / step))
 
@@ -529,8 +541,13 @@ class PrometheusSource:
             "stale": stale.astype(bool),
             "util_chart_lb": chart_text(np.stack([col(f"chart_{k}") for k in range(CHART_BUCKETS)], axis=1)),
         })[list(GPU_COLUMNS)]
-        self.extras = {k: {"pod": r.get("pod", ""), "namespace": r.get("namespace", ""), "temp_c": r.get("temp", math.nan)}
-                       for k, r in zip(keys, recs, strict=True)}
+        if any(k[3] for k in keys):
+            frame = with_mig(frame, mig_columns(keys, recs))
+        self.extras = {}
+        for dk, r in zip(keys, recs, strict=True):
+            ek: tuple[Any, ...] = dk if dk[3] else dk[:3]
+            self.extras[ek] = {"pod": r.get("pod", ""), "namespace": r.get("namespace", ""),
+                               "temp_c": r.get("temp", math.nan)}
         extra = {w: _window_frame(pd, recs, w, step, sw, last_ts, now) for w in others}
         return frame, extra
 
@@ -555,6 +572,34 @@ class PrometheusSource:
             return None
         v = _value(result[0])
         return None if math.isnan(v) else v
+
+
+def _parent_gb(model_name: str) -> float | None:
+    """Return the framebuffer (GB) a model name states (``NVIDIA A100-SXM4-80GB`` → 80), or None."""
+    m = re.search(r"(\d+)\s*GB", model_name, re.IGNORECASE)
+    return float(m.group(1)) if m else None
+
+
+def mig_columns(keys: list[tuple[str, int, str, str]], recs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Return the MIG columns for the frame's rows (``GPU_I_ID``, ``GPU_I_PROFILE``, the share it costs)."""
+    from gpu_cost.model import mig_share
+
+    migs, profiles, shares = [], [], []
+    for k, r in zip(keys, recs, strict=True):
+        profile = str(r.get("GPU_I_PROFILE", "") or "") if k[3] else ""
+        share = 1.0
+        if k[3]:
+            try:
+                share = mig_share(profile, _parent_gb(str(r.get("modelName", ""))))
+            except ValueError:
+                # an unknown profile name: cost it as the whole GPU rather than guess it smaller
+                logger.warning("MIG slice %s of GPU %s on %s has profile %r: costed as a whole GPU", k[3], k[1], k[0],
+                               profile)
+        migs.append(k[3])
+        profiles.append(profile)
+        shares.append(share)
+    return {"mig": np.array(migs, dtype=object), "mig_profile": np.array(profiles, dtype=object),
+            "mig_uuid": np.array([""] * len(keys), dtype=object), "share": np.array(shares, dtype=float)}
 
 
 def _window_frame(pd: Any, recs: list[dict[str, Any]], w: float, step: float, sw: Any,

@@ -53,7 +53,7 @@ import yaml
 
 from gpu_cost import paths
 from gpu_cost.errors import ScenarioError
-from gpu_cost.model import GpuProcess, Job, Node, labels_from_comment
+from gpu_cost.model import GpuProcess, Job, Node, labels_from_comment, mig_share
 from gpu_cost.timeutil import epoch, iso, parse_duration
 
 #: the behaviours real clusters make hard: quiet but working, or busy-looking but waste
@@ -87,6 +87,13 @@ class SimNode:
     idle_power_w: float = 60.0
     busy_power_w: float = 400.0
     partitions: tuple[str, ...] = ("batch",)
+    #: MIG layout: GPU index → its slices' profiles (``{0: [3g.40gb, 2g.20gb, 1g.10gb]}``); each slice is
+    #: a device of its own with GPU instance ids 1, 2, ... in the order listed
+    mig: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+    def slices(self, gpu: int) -> tuple[str, ...]:
+        """Return the MIG profiles of GPU ``gpu`` (empty: a whole GPU)."""
+        return next((p for g, p in self.mig if g == gpu), ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +138,15 @@ class SimJob:
     batch: bool | None = None
     #: seed of the job's own random schedule (bursts of services and sessions)
     rseed: int = 0
+    #: MIG slices the job holds on ``node``: ``<gpu>/<GPU instance id>`` (``0/2``)
+    mig: tuple[str, ...] = ()
+    #: the job's GPUs on further nodes (a multi-node job): ``{gpu02: [0, 1, 2, 3]}``
+    also: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    #: this many of the job's GPUs (the last ones, across its nodes) sit idle while the others work
+    idle_gpus: int = 0
+    #: the job shares its GPUs with other jobs (Slurm shard / MPS gres, time-slicing): their
+    #: utilisation and memory add up on the device
+    shared: bool = False
 
     @property
     def is_batch(self) -> bool:
@@ -192,6 +208,8 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
             raw = dict(raw)
             if "partitions" in raw:
                 raw["partitions"] = tuple(raw["partitions"])
+            if "mig" in raw:
+                raw["mig"] = _mig_layout(raw["mig"], f"{source}: nodes[{i}]")
             nodes.append(SimNode(**raw))
         except TypeError as exc:
             raise ScenarioError(f"{source}: nodes[{i}]: {exc}") from None
@@ -219,6 +237,15 @@ def scenario_to_dict(sc: Scenario) -> dict[str, Any]:
             row["gpus"] = list(j.gpus)
         jobs.append(row)
     nodes = [{**dataclasses.asdict(n), "partitions": list(n.partitions)} for n in sc.nodes]
+    for node, raw in zip(sc.nodes, nodes, strict=True):
+        raw.pop("mig")
+        if node.mig:
+            raw["mig"] = {g: list(p) for g, p in node.mig}
+    for row in jobs:
+        if "also" in row:
+            row["also"] = {h: list(g) for h, g in row["also"]}
+        if "mig" in row:
+            row["mig"] = list(row["mig"])
     anchor = sc.anchor if isinstance(sc.anchor, str) else iso(float(sc.anchor))
     return {"seed": sc.seed, "sample_interval": sc.sample_interval, "anchor": anchor, "nodes": nodes, "jobs": jobs}
 
@@ -234,6 +261,9 @@ def _sim_job(raw: Any, where: str, index: Mapping[str, int], nodes: Sequence[Sim
                 d[key] = _offset(d[key])
         d["job_id"] = str(d.get("job_id", ""))
         d["gpus"] = tuple(int(g) for g in d.get("gpus") or ())
+        d["mig"] = tuple(str(x) for x in d.get("mig") or ())
+        also = d.get("also") or {}
+        d["also"] = tuple((str(h), tuple(int(g) for g in gs)) for h, gs in (also.items() if isinstance(also, Mapping) else also))
         job = SimJob(**d)
     except (TypeError, ValueError) as exc:
         raise ScenarioError(f"{where}: {exc}") from None
@@ -245,9 +275,20 @@ def _sim_job(raw: Any, where: str, index: Mapping[str, int], nodes: Sequence[Sim
         if job.node not in index:
             raise ScenarioError(f"{where}: node {job.node!r} is not a node of the scenario")
         node = nodes[index[str(job.node)]]
-        bad = [g for g in job.gpus if not 0 <= g < node.gpus]
-        if bad or not job.gpus:
-            raise ScenarioError(f"{where}: gpus {list(job.gpus)} do not fit node {node.name} with {node.gpus} GPUs")
+        bad = [g for g in job.gpus if not 0 <= g < node.gpus or node.slices(g)]
+        if bad or not (job.gpus or job.mig):
+            raise ScenarioError(f"{where}: gpus {list(job.gpus)} do not fit node {node.name} with {node.gpus} GPUs"
+                                + (" (a MIG GPU is held by its slices: mig: [<gpu>/<instance>])" if bad else ""))
+        for sl in job.mig:
+            g, _, gi = sl.partition("/")
+            if not (g.isdigit() and gi.isdigit() and 1 <= int(gi) <= len(node.slices(int(g)))):
+                raise ScenarioError(f"{where}: MIG slice {sl!r} is not a slice of node {node.name}")
+        for host, gs in job.also:
+            if host not in index:
+                raise ScenarioError(f"{where}: also: node {host!r} is not a node of the scenario")
+            other = nodes[index[host]]
+            if not gs or any(not 0 <= g < other.gpus or other.slices(g) for g in gs):
+                raise ScenarioError(f"{where}: also: gpus {list(gs)} do not fit node {host} with {other.gpus} GPUs")
         if job.start is None:
             raise ScenarioError(f"{where}: start is required for a job that is not pending")
         if job.end is not None and job.end <= job.start:
@@ -255,6 +296,24 @@ def _sim_job(raw: Any, where: str, index: Mapping[str, int], nodes: Sequence[Sim
         if job.time_limit is not None and (job.end is None or job.end - job.start > job.time_limit):
             job = dataclasses.replace(job, end=job.start + job.time_limit)
     return job
+
+
+def _mig_layout(raw: Any, where: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    from gpu_cost.model import mig_share
+
+    if not isinstance(raw, Mapping):
+        raise ScenarioError(f"{where}: mig must map a GPU index to its slices' profiles")
+    out = []
+    for g, profiles in raw.items():
+        plist = tuple(str(p) for p in (profiles or ()))
+        try:
+            total = sum(mig_share(p) for p in plist)
+        except ValueError as exc:
+            raise ScenarioError(f"{where}: mig[{g}]: {exc}") from None
+        if not plist or total > 1.0 + 1e-9:
+            raise ScenarioError(f"{where}: mig[{g}]: slices {list(plist)} do not fit one GPU (7 compute slices)")
+        out.append((int(g), plist))
+    return tuple(sorted(out))
 
 
 def resolve_anchor(anchor: float | str | None, now: float) -> float:
@@ -541,6 +600,8 @@ class GpuMatrix:
     mem: np.ndarray
     power: np.ndarray
     job: np.ndarray  # object array of job ids ("" when none) per GPU × time
+    #: per row, the MIG columns (:data:`gpu_cost.model.MIG_COLUMNS`); None when no row is a slice
+    mig: Mapping[str, np.ndarray] | None = None
 
 
 class SimCluster:
@@ -559,17 +620,29 @@ class SimCluster:
         totals: list[float] = []
         idle_w: list[float] = []
         busy_w: list[float] = []
-        self._row: dict[tuple[str, int], int] = {}
+        migs: list[str] = []
+        profiles: list[str] = []
+        mig_uuids: list[str] = []
+        shares: list[float] = []
+        self._row: dict[tuple[str, int | str], int] = {}
         for node in scenario.nodes:
             for g in range(node.gpus):
-                self._row[(node.name, g)] = len(hosts)
-                hosts.append(node.name)
-                gpus.append(g)
-                uuids.append(gpu_uuid(node.name, g))
-                models.append(node.model)
-                totals.append(node.mem_total_mib)
-                idle_w.append(node.idle_power_w)
-                busy_w.append(node.busy_power_w)
+                # a MIG GPU is its slices: one row each, keyed (node, "<gpu>/<gi>")
+                parts = [(str(k + 1), p) for k, p in enumerate(node.slices(g))] or [("", "")]
+                for gi, profile in parts:
+                    share = mig_share(profile, node.mem_total_mib / 1024.0) if gi else 1.0
+                    self._row[(node.name, f"{g}/{gi}" if gi else g)] = len(hosts)
+                    hosts.append(node.name)
+                    gpus.append(g)
+                    uuids.append(gpu_uuid(node.name, g))
+                    models.append(node.model)
+                    totals.append(_profile_mib(profile) if gi else node.mem_total_mib)
+                    idle_w.append(node.idle_power_w * share)
+                    busy_w.append(node.busy_power_w * share)
+                    migs.append(gi)
+                    profiles.append(profile)
+                    mig_uuids.append(mig_uuid(node.name, g, gi) if gi else "")
+                    shares.append(share)
         self.hosts = np.array(hosts, dtype=object)
         self.gpu_idx = np.array(gpus, dtype=np.int64)
         self.uuids = np.array(uuids, dtype=object)
@@ -577,6 +650,10 @@ class SimCluster:
         self.mem_total = np.array(totals, dtype=float)
         self.idle_w = np.array(idle_w, dtype=float)
         self.busy_w = np.array(busy_w, dtype=float)
+        self.mig: dict[str, np.ndarray] | None = None
+        if any(migs):
+            self.mig = {"mig": np.array(migs, dtype=object), "mig_profile": np.array(profiles, dtype=object),
+                        "mig_uuid": np.array(mig_uuids, dtype=object), "share": np.array(shares, dtype=float)}
         self._jobs = [j for j in scenario.jobs]
         self._by_id = {j.job_id: j for j in self._jobs}
 
@@ -614,17 +691,24 @@ class SimCluster:
             hi = int(np.searchsorted(times, tail, side="left"))
             if hi <= lo:
                 continue
-            rows = np.array([self._row[(j.node, g)] for g in j.gpus])  # type: ignore[index]
+            rows = self.job_rows(j)
             tt = times[lo:hi]
             tau = tt - s
             nz = noise[rows][:, lo:hi]
             total = self.mem_total[rows][:, None]
             u, m = _behaviour(j, tau, nz, total, e - s)
-            util[rows, lo:hi] = u
-            mem[rows, lo:hi] = m
+            if j.idle_gpus:
+                u[len(rows) - min(j.idle_gpus, len(rows)):] = 0.0  # idle ranks: memory held, nothing computed
+            if j.shared:
+                # several jobs on one device: their work and memory add up
+                util[rows, lo:hi] += u
+                mem[rows, lo:hi] += m
+            else:
+                util[rows, lo:hi] = u
+                mem[rows, lo:hi] = m
             active[rows, lo:hi] = True
             in_job = tt < e
-            if in_job.any():
+            if in_job.any() and not j.shared:  # a shared device's job label names no single job
                 block = job[rows, lo:hi]
                 block[:, in_job] = j.job_id
                 job[rows, lo:hi] = block
@@ -633,7 +717,15 @@ class SimCluster:
         power = self.idle_w[:, None] + (self.busy_w - self.idle_w)[:, None] * (util / 100.0)
         # idle, empty GPUs still report (DCGM samples every GPU); a little noise on memory for realism
         mem = np.where(active, mem, 0.0)
-        return GpuMatrix(times, self.hosts, self.gpu_idx, self.uuids, self.models, self.mem_total, util, mem, power, job)
+        return GpuMatrix(times, self.hosts, self.gpu_idx, self.uuids, self.models, self.mem_total, util, mem, power, job,
+                         self.mig)
+
+    def job_rows(self, j: SimJob) -> np.ndarray:
+        """Return the rows of a job's devices: its GPUs (first node, then ``also``), then its MIG slices."""
+        keys: list[tuple[str, int | str]] = [(str(j.node), g) for g in j.gpus]
+        keys += [(h, g) for h, gs in j.also for g in gs]
+        keys += [(str(j.node), sl) for sl in j.mig]
+        return np.array([self._row[k] for k in keys], dtype=np.int64)
 
     def samples(self, start: float, end: float) -> pd.DataFrame:
         """Return samples in ``(start, end]`` in the trace format (long, one row per GPU × time)."""
@@ -663,13 +755,20 @@ class SimCluster:
             state, start_ts, end_ts = "COMPLETED", start, end
         else:
             state, start_ts, end_ts = "RUNNING", start, None
-        alloc = ((j.node, j.gpus),) if state != "PENDING" and j.node else ()
+        alloc: tuple[tuple[str, tuple[int, ...]], ...] = ()
+        mig: tuple[tuple[str, tuple[str, ...]], ...] = ()
+        if state != "PENDING" and j.node:
+            # Slurm counts a MIG slice as one GPU of the node: its index says nothing of the slice
+            first = j.gpus + tuple(int(sl.split("/")[0]) for sl in j.mig)
+            alloc = ((j.node, first), *j.also)
+            mig = ((j.node, j.mig),) if j.mig else ()
+        n_dev = len(j.gpus) + len(j.mig) + sum(len(g) for _, g in j.also)
         return Job(
             job_id=j.job_id, user=j.user, state=state, start_ts=start_ts, account=j.account, partition=j.partition,
             qos=j.qos, name=j.name or f"job-{j.job_id}", comment=j.comment, submit_ts=submit, end_ts=end_ts,
-            time_limit_s=j.time_limit, nodes=(j.node,) if alloc and j.node else (), gpu_alloc=alloc,
-            gpus_requested=j.gpus_requested or len(j.gpus), labels=labels_from_comment(j.comment),
-            batch=j.is_batch,
+            time_limit_s=j.time_limit, nodes=tuple(h for h, _ in alloc), gpu_alloc=alloc,
+            gpus_requested=j.gpus_requested or n_dev, labels=labels_from_comment(j.comment),
+            batch=j.is_batch, mig_alloc=mig, gpu_shared=j.shared,
         )
 
     def jobs_trace(self, start: float, end: float) -> pd.DataFrame:
@@ -687,8 +786,10 @@ class SimCluster:
                     "job_id": j.job_id, "user": j.user, "account": j.account, "partition": j.partition,
                     "name": j.name or f"job-{j.job_id}", "state": "COMPLETED" if e is not None and e <= end else "RUNNING",
                     "submit_ts": s if j.submit is None else self.anchor + j.submit, "start_ts": s, "end_ts": e,
-                    "time_limit_s": j.time_limit, "gpus": len(j.gpus), "nodes": j.node,
-                    "gpu_ids": ",".join(f"{j.node}:{g}" for g in j.gpus), "labels": ",".join(labels_from_comment(j.comment)),
+                    "time_limit_s": j.time_limit, "gpus": len(j.gpus) + len(j.mig) + sum(len(g) for _, g in j.also),
+                    "nodes": ",".join([str(j.node), *(h for h, _ in j.also)]),
+                    "gpu_ids": ",".join([*(f"{j.node}:{g}" for g in j.gpus), *(f"{h}:{g}" for h, gs in j.also for g in gs),
+                                         *(f"{j.node}:{sl.replace('/', '/mig')}" for sl in j.mig)]), "labels": ",".join(labels_from_comment(j.comment)),
                     "behaviour": j.behaviour, "batch": j.is_batch,
                 }
             )
@@ -698,6 +799,12 @@ class SimCluster:
         """Return GPU processes as ``nvidia-smi`` plus ``/proc`` would show them at ``t``."""
         m = self.matrix(t - self.scenario.sample_interval, t)
         out = []
+        sharers: dict[int, int] = {}
+        for j in self._jobs:
+            if j.shared and not j.pending and j.start is not None and self.anchor + j.start <= t and (
+                    j.end is None or self.anchor + j.end > t):
+                for row in self.job_rows(j):
+                    sharers[int(row)] = sharers.get(int(row), 0) + 1
         for j in self._jobs:
             if j.pending or j.start is None:
                 continue
@@ -711,14 +818,19 @@ class SimCluster:
             if j.behaviour in ("idle", "crashed") and t - s > j.busy_first:
                 continue  # the training process exited (or died); the allocation sits empty
             pid = sim_pid(j.job_id)
-            for g in j.gpus:
-                row = self._row[(j.node, g)]  # type: ignore[index]
+            for row in self.job_rows(j):
+                host, g = str(self.hosts[row]), int(self.gpu_idx[row])
+                gi = str(self.mig["mig"][row]) if self.mig is not None else ""
                 used = float(m.mem[row, -1]) if m.mem.shape[1] else 0.0
+                if j.shared:
+                    used /= max(1, sharers.get(int(row), 1))  # the device's memory is the sum of its jobs'
+                uuid = str(self.mig["mig_uuid"][row]) if gi and self.mig is not None else self.uuids[row]
                 out.append(
                     GpuProcess(
-                        host=j.node or "", pid=pid, gpu_uuid=self.uuids[row], gpu=g, used_mib=round(used, 1),
+                        host=host, pid=pid, gpu_uuid=uuid, gpu=g, used_mib=round(used, 1),
                         start_ts=float(int(s)), job_id=None if zombie_tail else j.job_id, user=j.user,
-                        name="python",
+                        name="python", mig=gi,
+                        mig_profile=str(self.mig["mig_profile"][row]) if gi and self.mig is not None else "",
                     )
                 )
         return out
@@ -1034,6 +1146,16 @@ def gpu_uuid(host: str, index: int) -> str:
     return "GPU-" + str(_uuid.uuid5(_uuid.NAMESPACE_DNS, f"{host}.gpu{index}.gpu-cost.sim"))
 
 
+def mig_uuid(host: str, index: int, gi: str) -> str:
+    """Return a stable MIG device UUID (``MIG-...``, as ``nvidia-smi -L`` prints it) for a simulated slice."""
+    return "MIG-" + str(_uuid.uuid5(_uuid.NAMESPACE_DNS, f"{host}.gpu{index}.mig{gi}.gpu-cost.sim"))
+
+
+def _profile_mib(profile: str) -> float:
+    """Return a MIG profile's framebuffer (MiB): ``1g.10gb`` → 10240."""
+    return float(profile.split(".")[1].split("gb")[0]) * 1024.0
+
+
 def snapshot(policy: Any, now: float, scenario: Scenario | None = None) -> Any:
     """Return what the agent would see of the simulated cluster at ``now``."""
     from gpu_cost.evidence import log_candidates
@@ -1045,7 +1167,7 @@ def snapshot(policy: Any, now: float, scenario: Scenario | None = None) -> Any:
     snap = from_matrix(
         policy=policy, now=now, source="sim", hosts=m.hosts, gpus=m.gpus, uuids=m.uuids, models=m.models,
         mem_total=m.mem_total, times=m.times, util=m.util, mem=m.mem, power=m.power, job=m.job,
-        jobs=cluster.jobs_at(now), processes=cluster.processes_at(now), nodes=cluster.nodes_at(now),
+        jobs=cluster.jobs_at(now), processes=cluster.processes_at(now), nodes=cluster.nodes_at(now), mig=m.mig,
     )
     # the node wrapper's job-log verb: the log tails of the jobs a rule may find idle
     max_bytes = policy.evidence.job_log.max_bytes
