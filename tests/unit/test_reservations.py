@@ -94,7 +94,7 @@ def test_the_rule_finds_unused_nodes_of_an_active_reservation() -> None:
     # GPU metrics show both idle: the finding says for how long
     (f,) = run_rules(_snap((_resv(),), gpus=_frame([("gpu01", 0.0, False), ("gpu02", 1.0, False)])), p,
                      ["idle_reservation"])
-    assert f.evidence["gpus_idle_for_s"] == p.rules.idle_reservation.window
+    assert f.evidence["gpus_idle_for_s"] == 2 * 3600
 
 
 @pytest.mark.parametrize("case", ["young", "pending", "all used", "maint", "excluded", "busy gpus", "stale gpus",
@@ -204,3 +204,17 @@ def test_a_snapshot_keeps_its_reservations_through_json() -> None:
     snap = _snap((_resv(flags=("MAINT",)),), (_job("7"),))
     back = Snapshot.from_json(snap.to_json())
     assert back.reservations == snap.reservations and back.jobs[0].reservation == "team-a"
+
+
+def test_the_window_left_unset_follows_a_short_lookback_and_a_set_one_is_checked() -> None:
+    from gpu_cost.errors import PolicyError
+    from gpu_cost.policy.loader import parse_policy
+    from gpu_cost.rules.idle_reservation import window_of
+
+    short = parse_policy("version: 1\nsweep: {sample_interval: 5s, lookback: 5m, max_staleness: 30s}\n"
+                         "rules: {zombie: {window: 60s}, idle_allocation: {window: 60s}, idle_interactive: {window: 60s}}\n")
+    assert window_of(short.rules.idle_reservation, short) == 300
+    default = parse_policy("version: 1\n")
+    assert window_of(default.rules.idle_reservation, default) == 2 * 3600
+    with pytest.raises(PolicyError, match=r"rules\.idle_reservation\.window"):
+        parse_policy("version: 1\nsweep: {lookback: 3h}\nrules: {idle_reservation: {window: 4h}}\n")

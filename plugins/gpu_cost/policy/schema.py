@@ -168,7 +168,8 @@ class IdleReservationRule:
     enabled: bool = True
     mode: Mode | None = None
     util_max: Percent = 5.0
-    window: Annotated[float, Dur(), Range(600, 7 * 86400)] = 2 * 3600.0
+    #: unset: two hours, or the whole lookback when that is shorter
+    window: Annotated[float, Dur(), Range(60, 7 * 86400)] | None = None
     ladder: tuple[Rung, ...] = (Rung("notify", 0.0), Rung("release_reservation", 2 * 3600.0))
     #: reservations with any of these Slurm flags are never found (maintenance windows are not waste)
     exclude_flags: tuple[str, ...] = ("MAINT",)

@@ -4,6 +4,7 @@ Policy (``rules.idle_reservation``)::
 
     idle_reservation:
       window: 2h          # started at least this long ago, and GPUs idle over it where seen
+                          # (unset: 2 h, or the lookback when shorter)
       util_max: 5         # % — a reserved node's GPU above this in the window counts as used
       ladder: [notify, release_reservation (2h)]
       exclude_flags: [MAINT]
@@ -42,9 +43,18 @@ def why(f: Finding) -> str:
     return text
 
 
+#: the window when the policy sets none (capped at the lookback)
+DEFAULT_WINDOW_S = 2 * 3600.0
+
+
+def window_of(cfg: IdleReservationRule, policy: Policy) -> float:
+    """Return the rule's window: the policy's, else two hours or the whole lookback when that is shorter."""
+    return float(cfg.window) if cfg.window is not None else min(DEFAULT_WINDOW_S, policy.sweep.lookback)
+
+
 SPEC = RuleSpec(
     "idle_reservation", config=IdleReservationRule, target="reservation", title="a reservation whose nodes sit unused",
-    label="Idle reservations", why=why, window=lambda cfg, policy: cfg.window,
+    label="Idle reservations", why=why, window=window_of,
     doc="An active Slurm reservation, begun at least ``window`` ago, with nodes no job of it uses (and whose GPUs "
         "stayed idle where seen) and no job waiting for it; ``release_reservation`` deletes it or shrinks it to "
         "the nodes in use. Maintenance reservations are left alone.",
@@ -64,12 +74,13 @@ def _excluded(r: Reservation, cfg: IdleReservationRule) -> bool:
     return bool(flags & set(r.flags)) or any(fnmatch.fnmatchcase(r.name, pat) for pat in cfg.exclude_names)
 
 
-def _busy_hosts(snapshot: Snapshot, hosts: set[str], cfg: IdleReservationRule) -> tuple[set[str], set[str], set[str]]:
+def _busy_hosts(snapshot: Snapshot, hosts: set[str], cfg: IdleReservationRule,
+                window: float) -> tuple[set[str], set[str], set[str]]:
     """Return the hosts among ``hosts`` whose GPUs were busy in the window, were stale, and were seen."""
     if not hosts or not len(snapshot.gpus):
         return set(), set(), set()
     try:
-        frame = snapshot.view(cfg.window)
+        frame = snapshot.view(window)
     except KeyError:
         frame = snapshot.gpus
     frame = frame[frame["host"].isin(sorted(hosts))]
@@ -83,15 +94,16 @@ def idle_reservation(snapshot: Snapshot, cfg: IdleReservationRule, policy: Polic
     """Return one finding per active reservation with nodes that ran none of its jobs over the window."""
     out: list[Finding] = []
     now = snapshot.ts
+    window = window_of(cfg, policy)
     gpus_of = {n.name: int(n.gpus_total or 0) for n in snapshot.nodes}
     for r in snapshot.reservations:
-        if not r.active or _excluded(r, cfg) or now - r.start_ts < cfg.window or not r.nodes:
+        if not r.active or _excluded(r, cfg) or now - r.start_ts < window or not r.nodes:
             continue
         mine = [j for j in snapshot.jobs if j.reservation == r.name]
         if any(j.pending for j in mine):
             continue  # demand is waiting for it: not idle
         used = {h for j in mine if j.running for h in j.nodes} & set(r.nodes)
-        busy, stale, seen = _busy_hosts(snapshot, set(r.nodes) - used, cfg)
+        busy, stale, seen = _busy_hosts(snapshot, set(r.nodes) - used, cfg, window)
         if stale:
             continue  # part of it unseen: no data, no action
         unused = [h for h in r.nodes if h not in used and h not in busy]
@@ -106,9 +118,9 @@ def idle_reservation(snapshot: Snapshot, cfg: IdleReservationRule, policy: Polic
                 "reservation": r.name, "node_count": r.node_count, "nodes": list(r.nodes), "unused_nodes": unused,
                 "used_nodes": sorted(used | busy), "jobs": sorted(j.job_id for j in mine if j.running),
                 "reservation_start_ts": r.start_ts, "reservation_end_ts": r.end_ts,
-                "gpus_idle_for_s": cfg.window if set(unused) <= seen else 0,
+                "gpus_idle_for_s": window if set(unused) <= seen else 0,
                 "accounts": list(r.accounts), "users": list(r.users), "flags": list(r.flags),
-                "window_s": cfg.window, "util_max": cfg.util_max,
+                "window_s": window, "util_max": cfg.util_max,
             },
         ))
     return out
