@@ -168,3 +168,18 @@ def test_a_job_log_is_never_asked_for_with_a_bad_job_id() -> None:
     src = NodeSource(NodeAccess(), runner_for=lambda node: Runner())  # type: ignore[arg-type,return-value]
     got = src.job_log("gpu01", "12;reboot")
     assert "not a Slurm job id" in got["error"] and asked == []
+
+
+def test_a_mig_node_counts_slices_as_slurm_does() -> None:
+    # GPUs 0 and 1 split into seven and two slices, 2 and 3 whole: Slurm's MIG gres counts 7 + 2 + 2 = 11
+    m = good_map()
+    m.mig_slices.update({0: 7, 1: 2})
+    assert m.slurm_devices() == 11
+    mig_proc = GpuProcess(host="gpu01", pid=78, gpu_uuid="MIG-5a1c2d3e-0000-5000-8000-000000000001", gpu=0,
+                          used_mib=10.0, start_ts=1.0, job_id="901")
+    m.visible[78] = mig_proc.gpu_uuid
+    ok = check_node("gpu01", m, slurm_gpus=11, slurm_alloc={"901": [9]}, processes=[mig_proc])
+    assert ok.ok, ok.problems
+    # the same node counted as four whole GPUs, or an IDX past the slices: a disagreement, named
+    assert "nvidia-smi shows 11 (MIG slices counted one by one)" in check_node("gpu01", m, slurm_gpus=4).problems[0]
+    assert "IDX [11]" in check_node("gpu01", m, slurm_gpus=11, slurm_alloc={"901": [11]}).problems[0]

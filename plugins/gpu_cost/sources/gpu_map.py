@@ -87,6 +87,13 @@ class NodeMap:
     error: str | None = None
     #: False when the wrapper did not report a numbering at all (an older wrapper)
     reported: bool = True
+    #: NVML index → MIG slices on that GPU (``nvidia-smi -L``); Slurm's MIG gres counts slices, not GPUs
+    mig_slices: dict[int, int] = field(default_factory=dict)
+
+    def slurm_devices(self) -> int:
+        """The GPU devices Slurm would count on the node: whole GPUs, and each MIG slice as one."""
+        return len(self.nvml) - sum(1 for g in self.nvml if self.mig_slices.get(g.index)) + sum(
+            n for i, n in self.mig_slices.items() if i in {g.index for g in self.nvml})
 
 
 # -- parsers (pure) ----------------------------------------------------------------------------
@@ -215,12 +222,14 @@ def check_node(host: str, node_map: NodeMap, *, slurm_gpus: int | None = None,
                 problems.append(f"/dev/nvidia{minor} (Slurm IDX {k}) is NVML index {by_bus[bus].index} "
                                 f"({by_bus[bus].uuid})")
 
+    devices = node_map.slurm_devices()
     if slurm_gpus:
         checked.append("slurm gres")
-        if slurm_gpus != len(nvml):
-            problems.append(f"Slurm counts {slurm_gpus} GPUs, nvidia-smi shows {len(nvml)}")
+        if slurm_gpus != devices:
+            shown = f"{len(nvml)}" if devices == len(nvml) else f"{devices} (MIG slices counted one by one)"
+            problems.append(f"Slurm counts {slurm_gpus} GPUs, nvidia-smi shows {shown}")
     for job_id, idx in sorted((slurm_alloc or {}).items()):
-        beyond = sorted(i for i in idx if i not in by_index)
+        beyond = sorted(i for i in idx if not 0 <= i < devices)
         if beyond:
             problems.append(f"job {job_id} holds IDX {beyond}, which nvidia-smi does not show")
 

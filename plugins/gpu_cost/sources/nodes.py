@@ -26,10 +26,12 @@ and ``host_template`` (``{node}.cluster.example``). Unparsable output raises
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
 import shlex
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -263,7 +265,9 @@ def parse_inspect(text: str, host: str) -> NodeInspection:
                               start_ts=float(int(start)), job_id=job, container=container,
                               user=str(info.get("user", "")), name=name,
                               mig_profile=mig[uuid].profile if uuid in mig else ""))
-    return NodeInspection(host=host, gpus=gpus, processes=out, gpu_map=node_map_from(data, host), mig=mig)
+    slices = Counter(m.gpu for m in mig.values())
+    node_map = dataclasses.replace(node_map_from(data, host), mig_slices=dict(slices))
+    return NodeInspection(host=host, gpus=gpus, processes=out, gpu_map=node_map, mig=mig)
 
 
 def _one_line(text: str, limit: int = 300) -> str:
