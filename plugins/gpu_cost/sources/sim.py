@@ -42,7 +42,7 @@ import itertools
 import math
 import uuid as _uuid
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -592,12 +592,19 @@ class SimCluster:
         return np.arange(first, last + 1, dtype=np.int64) * step
 
     # -- samples ---------------------------------------------------------------------------
-    def matrix(self, start: float, end: float) -> GpuMatrix:
-        """Return dense samples for every GPU in ``(start, end]``."""
+    def matrix(self, start: float, end: float, hosts: Collection[str] | None = None) -> GpuMatrix:
+        """Return dense samples for every GPU in ``(start, end]`` (only those of ``hosts`` when given).
+
+        A GPU's samples are the same whichever others are asked for with it (a shard of the sweep
+        sees what the whole cluster's matrix holds for its nodes).
+        """
         times = self.sample_times(start, end).astype(float)
-        n_g, n_t = len(self.hosts), len(times)
+        keep = np.arange(len(self.hosts)) if hosts is None else np.flatnonzero(np.isin(self.hosts, list(hosts)))
+        local = None if hosts is None else {int(r): i for i, r in enumerate(keep)}
+        n_g, n_t = len(keep), len(times)
         t_idx = np.round(times / self.scenario.sample_interval).astype(np.int64)
-        noise = _noise(self.scenario.seed, np.arange(n_g), t_idx)
+        noise = _noise(self.scenario.seed, keep, t_idx)
+        mem_total, idle_w, busy_w = self.mem_total[keep], self.idle_w[keep], self.busy_w[keep]
         util = np.zeros((n_g, n_t))
         mem = np.zeros((n_g, n_t))
         active = np.zeros((n_g, n_t), dtype=bool)
@@ -615,10 +622,14 @@ class SimCluster:
             if hi <= lo:
                 continue
             rows = np.array([self._row[(j.node, g)] for g in j.gpus])  # type: ignore[index]
+            if local is not None:
+                if int(rows[0]) not in local:
+                    continue  # a job on a node not asked for
+                rows = np.array([local[int(r)] for r in rows])
             tt = times[lo:hi]
             tau = tt - s
             nz = noise[rows][:, lo:hi]
-            total = self.mem_total[rows][:, None]
+            total = mem_total[rows][:, None]
             u, m = _behaviour(j, tau, nz, total, e - s)
             util[rows, lo:hi] = u
             mem[rows, lo:hi] = m
@@ -629,11 +640,12 @@ class SimCluster:
                 block[:, in_job] = j.job_id
                 job[rows, lo:hi] = block
         util = np.clip(util, 0, 100)
-        mem = np.clip(mem, 0, self.mem_total[:, None])
-        power = self.idle_w[:, None] + (self.busy_w - self.idle_w)[:, None] * (util / 100.0)
+        mem = np.clip(mem, 0, mem_total[:, None])
+        power = idle_w[:, None] + (busy_w - idle_w)[:, None] * (util / 100.0)
         # idle, empty GPUs still report (DCGM samples every GPU); a little noise on memory for realism
         mem = np.where(active, mem, 0.0)
-        return GpuMatrix(times, self.hosts, self.gpu_idx, self.uuids, self.models, self.mem_total, util, mem, power, job)
+        return GpuMatrix(times, self.hosts[keep], self.gpu_idx[keep], self.uuids[keep], self.models[keep], mem_total,
+                         util, mem, power, job)
 
     def samples(self, start: float, end: float) -> pd.DataFrame:
         """Return samples in ``(start, end]`` in the trace format (long, one row per GPU × time)."""
@@ -694,12 +706,13 @@ class SimCluster:
             )
         return pd.DataFrame(rows)
 
-    def processes_at(self, t: float) -> list[GpuProcess]:
-        """Return GPU processes as ``nvidia-smi`` plus ``/proc`` would show them at ``t``."""
-        m = self.matrix(t - self.scenario.sample_interval, t)
+    def processes_at(self, t: float, hosts: Collection[str] | None = None) -> list[GpuProcess]:
+        """Return GPU processes as ``nvidia-smi`` plus ``/proc`` would show them at ``t`` (on ``hosts`` when given)."""
+        m = self.matrix(t - self.scenario.sample_interval, t, hosts)
+        row_of = {(str(h), int(g)): i for i, (h, g) in enumerate(zip(m.hosts, m.gpus, strict=True))}
         out = []
         for j in self._jobs:
-            if j.pending or j.start is None:
+            if j.pending or j.start is None or (hosts is not None and j.node not in hosts):
                 continue
             s = self.anchor + j.start
             e = math.inf if j.end is None else self.anchor + j.end
@@ -712,11 +725,11 @@ class SimCluster:
                 continue  # the training process exited (or died); the allocation sits empty
             pid = sim_pid(j.job_id)
             for g in j.gpus:
-                row = self._row[(j.node, g)]  # type: ignore[index]
+                row = row_of[(j.node, g)]  # type: ignore[index]
                 used = float(m.mem[row, -1]) if m.mem.shape[1] else 0.0
                 out.append(
                     GpuProcess(
-                        host=j.node or "", pid=pid, gpu_uuid=self.uuids[row], gpu=g, used_mib=round(used, 1),
+                        host=j.node or "", pid=pid, gpu_uuid=m.uuids[row], gpu=g, used_mib=round(used, 1),
                         start_ts=float(int(s)), job_id=None if zombie_tail else j.job_id, user=j.user,
                         name="python",
                     )
@@ -1034,22 +1047,40 @@ def gpu_uuid(host: str, index: int) -> str:
     return "GPU-" + str(_uuid.uuid5(_uuid.NAMESPACE_DNS, f"{host}.gpu{index}.gpu-cost.sim"))
 
 
-def snapshot(policy: Any, now: float, scenario: Scenario | None = None) -> Any:
-    """Return what the agent would see of the simulated cluster at ``now``."""
+def snapshot(policy: Any, now: float, scenario: Scenario | None = None, shard: tuple[int, int] | None = None) -> Any:
+    """Return what the agent would see of the simulated cluster at ``now``.
+
+    :param shard: ``(index, count)``: only what that node group of the sweep sees
+        (:func:`gpu_cost.shards.select`); its GPUs are simulated alone, the others not at all.
+    """
+    from gpu_cost import shards
     from gpu_cost.evidence import log_candidates
     from gpu_cost.snapshot import from_matrix
 
     sc = scenario or load_scenario()
     cluster = SimCluster(sc, anchor=now)
-    m = cluster.matrix(now - policy.sweep.lookback, now)
+    jobs, nodes = cluster.jobs_at(now), cluster.nodes_at(now)
+    sel = None
+    if shard is not None and shard[1] > 1:
+        sel = shards.select([n.name for n in nodes], jobs, (), *shard)
+        procs = cluster.processes_at(now, sel.hosts)
+        sel = shards.widen(sel, (p.job_id for p in procs if p.job_id))
+        jobs = [j for j in jobs if j.job_id in sel.jobs]
+        nodes = [n for n in nodes if n.name in sel.hosts]
+    else:
+        procs = cluster.processes_at(now)
+    m = cluster.matrix(now - policy.sweep.lookback, now, None if sel is None else sel.hosts)
     snap = from_matrix(
         policy=policy, now=now, source="sim", hosts=m.hosts, gpus=m.gpus, uuids=m.uuids, models=m.models,
         mem_total=m.mem_total, times=m.times, util=m.util, mem=m.mem, power=m.power, job=m.job,
-        jobs=cluster.jobs_at(now), processes=cluster.processes_at(now), nodes=cluster.nodes_at(now),
+        jobs=jobs, processes=procs, nodes=nodes,
     )
-    # the node wrapper's job-log verb: the log tails of the jobs a rule may find idle
+    # the node wrapper's job-log verb: the log tails of the jobs a rule may find idle (a shard: of the
+    # jobs it judges; the run keeps the cluster's first ``max_jobs_per_sweep``, gpu_cost.shards.merge)
     max_bytes = policy.evidence.job_log.max_bytes
-    for job in log_candidates(snap, policy):
+    judged = snap if sel is None else dataclasses.replace(snap, jobs=tuple(
+        j for j in snap.jobs if not j.running or j.job_id in sel.owned_jobs))
+    for job in log_candidates(judged, policy):
         log = cluster.job_log(job.job_id, now, max_bytes)
         if log is not None:
             snap.job_logs[job.job_id] = log
