@@ -10,7 +10,8 @@ nodes: :func:`select` widens it to what its findings need, and :func:`owned` kee
 findings the group answers for.
 
 - A job belongs to the group of the first of its nodes (sorted by name); a reservation to the
-  group of the first of its nodes. A process or GPU finding belongs to the group of its host.
+  group of the first of its nodes. A process or GPU finding belongs to the group of its host (a
+  finding of another kind: of its first node); a finding that names none is an error.
 - The group's view holds every GPU of the jobs that touch its nodes or belong to it, every job
   on those nodes (whether another job shares a node changes a verdict), every pending job, the
   jobs that run in its reservations and the jobs its processes name: each job it judges is seen
@@ -145,8 +146,8 @@ def owned(findings: Iterable[Finding], sel: Selection) -> list[Finding]:
             mine = (f.job_id or f.target.split(":", 1)[-1]) in sel.owned_jobs
         elif f.target_kind == "reservation":
             mine = f.target.split(":", 1)[-1] in sel.owned_reservations
-        elif f.host is not None:
-            mine = f.host in sel.own
+        elif f.host is not None or f.nodes:
+            mine = (f.host or min(f.nodes)) in sel.own
         else:
             raise GpuCostError(f"finding {f.rule} {f.target}: a {f.target_kind} finding names no host, "
                                "so no shard can answer for it")
