@@ -125,3 +125,66 @@ def test_node_groups_are_stable_and_spread() -> None:
     sizes = [groups.count(g) for g in range(16)]
     assert min(sizes) > 0.8 * len(names) / 16 and max(sizes) < 1.2 * len(names) / 16, sizes
     assert {shards.shard_of(n, 1) for n in names} == {0}
+
+
+def _multi_node_trace() -> tuple[object, object]:
+    """Samples and jobs of 12 nodes × 4 GPUs over 6 h with jobs across nodes that land in different groups."""
+    import numpy as np
+    import pandas as pd
+
+    hosts = [f"h{i:02d}" for i in range(12)]
+    times = np.arange(NOW - 6 * 3600 + 60, NOW + 1, 60)
+    start = NOW - 5 * 3600
+    jobs = [
+        # (id, gpus, util% per host: a job idle on every node, one idle on one node only, one working poorly)
+        ("101", {"h00": (0, 1), "h05": (0, 1), "h09": (0,)}, {"h00": 0, "h05": 0, "h09": 0}),
+        ("102", {"h01": (0, 1), "h02": (0, 1)}, {"h01": 0, "h02": 90}),
+        ("103", {"h03": (0,), "h07": (0, 1, 2)}, {"h03": 12, "h07": 12}),
+        ("104", {"h04": (0, 1, 2, 3)}, {"h04": 95}),
+        ("105", {"h06": (0, 1), "h10": (2, 3), "h11": (0,)}, {"h06": 0, "h10": 0, "h11": 0}),
+        ("106", {"h06": (2, 3), "h08": (0,)}, {"h06": 80, "h08": 80}),  # shares h06 with 105
+    ]
+    rows = []
+    held = {(h, g): (jid, util[h]) for jid, alloc, util in jobs for h, gs in alloc.items() for g in gs}
+    for h in hosts:
+        for g in range(4):
+            jid, util = held.get((h, g), ("", 0))
+            mem = 30_000.0 if jid else (8_000.0 if (h, g) == ("h11", 3) else 0.0)  # h11:3: memory held, no job
+            for t in times:
+                running = bool(jid) and t > start
+                rows.append((t, h, g, float(util if running else 0), mem if running or not jid else 0.0,
+                             jid if running else ""))
+    samples = pd.DataFrame(rows, columns=["ts", "host", "gpu", "util", "mem_used_mib", "job_id"])
+    table = pd.DataFrame([
+        {"job_id": jid, "user": f"user{jid}", "start_ts": start, "account": "lab", "partition": "gpu",
+         "time_limit_s": 86400.0, "gpu_ids": ",".join(f"{h}:{g}" for h, gs in alloc.items() for g in gs)}
+        for jid, alloc, _ in jobs
+    ])
+    return samples, table
+
+
+def test_jobs_across_node_groups_are_found_as_one_sweep_finds_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The sources that read the whole cluster (a trace here, Prometheus alike) cut each group's view from it."""
+    policy = load_policy()
+    samples, jobs = _multi_node_trace()
+    whole = sweep.collect(policy, NOW, "trace", samples=samples, jobs=jobs)
+    store1 = AuditStore(f"sqlite:///{tmp_path / 'one.db'}").ensure_schema()
+    baselines.observe(store1, whole, policy, run_id="run")
+    found1 = sweep.detect(whole, policy)
+    plan1 = sweep.plan(found1, whole, policy, store1, NOW)
+    targets = {(f.rule, f.target) for f in found1}
+    assert {("idle_allocation", "job:101"), ("idle_allocation", "job:105")} <= targets
+    assert ("idle_allocation", "job:102") not in targets  # busy on one of its nodes
+    assert any(t == "job:103" for _, t in targets) and any(t.startswith("gpu:h11:3") for _, t in targets)
+    for of in (2, 3, 4, 7, 12):
+        owners = {shards.job_owner(j, of) for j in whole.running_jobs() if len(shards.job_hosts(j)) > 1}
+        views = [sweep.collect_shard(policy, NOW, i, of, "trace", samples=samples, jobs=jobs) for i in range(of)]
+        store = AuditStore(f"sqlite:///{tmp_path / f'{of}.db'}").ensure_schema()
+        for i, view in enumerate(views):  # as the DAG's collect: each group records the jobs it judges
+            baselines.observe(store, view, policy, run_id="run", only=shards.of_view(view, i, of).owned_jobs)
+        found = shards.merge_findings(sweep.detect_shard(v, policy, i, of, store) for i, v in enumerate(views))
+        assert [f.to_dict() for f in found] == [f.to_dict() for f in found1], of
+        plan = sweep.plan(found, sweep.merge_shards(views, policy), policy, store, NOW)
+        assert [d.to_dict() for d in plan.decisions] == [d.to_dict() for d in plan1.decisions], of
+        if of >= 3:
+            assert len(owners) > 1, "the multi-node jobs should be judged by different groups"
