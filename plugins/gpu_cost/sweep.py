@@ -68,11 +68,13 @@ def collect_shard(policy: Policy, now: float, shard: int, of: int, source: str |
     return shards.restrict(snap, shards.select_in(snap, shard, of))
 
 
-def merge_shards(views: Sequence[Snapshot], policy: Policy) -> Snapshot:
+def merge_shards(views: Sequence[Snapshot], policy: Policy, store: AuditStore | None = None) -> Snapshot:
     """Return the run's snapshot from the views of its ``len(views)`` node groups (in shard order).
 
     Each GPU, process and node comes from its own group; the job logs kept are those of the
     cluster's first ``evidence.job_log.max_jobs_per_sweep`` candidates, as one sweep reads them.
+    With ``store``, the class baselines are read back for every job (each group has recorded its
+    own), as one sweep would have set them.
     """
     from gpu_cost.evidence import log_candidates
 
@@ -82,6 +84,8 @@ def merge_shards(views: Sequence[Snapshot], policy: Policy) -> Snapshot:
     merged = shards.merge([(shards.of_view(v, i, of), v) for i, v in enumerate(views)])
     keep = {j.job_id for j in log_candidates(merged, policy)}
     merged.job_logs = {k: v for k, v in merged.job_logs.items() if k in keep}
+    if store is not None:
+        baselines.observe(store, merged, policy, learn=False)
     return merged
 
 

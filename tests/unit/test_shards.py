@@ -28,7 +28,7 @@ def _sweep(policy, scenario, of: int, db: Path, *, generic: bool = False):  # ty
     for i, view in enumerate(views):
         only = None if of == 1 else shards.of_view(view, i, of).owned_jobs
         baselines.observe(store, view, policy, run_id="run", only=only)
-    snap = sweep.merge_shards(views, policy)
+    snap = sweep.merge_shards(views, policy, store)
     logs = sorted(snap.job_logs)
     found = shards.merge_findings(sweep.detect_shard(v, policy, i, of, store, log_jobs=logs)
                                   for i, v in enumerate(views))
@@ -60,6 +60,7 @@ def test_sharded_sweep_finds_and_decides_what_the_unsharded_one_does(name, gener
                            one.gpus.sort_values(key).reset_index(drop=True), check_dtype=False)
         assert sorted(j.job_id for j in snap.jobs) == sorted(j.job_id for j in one.jobs)
         assert sorted(snap.job_logs) == sorted(one.job_logs)
+        assert snap.classes == one.classes and one.classes
         assert snap.gpu_count() == one.gpu_count() and snap.degraded == one.degraded
 
 

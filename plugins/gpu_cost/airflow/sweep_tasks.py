@@ -121,7 +121,7 @@ def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: M
     policy = runtime.run_policy(store, run_id)
     of, now = len(parts), float(parts[0]["now"])
     views = [Snapshot.from_json(store.load_snapshot(shards.snapshot_key(run_id, i, of))) for i in range(of)]
-    snap = sweep.merge_shards(views, policy)
+    snap = sweep.merge_shards(views, policy, store)
     store.save_snapshot(run_id, now, snap.to_json())
     record_usage(store, snap, policy, run_id=run_id)
     logger.info("snapshot of %d shards at %s: %d GPUs, %d running jobs, %d processes, problems=%s", of, now,
