@@ -6,7 +6,13 @@ per-GPU frame, joining jobs and processes, the rules and the decision engine. Ge
 simulated samples is not timed. Each size runs in a fresh process; peak memory is the process's
 peak RSS above what it held before the sweep.
 
-    python -m bench.sweep [--sizes 1000,10000,50000]
+    python -m bench.sweep [--sizes 1000,10000,50000] [--sharded 100000:16]
+
+``--sharded GPUS:SHARDS`` sweeps a cluster in node groups (``sweep.shards``), as the DAG's mapped
+tasks do: each group's snapshot (the aggregation of its view's samples) and rules, then the merge
+of the groups' snapshots and ONE decision over all their findings. The groups run one after the
+other in one process; ``shard_max_s`` is what one worker spends on the slowest group, and
+``critical_s`` (slowest group + merge + decide) the sweep's own time with a worker per group.
 """
 
 from __future__ import annotations
@@ -50,13 +56,72 @@ def one(gpus: int, seed: int = 1) -> dict[str, float]:
     }
 
 
+def sharded(gpus: int, of: int, seed: int = 1) -> dict[str, float]:
+    import gc
+
+    from gpu_cost import shards
+    from gpu_cost.policy import load_policy
+    from gpu_cost.policy.engine import decide
+    from gpu_cost.rules import run_rules
+    from gpu_cost.snapshot import from_matrix
+    from gpu_cost.sources.sim import SimCluster, generate_scenario
+
+    policy = load_policy()
+    now = 1_795_960_800.0
+    nodes = max(1, gpus // 8)
+    sc = generate_scenario(nodes=nodes, gpus_per_node=8, jobs_per_node=2, pending=nodes, seed=seed)
+    cluster = SimCluster(sc, anchor=now)
+    jobs, node_list = cluster.jobs_at(now), cluster.nodes_at(now)
+    base = rss_mb()
+    collect_s, detect_s, views, found = [], [], [], []
+    for i in range(of):
+        # what the group's collect is given (not timed, as above): its view's samples, jobs, processes, nodes
+        sel = shards.select([n.name for n in node_list], jobs, (), i, of)
+        procs = cluster.processes_at(now, sel.hosts)
+        sel = shards.widen(sel, (p.job_id for p in procs if p.job_id))
+        m = cluster.matrix(now - policy.sweep.lookback, now, sel.hosts)
+        t0 = time.perf_counter()
+        snap = from_matrix(policy=policy, now=now, source="sim", hosts=m.hosts, gpus=m.gpus, uuids=m.uuids,
+                           models=m.models, mem_total=m.mem_total, times=m.times, util=m.util, mem=m.mem,
+                           power=m.power, job=m.job, jobs=[j for j in jobs if j.job_id in sel.jobs], processes=procs,
+                           nodes=[n for n in node_list if n.name in sel.hosts])
+        t1 = time.perf_counter()
+        found.append(shards.owned(run_rules(snap, policy), sel))
+        t2 = time.perf_counter()
+        collect_s.append(t1 - t0)
+        detect_s.append(t2 - t1)
+        views.append((sel, snap))
+        del m
+        gc.collect()
+    t0 = time.perf_counter()
+    merged = shards.merge(views)
+    t1 = time.perf_counter()
+    findings = shards.merge_findings(found)
+    plan = decide(findings, policy, now=now, escalations={}, total_gpus=merged.gpu_count())
+    t2 = time.perf_counter()
+    per = [c + d for c, d in zip(collect_s, detect_s, strict=True)]
+    return {
+        "gpus": gpus, "shards": of, "gpus_per_shard": round(gpus / of), "view_gpus_max": max(len(s.gpus) for _, s in views),
+        "collect_max_s": max(collect_s), "detect_max_s": max(detect_s), "shard_max_s": max(per),
+        "shard_mean_s": sum(per) / of, "merge_s": t1 - t0, "decide_s": t2 - t1,
+        "critical_s": max(per) + (t2 - t0), "cpu_s": sum(per) + (t2 - t0), "peak_mb": max(0.0, rss_mb() - base),
+        "gpus_merged": len(merged.gpus), "findings": len(findings), "decisions": len(plan.decisions),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1000,10000,50000")
+    ap.add_argument("--sharded", default="100000:16", help="GPUS:SHARDS[,GPUS:SHARDS...]; empty: none")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--one-sharded", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(one(args.one)))
+        return
+    if args.one_sharded:
+        gpus, of = (int(x) for x in args.one_sharded.split(":"))
+        print(json.dumps(sharded(gpus, of)))
         return
     rows = [in_fresh_process("bench.sweep", ["--one", str(int(s))]) for s in args.sizes.split(",")]
     if len(rows) > 1:
@@ -66,6 +131,11 @@ def main(argv: list[str] | None = None) -> None:
             r["growth_vs_first"] = (r["total_s"] / first["total_s"]) / (r["gpus"] / first["gpus"])
     report("sweep", rows, ["gpus", "jobs", "pending", "samples", "snapshot_s", "rules_s", "decide_s", "total_s",
                            "peak_mb", "findings", "decisions", "per_gpu_us", "growth_vs_first"])
+    split = [in_fresh_process("bench.sweep", ["--one-sharded", spec]) for spec in args.sharded.split(",") if spec]
+    if split:
+        report("sweep-sharded", split, ["gpus", "shards", "gpus_per_shard", "view_gpus_max", "collect_max_s",
+                                        "detect_max_s", "shard_max_s", "shard_mean_s", "merge_s", "decide_s",
+                                        "critical_s", "cpu_s", "peak_mb", "findings", "decisions"])
 
 
 if __name__ == "__main__":

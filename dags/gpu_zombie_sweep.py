@@ -13,6 +13,10 @@ ladder of those targets waits for the answer); the approved decisions are re-che
 data before `act_approved` carries them out. `finish` closes the run's audit row and pushes the summary
 to XCom (`summary`).
 
+**Very large clusters.** `collect` and `detect` run once per node group (`shards`: the policy's
+`sweep.shards`, default 1), as mapped tasks spread over the workers; `merge` puts the groups'
+snapshots together and ONE `decide` takes every group's findings (one engine, caps counted once).
+
 **Modes.** The policy's `mode` decides what happens: `dry-run` records only (the shipped default),
 `notify` tells people and does nothing destructive, `enforce` acts.
 
@@ -81,17 +85,27 @@ def gpu_zombie_sweep() -> None:
         fresh, why = sweep_tasks.metrics_fresh(cfg, context)
         return PokeReturnValue(is_done=fresh, xcom_value=why)
 
+    # collect and detect run once per node group (the policy's sweep.shards), spread over the
+    # workers; the groups' snapshots and findings meet in ONE merge and ONE decide
     @task
-    def collect(cfg, **context):  # type: ignore[no-untyped-def]
-        return sweep_tasks.collect(cfg, context)
+    def shards(cfg, **context):  # type: ignore[no-untyped-def]
+        return sweep_tasks.shards(cfg, context)
 
     @task
-    def detect(ref):  # type: ignore[no-untyped-def]
-        return sweep_tasks.detect(ref)
+    def collect(cfg, part, **context):  # type: ignore[no-untyped-def]
+        return sweep_tasks.collect(cfg, part, context)
 
     @task
-    def decide(ref, findings):  # type: ignore[no-untyped-def]
-        return sweep_tasks.decide(ref, findings)
+    def merge(cfg, parts, **context):  # type: ignore[no-untyped-def]
+        return sweep_tasks.merge(cfg, parts, context)
+
+    @task
+    def detect(ref, part):  # type: ignore[no-untyped-def]
+        return sweep_tasks.detect(ref, part)
+
+    @task
+    def decide(ref, found):  # type: ignore[no-untyped-def]
+        return sweep_tasks.decide(ref, found)
 
     @task
     def record(ref, plan):  # type: ignore[no-untyped-def]
@@ -117,9 +131,11 @@ def gpu_zombie_sweep() -> None:
     approve = RecordingApprovalOperator(task_id="approve")
 
     cfg = check_policy()
-    ref = collect(cfg)
-    metrics_fresh(cfg) >> ref
-    plan = decide(ref, detect(ref))
+    groups = shards(cfg)
+    metrics_fresh(cfg) >> groups
+    parts = collect.partial(cfg=cfg).expand(part=groups)
+    ref = merge(cfg, parts)
+    plan = decide(ref, detect.partial(ref=ref).expand(part=parts))
     summary = record(ref, plan)
     branch = route(summary)
     automatic = act(ref)

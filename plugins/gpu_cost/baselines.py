@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -111,12 +111,13 @@ def _job_state(snapshot: Snapshot, policy: Policy) -> dict[str, tuple[int, bool,
 
 
 def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | None = None,
-            learn: bool = True) -> dict[str, dict[str, Any]]:
+            learn: bool = True, only: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
     """Update the class members with ``snapshot`` and set ``snapshot.classes``; return it.
 
     ``learn=False`` reads the baselines without recording this snapshot (a manual reclaim: what
     the sweeps learnt decides, one request teaches nothing). With ``baselines.enabled`` false
     nothing is learnt and ``snapshot.classes`` stays empty (the rules then judge each job alone).
+    ``only``: the ids of the jobs to observe (a shard of the sweep observes the jobs it judges).
     """
     cfg = policy.baselines
     if not cfg.enabled:
@@ -124,7 +125,7 @@ def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | Non
         return {}
     now = float(snapshot.ts)
     state = _job_state(snapshot, policy)
-    jobs = [j for j in snapshot.running_jobs() if j.job_id in state]
+    jobs = [j for j in snapshot.running_jobs() if j.job_id in state and (only is None or j.job_id in only)]
     if not jobs:
         snapshot.classes = {}
         return {}

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpu_cost import answers, baselines, verifier
+from gpu_cost import answers, baselines, shards, verifier
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.errors import GpuCostError
 from gpu_cost.model import Decision, Finding, Snapshot
@@ -32,7 +32,7 @@ def collect(policy: Policy, now: float, source: str | None = None, **kwargs: Any
         scenario = kwargs.get("scenario")
         if scenario is None or isinstance(scenario, str):
             scenario = sim.load_scenario(scenario)
-        return sim.snapshot(policy, now, scenario)
+        return sim.snapshot(policy, now, scenario, shard=kwargs.get("shard"))
     if src == "prometheus":
         try:
             from gpu_cost.sources import live
@@ -49,6 +49,61 @@ def collect(policy: Policy, now: float, source: str | None = None, **kwargs: Any
 def detect(snapshot: Snapshot, policy: Policy) -> list[Finding]:
     """Return the findings of every enabled rule."""
     return run_rules(snapshot, policy)
+
+
+# -- shards: very large clusters, swept in node groups (gpu_cost.shards) ----------------------------
+def collect_shard(policy: Policy, now: float, shard: int, of: int, source: str | None = None,
+                  **kwargs: Any) -> Snapshot:
+    """Return what node group ``shard`` of ``of`` sees at ``now`` (the whole snapshot when ``of`` is 1).
+
+    The simulator simulates only the group's view; the other sources read the cluster and keep
+    the view (Prometheus aggregates in its own queries; Slurm answers for the cluster at once).
+    """
+    shards.check(shard, of)
+    if of == 1:
+        return collect(policy, now, source, **kwargs)
+    if (source or policy.sweep.source) == "sim":
+        return collect(policy, now, source, shard=(shard, of), **kwargs)
+    snap = collect(policy, now, source, **kwargs)
+    return shards.restrict(snap, shards.select_in(snap, shard, of))
+
+
+def merge_shards(views: Sequence[Snapshot], policy: Policy, store: AuditStore | None = None) -> Snapshot:
+    """Return the run's snapshot from the views of its ``len(views)`` node groups (in shard order).
+
+    Each GPU, process and node comes from its own group; the job logs kept are those of the
+    cluster's first ``evidence.job_log.max_jobs_per_sweep`` candidates, as one sweep reads them.
+    With ``store``, the class baselines are read back for every job (each group has recorded its
+    own), as one sweep would have set them.
+    """
+    from gpu_cost.evidence import log_candidates
+
+    of = len(views)
+    if of == 1:
+        return views[0]
+    merged = shards.merge([(shards.of_view(v, i, of), v) for i, v in enumerate(views)])
+    keep = {j.job_id for j in log_candidates(merged, policy)}
+    merged.job_logs = {k: v for k, v in merged.job_logs.items() if k in keep}
+    if store is not None:
+        baselines.observe(store, merged, policy, learn=False)
+    return merged
+
+
+def detect_shard(view: Snapshot, policy: Policy, shard: int, of: int, store: AuditStore, *,
+                 log_jobs: Sequence[str] | None = None) -> list[Finding]:
+    """Return the findings node group ``shard`` of ``of`` answers for, from its view.
+
+    :param log_jobs: the jobs whose logs the run keeps (:func:`merge_shards`); None keeps the view's.
+    The class baselines are read back for the group's jobs: every group has recorded its own by now.
+    """
+    if of == 1:
+        return detect(view, policy)
+    sel = shards.of_view(view, shard, of)
+    if log_jobs is not None:
+        keep = set(log_jobs)
+        view.job_logs = {k: v for k, v in view.job_logs.items() if k in keep}
+    baselines.observe(store, view, policy, learn=False, only=sel.owned_jobs)
+    return shards.owned(detect(view, policy), sel)
 
 
 def predicted_ends(store: AuditStore, snapshot: Snapshot, now: float) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Scale-out on Airflow's own engine: the nightly forecast's mapped fits on two Celery workers.
+"""Scale-out on Airflow's own engine: the nightly forecast's mapped fits and the sweep's shards on two Celery workers.
 
 The ``celery_cluster`` fixture starts Redis, PostgreSQL, the API server, the scheduler, the DAG
 processor and two ``airflow celery worker`` processes (each with its own home and host name; the
@@ -8,6 +8,10 @@ mapped ``fit_demand`` task, and lets the scheduler run it. Through the REST API 
 mapped task instances ran on both workers; then it runs the same DAG for the same date under
 LocalExecutor (``airflow dags test``, i.e. ``dag.test()``, SQLite) and checks that the results are
 the same: every task's XCom result and every forecast row written to the audit store.
+
+The sweep is run sharded the same way (``sweep_sharded``: six node groups): its mapped ``collect``
+and ``detect`` ran on both workers, ONE ``decide`` took every group's findings, and the decisions
+recorded are those of the unsharded sweep of the same instant, computed here in-process.
 """
 
 from __future__ import annotations
@@ -139,3 +143,64 @@ def test_forecast_fits_spread_over_two_celery_workers_with_local_results(celery_
     assert len(celery_forecasts) == len(local_forecasts) > 0
     assert {r[2] for r in celery_forecasts} >= {"demand", "runtime", "backtest"}
     assert celery_forecasts == local_forecasts
+
+
+SWEEP_DAG_ID = "gpu_zombie_sweep"
+SWEEP_LOGICAL_DATE = "2026-11-30T12:00:00+00:00"
+SWEEP_CONF = {"policy": "sweep_sharded", "source": "sim"}
+#: what a decision is, without where and when it was recorded
+DECISION_COLUMNS = ("decision_id", "rule", "target", "job_id", "user_name", "action", "mode", "rung", "episode",
+                    "status", "requires_approval", "gpus")
+
+
+def test_sharded_sweep_spreads_over_two_celery_workers_and_decides_once(celery_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from gpu_cost import sweep
+    from gpu_cost.audit.store import AuditStore
+    from gpu_cost.policy import load_policy
+
+    c = celery_cluster
+    policy = load_policy(POLICY_DIR / f"{SWEEP_CONF['policy']}.yaml")
+    shards = policy.sweep.shards
+    assert shards > 1
+    c.wait(f"{SWEEP_DAG_ID} parsed by the DAG processor",
+           lambda: c.api("GET", f"/dags/{SWEEP_DAG_ID}")["dag_id"] == SWEEP_DAG_ID, timeout=120)
+    c.api("PATCH", f"/dags/{SWEEP_DAG_ID}", {"is_paused": False})
+    run_id = c.api("POST", f"/dags/{SWEEP_DAG_ID}/dagRuns",
+                   {"logical_date": SWEEP_LOGICAL_DATE, "conf": SWEEP_CONF})["dag_run_id"]
+
+    def finished() -> str | None:
+        state = c.api("GET", f"/dags/{SWEEP_DAG_ID}/dagRuns/{quote(run_id)}")["state"]
+        return state if state in ("success", "failed") else None
+
+    state = c.wait("sweep run finished", finished, timeout=300)
+    tis = c.api("GET", f"/dags/{SWEEP_DAG_ID}/dagRuns/{quote(run_id)}/taskInstances?limit=100")["task_instances"]
+    assert state == "success", (
+        f"run {run_id} {state}: " + str(sorted((t["task_id"], t["map_index"], t["state"], t["hostname"]) for t in tis))
+        + "\n" + c.logs())
+
+    # collect and detect ran once per node group, spread over both workers; decide ran once
+    for task_id in ("collect", "detect"):
+        mapped = [t for t in tis if t["task_id"] == task_id]
+        assert sorted(t["map_index"] for t in mapped) == list(range(shards)), task_id
+        per_worker = {w: sorted(t["map_index"] for t in mapped if t["hostname"] == w) for w in WORKERS}
+        assert {t["hostname"] for t in mapped} <= set(WORKERS), per_worker
+    groups = [t for t in tis if t["task_id"] in ("collect", "detect")]
+    assert {t["hostname"] for t in groups} == set(WORKERS), sorted((t["task_id"], t["map_index"], t["hostname"])
+                                                                  for t in groups)
+    assert [t["map_index"] for t in tis if t["task_id"] == "decide"] == [-1]
+
+    # the decisions are those of one unsharded sweep of the same instant
+    store = AuditStore(c.audit_url)
+    audit_run = f"{SWEEP_DAG_ID}:{run_id}"
+    run = store.get_run(audit_run)
+    assert run is not None and run["status"] == "ok", run
+    got = sorted(tuple(r[k] for k in DECISION_COLUMNS) for r in store.decisions_of_run(audit_run))
+    store.engine.dispose()
+    local = AuditStore(f"sqlite:///{tmp_path / 'whole.db'}").ensure_schema()
+    whole = dataclasses.replace(policy, sweep=dataclasses.replace(policy.sweep, shards=1))
+    sweep.run_once(whole, float(run["data_ts"]), local, run_id="whole", source="sim")
+    want = sorted(tuple(r[k] for k in DECISION_COLUMNS) for r in local.decisions_of_run("whole"))
+    assert want, "the shipped simulated cluster has waste to decide on"
+    assert got == want

@@ -22,10 +22,18 @@ def run_bench(module: str, *args: str) -> dict:  # type: ignore[type-arg]
 
 @pytest.mark.slow  # a CLI or bench subprocess: more than ~5 s
 def test_sweep_bench_smoke() -> None:
-    out = run_bench("bench.sweep", "--sizes", "80,160")
-    sizes = [r["gpus"] for r in out["results"]]
+    r = subprocess.run([sys.executable, "-m", "bench.sweep", "--sizes", "80,160", "--sharded", "160:4"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    whole, split = (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))
+    sizes = [r["gpus"] for r in whole["results"]]
     assert sizes == [80, 160]
-    assert all(r["findings"] >= 0 and r["total_s"] > 0 for r in out["results"])
+    assert all(r["findings"] >= 0 and r["total_s"] > 0 for r in whole["results"])
+    # the sharded sweep of the same cluster: every GPU once, the same findings and decisions
+    (s,) = split["results"]
+    assert (s["gpus"], s["shards"], s["gpus_merged"]) == (160, 4, 160)
+    assert (s["findings"], s["decisions"]) == (whole["results"][1]["findings"], whole["results"][1]["decisions"])
+    assert s["critical_s"] <= s["cpu_s"]
 
 
 @pytest.mark.slow  # a CLI or bench subprocess: more than ~5 s

@@ -57,28 +57,78 @@ def metrics_fresh(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> tuple[b
     return fresh, why
 
 
-def collect(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
-    """Take the snapshot for the run's data instant and park it in the audit store."""
-    from gpu_cost import sweep
+def shards(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Open the run's audit row and return its node groups, one mapped ``collect``/``detect`` each.
 
+    As many as the run's pinned policy says (``sweep.shards``; 1: the whole cluster in one task).
+    """
     run_id = runtime.audit_run_id(context)
     store = runtime.store()
     policy = runtime.run_policy(store, run_id)
     now = runtime.data_instant(context, policy)
     store.begin_run(run_id, dag_id=run_id.split(":", 1)[0], started_at=time.time(), data_ts=now,
                     source=cfg["source"], mode=policy.mode)
-    snap = sweep.collect(policy, now, cfg["source"])
-    from gpu_cost import baselines
+    of = policy.sweep.shards
+    return [{"shard": i, "of": of} for i in range(of)]
 
-    baselines.observe(store, snap, policy, run_id=run_id)  # the rules read snapshot.classes
-    store.save_snapshot(run_id, now, snap.to_json())
+
+def collect(cfg: Mapping[str, Any], part: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+    """Take node group ``part``'s snapshot for the run's data instant and park it in the audit store.
+
+    The group records the class baselines of the jobs it judges; unsharded it also records the
+    run's usage (sharded, :func:`merge` does, once, on the whole snapshot).
+    """
+    from gpu_cost import baselines, shards, sweep
+
+    run_id = runtime.audit_run_id(context)
+    store = runtime.store()
+    policy = runtime.run_policy(store, run_id)
+    now = runtime.data_instant(context, policy)
+    shard, of = int(part["shard"]), int(part["of"])
+    snap = sweep.collect_shard(policy, now, shard, of, cfg["source"])
+    only = None if of == 1 else shards.of_view(snap, shard, of).owned_jobs
+    baselines.observe(store, snap, policy, run_id=run_id, only=only)  # the rules read snapshot.classes
+    store.save_snapshot(shards.snapshot_key(run_id, shard, of), now, snap.to_json())
+    if of == 1:
+        from gpu_cost.report.usage import record_usage
+
+        record_usage(store, snap, policy, run_id=run_id)
+    logger.info("snapshot %d/%d at %s: %d GPUs, %d running jobs, %d processes, problems=%s", shard + 1, of, now,
+                len(snap.gpus), len(snap.running_jobs()), len(snap.processes), list(snap.problems))
+    return {"run_id": run_id, "now": now, "policy": cfg["policy"], "source": snap.source, "shard": shard, "of": of,
+            "gpus": len(snap.gpus), "jobs": len(snap.running_jobs()), "degraded": snap.degraded,
+            "problems": list(snap.problems)}
+
+
+def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: Mapping[str, Any]) -> dict[str, Any]:
+    """Put the node groups' snapshots together into the run's snapshot; return the run's reference.
+
+    Unsharded the group's snapshot is the run's already. ``log_jobs`` names the jobs whose logs the
+    run keeps (the cluster's first candidates), for the groups' ``detect``.
+    """
+    parts = sorted((dict(p) for p in parts), key=lambda p: int(p["shard"]))
+    if not parts:
+        raise GpuCostError("no shard of the sweep reported a snapshot")
+    run_id = runtime.audit_run_id(context)
+    if len(parts) == 1:
+        one = parts[0]
+        return {**{k: one[k] for k in ("run_id", "now", "policy", "source", "gpus", "jobs", "degraded", "problems")},
+                "shards": 1, "log_jobs": None}
+    from gpu_cost import shards, sweep
     from gpu_cost.report.usage import record_usage
 
+    store = runtime.store()
+    policy = runtime.run_policy(store, run_id)
+    of, now = len(parts), float(parts[0]["now"])
+    views = [Snapshot.from_json(store.load_snapshot(shards.snapshot_key(run_id, i, of))) for i in range(of)]
+    snap = sweep.merge_shards(views, policy, store)
+    store.save_snapshot(run_id, now, snap.to_json())
     record_usage(store, snap, policy, run_id=run_id)
-    logger.info("snapshot at %s: %d GPUs, %d running jobs, %d processes, problems=%s", now, len(snap.gpus),
-                len(snap.running_jobs()), len(snap.processes), list(snap.problems))
+    logger.info("snapshot of %d shards at %s: %d GPUs, %d running jobs, %d processes, problems=%s", of, now,
+                len(snap.gpus), len(snap.running_jobs()), len(snap.processes), list(snap.problems))
     return {"run_id": run_id, "now": now, "policy": cfg["policy"], "source": snap.source, "gpus": len(snap.gpus),
-            "jobs": len(snap.running_jobs()), "degraded": snap.degraded, "problems": list(snap.problems)}
+            "jobs": len(snap.running_jobs()), "degraded": snap.degraded, "problems": list(snap.problems),
+            "shards": of, "log_jobs": sorted(snap.job_logs)}
 
 
 def _load(ref: Mapping[str, Any]) -> tuple[Any, Snapshot, Any]:
@@ -87,23 +137,27 @@ def _load(ref: Mapping[str, Any]) -> tuple[Any, Snapshot, Any]:
     return policy, Snapshot.from_json(store.load_snapshot(ref["run_id"])), store
 
 
-def detect(ref: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Run the rules on the stored snapshot."""
-    from gpu_cost import sweep
+def detect(ref: Mapping[str, Any], part: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Run the rules on node group ``part``'s stored snapshot; return the findings it answers for."""
+    from gpu_cost import shards, sweep
 
-    policy, snap, _ = _load(ref)
-    findings = sweep.detect(snap, policy)
+    store = runtime.store()
+    policy = runtime.run_policy(store, ref["run_id"])
+    shard, of = int(part["shard"]), int(part["of"])
+    view = Snapshot.from_json(store.load_snapshot(shards.snapshot_key(ref["run_id"], shard, of)))
+    findings = sweep.detect_shard(view, policy, shard, of, store, log_jobs=ref.get("log_jobs"))
     for f in findings:
         logger.info("finding %s %s (%s, %d GPU) suggested %s", f.rule, f.target, f.user, f.gpus, f.action)
     return [f.to_dict() for f in findings]
 
 
-def decide(ref: Mapping[str, Any], findings: list[dict[str, Any]]) -> dict[str, Any]:
-    """Turn findings into decisions under the policy and the escalation state."""
-    from gpu_cost import sweep
+def decide(ref: Mapping[str, Any], found: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
+    """Turn every node group's findings into decisions under the policy and the escalation state (caps once)."""
+    from gpu_cost import shards, sweep
 
     policy, snap, store = _load(ref)
-    p = sweep.plan(as_findings(findings), snap, policy, store, float(ref["now"]))
+    findings = shards.merge_findings(as_findings(list(part)) for part in found)
+    p = sweep.plan(findings, snap, policy, store, float(ref["now"]))
     for d in p.decisions:
         logger.info("decision %s %s → %s [%s]%s %s", d.rule, d.target, d.action, d.mode,
                     " (needs approval)" if d.requires_approval and d.acts else "", d.reason)
@@ -323,7 +377,7 @@ def finish(context: Mapping[str, Any]) -> dict[str, Any]:
     run_id = runtime.audit_run_id(context)
     store = runtime.store()
     cfg = ti.xcom_pull(task_ids="check_policy")
-    ref = ti.xcom_pull(task_ids="collect")
+    ref = ti.xcom_pull(task_ids="merge")
     summary = ti.xcom_pull(task_ids="record")
     acted = [a for a in (ti.xcom_pull(task_ids=t) for t in (ACT_TASK, "act_approved")) if a]
     decision = ti.xcom_pull(task_ids=APPROVE_TASK, key="decision")
@@ -429,4 +483,4 @@ def plan_from_xcom(d: Mapping[str, Any]) -> Plan:
 
 
 __all__ = ["Decision", "Finding", "act", "act_on", "action_context", "check_policy", "collect", "decide", "detect",
-           "finish", "metrics_fresh", "record", "route"]
+           "finish", "merge", "metrics_fresh", "record", "route", "shards"]

@@ -48,6 +48,9 @@ class SweepConfig:
     max_staleness: Annotated[float, Dur(), Range(1, 86400)] = 180.0
     #: utilisation % above which a sample counts as busy (bursts, busy share)
     busy_util: Percent = 20.0
+    #: node groups the sweep collects and runs the rules in, each as its own mapped task (spread
+    #: over the workers); one decision takes all their findings. 1: the whole cluster in one task
+    shards: Annotated[int, Range(1, 1024)] = 1
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ import itertools
 import math
 import uuid as _uuid
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -669,12 +669,19 @@ class SimCluster:
         return np.arange(first, last + 1, dtype=np.int64) * step
 
     # -- samples ---------------------------------------------------------------------------
-    def matrix(self, start: float, end: float) -> GpuMatrix:
-        """Return dense samples for every GPU in ``(start, end]``."""
+    def matrix(self, start: float, end: float, hosts: Collection[str] | None = None) -> GpuMatrix:
+        """Return dense samples for every GPU in ``(start, end]`` (only those of ``hosts`` when given).
+
+        A GPU's samples are the same whichever others are asked for with it (a shard of the sweep
+        sees what the whole cluster's matrix holds for its nodes).
+        """
         times = self.sample_times(start, end).astype(float)
-        n_g, n_t = len(self.hosts), len(times)
+        keep = np.arange(len(self.hosts)) if hosts is None else np.flatnonzero(np.isin(self.hosts, list(hosts)))
+        local = None if hosts is None else {int(r): i for i, r in enumerate(keep)}
+        n_g, n_t = len(keep), len(times)
         t_idx = np.round(times / self.scenario.sample_interval).astype(np.int64)
-        noise = _noise(self.scenario.seed, np.arange(n_g), t_idx)
+        noise = _noise(self.scenario.seed, keep, t_idx)
+        mem_total, idle_w, busy_w = self.mem_total[keep], self.idle_w[keep], self.busy_w[keep]
         util = np.zeros((n_g, n_t))
         mem = np.zeros((n_g, n_t))
         active = np.zeros((n_g, n_t), dtype=bool)
@@ -691,14 +698,26 @@ class SimCluster:
             hi = int(np.searchsorted(times, tail, side="left"))
             if hi <= lo:
                 continue
-            rows = self.job_rows(j)
+            rows = self.job_rows(j)  # the whole cluster's rows
             tt = times[lo:hi]
             tau = tt - s
-            nz = noise[rows][:, lo:hi]
+            if local is None:
+                nz = noise[rows][:, lo:hi]
+            else:
+                mine = np.array([int(r) in local for r in rows], dtype=bool)
+                if not mine.any():
+                    continue  # a job on nodes not asked for
+                if mine.all():
+                    nz = noise[[local[int(r)] for r in rows]][:, lo:hi]
+                else:  # a job across groups: its own rows' noise, so each GPU's samples stay the same
+                    nz = _noise(self.scenario.seed, rows, t_idx)[:, lo:hi]
             total = self.mem_total[rows][:, None]
             u, m = _behaviour(j, tau, nz, total, e - s)
             if j.idle_gpus:
                 u[len(rows) - min(j.idle_gpus, len(rows)):] = 0.0  # idle ranks: memory held, nothing computed
+            if local is not None:
+                u, m = u[mine], m[mine]
+                rows = np.array([local[int(r)] for r in rows[mine]], dtype=np.int64)
             if j.shared:
                 # several jobs on one device: their work and memory add up
                 util[rows, lo:hi] += u
@@ -713,12 +732,13 @@ class SimCluster:
                 block[:, in_job] = j.job_id
                 job[rows, lo:hi] = block
         util = np.clip(util, 0, 100)
-        mem = np.clip(mem, 0, self.mem_total[:, None])
-        power = self.idle_w[:, None] + (self.busy_w - self.idle_w)[:, None] * (util / 100.0)
+        mem = np.clip(mem, 0, mem_total[:, None])
+        power = idle_w[:, None] + (busy_w - idle_w)[:, None] * (util / 100.0)
         # idle, empty GPUs still report (DCGM samples every GPU); a little noise on memory for realism
         mem = np.where(active, mem, 0.0)
-        return GpuMatrix(times, self.hosts, self.gpu_idx, self.uuids, self.models, self.mem_total, util, mem, power, job,
-                         self.mig)
+        mig = None if self.mig is None else {k: v[keep] for k, v in self.mig.items()}
+        return GpuMatrix(times, self.hosts[keep], self.gpu_idx[keep], self.uuids[keep], self.models[keep], mem_total,
+                         util, mem, power, job, mig)
 
     def job_rows(self, j: SimJob) -> np.ndarray:
         """Return the rows of a job's devices: its GPUs (first node, then ``also``), then its MIG slices."""
@@ -795,9 +815,12 @@ class SimCluster:
             )
         return pd.DataFrame(rows)
 
-    def processes_at(self, t: float) -> list[GpuProcess]:
-        """Return GPU processes as ``nvidia-smi`` plus ``/proc`` would show them at ``t``."""
-        m = self.matrix(t - self.scenario.sample_interval, t)
+    def processes_at(self, t: float, hosts: Collection[str] | None = None) -> list[GpuProcess]:
+        """Return GPU processes as ``nvidia-smi`` plus ``/proc`` would show them at ``t`` (on ``hosts`` when given)."""
+        m = self.matrix(t - self.scenario.sample_interval, t, hosts)
+        # the cluster's row → the row of ``m`` (which holds only the GPUs of ``hosts`` when given)
+        local = None if hosts is None else {
+            int(r): i for i, r in enumerate(np.flatnonzero(np.isin(self.hosts, list(hosts))))}
         out = []
         sharers: dict[int, int] = {}
         for j in self._jobs:
@@ -819,9 +842,12 @@ class SimCluster:
                 continue  # the training process exited (or died); the allocation sits empty
             pid = sim_pid(j.job_id)
             for row in self.job_rows(j):
+                if local is not None and int(row) not in local:
+                    continue  # a GPU on a node not asked for
                 host, g = str(self.hosts[row]), int(self.gpu_idx[row])
                 gi = str(self.mig["mig"][row]) if self.mig is not None else ""
-                used = float(m.mem[row, -1]) if m.mem.shape[1] else 0.0
+                at = int(row) if local is None else local[int(row)]
+                used = float(m.mem[at, -1]) if m.mem.shape[1] else 0.0
                 if j.shared:
                     used /= max(1, sharers.get(int(row), 1))  # the device's memory is the sum of its jobs'
                 uuid = str(self.mig["mig_uuid"][row]) if gi and self.mig is not None else self.uuids[row]
@@ -1156,22 +1182,40 @@ def _profile_mib(profile: str) -> float:
     return float(profile.split(".")[1].split("gb")[0]) * 1024.0
 
 
-def snapshot(policy: Any, now: float, scenario: Scenario | None = None) -> Any:
-    """Return what the agent would see of the simulated cluster at ``now``."""
+def snapshot(policy: Any, now: float, scenario: Scenario | None = None, shard: tuple[int, int] | None = None) -> Any:
+    """Return what the agent would see of the simulated cluster at ``now``.
+
+    :param shard: ``(index, count)``: only what that node group of the sweep sees
+        (:func:`gpu_cost.shards.select`); its GPUs are simulated alone, the others not at all.
+    """
+    from gpu_cost import shards
     from gpu_cost.evidence import log_candidates
     from gpu_cost.snapshot import from_matrix
 
     sc = scenario or load_scenario()
     cluster = SimCluster(sc, anchor=now)
-    m = cluster.matrix(now - policy.sweep.lookback, now)
+    jobs, nodes = cluster.jobs_at(now), cluster.nodes_at(now)
+    sel = None
+    if shard is not None and shard[1] > 1:
+        sel = shards.select([n.name for n in nodes], jobs, (), *shard)
+        procs = cluster.processes_at(now, sel.hosts)
+        sel = shards.widen(sel, (p.job_id for p in procs if p.job_id))
+        jobs = [j for j in jobs if j.job_id in sel.jobs]
+        nodes = [n for n in nodes if n.name in sel.hosts]
+    else:
+        procs = cluster.processes_at(now)
+    m = cluster.matrix(now - policy.sweep.lookback, now, None if sel is None else sel.hosts)
     snap = from_matrix(
         policy=policy, now=now, source="sim", hosts=m.hosts, gpus=m.gpus, uuids=m.uuids, models=m.models,
         mem_total=m.mem_total, times=m.times, util=m.util, mem=m.mem, power=m.power, job=m.job,
-        jobs=cluster.jobs_at(now), processes=cluster.processes_at(now), nodes=cluster.nodes_at(now), mig=m.mig,
+        jobs=jobs, processes=procs, nodes=nodes, mig=m.mig,
     )
-    # the node wrapper's job-log verb: the log tails of the jobs a rule may find idle
+    # the node wrapper's job-log verb: the log tails of the jobs a rule may find idle (a shard: of the
+    # jobs it judges; the run keeps the cluster's first ``max_jobs_per_sweep``, gpu_cost.shards.merge)
     max_bytes = policy.evidence.job_log.max_bytes
-    for job in log_candidates(snap, policy):
+    judged = snap if sel is None else dataclasses.replace(snap, jobs=tuple(
+        j for j in snap.jobs if not j.running or j.job_id in sel.owned_jobs))
+    for job in log_candidates(judged, policy):
         log = cluster.job_log(job.job_id, now, max_bytes)
         if log is not None:
             snap.job_logs[job.job_id] = log
