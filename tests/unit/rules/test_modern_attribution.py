@@ -320,10 +320,12 @@ def test_fake_nvidia_smi_lists_slices_and_the_node_source_reads_them(modern) -> 
     inspect = {"verb": "inspect", "btime": NOW - 86400, "clk_tck": 100,
                "gpus": {"rc": 0, "stdout": gpus}, "apps": {"rc": 0, "stdout": apps}, "list": {"rc": 0, "stdout": listing},
                "procs": {str(p["pid"]): {"stat": stat.format(p["pid"]), "cgroup": "", "user": "bob"}
-                         for p in state["processes"]}}
+                         for p in state["processes"]}, "mig_query": {"rc": 0, "stdout": smi.render(["-q"], state)[1]}}
     seen = parse_inspect(json.dumps(inspect), "gpu01")
     zombie = next(p for p in seen.processes if p.pid == sim.sim_pid("2002"))
     assert zombie.gpu == 0 and zombie.gpu_uuid.startswith("MIG-") and zombie.mig_profile == "1g.10gb"
+    # the fake's -q gives each slice the GPU instance id the simulator (and so the metrics) key it by
+    assert zombie.mig and zombie.mig == next(p.mig for p in cluster.processes_at(NOW) if p.pid == zombie.pid)
     assert {d.profile for d in seen.mig.values()} == {"3g.40gb", "2g.20gb", "1g.10gb", "4g.40gb"}
 
 
