@@ -88,7 +88,8 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
             holders = mig_alloc.get((host, f"{gpu}/{mig}"), set()) | (mig_alloc.get((host, mig_uuid), set())
                                                                       if mig_uuid else set())
             cg = by_slice.get((host, gpu, mig), set()) | (by_uuid.get(mig_uuid, set()) if mig_uuid else set())
-            leftovers = orphans_slice.get((host, gpu, mig), []) + (orphans_uuid.get(mig_uuid, []) if mig_uuid else [])
+            both = orphans_slice.get((host, gpu, mig), []) + (orphans_uuid.get(mig_uuid, []) if mig_uuid else [])
+            leftovers = list({p.key: p for p in both}.values())  # a process may name the slice both ways
         else:
             holders = alloc.get((host, gpu), set())
             cg = by_uuid.get(uuid, set()) | by_index.get((host, gpu), set())
@@ -154,29 +155,41 @@ def join_mig_uuids(gpus: pd.DataFrame, processes: Iterable[GpuProcess]) -> pd.Da
     """Return ``gpus`` with the MIG UUID of slices the metrics name only by GPU instance id.
 
     dcgm-exporter labels a slice with its parent's UUID and its ``GPU_I_ID``/``GPU_I_PROFILE``;
-    nvidia-smi names the slice a process runs in by its MIG UUID and (``-L``) that slice's profile.
-    Where one slice of a GPU has a profile and the processes on that GPU with that profile name one
-    MIG UUID, that UUID is the slice's. Slices with the same profile on one GPU stay unjoined: their
-    processes are matched to none, so no zombie is found there (no data, no action).
+    nvidia-smi names the slice a process runs in by its MIG UUID. The node wrapper's ``inspect``
+    reports each slice's GPU instance id (``nvidia-smi -q``), carried as the process's ``mig``:
+    a process with a MIG UUID and a ``mig`` names that slice exactly. From an older wrapper that
+    does not report it, only the profile (``-L``) is known: where one slice of a GPU has a profile
+    and the processes on that GPU with that profile name one MIG UUID, that UUID is the slice's;
+    slices sharing a profile then stay unjoined (no data, no action).
     """
     if "mig" not in gpus or "mig_uuid" not in gpus:
         return gpus
+    exact: dict[tuple[str, int, str], set[str]] = defaultdict(set)
     seen: dict[tuple[str, int, str], set[str]] = defaultdict(set)
     for p in processes:
-        if p.gpu_uuid.startswith("MIG-") and p.mig_profile and p.gpu is not None:
+        if not p.gpu_uuid.startswith("MIG-") or p.gpu is None:
+            continue
+        if p.mig:
+            exact[(p.host, int(p.gpu), p.mig)].add(p.gpu_uuid)
+        elif p.mig_profile:
             seen[(p.host, int(p.gpu), p.mig_profile)].add(p.gpu_uuid)
-    if not seen:
+    if not seen and not exact:
         return gpus
-    keys = list(zip(gpus["host"].astype(str), gpus["gpu"].astype(int), gpus["mig_profile"].fillna("").astype(str),
-                    strict=True))
+    hosts = gpus["host"].astype(str).tolist()
+    idxs = gpus["gpu"].astype(int).tolist()
+    keys = list(zip(hosts, idxs, gpus["mig_profile"].fillna("").astype(str), strict=True))
     counts: dict[tuple[str, int, str], int] = defaultdict(int)
     for k in keys:
         counts[k] += 1
     uuids = gpus["mig_uuid"].fillna("").astype(str).tolist()
     changed = False
     for pos, (k, mig) in enumerate(zip(keys, gpus["mig"].fillna("").astype(str), strict=True)):
-        found = seen.get(k, set())
-        if mig and not uuids[pos] and counts[k] == 1 and len(found) == 1:
+        if not mig or uuids[pos]:
+            continue
+        found = exact.get((hosts[pos], idxs[pos], mig), set())
+        if not found and counts[k] == 1:
+            found = seen.get(k, set())
+        if len(found) == 1:
             uuids[pos] = next(iter(found))
             changed = True
     if not changed:

@@ -323,7 +323,8 @@ MIG_GPUS = [{"index": 0, "uuid": GPU0, "name": "NVIDIA A100-SXM4-80GB", "memory_
                  {"gi": 2, "profile": "2g.20gb", "uuid": MIG_B, "memory_total": 20480, "memory_used": 4096}]}]
 
 
-def _slices_snapshot(policy, now: float, processes, jobs):  # type: ignore[no-untyped-def]
+def _slices_snapshot(policy, now: float, processes, jobs, *, migs=("1", "2"),  # type: ignore[no-untyped-def]
+                     profiles=("1g.10gb", "2g.20gb")):
     """Two idle slices of GPU 0 on gpu01, both holding memory, as dcgm-exporter's series give them."""
     from gpu_cost.snapshot import from_matrix
 
@@ -336,7 +337,7 @@ def _slices_snapshot(policy, now: float, processes, jobs):  # type: ignore[no-un
         mem_total=np.array([10240.0, 20480.0]), times=times, util=np.zeros((2, n)),
         mem=np.vstack([np.full(n, 2048.0), np.full(n, 4096.0)]), power=np.full((2, n), 60.0),
         job=np.full((2, n), "", dtype=object), jobs=jobs, processes=processes, nodes=[],
-        mig={"mig": np.array(["1", "2"], dtype=object), "mig_profile": np.array(["1g.10gb", "2g.20gb"], dtype=object),
+        mig={"mig": np.array(list(migs), dtype=object), "mig_profile": np.array(list(profiles), dtype=object),
              "mig_uuid": np.array(["", ""], dtype=object), "share": np.array([1 / 7, 2 / 7])})
 
 
@@ -381,5 +382,38 @@ def test_mig_zombie_only_on_its_slice_and_the_running_jobs_slice_refused(  # typ
         assert out.status == "succeeded", (out.error, out.output)
         assert sleeper.wait(10) == -15
         assert job_proc.poll() is None
+    finally:
+        reap(job_proc)
+
+
+def test_mig_zombie_found_on_one_of_two_slices_of_the_same_profile(  # type: ignore[no-untyped-def]
+        sshd_node: SshNode, wrapper_conn: NodeAccess, policy, sleeper, fake_squeue) -> None:
+    """Two 1g.10gb slices (GPU instances 9 and 10): the wrapper's nvidia-smi -q tells them apart."""
+    from gpu_cost.model import Job
+    from gpu_cost.rules import run_rules
+
+    fake_squeue("RUNNING")
+    job_proc = spawn(["/bin/sleep", "600"], env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4242"})
+    try:
+        gpus = [{**MIG_GPUS[0], "mig": [
+            {"gi": 9, "profile": "1g.10gb", "uuid": MIG_A, "memory_total": 10240, "memory_used": 2048},
+            {"gi": 10, "profile": "1g.10gb", "uuid": MIG_B, "memory_total": 10240, "memory_used": 2048}]}]
+        sshd_node.set_state(gpus=gpus, processes=[
+            {"pid": sleeper.pid, "gpu_uuid": MIG_A, "used_mib": 2048, "name": "python"},
+            {"pid": job_proc.pid, "gpu_uuid": MIG_B, "used_mib": 2048, "name": "python"}])
+        seen = NodeSource(wrapper_conn).inspect("gpu01")
+        by_pid = {p.pid: p for p in seen.processes}
+        assert (by_pid[sleeper.pid].mig, by_pid[job_proc.pid].mig) == ("9", "10")
+        assert {u: d.gi for u, d in seen.mig.items()} == {MIG_A: "9", MIG_B: "10"}
+
+        now = time.time()
+        job = Job("4242", OWNER, state="RUNNING", start_ts=now - 7200, nodes=("gpu01",), gpu_alloc=(("gpu01", (0,)),))
+        snap = _slices_snapshot(policy, now, seen.processes, [job], migs=("9", "10"), profiles=("1g.10gb", "1g.10gb"))
+        rows = snap.gpus.set_index("mig")
+        assert rows.loc["10", "job_id"] == "4242" and rows.loc["10", "attribution"] == "cgroup"
+        assert (rows.loc["9", "mig_uuid"], rows.loc["10", "mig_uuid"]) == (MIG_A, MIG_B)
+        zombies = [f for f in run_rules(snap, policy) if f.rule == "zombie"]
+        assert [(f.evidence["pid"], f.gpu_ids, f.evidence["gpu_uuid"]) for f in zombies] == [
+            (sleeper.pid, ("gpu01:0/mig9",), MIG_A)]
     finally:
         reap(job_proc)

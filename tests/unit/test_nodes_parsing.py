@@ -128,3 +128,50 @@ def test_fake_nvidia_smi_prints_the_real_formats(tmp_path) -> None:  # type: ign
     assert bad.returncode == 2 and 'Field "flux" is not a valid field to query.' in bad.stderr
     state["check_pids"] = True  # pid 48213 does not exist here: nvidia-smi would not list it
     assert _fake_smi(tmp_path, state, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader").stdout == ""
+
+
+# -- MIG: each slice's GPU instance id ----------------------------------------------------------
+# ``nvidia-smi -q`` lists a MIG GPU's slices under "MIG Devices", each "MIG Device" with its Index
+# (the "Device N" of ``nvidia-smi -L``), GPU Instance ID and Compute Instance ID: the text form of
+# ``-q -x``'s <mig_devices><mig_device><index/><gpu_instance_id/><compute_instance_id/> (as in
+# ceems-dev/ceems's collector tests), values in the column ``-q`` aligns them to. Seven 1g slices
+# of one A100 get GPU instance ids 7, 8, 9, 11, 12, 13, 14 (``nvidia-smi mig -cgi 19,19,19,19,19,19,19``
+# as shown in rapidsai/dask-cuda#583), so the id is not the device index.
+SEVEN_GI = (7, 8, 9, 11, 12, 13, 14)
+MIG_QUERY = "\n==============NVSMI LOG==============\n\n" + "".join(
+    f"GPU 00000000:{bus}:00.0\n    MIG Mode\n        Current                           : {mode}\n"
+    + ("    MIG Devices                           : None\n" if mode == "Disabled" else "    MIG Devices\n" + "".join(
+        f"        MIG Device\n            Index                         : {k}\n"
+        f"            GPU Instance ID               : {gi}\n            Compute Instance ID           : 0\n"
+        "            Device Attributes\n                Shared\n                    Multiprocessor count  : 14\n"
+        "            FB Memory Usage\n                Total                     : 9728 MiB\n"
+        for k, gi in enumerate(SEVEN_GI)))
+    + "    Processes                             : None\n\n"
+    for bus, mode in (("07", "Disabled"), ("0F", "Enabled")))
+
+
+def test_mig_query_gives_each_slices_instance_ids() -> None:
+    from gpu_cost.sources.nodes import parse_mig_query
+
+    ids = parse_mig_query(MIG_QUERY, "gpu01", {"0000:07:00.0": 0, "0000:0f:00.0": 1})
+    assert ids == {(1, k): (gi, 0) for k, gi in enumerate(SEVEN_GI)}
+    # without the numbering a block is the n-th GPU, as nvidia-smi prints them in index order
+    assert parse_mig_query(MIG_QUERY, "gpu01", {}) == ids
+    assert parse_mig_query("", "gpu01", {}) == {}
+
+
+@pytest.mark.parametrize(("old", "new", "error"), [
+    ("GPU Instance ID               : 9", "GPU Instance ID               : nine",
+     r"gpu01: nvidia-smi -q line \d+: GPU Instance ID 'nine' is not a number"),
+    ("            GPU Instance ID               : 9\n", "",
+     r"gpu01: nvidia-smi -q line \d+: MIG device without GPU Instance ID"),
+    ("            Index                         : 3\n", "            Index                         : 2\n",
+     r"gpu01: nvidia-smi -q line \d+: MIG device index 2 listed twice on GPU 1"),
+    ("GPU 00000000:0F:00.0", "GPU 00000000:3B:00.0", r"gpu01: nvidia-smi -q line \d+: GPU 00000000:3B:00.0 is not"),
+])
+def test_a_malformed_mig_query_names_host_and_line(old: str, new: str, error: str) -> None:
+    from gpu_cost.sources.nodes import parse_mig_query
+
+    assert old in MIG_QUERY
+    with pytest.raises(SourceError, match=error):
+        parse_mig_query(MIG_QUERY.replace(old, new, 1), "gpu01", {"0000:07:00.0": 0, "0000:0f:00.0": 1})

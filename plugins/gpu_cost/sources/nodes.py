@@ -40,7 +40,7 @@ from gpu_cost import connections
 from gpu_cost.errors import SourceError
 from gpu_cost.model import GpuProcess, Job
 from gpu_cost.runner import Runner
-from gpu_cost.sources.gpu_map import NodeMap, node_map_from
+from gpu_cost.sources.gpu_map import NodeMap, bus_id, node_map_from
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,8 @@ class MigDevice:
     device: int
     profile: str
     uuid: str
+    #: its GPU instance id (dcgm-exporter's ``GPU_I_ID``) from ``nvidia-smi -q``; "" from a wrapper that does not report it
+    gi: str = ""
 
 
 @dataclass
@@ -117,6 +119,80 @@ def parse_mig_listing(text: str, host: str) -> dict[str, MigDevice]:
         if gpu is None:
             raise SourceError(f"{host}: nvidia-smi -L line {lineno}: a MIG device before any GPU: {line!r}")
         out[m.group(3)] = MigDevice(gpu=gpu, device=int(m.group(2)), profile=m.group(1), uuid=m.group(3))
+    return out
+
+
+_Q_GPU = re.compile(r"^GPU ([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f])\s*$")
+_Q_FIELD = re.compile(r"^(\s*)(\S[^:]*?)\s*:\s*(.*?)\s*$")
+
+
+def parse_mig_query(text: str, host: str, bus_index: Mapping[str, int]) -> dict[tuple[int, int], tuple[int, int]]:
+    """Parse the ``MIG Devices`` sections of ``nvidia-smi -q``: ``(gpu, MIG device index) -> (GI id, CI id)``.
+
+    Each GPU block (``GPU 00000000:07:00.0``) lists its slices as ``MIG Device`` entries with
+    ``Index`` (the ``Device <N>`` of ``nvidia-smi -L``), ``GPU Instance ID`` and ``Compute Instance
+    ID``. ``bus_index`` maps a normalised PCI bus id (:func:`~gpu_cost.sources.gpu_map.bus_id`) to
+    the GPU's index; without it a block is the n-th GPU in index order, as nvidia-smi prints them.
+    Raises SourceError naming the host and line on a malformed section.
+    """
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    gpu: int | None = None
+    blocks = -1
+    section = device = None  # indentation of "MIG Devices" / "MIG Device"
+    entry: dict[str, tuple[int, int]] = {}  # field -> (value, line number)
+    start = 0
+
+    def close(lineno: int) -> None:
+        if device is None:
+            return
+        missing = [k for k in ("Index", "GPU Instance ID") if k not in entry]
+        if missing:
+            raise SourceError(f"{host}: nvidia-smi -q line {start}: MIG device without {' / '.join(missing)}")
+        assert gpu is not None
+        key = (gpu, entry["Index"][0])
+        if key in out:
+            raise SourceError(f"{host}: nvidia-smi -q line {entry['Index'][1]}: MIG device index {key[1]} "
+                              f"listed twice on GPU {gpu}")
+        out[key] = (entry["GPU Instance ID"][0], entry.get("Compute Instance ID", (0, 0))[0])
+
+    lines = text.splitlines()
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if device is not None and indent <= device:
+            close(lineno)
+            device = None
+        if section is not None and indent <= section:
+            section = None
+        m = _Q_GPU.match(line)
+        if m:
+            blocks += 1
+            try:
+                gpu = bus_index[bus_id(m.group(1))] if bus_index else blocks
+            except KeyError:
+                raise SourceError(f"{host}: nvidia-smi -q line {lineno}: GPU {m.group(1)} is not among the node's "
+                                  "GPUs") from None
+            continue
+        name = line.strip()
+        if name.startswith("MIG Devices"):
+            if gpu is None:
+                raise SourceError(f"{host}: nvidia-smi -q line {lineno}: MIG devices before any GPU: {line!r}")
+            section = indent
+            continue
+        if section is None:
+            continue
+        if name == "MIG Device":
+            device, entry, start = indent, {}, lineno
+            continue
+        f = _Q_FIELD.match(line)
+        if device is None or f is None or f.group(2) not in ("Index", "GPU Instance ID", "Compute Instance ID"):
+            continue  # a slice's attributes, memory, ECC counters ...
+        if not f.group(3).isdigit():
+            raise SourceError(f"{host}: nvidia-smi -q line {lineno}: {f.group(2)} {f.group(3)!r} is not a number: "
+                              f"{line!r}")
+        entry[f.group(2)] = (int(f.group(3)), lineno)
+    close(len(lines))
     return out
 
 
@@ -225,6 +301,26 @@ def container_of(text: str) -> tuple[str, str] | None:
     return None
 
 
+def _with_instances(mig: dict[str, MigDevice], res: Any, host: str,
+                    bus_index: Mapping[str, int]) -> dict[str, MigDevice]:
+    """``mig`` with each slice's GPU instance id from the wrapper's ``mig_query`` (``nvidia-smi -q``).
+
+    A wrapper that does not report it (or an ``nvidia-smi -q`` that failed) leaves the ids unknown:
+    the slices are then joined to the metrics by profile only (:func:`gpu_cost.correlate.join_mig_uuids`).
+    """
+    if not mig or res is None:
+        return mig
+    if not isinstance(res, Mapping):
+        raise SourceError(f"{host}: inspect's 'mig_query' is not an object")
+    if res.get("rc", 1) != 0:
+        logger.warning("%s: nvidia-smi -q exited %s (%s): MIG slices joined by profile only", host, res.get("rc"),
+                       _one_line(str(res.get("stderr", "")), 200))
+        return mig
+    ids = parse_mig_query(str(res.get("stdout", "")), host, bus_index)
+    return {u: dataclasses.replace(d, gi=str(ids[(d.gpu, d.device)][0])) if (d.gpu, d.device) in ids else d
+            for u, d in mig.items()}
+
+
 def parse_inspect(text: str, host: str) -> NodeInspection:
     """Parse the wrapper's ``inspect`` JSON into GPUs and attributed GPU processes."""
     try:
@@ -241,6 +337,8 @@ def parse_inspect(text: str, host: str) -> NodeInspection:
     index_of = {g.uuid: g.index for g in gpus}
     listing = data.get("list") or {}
     mig = parse_mig_listing(str(listing.get("stdout", "")), host) if listing.get("rc", 1) == 0 else {}
+    node_map = node_map_from(data, host)
+    mig = _with_instances(mig, data.get("mig_query"), host, {g.bus_id: g.index for g in node_map.nvml})
     index_of.update({u: d.gpu for u, d in mig.items()})  # a process on a slice names the slice's MIG UUID
     try:
         btime = float(data["btime"])
@@ -264,9 +362,10 @@ def parse_inspect(text: str, host: str) -> NodeInspection:
         out.append(GpuProcess(host=host, pid=pid, gpu_uuid=uuid, gpu=index_of.get(uuid), used_mib=used,
                               start_ts=float(int(start)), job_id=job, container=container,
                               user=str(info.get("user", "")), name=name,
-                              mig_profile=mig[uuid].profile if uuid in mig else ""))
+                              mig_profile=mig[uuid].profile if uuid in mig else "",
+                              mig=mig[uuid].gi if uuid in mig else ""))
     slices = Counter(m.gpu for m in mig.values())
-    node_map = dataclasses.replace(node_map_from(data, host), mig_slices=dict(slices))
+    node_map = dataclasses.replace(node_map, mig_slices=dict(slices))
     return NodeInspection(host=host, gpus=gpus, processes=out, gpu_map=node_map, mig=mig)
 
 

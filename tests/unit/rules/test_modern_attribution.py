@@ -188,6 +188,95 @@ def test_slices_joined_to_nvidia_smi_by_profile_only_when_unique() -> None:
     assert out["mig_uuid"].tolist() == ["MIG-a", "", "", "MIG-c"]
 
 
+def test_slices_joined_exactly_by_instance_id_when_the_node_reports_it() -> None:
+    import pandas as pd
+
+    from gpu_cost.correlate import join_mig_uuids
+
+    g = pd.DataFrame({"host": ["h"] * 3, "gpu": [0, 0, 0], "mig": ["9", "10", "11"],
+                      "mig_profile": ["1g.10gb"] * 3, "mig_uuid": [""] * 3})
+    procs = [GpuProcess("h", 1, gpu_uuid="MIG-a", gpu=0, mig="9", mig_profile="1g.10gb"),
+             GpuProcess("h", 2, gpu_uuid="MIG-b", gpu=0, mig="11", mig_profile="1g.10gb")]
+    assert join_mig_uuids(g, procs)["mig_uuid"].tolist() == ["MIG-a", "", "MIG-b"]
+
+
+def _fake_nvidia_smi():  # type: ignore[no-untyped-def]
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("fake_nvidia_smi", str(ROOT / "include" / "sim" / "nvidia-smi"))
+    spec = importlib.util.spec_from_loader("fake_nvidia_smi", loader)
+    assert spec is not None
+    smi = importlib.util.module_from_spec(spec)
+    loader.exec_module(smi)
+    return smi
+
+
+def _inspect(smi, state: dict, host: str, *, instances: bool = True):  # type: ignore[no-untyped-def]
+    """What the node wrapper's ``inspect`` answers for a fake nvidia-smi state (``instances``: a newer wrapper)."""
+    def out(*argv: str) -> dict:
+        rc, stdout, stderr = smi.render(list(argv), json.loads(json.dumps(state)))
+        return {"rc": rc, "stdout": stdout, "stderr": stderr}
+
+    stat = "{} (python) S " + " ".join(["0"] * 18) + " 100 0 0"
+    answer = {"verb": "inspect", "btime": NOW - 86400, "clk_tck": 100,
+              "gpus": out("--query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu",
+                          "--format=csv,noheader,nounits"),
+              "apps": out("--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"),
+              "list": out("-L"), "map": out("--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader"),
+              "procs": {str(p["pid"]): {"stat": stat.format(p["pid"]), "cgroup": p.get("cgroup", ""), "user": "bob"}
+                        for p in state["processes"]}}
+    if instances:
+        answer["mig_query"] = out("-q")
+    return json.dumps(answer)
+
+
+@pytest.mark.parametrize("instances", [True, False], ids=["instance-ids", "older-wrapper"])
+def test_seven_same_profile_slices_only_the_zombies_slice_is_found(policy, instances: bool) -> None:  # type: ignore[no-untyped-def]
+    """Seven 1g.10gb slices (GI 8..14) on one GPU: a zombie on GI 9, a running job's process on GI 10."""
+    import numpy as np
+
+    from gpu_cost.snapshot import from_matrix
+    from gpu_cost.sources.nodes import parse_inspect
+
+    gis = list(range(8, 15))
+    parent = "GPU-00000000-0000-4000-8000-000000000000"
+    slices = [{"gi": gi, "profile": "1g.10gb", "uuid": f"MIG-00000000-0000-4000-8000-0000000000{gi:02d}",
+               "memory_total": 9728, "memory_used": 2048} for gi in gis]
+    state = {"gpus": [{"index": 0, "uuid": parent, "name": "NVIDIA A100-SXM4-80GB", "memory_total": 81920,
+                       "memory_used": 4096, "utilization": None, "mig": slices}],
+             "processes": [{"pid": 4101, "gpu_uuid": slices[1]["uuid"], "used_mib": 2048},
+                           {"pid": 4102, "gpu_uuid": slices[2]["uuid"], "used_mib": 2048,
+                            "cgroup": "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n"}]}
+    seen = parse_inspect(_inspect(_fake_nvidia_smi(), state, "gpu01", instances=instances), "gpu01")
+    by_pid = {p.pid: p for p in seen.processes}
+    assert (by_pid[4101].mig, by_pid[4102].mig) == (("9", "10") if instances else ("", ""))
+    assert by_pid[4102].job_id == "4242"
+
+    step = policy.sweep.sample_interval
+    times = np.arange(NOW - policy.sweep.lookback + step, NOW + 1, step)
+    n, k = len(times), len(gis)
+    job = Job("4242", "bob", state="RUNNING", start_ts=NOW - 7200, nodes=("gpu01",), gpu_alloc=(("gpu01", (0,)),))
+    snap = from_matrix(
+        policy=policy, now=NOW, source="test", hosts=np.array(["gpu01"] * k, dtype=object), gpus=np.zeros(k, int),
+        uuids=np.array([parent] * k, dtype=object), models=np.array(["a100"] * k, dtype=object),
+        mem_total=np.full(k, 9728.0), times=times, util=np.zeros((k, n)), mem=np.full((k, n), 2048.0),
+        power=np.full((k, n), 60.0), job=np.full((k, n), "", dtype=object), jobs=[job], processes=seen.processes,
+        nodes=[], mig={"mig": np.array([str(g) for g in gis], dtype=object),
+                       "mig_profile": np.array(["1g.10gb"] * k, dtype=object),
+                       "mig_uuid": np.array([""] * k, dtype=object), "share": np.full(k, 1 / 7)})
+    zombies = [f for f in run_rules(snap, policy) if f.rule == "zombie"]
+    if not instances:
+        # by profile alone none of seven alike slices can be told apart: no data, no action
+        assert zombies == []
+        return
+    assert [(f.evidence["pid"], f.gpu_ids) for f in zombies] == [(4101, ("gpu01:0/mig9",))]
+    assert zombies[0].evidence["gpu_uuid"] == slices[1]["uuid"]
+    rows = snap.gpus.set_index("mig")
+    assert rows.loc["10", "job_id"] == "4242" and rows.loc["10", "attribution"] == "cgroup"
+    assert rows.loc["9", "mig_uuid"] == slices[1]["uuid"]
+
+
 def test_the_exporter_labels_slices_as_dcgm_exporter_does(modern) -> None:  # type: ignore[no-untyped-def]
     from gpu_cost.sources.exporter import ScenarioFeed, exposition
 
@@ -231,10 +320,12 @@ def test_fake_nvidia_smi_lists_slices_and_the_node_source_reads_them(modern) -> 
     inspect = {"verb": "inspect", "btime": NOW - 86400, "clk_tck": 100,
                "gpus": {"rc": 0, "stdout": gpus}, "apps": {"rc": 0, "stdout": apps}, "list": {"rc": 0, "stdout": listing},
                "procs": {str(p["pid"]): {"stat": stat.format(p["pid"]), "cgroup": "", "user": "bob"}
-                         for p in state["processes"]}}
+                         for p in state["processes"]}, "mig_query": {"rc": 0, "stdout": smi.render(["-q"], state)[1]}}
     seen = parse_inspect(json.dumps(inspect), "gpu01")
     zombie = next(p for p in seen.processes if p.pid == sim.sim_pid("2002"))
     assert zombie.gpu == 0 and zombie.gpu_uuid.startswith("MIG-") and zombie.mig_profile == "1g.10gb"
+    # the fake's -q gives each slice the GPU instance id the simulator (and so the metrics) key it by
+    assert zombie.mig and zombie.mig == next(p.mig for p in cluster.processes_at(NOW) if p.pid == zombie.pid)
     assert {d.profile for d in seen.mig.values()} == {"3g.40gb", "2g.20gb", "1g.10gb", "4g.40gb"}
 
 
