@@ -215,7 +215,7 @@ def test_recording_rules_are_loaded_and_parse(compose) -> None:  # type: ignore[
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed (Debian package prometheus): rules not parsed")
     r = subprocess.run(["promtool", "check", "rules", str(shipped)], capture_output=True, text=True)
-    assert r.returncode == 0 and "SUCCESS: 20 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 22 rules found" in r.stdout, r.stdout + r.stderr
 
 
 # -- Grafana ---------------------------------------------------------------------------------

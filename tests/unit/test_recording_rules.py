@@ -77,9 +77,12 @@ def test_the_chunked_lookback_reads_each_chunk_once_per_term() -> None:
         assert f"last_over_time({recording.chunk_series('gpu_util', 'sum')}[1ms]{off})" in q
     assert "offset 21600000ms" not in q.replace("[59999ms] offset 21540000ms", "")
     assert "DCGM" not in q and q.count("(") == q.count(")")
-    stats = {s for s in ("util_mean_lb", "util_max_lb", "n_lb", "busy_share_lb", "bursts_lb", "mem_slope_lb",
-                         "mem_var_lb", "mem_tvar_lb", "mem_n_lb", "mem_t0_lb", "mem_t1_lb") if f'"{s}"' in q}
-    assert len(stats) == 11 and all(f'"chart_{k}"' in q for k in range(12))
+    stats = {s for s in ("util_sum_lb", "n_lb", "busy_sum_lb", "bursts_lb", "mem_n_lb", "mem_sy_lb", "mem_syy_lb",
+                         "mem_sd_lb", "mem_sdd_lb", "mem_sdy_lb", "mem_t0_lb", "mem_t1_lb") if f'"{s}"' in q}
+    assert len(stats) == 12 and all(f'"chart_{k}"' in q for k in range(12))
+    # a chunk's time moments move to the query's time by its age, written exactly
+    assert "- 39600.0 * last_over_time(gpu_cost:gpu_fb_used:tsum_30m[1ms] offset 19800000ms)" in q
+    assert "+ 392040000.0 * last_over_time(gpu_cost:gpu_fb_used:count_30m[1ms] offset 19800000ms)" in q
 
 
 def test_queries_parse(tmp_path: Path) -> None:
@@ -87,7 +90,8 @@ def test_queries_parse(tmp_path: Path) -> None:
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed (Debian package prometheus)")
     exprs = [recording.lookback_query_chunked(21600, 60, 1800), recording.lookback_query_chunked(43200, 60, 1800),
-             recording.lookback_query_samples(10800, 60), recording.windows_query_recorded([900, 3600], 900)]
+             recording.lookback_query_samples(10800, 60), recording.windows_query_recorded([900, 3600], 900),
+             recording.windows_query_recorded([900, 3600, 7200], 900, 1800)]
     rules = {"groups": [{"name": "check", "rules": [{"record": f"q{i}", "expr": e} for i, e in enumerate(exprs)]}]}
     f = tmp_path / "queries.yml"
     f.write_text(yaml.safe_dump(rules, width=10**9))

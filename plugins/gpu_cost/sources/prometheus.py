@@ -467,7 +467,7 @@ class PrometheusSource:
             from gpu_cost.sources import recording
 
             # as of the rules' last evaluation (within a step after ``at``): the same grid samples
-            win = self.query(recording.windows_query_recorded(windows, primary), rec.at, "windows")
+            win = self.query(recording.windows_query_recorded(windows, primary, rec.chunk), rec.at, "windows")
             lb = self.query(recording.lookback_query_recorded(sw.lookback, step, rec.chunk), rec.at, "lookback")
         else:
             win = self.query(windows_query(self.config.selector, windows, primary, step), at, "windows")
@@ -510,6 +510,11 @@ class PrometheusSource:
                 rows.setdefault(key_of(m), {})[m.get("stat", "")] = _value(s)
         if not rows:
             return empty_gpu_frame(), {w: _window_frame(pd, [], w, step, sw) for w in others}
+        if rec and rec.chunk:
+            from gpu_cost.sources import recording
+
+            for row in rows.values():
+                recording.finish(row)
 
         # nvidia_gpu_exporter has no index label: take it from nvidia_smi_index
         merged: dict[tuple[str, int, str], dict[str, Any]] = {}

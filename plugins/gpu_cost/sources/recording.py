@@ -101,20 +101,27 @@ def recording_rules(step: float = STEP, busy: float = BUSY_UTIL, chunk: float = 
     ]
     r = f"{round(chunk * 1000) - 1}ms"  # (T - chunk, T]: chunks tile the lookback, whatever the phase
     c = lambda metric, op: chunk_series(metric, op, chunk)  # noqa: E731
+    n, mean = f"count_over_time({MEM}[{r}])", f"avg_over_time({MEM}[{r}])"
+    dt = f"(avg_over_time({MEM_T}[{r}]) - time())"  # the samples' mean time, from this evaluation
+    tvar = f"stdvar_over_time({MEM_T}[{r}])"
     chunks = [
         {"record": c("gpu_util", "sum"), "expr": f"sum_over_time({UTIL}[{r}])"},
         {"record": c("gpu_util", "count"), "expr": f"count_over_time({UTIL}[{r}])"},
         {"record": c("gpu_util", "max"), "expr": f"max_over_time({UTIL}[{r}])"},
         {"record": c("gpu_util_busy", "sum"), "expr": f"sum_over_time({BUSY}[{r}])"},
         {"record": c("gpu_util_burst", "count"), "expr": f"count_over_time({BURST}[{r}])"},
-        {"record": c("gpu_fb_used", "count"), "expr": f"count_over_time({MEM}[{r}])"},
-        {"record": c("gpu_fb_used", "avg"), "expr": f"avg_over_time({MEM}[{r}])"},
-        {"record": c("gpu_fb_used", "stdvar"), "expr": f"stdvar_over_time({MEM}[{r}])"},
-        # covariance of memory and time = slope × var(t); a chunk of one sample has none (0)
-        {"record": c("gpu_fb_used", "cov"),
-         "expr": f"deriv({MEM}[{r}]) * stdvar_over_time({MEM_T}[{r}]) or count_over_time({MEM}[{r}]) * 0"},
-        {"record": c("gpu_fb_used_timestamp", "avg"), "expr": f"avg_over_time({MEM_T}[{r}])"},
-        {"record": c("gpu_fb_used_timestamp", "stdvar"), "expr": f"stdvar_over_time({MEM_T}[{r}])"},
+        {"record": c("gpu_fb_used", "count"), "expr": n},
+        {"record": c("gpu_fb_used", "min"), "expr": f"min_over_time({MEM}[{r}])"},
+        {"record": c("gpu_fb_used", "max"), "expr": f"max_over_time({MEM}[{r}])"},
+        # moments about this evaluation's time T, as the sweep puts chunks together: Σy, Σy²,
+        # Σ(t-T), Σ(t-T)², Σ(t-T)y (from the mean and (co)variance: exact for a constant memory;
+        # a chunk of one sample has no slope, its covariance is 0)
+        {"record": c("gpu_fb_used", "sum"), "expr": f"sum_over_time({MEM}[{r}])"},
+        {"record": c("gpu_fb_used", "sumsq"), "expr": f"{n} * (stdvar_over_time({MEM}[{r}]) + {mean} ^ 2)"},
+        {"record": c("gpu_fb_used", "tsum"), "expr": f"{n} * {dt}"},
+        {"record": c("gpu_fb_used", "tsumsq"), "expr": f"{n} * ({tvar} + {dt} ^ 2)"},
+        {"record": c("gpu_fb_used", "tysum"),
+         "expr": f"{n} * ((deriv({MEM}[{r}]) * {tvar} or {n} * 0) + {dt} * {mean})"},
         {"record": c("gpu_fb_used_timestamp", "min"), "expr": f"min_over_time({MEM_T}[{r}])"},
         {"record": c("gpu_fb_used_timestamp", "max"), "expr": f"max_over_time({MEM_T}[{r}])"},
     ]
@@ -224,72 +231,115 @@ def _over(agg: str, term: Callable[[Read], str], offsets: Sequence[float], extra
 
 
 def lookback_query_chunked(lookback: float, step: float, chunk: float) -> str:
-    """The lookback aggregates of :func:`~gpu_cost.sources.prometheus.lookback_query`, from the per-chunk series.
+    """The lookback's parts from the per-chunk series, for :func:`finish` to turn into the raw query's columns.
 
     Asked as of the rules' evaluation ``T``, chunk ``j`` is the value recorded at ``T - j × chunk``:
     the aggregate of the samples in ``(T - (j+1) chunk, T - j chunk]``, so the chunks tile the
-    lookback's samples exactly. Counts, sums and maxima combine directly; the framebuffer's
-    variance, its time variance and covariance are pooled from each chunk's count, mean and
-    (co)variance about the query time (``time()``), which keeps the sums small (and exact for a
-    constant memory).
+    lookback's samples exactly. Sums, counts and extremes add up here; a chunk's time moments,
+    taken about its own ``T_j = T - j × chunk``, are moved to ``T`` on the way (``t - T = (t - T_j)
+    - j × chunk``). Means, variances and the slope are left to :func:`finish`, so each chunk value
+    is read once.
     """
     from gpu_cost.aggregate import CHART_BUCKETS
 
     k = round(lookback / chunk)
-    offsets = [j * chunk for j in range(k)]
+    offsets = [float(j * chunk) for j in range(k)]
 
     def c(metric: str, op: str) -> str:
         return chunk_series(metric, op, chunk)
 
-    def sum_(term: Callable[[Read], str]) -> str:
-        return _over("sum", term, offsets)
+    def moved(term: Callable[[Read, float], str]) -> str:
+        """Sum over chunks of a term that also depends on the chunk's age ``j × chunk`` (seconds)."""
+        parts = []
+        for j, off in enumerate(offsets):
+            shift = f" offset {_dur(off)}" if off else ""
 
-    un, us, umax = c("gpu_util", "count"), c("gpu_util", "sum"), c("gpu_util", "max")
-    busy, burst = c("gpu_util_busy", "sum"), c("gpu_util_burst", "count")
-    mn, my, mv, mc = c("gpu_fb_used", "count"), c("gpu_fb_used", "avg"), c("gpu_fb_used", "stdvar"), c("gpu_fb_used", "cov")
-    tm, tv = c("gpu_fb_used_timestamp", "avg"), c("gpu_fb_used_timestamp", "stdvar")
-    tmin, tmax = c("gpu_fb_used_timestamp", "min"), c("gpu_fb_used_timestamp", "max")
+            def read(name: str, s: str = shift) -> str:
+                return f"last_over_time({name}[1ms]{s})"
 
-    n_u = sum_(lambda v: v(un))
-    n = sum_(lambda v: v(mn))
-    sy = sum_(lambda v: f"{v(mn)} * {v(my)}")
-    syy = sum_(lambda v: f"{v(mn)} * ({v(mv)} + {v(my)} ^ 2)")
-    sd = sum_(lambda v: f"{v(mn)} * ({v(tm)} - time())")
-    sdd = sum_(lambda v: f"{v(mn)} * ({v(tv)} + ({v(tm)} - time()) ^ 2)")
-    sdy = sum_(lambda v: f"{v(mn)} * ({v(mc)} + ({v(tm)} - time()) * {v(my)})")
+            parts.append(f'label_replace({term(read, off)}, "chunk", "{j}", "", "")')
+        return f"sum by ({KEY}) ({' or '.join(parts)})"
+
+    n, y, t = c("gpu_fb_used", "count"), c("gpu_fb_used", "sum"), c("gpu_fb_used", "tsum")
+    tt, ty = c("gpu_fb_used", "tsumsq"), c("gpu_fb_used", "tysum")
     # the oldest step's burst needs its quiet sample before the lookback: the raw query leaves it out
     edge = f"-1 * count_over_time({BURST}[{_dur(step - 0.001)}] offset {_dur(lookback - step)})"
     bucket = lookback / CHART_BUCKETS
     per = round(bucket / chunk)
+    umax = c("gpu_util", "max")
     chart = []
     for b in range(CHART_BUCKETS):
         first = (CHART_BUCKETS - 1 - b) * per
         chart.append(_stat(_over("max", lambda v: v(umax), [(first + i) * chunk for i in range(per)]), f"chart_{b}"))
     return _union([
-        _stat(f"({sum_(lambda v: v(us))}) / ({n_u})", "util_mean_lb"),
-        _stat(_over("max", lambda v: v(umax), offsets), "util_max_lb"),
-        _stat(n_u, "n_lb"),
-        _stat(f"({sum_(lambda v: v(busy))}) / ({n_u})", "busy_share_lb"),
-        _stat(_over("sum", lambda v: v(burst), offsets, [edge]), "bursts_lb"),
-        _stat(f"(({sdy}) - ({sd}) * ({sy}) / ({n})) / (({sdd}) - ({sd}) ^ 2 / ({n})) * 3600", "mem_slope_lb"),
-        _stat(f"(({syy}) - ({sy}) ^ 2 / ({n})) / ({n})", "mem_var_lb"),
-        _stat(f"(({sdd}) - ({sd}) ^ 2 / ({n})) / ({n})", "mem_tvar_lb"),
-        _stat(n, "mem_n_lb"),
-        _stat(_over("min", lambda v: v(tmin), offsets), "mem_t0_lb"),
-        _stat(_over("max", lambda v: v(tmax), offsets), "mem_t1_lb"),
+        _stat(_over("sum", lambda v: v(c("gpu_util", "sum")), offsets), "util_sum_lb"),
+        _stat(_over("sum", lambda v: v(c("gpu_util", "count")), offsets), "n_lb"),
+        _stat(_over("sum", lambda v: v(c("gpu_util_busy", "sum")), offsets), "busy_sum_lb"),
+        _stat(_over("sum", lambda v: v(c("gpu_util_burst", "count")), offsets, [edge]), "bursts_lb"),
+        _stat(_over("sum", lambda v: v(n), offsets), "mem_n_lb"),
+        _stat(_over("sum", lambda v: v(y), offsets), "mem_sy_lb"),
+        _stat(_over("sum", lambda v: v(c("gpu_fb_used", "sumsq")), offsets), "mem_syy_lb"),
+        _stat(moved(lambda v, a: f"{v(t)} - {a!r} * {v(n)}" if a else v(t)), "mem_sd_lb"),
+        _stat(moved(lambda v, a: f"{v(tt)} - {2 * a!r} * {v(t)} + {a * a!r} * {v(n)}" if a else v(tt)), "mem_sdd_lb"),
+        _stat(moved(lambda v, a: f"{v(ty)} - {a!r} * {v(y)}" if a else v(ty)), "mem_sdy_lb"),
+        _stat(_over("min", lambda v: v(c("gpu_fb_used_timestamp", "min")), offsets), "mem_t0_lb"),
+        _stat(_over("max", lambda v: v(c("gpu_fb_used_timestamp", "max")), offsets), "mem_t1_lb"),
         *chart,
     ])
 
 
-def windows_query_recorded(windows: Sequence[float], primary: float) -> str:
-    """The window aggregates of :func:`~gpu_cost.sources.prometheus.windows_query` from the per-sample series.
+def finish(row: dict[str, float]) -> None:
+    """Turn the chunked queries' parts of one GPU into the raw queries' columns, in place."""
+    import math
 
-    Asked as of the rules' evaluation ``T``: a window ``w`` is the samples in ``(T - w, T]``.
+    from gpu_cost.aggregate import CHART_BUCKETS
+
+    def get(name: str) -> float:
+        return float(row.get(name, math.nan))
+
+    for key in [k for k in row if k.startswith("util_sum@")]:
+        tag = key.split("@", 1)[1]
+        row[f"util_mean@{tag}"] = get(key) / get(f"n@{tag}")
+    if "n_lb" not in row:
+        return
+    n_u = get("n_lb")
+    row["util_mean_lb"] = get("util_sum_lb") / n_u
+    row["busy_share_lb"] = get("busy_sum_lb") / n_u
+    charts = [get(f"chart_{k}") for k in range(CHART_BUCKETS)]
+    seen = [v for v in charts if not math.isnan(v)]
+    row["util_max_lb"] = max(seen) if seen else math.nan  # the buckets tile the lookback
+    n = get("mem_n_lb")
+    if n > 0:
+        sy, sd = get("mem_sy_lb"), get("mem_sd_lb")
+        var_t = (get("mem_sdd_lb") - sd * sd / n) / n
+        row["mem_var_lb"] = (get("mem_syy_lb") - sy * sy / n) / n
+        row["mem_tvar_lb"] = var_t
+        cov = (get("mem_sdy_lb") - sd * sy / n) / n
+        row["mem_slope_lb"] = cov / var_t * 3600.0 if n >= 2 and var_t > 0 else math.nan
+
+
+def windows_query_recorded(windows: Sequence[float], primary: float, chunk: float | None = None) -> str:
+    """The window aggregates of :func:`~gpu_cost.sources.prometheus.windows_query` from the recorded series.
+
+    Asked as of the rules' evaluation ``T``: a window ``w`` is the samples in ``(T - w, T]``; a
+    window of whole chunks (not the primary one, which also wants power) is read from them, its
+    mean left to :func:`finish`.
     """
     parts = []
     for w in windows:
-        r = _dur(w - 0.001)
         tag = f"{w:g}"
+        primary_w = abs(w - primary) < 1e-6
+        if chunk and not primary_w and w % chunk < 1e-6:
+            offsets = [j * chunk for j in range(round(w / chunk))]
+            parts += [
+                _stat(_over("sum", lambda v: v(chunk_series("gpu_util", "sum", chunk)), offsets), f"util_sum@{tag}"),
+                _stat(_over("max", lambda v: v(chunk_series("gpu_util", "max", chunk)), offsets), f"util_max@{tag}"),
+                _stat(_over("sum", lambda v: v(chunk_series("gpu_util", "count", chunk)), offsets), f"n@{tag}"),
+                _stat(_over("min", lambda v: v(chunk_series("gpu_fb_used", "min", chunk)), offsets), f"mem_min@{tag}"),
+                _stat(_over("max", lambda v: v(chunk_series("gpu_fb_used", "max", chunk)), offsets), f"mem_max@{tag}"),
+            ]
+            continue
+        r = _dur(w - 0.001)
         parts += [
             _stat(f"avg_over_time({UTIL}[{r}])", f"util_mean@{tag}"),
             _stat(f"max_over_time({UTIL}[{r}])", f"util_max@{tag}"),
@@ -297,7 +347,7 @@ def windows_query_recorded(windows: Sequence[float], primary: float) -> str:
             _stat(f"min_over_time({MEM}[{r}])", f"mem_min@{tag}"),
             _stat(f"max_over_time({MEM}[{r}])", f"mem_max@{tag}"),
         ]
-        if abs(w - primary) < 1e-6:
+        if primary_w:
             parts.append(_stat(f"avg_over_time({POWER}[{r}])", f"power@{tag}"))
     return _union(parts)
 
