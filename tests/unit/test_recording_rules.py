@@ -69,29 +69,30 @@ def test_the_rules_use_the_sources_own_expressions() -> None:
         recording.recording_rules(step=60, chunk=1830)
 
 
-def test_the_chunked_lookback_reads_each_chunk_once_per_term() -> None:
-    q = recording.lookback_query_chunked(21600, 60, 1800)
-    # 12 chunks at 0, 30 min, … 5 h 30 min; nothing reads the raw series
-    for j in range(12):
-        off = f" offset {j * 1800000}ms" if j else ""
-        assert f"last_over_time({recording.chunk_series('gpu_util', 'sum')}[1ms]{off})" in q
-    assert "offset 21600000ms" not in q.replace("[59999ms] offset 21540000ms", "")
+def test_the_chunked_lookback_reads_each_chunk_at_the_rules_evaluations() -> None:
+    at = AT + 37.025  # the rules' phase within the minute; AT is a multiple of 30 min
+    q = recording.lookback_query_chunked(21600, 60, 1800, at)
+    # 12 subquery steps on multiples of 30 min (…, AT - 30 min, AT), each read 37.025 s later
+    assert "sum_over_time((last_over_time(gpu_cost:gpu_util:sum_30m[1ms] offset -37025ms))[19837025ms:1800000ms])" in q
     assert "DCGM" not in q and q.count("(") == q.count(")")
     stats = {s for s in ("util_sum_lb", "n_lb", "busy_sum_lb", "bursts_lb", "mem_n_lb", "mem_sy_lb", "mem_syy_lb",
                          "mem_sd_lb", "mem_sdd_lb", "mem_sdy_lb", "mem_t0_lb", "mem_t1_lb") if f'"{s}"' in q}
     assert len(stats) == 12 and all(f'"chart_{k}"' in q for k in range(12))
-    # a chunk's time moments move to the query's time by its age, written exactly
-    assert "- 39600.0 * last_over_time(gpu_cost:gpu_fb_used:tsum_30m[1ms] offset 19800000ms)" in q
-    assert "+ 392040000.0 * last_over_time(gpu_cost:gpu_fb_used:count_30m[1ms] offset 19800000ms)" in q
+    assert "last_over_time(gpu_cost:gpu_util:max_30m[1ms] offset 19800000ms)" in q  # the oldest chart bucket
+    # a chunk's age is the base (the last multiple of 30 min) minus the step's time
+    assert f"({AT!r} - time())" in q
+    on_grid = recording.lookback_query_chunked(21600, 60, 1800, AT)
+    assert "offset -" not in on_grid and "[19800000ms:1800000ms]" in on_grid
 
 
 def test_queries_parse(tmp_path: Path) -> None:
     """promtool parses every query the recorded path sends (as rule expressions)."""
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed (Debian package prometheus)")
-    exprs = [recording.lookback_query_chunked(21600, 60, 1800), recording.lookback_query_chunked(43200, 60, 1800),
-             recording.lookback_query_samples(10800, 60), recording.windows_query_recorded([900, 3600], 900),
-             recording.windows_query_recorded([900, 3600, 7200], 900, 1800)]
+    exprs = [recording.lookback_query_chunked(21600, 60, 1800, AT + 37.025),
+             recording.lookback_query_chunked(43200, 60, 1800, AT + 12.5), recording.lookback_query_samples(10800, 60),
+             recording.windows_query_recorded([900, 3600], 900),
+             recording.windows_query_recorded([900, 3600, 7200], 900, 1800, AT + 37.025)]
     rules = {"groups": [{"name": "check", "rules": [{"record": f"q{i}", "expr": e} for i, e in enumerate(exprs)]}]}
     f = tmp_path / "queries.yml"
     f.write_text(yaml.safe_dump(rules, width=10**9))

@@ -467,8 +467,8 @@ class PrometheusSource:
             from gpu_cost.sources import recording
 
             # as of the rules' last evaluation (within a step after ``at``): the same grid samples
-            win = self.query(recording.windows_query_recorded(windows, primary, rec.chunk), rec.at, "windows")
-            lb = self.query(recording.lookback_query_recorded(sw.lookback, step, rec.chunk), rec.at, "lookback")
+            win = self.query(recording.windows_query_recorded(windows, primary, rec.chunk, rec.at), rec.at, "windows")
+            lb = self.query(recording.lookback_query_recorded(sw.lookback, step, rec.chunk, rec.at), rec.at, "lookback")
         else:
             win = self.query(windows_query(self.config.selector, windows, primary, step), at, "windows")
             lb = self.query(lookback_query(self.config.selector, sw.lookback, step, sw.busy_util), at, "lookback")

@@ -230,60 +230,82 @@ def _over(agg: str, term: Callable[[Read], str], offsets: Sequence[float], extra
     return f"{agg} by ({KEY}) ({' or '.join(parts)})"
 
 
-def lookback_query_chunked(lookback: float, step: float, chunk: float) -> str:
+class Chunks:
+    """Reads of the per-chunk series as of the rules' evaluation ``at``: ``k`` chunks back, one subquery each.
+
+    A subquery's steps fall on multiples of its step; reading each chunk series ``Δ = at mod
+    chunk`` later (a negative offset) lands exactly on the rules' evaluations ``at - j × chunk``,
+    and ``last_over_time(…[1ms])`` takes that evaluation's value or none (a plain selector would
+    take one up to five minutes older where a chunk has none, e.g. no bursts, and backfilled rules
+    leave no staleness marker). Inside, ``time()`` is the step: a chunk's age is ``base - time()``.
+    """
+
+    def __init__(self, at: float, chunk: float, k: int) -> None:
+        self.chunk_ms = round(chunk * 1000)
+        at_ms = round(at * 1000)
+        self.delta_ms = at_ms % self.chunk_ms
+        self.base = (at_ms - self.delta_ms) / 1000.0
+        self.range_ms = (k - 1) * self.chunk_ms + self.delta_ms
+
+    def v(self, name: str) -> str:
+        shift = f" offset -{self.delta_ms}ms" if self.delta_ms else ""
+        return f"last_over_time({name}[1ms]{shift})"
+
+    def age(self) -> str:
+        return f"({self.base!r} - time())"
+
+    def over(self, fn: str, inner: str) -> str:
+        return f"{fn}(({inner})[{self.range_ms}ms:{self.chunk_ms}ms])"
+
+
+def lookback_query_chunked(lookback: float, step: float, chunk: float, at: float) -> str:
     """The lookback's parts from the per-chunk series, for :func:`finish` to turn into the raw query's columns.
 
-    Asked as of the rules' evaluation ``T``, chunk ``j`` is the value recorded at ``T - j × chunk``:
-    the aggregate of the samples in ``(T - (j+1) chunk, T - j chunk]``, so the chunks tile the
+    Asked at the rules' evaluation ``at``, chunk ``j`` is the value recorded at ``at - j × chunk``:
+    the aggregate of the samples in ``(at - (j+1) chunk, at - j chunk]``, so the chunks tile the
     lookback's samples exactly. Sums, counts and extremes add up here; a chunk's time moments,
-    taken about its own ``T_j = T - j × chunk``, are moved to ``T`` on the way (``t - T = (t - T_j)
-    - j × chunk``). Means, variances and the slope are left to :func:`finish`, so each chunk value
-    is read once.
+    taken about its own evaluation time, are moved to ``at`` on the way (``t - at = (t - T_j) -
+    age``). Means, variances and the slope are left to :func:`finish`.
     """
     from gpu_cost.aggregate import CHART_BUCKETS
 
-    k = round(lookback / chunk)
-    offsets = [float(j * chunk) for j in range(k)]
+    ch = Chunks(at, chunk, round(lookback / chunk))
 
     def c(metric: str, op: str) -> str:
         return chunk_series(metric, op, chunk)
 
-    def moved(term: Callable[[Read, float], str]) -> str:
-        """Sum over chunks of a term that also depends on the chunk's age ``j × chunk`` (seconds)."""
-        parts = []
-        for j, off in enumerate(offsets):
-            shift = f" offset {_dur(off)}" if off else ""
+    def total(metric: str, op: str) -> str:
+        return ch.over("sum_over_time", ch.v(c(metric, op)))
 
-            def read(name: str, s: str = shift) -> str:
-                return f"last_over_time({name}[1ms]{s})"
-
-            parts.append(f'label_replace({term(read, off)}, "chunk", "{j}", "", "")')
-        return f"sum by ({KEY}) ({' or '.join(parts)})"
-
-    n, y, t = c("gpu_fb_used", "count"), c("gpu_fb_used", "sum"), c("gpu_fb_used", "tsum")
-    tt, ty = c("gpu_fb_used", "tsumsq"), c("gpu_fb_used", "tysum")
+    n, y, t = ch.v(c("gpu_fb_used", "count")), ch.v(c("gpu_fb_used", "sum")), ch.v(c("gpu_fb_used", "tsum"))
+    tt, ty, a = ch.v(c("gpu_fb_used", "tsumsq")), ch.v(c("gpu_fb_used", "tysum")), ch.age()
+    bursts = total("gpu_util_burst", "count")
     # the oldest step's burst needs its quiet sample before the lookback: the raw query leaves it out
-    edge = f"-1 * count_over_time({BURST}[{_dur(step - 0.001)}] offset {_dur(lookback - step)})"
+    edge = f"count_over_time({BURST}[{_dur(step - 0.001)}] offset {_dur(lookback - step)})"
     bucket = lookback / CHART_BUCKETS
     per = round(bucket / chunk)
     umax = c("gpu_util", "max")
     chart = []
     for b in range(CHART_BUCKETS):
         first = (CHART_BUCKETS - 1 - b) * per
-        chart.append(_stat(_over("max", lambda v: v(umax), [(first + i) * chunk for i in range(per)]), f"chart_{b}"))
+        if per == 1:
+            off = f" offset {_dur(first * chunk)}" if first else ""
+            chart.append(_stat(f"last_over_time({umax}[1ms]{off})", f"chart_{b}"))
+        else:
+            chart.append(_stat(_over("max", lambda v: v(umax), [(first + i) * chunk for i in range(per)]), f"chart_{b}"))
     return _union([
-        _stat(_over("sum", lambda v: v(c("gpu_util", "sum")), offsets), "util_sum_lb"),
-        _stat(_over("sum", lambda v: v(c("gpu_util", "count")), offsets), "n_lb"),
-        _stat(_over("sum", lambda v: v(c("gpu_util_busy", "sum")), offsets), "busy_sum_lb"),
-        _stat(_over("sum", lambda v: v(c("gpu_util_burst", "count")), offsets, [edge]), "bursts_lb"),
-        _stat(_over("sum", lambda v: v(n), offsets), "mem_n_lb"),
-        _stat(_over("sum", lambda v: v(y), offsets), "mem_sy_lb"),
-        _stat(_over("sum", lambda v: v(c("gpu_fb_used", "sumsq")), offsets), "mem_syy_lb"),
-        _stat(moved(lambda v, a: f"{v(t)} - {a!r} * {v(n)}" if a else v(t)), "mem_sd_lb"),
-        _stat(moved(lambda v, a: f"{v(tt)} - {2 * a!r} * {v(t)} + {a * a!r} * {v(n)}" if a else v(tt)), "mem_sdd_lb"),
-        _stat(moved(lambda v, a: f"{v(ty)} - {a!r} * {v(y)}" if a else v(ty)), "mem_sdy_lb"),
-        _stat(_over("min", lambda v: v(c("gpu_fb_used_timestamp", "min")), offsets), "mem_t0_lb"),
-        _stat(_over("max", lambda v: v(c("gpu_fb_used_timestamp", "max")), offsets), "mem_t1_lb"),
+        _stat(total("gpu_util", "sum"), "util_sum_lb"),
+        _stat(total("gpu_util", "count"), "n_lb"),
+        _stat(total("gpu_util_busy", "sum"), "busy_sum_lb"),
+        _stat(f"({bursts}) - ({edge} or ({bursts}) * 0)", "bursts_lb"),
+        _stat(total("gpu_fb_used", "count"), "mem_n_lb"),
+        _stat(total("gpu_fb_used", "sum"), "mem_sy_lb"),
+        _stat(total("gpu_fb_used", "sumsq"), "mem_syy_lb"),
+        _stat(ch.over("sum_over_time", f"{t} - {a} * {n}"), "mem_sd_lb"),
+        _stat(ch.over("sum_over_time", f"{tt} - 2 * {a} * {t} + {a} ^ 2 * {n}"), "mem_sdd_lb"),
+        _stat(ch.over("sum_over_time", f"{ty} - {a} * {y}"), "mem_sdy_lb"),
+        _stat(ch.over("min_over_time", ch.v(c("gpu_fb_used_timestamp", "min"))), "mem_t0_lb"),
+        _stat(ch.over("max_over_time", ch.v(c("gpu_fb_used_timestamp", "max"))), "mem_t1_lb"),
         *chart,
     ])
 
@@ -318,7 +340,8 @@ def finish(row: dict[str, float]) -> None:
         row["mem_slope_lb"] = cov / var_t * 3600.0 if n >= 2 and var_t > 0 else math.nan
 
 
-def windows_query_recorded(windows: Sequence[float], primary: float, chunk: float | None = None) -> str:
+def windows_query_recorded(windows: Sequence[float], primary: float, chunk: float | None = None,
+                           at: float = 0.0) -> str:
     """The window aggregates of :func:`~gpu_cost.sources.prometheus.windows_query` from the recorded series.
 
     Asked as of the rules' evaluation ``T``: a window ``w`` is the samples in ``(T - w, T]``; a
@@ -330,13 +353,17 @@ def windows_query_recorded(windows: Sequence[float], primary: float, chunk: floa
         tag = f"{w:g}"
         primary_w = abs(w - primary) < 1e-6
         if chunk and not primary_w and w % chunk < 1e-6:
-            offsets = [j * chunk for j in range(round(w / chunk))]
+            ch = Chunks(at, chunk, round(w / chunk))
+
+            def read(fn: str, metric: str, op: str, ch: Chunks = ch) -> str:
+                return ch.over(fn, ch.v(chunk_series(metric, op, chunk)))
+
             parts += [
-                _stat(_over("sum", lambda v: v(chunk_series("gpu_util", "sum", chunk)), offsets), f"util_sum@{tag}"),
-                _stat(_over("max", lambda v: v(chunk_series("gpu_util", "max", chunk)), offsets), f"util_max@{tag}"),
-                _stat(_over("sum", lambda v: v(chunk_series("gpu_util", "count", chunk)), offsets), f"n@{tag}"),
-                _stat(_over("min", lambda v: v(chunk_series("gpu_fb_used", "min", chunk)), offsets), f"mem_min@{tag}"),
-                _stat(_over("max", lambda v: v(chunk_series("gpu_fb_used", "max", chunk)), offsets), f"mem_max@{tag}"),
+                _stat(read("sum_over_time", "gpu_util", "sum"), f"util_sum@{tag}"),
+                _stat(read("max_over_time", "gpu_util", "max"), f"util_max@{tag}"),
+                _stat(read("sum_over_time", "gpu_util", "count"), f"n@{tag}"),
+                _stat(read("min_over_time", "gpu_fb_used", "min"), f"mem_min@{tag}"),
+                _stat(read("max_over_time", "gpu_fb_used", "max"), f"mem_max@{tag}"),
             ]
             continue
         r = _dur(w - 0.001)
@@ -380,10 +407,10 @@ def lookback_query_samples(lookback: float, step: float) -> str:
     ])
 
 
-def lookback_query_recorded(lookback: float, step: float, chunk: float | None) -> str:
-    """The lookback query on recorded series: from chunks when they tile it, else from the per-sample series."""
+def lookback_query_recorded(lookback: float, step: float, chunk: float | None, at: float) -> str:
+    """The lookback query on recorded series, asked at ``at``: from chunks when they tile it, else from the samples."""
     if chunk:
-        return lookback_query_chunked(lookback, step, chunk)
+        return lookback_query_chunked(lookback, step, chunk, at)
     return lookback_query_samples(lookback, step)
 
 
