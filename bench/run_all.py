@@ -8,7 +8,7 @@ import sys
 BENCHES: list[tuple[str, list[str]]] = [
     ("bench.sweep", []),
     ("bench.queries", []),
-    # 1,000 GPUs here (about 10 minutes on two cores, most of it the raw sweep); the full size is
+    # 1,000 GPUs here (about 5 minutes on two cores); the full size is
     # `python -m bench.prometheus --gpus 10000` (see docs/benchmarks.md)
     ("bench.prometheus", ["--gpus", "1000", "--jobs", "4000", "--repeat", "1"]),
     ("bench.replay", []),

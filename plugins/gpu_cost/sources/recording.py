@@ -4,20 +4,23 @@ Without rules, every sweep resamples each GPU's raw DCGM series over the whole l
 1-minute steps, every exporter dialect, ~20 aggregates): at 10,000 GPUs that is millions of
 samples every five minutes. With the rules below, Prometheus keeps, at the sample interval:
 
-- **per sample** (group ``gpu_cost_samples``): the sweep's own normalised series, one per GPU
+- **per sample** (one group, ``gpu_cost``, whose later rules read the earlier ones of the same
+  evaluation): the sweep's own normalised series, one per GPU
   (labels ``host``, ``gpu``, ``UUID`` only): utilisation % (``gpu_cost:gpu_util:pct``, the first
   dialect present, invalid values dropped, exactly :meth:`Dialects.util`), busy (0/1), idle→busy
   bursts, framebuffer used, its sample time, and power;
-- **per chunk** (group ``gpu_cost_chunks``, ``CHUNK`` = 30 min): each series' sum, count, max,
-  mean, variance, time moments and covariance over the last 30 samples.
+- **per chunk** (``CHUNK`` = 30 min): the last 30 samples' utilisation sum, count and max, busy
+  sum, burst count, framebuffer count, min, max, Σy, Σy², and its time moments Σ(t-T), Σ(t-T)²,
+  Σ(t-T)·y about the evaluation time T, and the first and last sample time.
 
-The source then reads the windows from the per-sample series and the lookback as twelve
-30-minute chunks put together in PromQL (pooled means and variances, the least-squares slope
-from pooled moments), so a sweep touches ~12 samples per GPU and aggregate instead of ~360 ×
-dialects. The answers are the raw path's (the integration test holds both equal on the same
-data, to float rounding), provided the rules were evaluated on the sample grid; a live
-Prometheus evaluates a group at a fixed phase within its interval, so each recorded value is the
-same aggregate taken up to one interval later.
+The source then reads the lookback (and the windows of whole chunks) as twelve 30-minute chunks,
+one subquery per part whose steps land on the rules' own evaluations: sums, counts, extremes and
+the memory's time moments add up in PromQL, means, variances and the slope are finished in Python
+(:func:`finish`). A sweep touches ~272 samples per GPU instead of ~4,960, and Prometheus spends a
+small fraction of the time (``docs/benchmarks.md``). The answers are the raw path's (the
+integration test holds both equal on the same data, to float rounding): the sweep reads the
+recorded series as of the rules' last evaluation after the grid step, which on a live Prometheus
+is the same aggregate taken up to one interval later.
 
 The source uses the rules only when they fit: the info series ``gpu_cost:recording_rules:info``
 (labels ``step``, ``busy_util``, ``chunk``, ``selector``) must exist now *and* one lookback ago
@@ -211,7 +214,7 @@ def chunks_fit(info: dict[str, str], lookback: float) -> float | None:
 Read = Callable[[str], str]
 
 
-def _over(agg: str, term: Callable[[Read], str], offsets: Sequence[float], extra: Sequence[str] = ()) -> str:
+def _over(agg: str, term: Callable[[Read], str], offsets: Sequence[float]) -> str:
     """``agg by (host, gpu, UUID)`` over ``term`` at each offset (each tagged apart, so ``or`` keeps them all).
 
     ``term`` gets a reader that returns, for a series name, its value of that evaluation exactly
@@ -226,7 +229,6 @@ def _over(agg: str, term: Callable[[Read], str], offsets: Sequence[float], extra
     for i, off in enumerate(offsets):
         read = reader(f" offset {_dur(off)}" if off else "")
         parts.append(f'label_replace({term(read)}, "chunk", "{i}", "", "")')
-    parts += [f'label_replace({e}, "chunk", "x{i}", "", "")' for i, e in enumerate(extra)]
     return f"{agg} by ({KEY}) ({' or '.join(parts)})"
 
 
