@@ -35,6 +35,9 @@ class SimScheduler:
     def nodes(self):  # type: ignore[no-untyped-def]
         return self.cluster.nodes_at(self.now)
 
+    def reservations(self):  # type: ignore[no-untyped-def]
+        return []  # the scenario holds none (the live snapshot asks since reservations are read)
+
 
 def _compare(prom, sim, exact: bool) -> None:  # type: ignore[no-untyped-def]
     p = prom.set_index(["host", "gpu"]).sort_index()
