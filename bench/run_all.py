@@ -8,6 +8,9 @@ import sys
 BENCHES: list[tuple[str, list[str]]] = [
     ("bench.sweep", []),
     ("bench.queries", []),
+    # 1,000 GPUs here (about 5 minutes on two cores); the full size is
+    # `python -m bench.prometheus --gpus 10000` (see docs/benchmarks.md)
+    ("bench.prometheus", ["--gpus", "1000", "--jobs", "4000", "--repeat", "1"]),
     ("bench.replay", []),
     ("bench.replay_hard", []),
     ("bench.verifier_month", []),

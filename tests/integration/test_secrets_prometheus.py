@@ -34,6 +34,9 @@ class NoSlurm:
     def nodes(self) -> list[Any]:
         return []
 
+    def reservations(self) -> list[Any]:
+        return []
+
 
 @pytest.mark.parametrize("fault", ["down", "error"])
 def test_prometheus_password_never_leaves_its_connection(fault: str, prom_lab, store, policy, slack_sink,  # type: ignore[no-untyped-def]

@@ -203,6 +203,21 @@ def test_prometheus_config(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_recording_rules_are_loaded_and_parse(compose) -> None:  # type: ignore[no-untyped-def]
+    from gpu_cost.sources import recording
+
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["gpu-cost.rules.yml"]  # relative to the config file: /etc/prometheus
+    mounts = compose["services"]["prometheus"]["volumes"]
+    assert "./deploy/prometheus/gpu-cost.rules.yml:/etc/prometheus/gpu-cost.rules.yml:ro" in mounts
+    shipped = ROOT / recording.SHIPPED
+    assert shipped.read_text() == recording.rules_yaml(), f"{recording.SHIPPED} drifted: {recording.REGENERATE}"
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (Debian package prometheus): rules not parsed")
+    r = subprocess.run(["promtool", "check", "rules", str(shipped)], capture_output=True, text=True)
+    assert r.returncode == 0 and "SUCCESS: 22 rules found" in r.stdout, r.stdout + r.stderr
+
+
 # -- Grafana ---------------------------------------------------------------------------------
 
 

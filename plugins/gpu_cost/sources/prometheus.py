@@ -11,6 +11,11 @@ the cluster size (:attr:`PrometheusSource.queries_made` counts them):
    sample count, and the framebuffer's trend (``deriv`` slope, R², span: a leak grows steadily);
 4. ``nodes``     — per node from node_exporter: CPU busy %, memory available, disk, network.
 
+Where the recording rules of :mod:`gpu_cost.sources.recording` (shipped in
+``deploy/prometheus/gpu-cost.rules.yml``) run on the server and fit the policy, ``windows`` and
+``lookback`` read their series instead of the raw ones: same answers, a fraction of the samples.
+``current`` says whether they do (:attr:`PrometheusSource.rules_used`).
+
 Series are resampled on the policy's ``sample_interval`` grid with subqueries
 (``avg_over_time(U[15m:60s])``), which gives exactly the samples :mod:`gpu_cost.aggregate` sees
 for the simulator and traces, so ``stale`` and ``bursts_lb`` mean the same thing for every
@@ -22,7 +27,8 @@ framebuffer readings below 0 or above ``aggregate.MAX_MEM_MIB`` are dropped, nev
 The server comes from the Airflow connection ``gpu_cost_prometheus`` (``AIRFLOW_CONN_GPU_COST_PROMETHEUS``
 as a URI or JSON, or Airflow's own lookup), else ``GPU_COST_PROMETHEUS_URL``. Connection extras:
 ``selector`` (label matchers added to every GPU selector, e.g. ``job="dcgm"``), ``node_selector``
-(the same for node_exporter), ``timeout`` (seconds), ``verify`` (TLS), ``headers``. A server that
+(the same for node_exporter), ``timeout`` (seconds), ``verify`` (TLS), ``headers``,
+``recording_rules`` (``false``: never read the recording rules' series). A server that
 cannot be reached, times out or answers nonsense raises :class:`~gpu_cost.errors.SourceError`;
 a GPU missing from some answers is *stale*, never idle. Errors name the server with its
 credentials redacted (:func:`gpu_cost.redact.redact`).
@@ -69,6 +75,7 @@ class PromConfig:
 
     :param selector: label matchers (without braces) added to every GPU metric selector.
     :param node_selector: the same for node_exporter metrics.
+    :param recording_rules: read :mod:`gpu_cost.sources.recording`'s series where they fit (False: raw only).
     """
 
     url: str
@@ -78,12 +85,13 @@ class PromConfig:
     verify: bool = True
     headers: Mapping[str, str] = field(default_factory=dict)
     auth: tuple[str, str] | None = None
+    recording_rules: bool = True
 
     def __repr__(self) -> str:
         # a repr lands in logs and tracebacks: no password, no Authorization header
         return (f"PromConfig(url={redact(self.url)!r}, selector={self.selector!r}, node_selector={self.node_selector!r}, "
                 f"timeout={self.timeout!r}, verify={self.verify!r}, headers={sorted(self.headers)!r}, "
-                f"auth={'(***)' if self.auth else None})")
+                f"auth={'(***)' if self.auth else None}, recording_rules={self.recording_rules!r})")
 
 
 def configured(conn_id: str = CONN_ID) -> bool:
@@ -126,12 +134,13 @@ def _config_from_conn(conn: Mapping[str, Any], conn_id: str) -> PromConfig:
     selector = str(extra.get("selector", "")).strip().strip("{}")
     node_selector = str(extra.get("node_selector", "")).strip().strip("{}")
     verify = str(extra.get("verify", "true")).lower() not in ("false", "0", "no")
+    rules = str(extra.get("recording_rules", "true")).lower() not in ("false", "0", "no")
     headers = extra.get("headers") or {}
     if not isinstance(headers, Mapping):
         raise SourceError(f"connection {conn_id}: extra.headers must be a mapping")
     auth = (str(conn["login"]), str(conn.get("password") or "")) if conn.get("login") else None
     return PromConfig(url=url, selector=selector, node_selector=node_selector, timeout=timeout, verify=verify,
-                      headers={str(k): str(v) for k, v in headers.items()}, auth=auth)
+                      headers={str(k): str(v) for k, v in headers.items()}, auth=auth, recording_rules=rules)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,10 +222,22 @@ class Dialects:
                    f" or timestamp({self.s('nvidia_smi_utilization_gpu_ratio')})", labels)
 
 
-def current_query(selector: str) -> str:
-    """Newest sample time with identity labels, framebuffer size, temperature, nvidia-smi index/name."""
+def current_query(selector: str, rules_lookback: float | None = None) -> str:
+    """Newest sample time with identity labels, framebuffer size, temperature, nvidia-smi index/name.
+
+    With ``rules_lookback``, also the recording rules' info series now (``stat="rules"``) and one
+    lookback ago (``stat="rules_since"``): whether :mod:`gpu_cost.sources.recording`'s series can
+    stand in for the raw ones, asked in the query the sweep makes anyway.
+    """
     d = Dialects(selector)
+    rules = []
+    if rules_lookback is not None:
+        from gpu_cost.sources.recording import INFO
+
+        # the value is the rules' last evaluation time: their series are read as of then
+        rules = [_stat(f"timestamp({INFO})", "rules"), _stat(f"{INFO} offset {_dur(rules_lookback)}", "rules_since")]
     return _union([
+        *rules,
         _stat(d.newest((*KEY_LABELS, *INFO_LABELS)), "last_ts"),
         _stat(d.mem_total(), "mem_total"),
         _stat(d.temperature(), "temp"),
@@ -377,6 +398,8 @@ class PrometheusSource:
         self.config = config or prometheus_config()
         self._client = client
         self.queries_made = 0
+        #: whether the last gpu_frame read the recording rules' series ("chunks", "samples") or raw ones ("")
+        self.rules_used = ""
         #: per GPU key, labels the frame has no column for (pod, namespace, temperature)
         #: (a MIG slice: keyed with its GPU instance id as a fourth element)
         self.extras: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -444,9 +467,19 @@ class PrometheusSource:
         primary, others = rule_windows(policy)
         windows = [primary, *others]
         # the newest sample is judged at ``now`` itself; aggregates on the sample grid ending at ``at``
-        cur = self.query(current_query(self.config.selector), now, "current")
-        win = self.query(windows_query(self.config.selector, windows, primary, step), at, "windows")
-        lb = self.query(lookback_query(self.config.selector, sw.lookback, step, sw.busy_util), at, "lookback")
+        rules_lb = sw.lookback if self.config.recording_rules else None
+        cur = self.query(current_query(self.config.selector, rules_lb), now, "current")
+        rec = self._rules_plan(cur, policy, at, now) if rules_lb else None
+        self.rules_used = rec.mode if rec else ""
+        if rec:
+            from gpu_cost.sources import recording
+
+            # as of the rules' last evaluation (within a step after ``at``): the same grid samples
+            win = self.query(recording.windows_query_recorded(windows, primary, rec.chunk, rec.at), rec.at, "windows")
+            lb = self.query(recording.lookback_query_recorded(sw.lookback, step, rec.chunk, rec.at), rec.at, "lookback")
+        else:
+            win = self.query(windows_query(self.config.selector, windows, primary, step), at, "windows")
+            lb = self.query(lookback_query(self.config.selector, sw.lookback, step, sw.busy_util), at, "lookback")
 
         rows: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         info: dict[tuple[str, str, str, str], dict[str, Any]] = {}
@@ -458,6 +491,8 @@ class PrometheusSource:
         for s in cur:
             m = s.get("metric", {})
             stat = m.get("stat", "")
+            if stat in ("rules", "rules_since"):
+                continue
             k = key_of(m)
             v = _value(s)
             if stat == "index":
@@ -483,6 +518,11 @@ class PrometheusSource:
                 rows.setdefault(key_of(m), {})[m.get("stat", "")] = _value(s)
         if not rows:
             return empty_gpu_frame(), {w: _window_frame(pd, [], w, step, sw) for w in others}
+        if rec and rec.chunk:
+            from gpu_cost.sources import recording
+
+            for row in rows.values():
+                recording.finish(row)
 
         # a GPU whose slices report is seen through them: a series of the whole GPU beside them
         # (device-level fields without GPU_I_ID) is not a device of its own
@@ -550,6 +590,18 @@ class PrometheusSource:
                                "temp_c": r.get("temp", math.nan)}
         extra = {w: _window_frame(pd, recs, w, step, sw, last_ts, now) for w in others}
         return frame, extra
+
+    def _rules_plan(self, cur: list[dict[str, Any]], policy: Any, at: float, now: float) -> Any:
+        """Return how to read the recording rules' series (:class:`~gpu_cost.sources.recording.Plan`), or None."""
+        from gpu_cost.sources import recording
+
+        sw = policy.sweep
+        rec = recording.plan(cur, step=float(sw.sample_interval), busy=float(sw.busy_util), lookback=float(sw.lookback),
+                             selector=self.config.selector, at=at, now=now)
+        if rec is None and any(s.get("metric", {}).get("stat") == "rules" for s in cur):
+            logger.info("recording rules on %s do not fit this policy, are younger than its lookback or lag: raw queries",
+                        redact(self.config.url))
+        return rec
 
     # -- nodes -----------------------------------------------------------------------------
     def node_stats(self, policy: Any, now: float) -> dict[str, dict[str, float]]:
