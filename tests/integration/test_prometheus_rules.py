@@ -37,13 +37,12 @@ class RulesLab:
     scenario: Path
 
 
-@pytest.fixture(scope="module")
-def rules_lab(session_tmp: Path) -> Iterator[RulesLab]:
+def _lab(session_tmp: Path, scenario_name: str) -> Iterator[RulesLab]:
     need("prometheus", "promtool")
-    root = session_tmp / "prometheus-rules"
+    root = session_tmp / f"prometheus-rules-{scenario_name}"
     root.mkdir(parents=True, exist_ok=True)
     anchor = float(math.floor(time.time() / 60) * 60)
-    doc = yaml.safe_load((ROOT / "include" / "scenarios" / "default.yaml").read_text())
+    doc = yaml.safe_load((ROOT / "include" / "scenarios" / f"{scenario_name}.yaml").read_text())
     doc["anchor"] = int(anchor)
     scenario = root / "scenario.yaml"
     scenario.write_text(yaml.safe_dump(doc))
@@ -60,6 +59,17 @@ def rules_lab(session_tmp: Path) -> Iterator[RulesLab]:
         yield RulesLab(prom, anchor, scenario)
     finally:
         prom.stop()
+
+
+@pytest.fixture(scope="module")
+def rules_lab(session_tmp: Path) -> Iterator[RulesLab]:
+    yield from _lab(session_tmp, "default")
+
+
+@pytest.fixture(scope="module")
+def modern_rules_lab(session_tmp: Path) -> Iterator[RulesLab]:
+    """MIG slices (each its own GR_ENGINE_ACTIVE series), shared GPUs and a multi-node job."""
+    yield from _lab(session_tmp, "modern")
 
 
 def _frames(lab: RulesLab, policy, at: float):  # type: ignore[no-untyped-def]
@@ -124,3 +134,16 @@ def test_raw_queries_when_the_rules_do_not_fit(rules_lab: RulesLab, policy, chan
     _, (frame_raw, _), rec, (frame_rec, _) = _frames(rules_lab, other, at)
     assert rec.rules_used == ""
     _same(frame_raw, frame_rec)
+
+
+def test_recorded_series_keep_mig_slices_apart(modern_rules_lab: RulesLab, policy) -> None:  # type: ignore[no-untyped-def]
+    _, (frame_raw, win_raw), rec, (frame_rec, win_rec) = _frames(modern_rules_lab, policy, modern_rules_lab.anchor)
+    assert rec.rules_used == "chunks"
+    _same(frame_raw, frame_rec)
+    for col in ("mig", "mig_profile", "share"):
+        assert frame_raw[col].tolist() == frame_rec[col].tolist(), col
+    slices = frame_rec[frame_rec["mig"].astype(str) != ""]
+    # each slice is a device of its own: several rows of one GPU, each with its own utilisation
+    assert len(slices) >= 2 and slices.groupby(["host", "gpu"]).size().max() >= 2
+    for w in win_raw:
+        _same_window(win_raw[w], win_rec[w])

@@ -64,7 +64,7 @@ def test_the_rules_use_the_sources_own_expressions() -> None:
     other = recording.recording_rules(busy=30, selector='job="dcgm"')
     o = {r["record"]: r for r in other["groups"][0]["rules"]}
     assert o[recording.INFO]["labels"]["selector"] == 'job="dcgm"' and "> bool 30" in o[recording.BUSY]["expr"]
-    assert 'DCGM_FI_DEV_GPU_UTIL{job="dcgm"}' in o[recording.UTIL]["expr"]
+    assert 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{job="dcgm"}' in o[recording.UTIL]["expr"] and 'job="dcgm"' in o[recording.MEM]["expr"]
     with pytest.raises(ValueError, match="whole number of steps"):
         recording.recording_rules(step=60, chunk=1830)
 

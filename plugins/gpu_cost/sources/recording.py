@@ -6,7 +6,7 @@ samples every five minutes. With the rules below, Prometheus keeps, at the sampl
 
 - **per sample** (one group, ``gpu_cost``, whose later rules read the earlier ones of the same
   evaluation): the sweep's own normalised series, one per GPU
-  (labels ``host``, ``gpu``, ``UUID`` only): utilisation % (``gpu_cost:gpu_util:pct``, the first
+  (labels ``host``, ``gpu``, ``UUID`` and a MIG slice's ``GPU_I_ID`` only): utilisation % (``gpu_cost:gpu_util:pct``, the first
   dialect present, invalid values dropped, exactly :meth:`Dialects.util`), busy (0/1), idle→busy
   bursts, framebuffer used, its sample time, and power;
 - **per chunk** (``CHUNK`` = 30 min): the last 30 samples' utilisation sum, count and max, busy
@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_cost.sources.prometheus import Dialects, _dur, _stat, _union
+from gpu_cost.sources.prometheus import KEY_LABELS, Dialects, _dur, _stat, _union
 
 #: the default policy's sweep.sample_interval and sweep.busy_util (the shipped rules fit it)
 STEP = 60.0
@@ -62,7 +62,8 @@ BURST = "gpu_cost:gpu_util_burst:pct"
 MEM = "gpu_cost:gpu_fb_used:mib"
 MEM_T = "gpu_cost:gpu_fb_used:timestamp"
 POWER = "gpu_cost:gpu_power:watts"
-KEY = "host, gpu, UUID"
+#: the labels a recorded series keeps: the source's device key (a MIG slice's GPU_I_ID with its GPU's)
+KEY = ", ".join(KEY_LABELS)
 
 
 def _tag(seconds: float) -> str:
@@ -215,7 +216,7 @@ Read = Callable[[str], str]
 
 
 def _over(agg: str, term: Callable[[Read], str], offsets: Sequence[float]) -> str:
-    """``agg by (host, gpu, UUID)`` over ``term`` at each offset (each tagged apart, so ``or`` keeps them all).
+    """``agg by (<KEY>)`` over ``term`` at each offset (each tagged apart, so ``or`` keeps them all).
 
     ``term`` gets a reader that returns, for a series name, its value of that evaluation exactly
     (``last_over_time(name[1ms] offset o)``): a plain selector would take a value up to five minutes
