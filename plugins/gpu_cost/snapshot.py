@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from gpu_cost.aggregate import extra_window, gpu_frame
+from gpu_cost.aggregate import RollingWindows, extra_window, gpu_frame
 from gpu_cost.correlate import attribute
 from gpu_cost.model import GpuProcess, Job, Node, Snapshot
 from gpu_cost.policy.schema import Policy
@@ -43,8 +43,13 @@ def from_matrix(
     processes: Sequence[GpuProcess],
     nodes: Sequence[Node],
     problems: Sequence[str] = (),
+    rolling: RollingWindows | None = None,
 ) -> Snapshot:
-    """Aggregate a GPU × time matrix and join it with jobs and processes."""
+    """Aggregate a GPU × time matrix and join it with jobs and processes.
+
+    :param rolling: running sums over the whole matrix ``util``/``mem`` are a slice of (a replay);
+        the slice is then taken as clean.
+    """
     sw = policy.sweep
     primary, others = rule_windows(policy)
     label = job[:, -1] if job.shape[1] else np.full(len(hosts), "", dtype=object)
@@ -52,10 +57,11 @@ def from_matrix(
         hosts=hosts, gpus=gpus, uuids=uuids, models=models, mem_total=mem_total, label_job=label, times=times,
         util=util, mem=mem, power=power, now=now, window_s=primary, lookback_s=sw.lookback,
         sample_interval_s=sw.sample_interval, min_sample_ratio=sw.min_sample_ratio,
-        max_staleness_s=sw.max_staleness, busy_util=sw.busy_util,
+        max_staleness_s=sw.max_staleness, busy_util=sw.busy_util, rolling=rolling,
     )
     windows = {
-        w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness)
+        w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness,
+                        rolling=rolling)
         for w in others
     }
     frame, disagreements = attribute(frame, jobs, processes)
