@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_cost.airflow import runtime
 from gpu_cost.errors import GpuCostError
-from gpu_cost.model import Decision, Finding, Snapshot, as_decisions, as_findings
-from gpu_cost.policy.engine import Opening, Plan
-from gpu_cost.policy.schema import Policy
 
-if TYPE_CHECKING:  # the sweep (numpy) and the store are imported where used: DAG files import this at parse time
+if TYPE_CHECKING:  # the model, the engine, the policy, the sweep (numpy) and the store are imported where
+    # used: DAG files import this module at parse time
     from gpu_cost.audit.store import AuditStore
+    from gpu_cost.model import Decision, Finding, Snapshot
+    from gpu_cost.policy.engine import Plan
+    from gpu_cost.policy.schema import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ def collect(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any
 
 
 def _load(ref: Mapping[str, Any]) -> tuple[Any, Snapshot, Any]:
+    from gpu_cost.model import Snapshot
+
     store = runtime.store()
     policy = runtime.run_policy(store, ref["run_id"])
     return policy, Snapshot.from_json(store.load_snapshot(ref["run_id"])), store
@@ -101,6 +104,7 @@ def detect(ref: Mapping[str, Any]) -> list[dict[str, Any]]:
 def decide(ref: Mapping[str, Any], findings: list[dict[str, Any]]) -> dict[str, Any]:
     """Turn findings into decisions under the policy and the escalation state."""
     from gpu_cost import sweep
+    from gpu_cost.model import as_findings
 
     policy, snap, store = _load(ref)
     p = sweep.plan(as_findings(findings), snap, policy, store, float(ref["now"]))
@@ -209,6 +213,8 @@ def act_on(decisions: Sequence[Decision], policy: Policy, store: AuditStore, run
 
 def stored_decisions(store: AuditStore, run_id: str) -> list[tuple[Decision, dict[str, Any]]]:
     """Return the run's live decisions as the audit store holds them (never XCom), with their rows."""
+    from gpu_cost.model import Decision
+
     return [(Decision.from_row(r), r) for r in store.decisions_of_run(run_id)
             if r["mode"] != "dry-run" and r["action"] != "none" and r["status"] not in ("recorded", "snoozed")]
 
@@ -224,6 +230,7 @@ def act(ref: Mapping[str, Any], which: str, context: Mapping[str, Any]) -> dict[
     """
     from airflow.sdk.exceptions import AirflowFailException
 
+    from gpu_cost.model import Snapshot
     from gpu_cost.policy.engine import check_caps, may_act
 
     run_id = runtime.audit_run_id(context)
@@ -416,6 +423,9 @@ def plan_to_xcom(p: Plan) -> dict[str, Any]:
 
 
 def plan_from_xcom(d: Mapping[str, Any]) -> Plan:
+    from gpu_cost.model import as_decisions
+    from gpu_cost.policy.engine import Opening, Plan
+
     return Plan(
         decisions=as_decisions(d.get("decisions", [])),
         openings=[Opening(**o) for o in d.get("openings", [])],
@@ -426,6 +436,15 @@ def plan_from_xcom(d: Mapping[str, Any]) -> Plan:
         snooze_records=as_decisions(d.get("snooze_records", [])),
         cap_violation=d.get("cap_violation"),
     )
+
+
+def __getattr__(name: str) -> Any:
+    """Return the model's records re-exported here, imported on first use (not when a DAG file is parsed)."""
+    if name in ("Decision", "Finding"):
+        from gpu_cost import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["Decision", "Finding", "act", "act_on", "action_context", "check_policy", "collect", "decide", "detect",
