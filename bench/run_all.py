@@ -12,6 +12,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("bench.replay_hard", []),
     ("bench.verifier_month", []),
     ("bench.parse", []),
+    ("bench.approval_skip", []),
     ("bench.forecast", []),
     ("bench.soak", []),
 ]

@@ -88,3 +88,10 @@ def test_replay_hard_bench_smoke() -> None:
 def test_verifier_month_bench_smoke() -> None:
     out = run_bench("bench.verifier_month", "--days", "1.5", "--test-days", "0.5", "--gpus", "16")
     assert [r["run"] for r in out["results"]] == ["without verifier", "with verifier"]
+
+
+@pytest.mark.slow
+def test_approval_skip_bench_smoke() -> None:
+    out = run_bench("bench.approval_skip", "--repeat", "1", "--dags", "gpu_offhours_power")
+    r = out["results"][0]
+    assert r["dag"] == "gpu_offhours_power" and r["approve_state"] == "skipped" and r["upstream_median_s"] > 0
