@@ -151,14 +151,17 @@ def gpu_frame(
     max_staleness_s: float,
     busy_util: float,
     rolling: RollingWindows | None = None,
+    cleaned: bool = False,
 ) -> pd.DataFrame:
     """Return the :data:`~gpu_cost.model.GPU_COLUMNS` frame from a dense sample matrix.
 
     :param rolling: running sums over the whole (clean) matrix ``times``/``util``/``mem`` are a slice
         of: the window and lookback counts, sums and bursts come from them, not from the samples again.
+    :param cleaned: ``util`` and ``mem`` went through :func:`clean` already (a copy of each saved).
     """
     if rolling is None:
-        util, mem = clean(util, mem)
+        if not cleaned:
+            util, mem = clean(util, mem)
         w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s, power)
         lb = lookback_stats(times, util, now, lookback_s, busy_util)
     else:
@@ -224,12 +227,13 @@ def chart_text(maxima: np.ndarray) -> list[str]:
 
 def extra_window(
     times: np.ndarray, util: np.ndarray, mem: np.ndarray, now: float, window_s: float, sample_interval_s: float,
-    min_sample_ratio: float, max_staleness_s: float, rolling: RollingWindows | None = None,
+    min_sample_ratio: float, max_staleness_s: float, rolling: RollingWindows | None = None, cleaned: bool = False,
 ) -> pd.DataFrame:
     """Return the window columns for another window length (rules with their own window)."""
     if rolling is not None:
         return pd.DataFrame(rolling.window(times, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s))
-    util, mem = clean(util, mem)
+    if not cleaned:
+        util, mem = clean(util, mem)
     w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s)
     return pd.DataFrame(w)
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from gpu_cost.aggregate import RollingWindows, extra_window, gpu_frame
+from gpu_cost.aggregate import RollingWindows, clean, extra_window, gpu_frame
 from gpu_cost.correlate import attribute
 from gpu_cost.model import GpuProcess, Job, Node, Snapshot
 from gpu_cost.policy.schema import Policy
@@ -53,15 +53,19 @@ def from_matrix(
     sw = policy.sweep
     primary, others = rule_windows(policy)
     label = job[:, -1] if job.shape[1] else np.full(len(hosts), "", dtype=object)
+    cleaned = rolling is not None
+    if not cleaned and others:
+        util, mem = clean(util, mem)  # once for every window, not once per window
+        cleaned = True
     frame = gpu_frame(
         hosts=hosts, gpus=gpus, uuids=uuids, models=models, mem_total=mem_total, label_job=label, times=times,
         util=util, mem=mem, power=power, now=now, window_s=primary, lookback_s=sw.lookback,
         sample_interval_s=sw.sample_interval, min_sample_ratio=sw.min_sample_ratio,
-        max_staleness_s=sw.max_staleness, busy_util=sw.busy_util, rolling=rolling,
+        max_staleness_s=sw.max_staleness, busy_util=sw.busy_util, rolling=rolling, cleaned=cleaned,
     )
     windows = {
         w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness,
-                        rolling=rolling)
+                        rolling=rolling, cleaned=cleaned)
         for w in others
     }
     frame, disagreements = attribute(frame, jobs, processes)
