@@ -69,6 +69,7 @@ def run_case(name: str, base: Path) -> dict[str, Any]:
     res = replay_files(trace / "samples.parquet", trace / "jobs.csv", _policy(variant), mode=mode,
                        approvals=approvals).to_dict()
     res.pop("seconds")
+    res["policy"] = Path(res["policy"]).relative_to(ROOT).as_posix()  # the checkout's place differs between machines
     # the notes name the trace's folder, which differs between runs
     res["notes"] = [n.replace(str(trace), "<trace>") for n in res["notes"]]
     return json.loads(json.dumps(res))  # tuples as lists, as the file holds them
