@@ -16,6 +16,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("bench.verifier_month", []),
     ("bench.parse", []),
     ("bench.slurm_json", []),
+    ("bench.approval_skip", []),
     ("bench.forecast", []),
     ("bench.soak", []),
 ]

@@ -1,4 +1,4 @@
-"""Benchmark: one sweep's snapshot → findings → decisions at 1k, 10k and 50k GPUs (8 per node).
+"""Benchmark: one sweep's snapshot → findings → decisions at 1k, 10k, 50k and 100k GPUs (8 per node).
 
 The simulated cluster has twice as many jobs as nodes plus a pending queue. What is timed is the
 agent's own work on data that has arrived: aggregating the lookback of 1-minute samples into the
@@ -6,7 +6,7 @@ per-GPU frame, joining jobs and processes, the rules and the decision engine. Ge
 simulated samples is not timed. Each size runs in a fresh process; peak memory is the process's
 peak RSS above what it held before the sweep.
 
-    python -m bench.sweep [--sizes 1000,10000,50000] [--sharded 100000:16]
+    python -m bench.sweep [--sizes 1000,10000,50000,100000] [--sharded 100000:16]
 
 ``--sharded GPUS:SHARDS`` sweeps a cluster in node groups (``sweep.shards``), as the DAG's mapped
 tasks do: each group's snapshot (the aggregation of its view's samples) and rules, then the merge
@@ -111,7 +111,7 @@ def sharded(gpus: int, of: int, seed: int = 1) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="1000,10000,50000")
+    ap.add_argument("--sizes", default="1000,10000,50000,100000")
     ap.add_argument("--sharded", default="100000:16", help="GPUS:SHARDS[,GPUS:SHARDS...]; empty: none")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--one-sharded", help=argparse.SUPPRESS)

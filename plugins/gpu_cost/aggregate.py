@@ -151,15 +151,26 @@ def gpu_frame(
     max_staleness_s: float,
     busy_util: float,
     mig: Mapping[str, np.ndarray] | None = None,
+    rolling: RollingWindows | None = None,
+    cleaned: bool = False,
 ) -> pd.DataFrame:
     """Return the :data:`~gpu_cost.model.GPU_COLUMNS` frame from a dense sample matrix.
 
     ``mig`` holds the :data:`~gpu_cost.model.MIG_COLUMNS` per row; they are added only when some
     row is a MIG slice, so a cluster of whole GPUs gives the same frame as before.
+
+    :param rolling: running sums over the whole (clean) matrix ``times``/``util``/``mem`` are a slice
+        of: the window and lookback counts, sums and bursts come from them, not from the samples again.
+    :param cleaned: ``util`` and ``mem`` went through :func:`clean` already (a copy of each saved).
     """
-    util, mem = clean(util, mem)
-    w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s, power)
-    lb = lookback_stats(times, util, now, lookback_s, busy_util)
+    if rolling is None:
+        if not cleaned:
+            util, mem = clean(util, mem)
+        w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s, power)
+        lb = lookback_stats(times, util, now, lookback_s, busy_util)
+    else:
+        w = rolling.window(times, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s)
+        lb = rolling.lookback(times, now, lookback_s, busy_util)
     trend = mem_trend_stats(times, mem, now, lookback_s)
     frame = pd.DataFrame(
         {
@@ -212,28 +223,139 @@ def chart_buckets(times: np.ndarray, util: np.ndarray, now: float, lookback: flo
     edges = now - lookback + lookback * np.arange(buckets + 1) / buckets
     idx = np.clip(np.searchsorted(edges, times, side="left") - 1, 0, buckets - 1)
     out = np.full((n_g, buckets), np.nan)
-    for b in range(buckets):
-        cols = np.nonzero(idx == b)[0]
-        if len(cols):
-            seg = util[:, cols]
-            ok = ~np.isnan(seg).all(axis=1)
-            out[ok, b] = np.nanmax(seg[ok], axis=1)
+    # times are sorted, so each bucket is a run of columns: one fmax (NaN-skipping max) per run
+    present, first = np.unique(idx, return_index=True)
+    out[:, present] = np.fmax.reduceat(util, first, axis=1)
     return chart_text(out)
+
+
+#: chart text by the bytes of its rounded row: most GPUs show the same few charts sweep after sweep
+_CHART_TEXT: dict[bytes, str] = {}
 
 
 def chart_text(maxima: np.ndarray) -> list[str]:
     """Return each row of bucket maxima as the chart column's text: ``"0,0,85,,0"`` (empty: no data)."""
-    return [",".join("" if v != v else str(round(float(v))) for v in row) for row in maxima]
+    with np.errstate(invalid="ignore"):
+        rounded = np.where(np.isnan(maxima), -1.0, np.rint(maxima)).astype(np.int64)  # rint: round()'s half-even
+    if len(_CHART_TEXT) > 100_000:
+        _CHART_TEXT.clear()
+    out = []
+    for row in rounded:
+        key = row.tobytes()
+        text = _CHART_TEXT.get(key)
+        if text is None:
+            text = _CHART_TEXT[key] = ",".join("" if v < 0 else str(v) for v in row.tolist())
+        out.append(text)
+    return out
 
 
 def extra_window(
     times: np.ndarray, util: np.ndarray, mem: np.ndarray, now: float, window_s: float, sample_interval_s: float,
-    min_sample_ratio: float, max_staleness_s: float,
+    min_sample_ratio: float, max_staleness_s: float, rolling: RollingWindows | None = None, cleaned: bool = False,
 ) -> pd.DataFrame:
     """Return the window columns for another window length (rules with their own window)."""
-    util, mem = clean(util, mem)
+    if rolling is not None:
+        return pd.DataFrame(rolling.window(times, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s))
+    if not cleaned:
+        util, mem = clean(util, mem)
     w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s)
     return pd.DataFrame(w)
+
+
+class RollingWindows:
+    """Running sums along the time axis of a whole clean GPU × time matrix, for windows that slide over it.
+
+    A window's sample count, utilisation sum, busy samples and idle→busy transitions are two
+    subtractions of these sums, whatever its length; its maxima and minima (exact, no rounding to
+    accumulate) are one NaN-skipping pass over its own columns. The replay slides the sweep's
+    lookback along a week of samples this way instead of aggregating it again at every sweep: the
+    aggregates are :func:`window_stats`' and :func:`lookback_stats`' (means equal to the last bits
+    of rounding). A slice passed to :meth:`window` / :meth:`lookback` is a run of this matrix's
+    columns, told apart by its times.
+
+    :param times: the sorted sample times (columns).
+    :param util: utilisation, already :func:`clean`; edits to it must be followed by :meth:`refresh`.
+    :param mem: framebuffer used, already :func:`clean`.
+    :param busy_util: the busy level of :func:`lookback_stats`.
+    """
+
+    def __init__(self, times: np.ndarray, util: np.ndarray, mem: np.ndarray, busy_util: float) -> None:
+        self.times, self.util, self.mem, self.busy_util = times, util, mem, busy_util
+        shape = (util.shape[0], util.shape[1] + 1)
+        self._n = np.zeros(shape, dtype=np.int32)
+        self._sum = np.zeros(shape)
+        self._busy = np.zeros(shape, dtype=np.int32)
+        self._bursts = np.zeros((util.shape[0], max(1, util.shape[1])), dtype=np.int32)
+        self._last = np.zeros(util.shape, dtype=np.int32)
+        self.refresh(np.arange(util.shape[0]))
+
+    def refresh(self, rows: np.ndarray) -> None:
+        """Recompute the sums of ``rows`` after their samples changed."""
+        for r in np.asarray(rows, dtype=np.int64):
+            u = self.util[r]
+            valid = ~np.isnan(u)
+            busy = valid & (u > self.busy_util)
+            np.cumsum(valid, out=self._n[r, 1:])
+            np.cumsum(np.where(valid, u, 0.0), out=self._sum[r, 1:])
+            np.cumsum(busy, out=self._busy[r, 1:])
+            # the transition from column j to j + 1 is counted at j + 1
+            np.cumsum(valid[:-1] & (u[:-1] < self.busy_util / 4.0) & busy[1:], out=self._bursts[r, 1:])
+            last = np.where(valid, np.arange(len(u), dtype=np.int32), -1).astype(np.int32)
+            np.maximum.accumulate(last, out=self._last[r])
+
+    def _start(self, times: np.ndarray) -> int:
+        """Return the column of this matrix where the slice ``times`` starts."""
+        return int(np.searchsorted(self.times, times[0], side="left")) if len(times) else 0
+
+    def window(self, times: np.ndarray, now: float, window_s: float, sample_interval_s: float,
+               min_sample_ratio: float, max_staleness_s: float) -> dict[str, np.ndarray]:
+        """Return :func:`window_stats` for the columns of ``times`` (a slice of this matrix's)."""
+        lo = self._start(times)
+        upto = lo + int(np.searchsorted(times, now, side="right"))
+        wlo = lo + int(np.searchsorted(times, now - window_s, side="right"))
+        n_g = self.util.shape[0]
+        n = self._n[:, upto] - self._n[:, wlo] if upto > wlo else np.zeros(n_g, dtype=np.int32)
+        nan = np.full(n_g, np.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(n > 0, (self._sum[:, upto] - self._sum[:, wlo]) / n, np.nan) if upto > wlo else nan
+        expected = max(1, round(window_s / sample_interval_s))
+        if upto > lo:
+            last = self._last[:, upto - 1]
+            last_ts = np.where(last >= lo, self.times[np.maximum(last, 0)], np.nan)
+        else:
+            last_ts = nan.copy()
+        return {
+            "util_mean": mean,
+            "util_max": np.fmax.reduce(self.util[:, wlo:upto], axis=1) if upto > wlo else nan.copy(),
+            "mem_min_mib": np.fmin.reduce(self.mem[:, wlo:upto], axis=1) if upto > wlo else nan.copy(),
+            "mem_max_mib": np.fmax.reduce(self.mem[:, wlo:upto], axis=1) if upto > wlo else nan.copy(),
+            "power_w": nan.copy(),
+            "n_samples": n.astype(np.int64),
+            "expected_samples": np.full(n_g, expected, dtype=np.int64),
+            "last_ts": last_ts,
+            "stale": (n < min_sample_ratio * expected) | ~(now - np.nan_to_num(last_ts, nan=-np.inf) <= max_staleness_s),
+        }
+
+    def lookback(self, times: np.ndarray, now: float, lookback_s: float, busy_util: float) -> dict[str, np.ndarray]:
+        """Return :func:`lookback_stats` for the columns of ``times`` (a slice of this matrix's)."""
+        if busy_util != self.busy_util:
+            raise ValueError(f"these running sums count busy above {self.busy_util}, not {busy_util}")
+        lo = self._start(times)
+        upto = lo + int(np.searchsorted(times, now, side="right"))
+        lo = lo + int(np.searchsorted(times, now - lookback_s, side="right"))
+        n_g = self.util.shape[0]
+        if upto <= lo:
+            nan = np.full(n_g, np.nan)
+            zero = np.zeros(n_g, dtype=np.int64)
+            return {"util_mean_lb": nan, "util_max_lb": nan.copy(), "busy_share_lb": nan.copy(), "bursts_lb": zero,
+                    "n_lb": zero.copy()}
+        n = self._n[:, upto] - self._n[:, lo]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(n > 0, (self._sum[:, upto] - self._sum[:, lo]) / n, np.nan)
+            share = np.where(n > 0, (self._busy[:, upto] - self._busy[:, lo]) / np.maximum(n, 1), np.nan)
+        bursts = (self._bursts[:, upto - 1] - self._bursts[:, lo]) if upto - lo > 1 else np.zeros(n_g, dtype=np.int64)
+        return {"util_mean_lb": mean, "util_max_lb": np.fmax.reduce(self.util[:, lo:upto], axis=1),
+                "busy_share_lb": share, "bursts_lb": bursts.astype(np.int64), "n_lb": n.astype(np.int64)}
 
 
 def to_dense(samples: pd.DataFrame, start: float, end: float) -> tuple[pd.DataFrame, np.ndarray, dict[str, np.ndarray]]:

@@ -20,6 +20,9 @@ from gpu_cost.errors import GpuCostError
 
 logger = logging.getLogger(__name__)
 
+#: the Slack connection (webhook or bot token) of notices, approvals and the weekly report
+SLACK_CONN_ID = "gpu_cost_slack"
+
 
 def env_var(conn_id: str) -> str:
     """Return the environment variable Airflow reads ``conn_id`` from."""

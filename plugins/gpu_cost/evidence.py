@@ -135,7 +135,7 @@ def progress(snapshot: Snapshot, job: Job, power_w: Sequence[float], log: Mappin
     if watts and max(watts) > ev.power_active_w:
         signs.append(f"GPU power {max(watts):.0f} W, above the {ev.power_active_w:g} W of an idle GPU")
     alone = nodes_to_itself(snapshot, job)
-    for node in snapshot.nodes:
+    for node in snapshot.nodes_named(alone):
         if node.name in alone and node.cpu_util is not None and node.cpu_util >= ev.cpu_busy:
             signs.append(f"node {node.name}'s CPU {node.cpu_util:.0f} % busy (the job has it to itself)")
         if node.name in alone and node.io_bps is not None and node.io_bps >= ev.io_busy_mib_s * 1048576:
@@ -146,11 +146,8 @@ def progress(snapshot: Snapshot, job: Job, power_w: Sequence[float], log: Mappin
 
 def nodes_to_itself(snapshot: Snapshot, job: Job) -> set[str]:
     """Return the nodes of ``job`` no other running job uses."""
-    others: set[str] = set()
-    for j in snapshot.running_jobs():
-        if j.job_id != job.job_id:
-            others.update(j.nodes or [h for h, _ in j.gpu_alloc])
-    return {n for n in (job.nodes or [h for h, _ in job.gpu_alloc]) if n not in others}
+    users = snapshot.jobs_by_node()
+    return {n for n in (job.nodes or [h for h, _ in job.gpu_alloc]) if not users.get(n, set()) - {job.job_id}}
 
 
 def confidence(log: Mapping[str, Any], klass: Mapping[str, Any] | None, *, bursts: int = 0,

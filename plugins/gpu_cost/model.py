@@ -385,6 +385,8 @@ class Snapshot:
     classes: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Slurm reservations (empty when the source has none or could not read them)
     reservations: tuple[Reservation, ...] = ()
+    #: indexes the rules ask for per candidate, each with the tuple it was built from (:meth:`jobs_by_node`)
+    _indexes: dict[str, tuple[Any, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def view(self, window_s: float) -> pd.DataFrame:
         """Return ``gpus`` with its window columns computed over ``window_s`` instead."""
@@ -411,6 +413,27 @@ class Snapshot:
 
     def pending_jobs(self) -> list[Job]:
         return [j for j in self.jobs if j.pending]
+
+    def jobs_by_node(self) -> dict[str, set[str]]:
+        """Return node → ids of the running jobs on it, built once per ``jobs`` (rules ask it per candidate)."""
+        cached = self._indexes.get("jobs_by_node")
+        if cached is None or cached[0] is not self.jobs:
+            out: dict[str, set[str]] = {}
+            for j in self.running_jobs():
+                for n in j.nodes or [h for h, _ in j.gpu_alloc]:
+                    out.setdefault(n, set()).add(j.job_id)
+            cached = self._indexes["jobs_by_node"] = (self.jobs, out)
+        return cached[1]  # shared: read it, do not change it
+
+    def nodes_named(self, names: Iterable[str]) -> list[Node]:
+        """Return the nodes called ``names``, in the snapshot's order (the index is built once per ``nodes``)."""
+        cached = self._indexes.get("nodes")
+        if cached is None or cached[0] is not self.nodes:
+            index: dict[str, list[int]] = {}
+            for i, n in enumerate(self.nodes):
+                index.setdefault(n.name, []).append(i)
+            cached = self._indexes["nodes"] = (self.nodes, index)
+        return [self.nodes[i] for i in sorted(i for name in set(names) for i in cached[1].get(name, ()))]
 
     def job(self, job_id: str) -> Job | None:
         for j in self.jobs:

@@ -28,13 +28,14 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_cost import registry
 from gpu_cost.errors import GpuCostError
-from gpu_cost.model import DESTRUCTIVE_ACTIONS, Decision, Finding, Job, Snapshot
-from gpu_cost.policy.engine import Ask, check_caps, guard, identity_of
-from gpu_cost.policy.schema import Policy
+
+if TYPE_CHECKING:  # imported where used: the manual reclaim DAG reads this module's form constants at parse time
+    from gpu_cost.model import Decision, Finding, Job, Snapshot
+    from gpu_cost.policy.schema import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +175,8 @@ def plan(request: Request, policy: Policy, snapshot: Snapshot, *, now: float, ru
     Unknown targets raise :class:`ReclaimRequestError` (nothing is done); protected ones are
     recorded with action ``none`` unless the request overrides protections.
     """
+    from gpu_cost.policy.engine import check_caps
+
     findings, unknown = resolve(request, snapshot, policy)
     if unknown:
         raise ReclaimRequestError("manual reclaim refused before any action:\n- " + "\n- ".join(unknown))
@@ -191,6 +194,8 @@ def plan(request: Request, policy: Policy, snapshot: Snapshot, *, now: float, ru
 
 def resolve(request: Request, snap: Snapshot, policy: Policy | None = None) -> tuple[list[Finding], list[str]]:
     """Return one finding per concrete target, and why any id could not be resolved (or may not be acted on)."""
+    from gpu_cost.model import DESTRUCTIVE_ACTIONS, Finding
+
     findings: list[Finding] = []
     unknown: list[str] = []
     power_nodes: list[str] = []
@@ -257,7 +262,9 @@ def _power_findings(request: Request, names: list[str], snap: Snapshot, policy: 
                     unknown: list[str]) -> list[Finding]:
     """Vet a manual power-down by the off-hours path's own checks (idle, exclusions, protections,
     warm reserve, ``offhours.max_nodes_per_run``); append why a node may not go to ``unknown``."""
+    from gpu_cost.model import Finding
     from gpu_cost.offhours import vet_power_down
+    from gpu_cost.policy.schema import Policy
 
     chosen, refused = vet_power_down(snap, policy or Policy(), snap.ts, names,
                                      override_protections=request.override_protections)
@@ -271,6 +278,7 @@ def _power_findings(request: Request, names: list[str], snap: Snapshot, policy: 
 
 
 def _job_finding(job: Job, action: str) -> Finding:
+    from gpu_cost.model import Finding
     from gpu_cost.rules.common import job_fields
 
     keys = job.gpu_keys()
@@ -284,6 +292,8 @@ def _decide(f: Finding, request: Request, policy: Policy, snap: Snapshot, now: f
             run_key: str) -> tuple[Decision, str | None]:
     """Decide one target through the engine's guards (:func:`gpu_cost.policy.engine.guard`)."""
     from gpu_cost import baselines
+    from gpu_cost.model import DESTRUCTIVE_ACTIONS, Decision
+    from gpu_cost.policy.engine import Ask, guard, identity_of
     from gpu_cost.rules.common import declared_inference
 
     who = request.requested_by or "an operator"

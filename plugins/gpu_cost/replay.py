@@ -427,6 +427,10 @@ class _Replay:
         t = math.ceil(first / step) * step
         last = float(self.times[-1])
         lookback = p.sweep.lookback
+        from gpu_cost.aggregate import RollingWindows
+
+        # the lookback slides along the trace: its sums run along it once, each sweep reads them
+        self.rolling = RollingWindows(self.times, self.util, self.mem, p.sweep.busy_util)
         starts = np.array([a.start for a in self.allocs.values()])
         ends = np.array([a.end for a in self.allocs.values()])
         alloc_list = list(self.allocs.values())
@@ -440,7 +444,7 @@ class _Replay:
                 policy=p, now=t, source="replay", hosts=self.hosts, gpus=self.gpu_idx, uuids=self.uuids,
                 models=self.models, mem_total=self.mem_total, times=self.times[lo:hi], util=self.util[:, lo:hi],
                 mem=self.mem[:, lo:hi], power=None, job=self.job[:, lo:hi], jobs=jobs,
-                processes=self._procs_at(hi - 1, running) if hi > lo else [], nodes=(),
+                processes=self._procs_at(hi - 1, running) if hi > lo else [], nodes=(), rolling=self.rolling,
             )
             if snap.degraded:
                 self.res.degraded_sweeps += 1
@@ -691,6 +695,7 @@ class _Replay:
             self.job_code[r, kc:ec[i]] = 0
             if self.pid is not None:
                 self.pid[r, kc:ec[i]] = 0
+        self.rolling.refresh(rows)  # the freed GPUs read idle from the kill on
         freed = float(np.sum(np.maximum(0.0, ends - t)) / 3600.0)
         self.res.reclaimed_gpu_hours += freed
         if active:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from gpu_cost.aggregate import extra_window, gpu_frame
+from gpu_cost.aggregate import RollingWindows, clean, extra_window, gpu_frame
 from gpu_cost.correlate import attribute
 from gpu_cost.model import GpuProcess, Job, Node, Snapshot
 from gpu_cost.policy.schema import Policy
@@ -44,19 +44,29 @@ def from_matrix(
     nodes: Sequence[Node],
     problems: Sequence[str] = (),
     mig: Mapping[str, np.ndarray] | None = None,
+    rolling: RollingWindows | None = None,
 ) -> Snapshot:
-    """Aggregate a GPU × time matrix and join it with jobs and processes (``mig``: the rows' MIG columns)."""
+    """Aggregate a GPU × time matrix and join it with jobs and processes (``mig``: the rows' MIG columns).
+
+    :param rolling: running sums over the whole matrix ``util``/``mem`` are a slice of (a replay);
+        the slice is then taken as clean.
+    """
     sw = policy.sweep
     primary, others = rule_windows(policy)
     label = job[:, -1] if job.shape[1] else np.full(len(hosts), "", dtype=object)
+    cleaned = rolling is not None
+    if not cleaned and others:
+        util, mem = clean(util, mem)  # once for every window, not once per window
+        cleaned = True
     frame = gpu_frame(
         hosts=hosts, gpus=gpus, uuids=uuids, models=models, mem_total=mem_total, label_job=label, times=times,
         util=util, mem=mem, power=power, now=now, window_s=primary, lookback_s=sw.lookback,
         sample_interval_s=sw.sample_interval, min_sample_ratio=sw.min_sample_ratio,
-        max_staleness_s=sw.max_staleness, busy_util=sw.busy_util, mig=mig,
+        max_staleness_s=sw.max_staleness, busy_util=sw.busy_util, mig=mig, rolling=rolling, cleaned=cleaned,
     )
     windows = {
-        w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness)
+        w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness,
+                        rolling=rolling, cleaned=cleaned)
         for w in others
     }
     frame, disagreements = attribute(frame, jobs, processes)

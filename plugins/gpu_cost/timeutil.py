@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -80,11 +81,27 @@ def utc(ts: object) -> dt.datetime:
 
 def epoch(ts: object) -> float:
     """Return epoch seconds for anything :func:`utc` reads."""
+    if isinstance(ts, str):
+        return _epoch_text(ts)
     return utc(ts).timestamp()
 
 
 def iso(ts: object) -> str:
     """Return ISO 8601 UTC text with a ``Z``, second precision."""
+    if isinstance(ts, int | float) and not isinstance(ts, bool):
+        return _iso_number(ts)
+    return utc(ts).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+# The audit store converts every time it writes and reads, and a replay's sweeps write the same few
+# instants hundreds of thousands of times: both conversions are pure, so remembered.
+@functools.lru_cache(maxsize=1 << 16)
+def _epoch_text(ts: str) -> float:
+    return utc(ts).timestamp()
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _iso_number(ts: float) -> str:
     return utc(ts).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
@@ -128,3 +129,26 @@ def test_every_scheduled_dag_has_an_environment_schedule_knob(tmp_path, value: s
         else:
             assert "17 3 * * *" in summaries[dag_id], (dag_id, summaries[dag_id])
     assert summaries["gpu_manual_reclaim"] is None
+
+
+#: what the sweep and the power DAG files must not load while parsed: the policy schema, the model, the
+#: engine and the chat channels cost the DAG processor more than the rest of the file (tasks import them)
+PARSE_LIGHT = ("gpu_cost.policy.schema", "gpu_cost.model", "gpu_cost.policy.engine", "gpu_cost.channels.base")
+
+
+@pytest.mark.slow  # one subprocess per DAG file
+@pytest.mark.parametrize("dag_file", ["gpu_zombie_sweep.py", "gpu_offhours_power.py"], ids=["sweep", "power"])
+def test_the_sweep_and_power_files_parse_without_the_library(dag_file: str) -> None:
+    code = textwrap.dedent(f"""
+        import json, sys
+        import airflow.sdk
+        from airflow.dag_processing.dagbag import DagBag
+        bag = DagBag(dag_folder={str(ROOT / "dags" / dag_file)!r})
+        print(json.dumps({{"errors": len(bag.import_errors), "dags": len(bag.dags),
+                          "loaded": [m for m in {PARSE_LIGHT!r} if m in sys.modules]}}))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["errors"] == 0 and out["dags"] == 1
+    assert out["loaded"] == []

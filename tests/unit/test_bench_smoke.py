@@ -103,3 +103,10 @@ def test_slurm_json_bench_smoke() -> None:
     versions = [r["version"] for r in out["results"]]
     assert versions[0].startswith("23.02") and versions[-1] == "index check"
     assert all(r["nodes_s"] > 0 for r in out["results"])
+
+
+@pytest.mark.slow
+def test_approval_skip_bench_smoke() -> None:
+    out = run_bench("bench.approval_skip", "--repeat", "1", "--dags", "gpu_offhours_power")
+    r = out["results"][0]
+    assert r["dag"] == "gpu_offhours_power" and r["approve_state"] == "skipped" and r["upstream_median_s"] > 0

@@ -401,3 +401,27 @@ def test_the_policy_sets_the_processes_thresholds() -> None:
                              low) == ["its processes use 0.2 CPU cores", "its processes read and write 1.5 MiB/s"]
     with pytest.raises(PolicyError, match="job_cpu_cores"):
         parse_policy("evidence: {job_cpu_cores: -1}\n", "<test>")
+
+
+# -- nodes a job has to itself ----------------------------------------------------------------------
+
+
+def test_a_node_is_the_jobs_own_until_another_running_job_uses_it() -> None:
+    import dataclasses
+
+    from gpu_cost.model import empty_gpu_frame
+
+    a = Job(job_id="a", user="u", start_ts=NOW - 3600, nodes=("n1", "n2"))
+    b = Job(job_id="b", user="u", start_ts=NOW - 3600, gpu_alloc=(("n2", (0,)),))  # nodes from its GPUs
+    done = Job(job_id="c", user="u", state="COMPLETED", start_ts=NOW - 7200, nodes=("n1",))
+    nodes = (Node("n2", state="mixed"), Node("n3"), Node("n1", state="mixed"))
+    snap = Snapshot(ts=NOW, window_s=900, lookback_s=3600, source="test", gpus=empty_gpu_frame(), jobs=(a, b, done),
+                    nodes=nodes)
+    assert evidence.nodes_to_itself(snap, a) == {"n1"}  # a finished job holds nothing
+    assert evidence.nodes_to_itself(snap, b) == set()
+    assert [n.name for n in snap.nodes_named({"n1", "n2", "n9"})] == ["n2", "n1"]  # the snapshot's order
+    # the index follows the jobs: a snapshot with other jobs answers for those
+    later = dataclasses.replace(snap, jobs=(a,))
+    assert evidence.nodes_to_itself(later, a) == {"n1", "n2"}
+    snap.jobs = (a, b, dataclasses.replace(done, state="RUNNING"))
+    assert evidence.nodes_to_itself(snap, a) == set()

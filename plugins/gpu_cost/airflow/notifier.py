@@ -15,8 +15,7 @@ from typing import Any
 
 from airflow.sdk import BaseNotifier
 
-from gpu_cost.channels.slack import SLACK_CONN_ID
-from gpu_cost.connections import airflow_connection
+from gpu_cost.connections import SLACK_CONN_ID, airflow_connection
 from gpu_cost.errors import ActionError
 from gpu_cost.redact import connection_secrets, scrub
 

@@ -14,10 +14,11 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpu_cost.model import Decision, Snapshot, decision_id
-from gpu_cost.policy.schema import Policy, milder
+if TYPE_CHECKING:  # imported where used: the power DAG imports this module at parse time
+    from gpu_cost.model import Decision, Snapshot
+    from gpu_cost.policy.schema import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def snapshot_for(policy: Policy, now: float, source: str) -> Snapshot:
 
     if source == "sim":
         return sweep.collect(policy, now, "sim")
-    from gpu_cost.model import empty_gpu_frame
+    from gpu_cost.model import Snapshot, empty_gpu_frame
     from gpu_cost.sources.slurm import default_source, read_reservations
 
     src = default_source()
@@ -76,6 +77,8 @@ def forecast_demand(store: Any, now: float, horizon_s: float) -> float | None:
 
 
 def effective_mode(policy: Policy, dry_run: bool) -> str:
+    from gpu_cost.policy.schema import milder
+
     mode = milder(policy.mode, policy.offhours.mode) if policy.offhours.mode else policy.mode
     return "dry-run" if dry_run or mode != "enforce" else "enforce"
 
@@ -110,6 +113,8 @@ def reservation_decisions(snap: Snapshot, policy: Policy, now: float, mode: str,
 
 def decisions_of(plan: Any, policy: Policy, now: float, mode: str) -> list[Decision]:
     """Return one decision per node of the plan (ids deterministic per node and hour)."""
+    from gpu_cost.model import Decision, decision_id
+
     track = "live" if mode != "dry-run" else "dry-run"
     episode = int(now // 3600)
     out = []
@@ -182,6 +187,7 @@ def act_task(plan: Mapping[str, Any], action: str, context: Mapping[str, Any] | 
     from gpu_cost.airflow import runtime
     from gpu_cost.airflow.sweep_tasks import action_context
     from gpu_cost.errors import AuditError
+    from gpu_cost.model import Decision, Snapshot
     from gpu_cost.policy.engine import check_caps, may_act
 
     run_id = runtime.audit_run_id(context) if context is not None else str(plan["run_id"])
@@ -216,6 +222,7 @@ def act_task(plan: Mapping[str, Any], action: str, context: Mapping[str, Any] | 
 def record_task(plan: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
     """Write the hour's power savings and finish the run's audit row; return the run summary."""
     from gpu_cost.airflow import runtime
+    from gpu_cost.model import Snapshot
     from gpu_cost.offhours import savings_rows
 
     run_id = runtime.audit_run_id(context) if context.get("dag_run") is not None else str(plan["run_id"])

@@ -12,12 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_cost.airflow import runtime
+from gpu_cost.connections import SLACK_CONN_ID
 from gpu_cost.errors import GpuCostError
 from gpu_cost.timeutil import epoch, iso
 
 logger = logging.getLogger(__name__)
-
-SLACK_CONN_ID = "gpu_cost_slack"
 
 
 def period(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:

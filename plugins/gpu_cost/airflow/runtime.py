@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_cost import paths
 from gpu_cost.errors import PolicyError
-from gpu_cost.policy import load_policy
-from gpu_cost.policy.loader import parse_policy
-from gpu_cost.policy.schema import Policy
 from gpu_cost.timeutil import epoch
 
-if TYPE_CHECKING:  # SQLAlchemy and the store are imported where used: DAG files import this at parse time
+if TYPE_CHECKING:  # the store (SQLAlchemy) and the policy schema are imported where used: DAG files import
+    # this module at parse time, and the DAG processor parses every file every few minutes
     from gpu_cost.audit.store import AuditStore
+    from gpu_cost.policy.schema import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +93,8 @@ def resolve_policy(name: str | None) -> Path:
 
 def policy_from(params: Mapping[str, Any] | None = None) -> Policy:
     """Load the policy named by the run's ``policy`` param, else ``GPU_COST_POLICY`` or the default."""
+    from gpu_cost.policy import load_policy
+
     return load_policy(resolve_policy((params or {}).get("policy")))
 
 
@@ -104,6 +105,8 @@ def pin_policy(store: AuditStore, run_id: str, params: Mapping[str, Any] | None 
     the same content back with :func:`run_policy`, so an edit of the file mid-run changes nothing.
     Pinning again (a retried task) returns what was pinned first.
     """
+    from gpu_cost.policy.loader import parse_policy
+
     rows = store.fetch("pinned_policy", {"run_id": run_id})
     if not rows:
         path = resolve_policy((params or {}).get("policy"))
@@ -119,6 +122,8 @@ def pin_policy(store: AuditStore, run_id: str, params: Mapping[str, Any] | None 
 
 def run_policy(store: AuditStore, run_id: str) -> Policy:
     """Return the policy pinned for ``run_id``; raise PolicyError when the run pinned none."""
+    from gpu_cost.policy.loader import parse_policy
+
     rows = store.fetch("pinned_policy", {"run_id": run_id})
     if not rows:
         raise PolicyError(run_id, "policy", "this run pinned no policy (its first task did not run)")

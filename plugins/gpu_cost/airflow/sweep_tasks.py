@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_cost.airflow import runtime
 from gpu_cost.errors import GpuCostError
-from gpu_cost.model import Decision, Finding, Snapshot, as_decisions, as_findings
-from gpu_cost.policy.engine import Opening, Plan
-from gpu_cost.policy.schema import Policy
 
-if TYPE_CHECKING:  # the sweep (numpy) and the store are imported where used: DAG files import this at parse time
+if TYPE_CHECKING:  # the model, the engine, the policy, the sweep (numpy) and the store are imported where
+    # used: DAG files import this module at parse time
     from gpu_cost.audit.store import AuditStore
+    from gpu_cost.model import Decision, Finding, Snapshot
+    from gpu_cost.policy.engine import Plan
+    from gpu_cost.policy.schema import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: M
         return {**{k: one[k] for k in ("run_id", "now", "policy", "source", "gpus", "jobs", "degraded", "problems")},
                 "shards": 1, "log_jobs": None}
     from gpu_cost import shards, sweep
+    from gpu_cost.model import Snapshot
     from gpu_cost.report.usage import record_usage
 
     store = runtime.store()
@@ -132,6 +134,8 @@ def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: M
 
 
 def _load(ref: Mapping[str, Any]) -> tuple[Any, Snapshot, Any]:
+    from gpu_cost.model import Snapshot
+
     store = runtime.store()
     policy = runtime.run_policy(store, ref["run_id"])
     return policy, Snapshot.from_json(store.load_snapshot(ref["run_id"])), store
@@ -140,6 +144,7 @@ def _load(ref: Mapping[str, Any]) -> tuple[Any, Snapshot, Any]:
 def detect(ref: Mapping[str, Any], part: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Run the rules on node group ``part``'s stored snapshot; return the findings it answers for."""
     from gpu_cost import shards, sweep
+    from gpu_cost.model import Snapshot
 
     store = runtime.store()
     policy = runtime.run_policy(store, ref["run_id"])
@@ -154,6 +159,7 @@ def detect(ref: Mapping[str, Any], part: Mapping[str, Any]) -> list[dict[str, An
 def decide(ref: Mapping[str, Any], found: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
     """Turn every node group's findings into decisions under the policy and the escalation state (caps once)."""
     from gpu_cost import shards, sweep
+    from gpu_cost.model import as_findings
 
     policy, snap, store = _load(ref)
     findings = shards.merge_findings(as_findings(list(part)) for part in found)
@@ -263,6 +269,8 @@ def act_on(decisions: Sequence[Decision], policy: Policy, store: AuditStore, run
 
 def stored_decisions(store: AuditStore, run_id: str) -> list[tuple[Decision, dict[str, Any]]]:
     """Return the run's live decisions as the audit store holds them (never XCom), with their rows."""
+    from gpu_cost.model import Decision
+
     return [(Decision.from_row(r), r) for r in store.decisions_of_run(run_id)
             if r["mode"] != "dry-run" and r["action"] != "none" and r["status"] not in ("recorded", "snoozed")]
 
@@ -278,6 +286,7 @@ def act(ref: Mapping[str, Any], which: str, context: Mapping[str, Any]) -> dict[
     """
     from airflow.sdk.exceptions import AirflowFailException
 
+    from gpu_cost.model import Snapshot
     from gpu_cost.policy.engine import check_caps, may_act
 
     run_id = runtime.audit_run_id(context)
@@ -470,6 +479,9 @@ def plan_to_xcom(p: Plan) -> dict[str, Any]:
 
 
 def plan_from_xcom(d: Mapping[str, Any]) -> Plan:
+    from gpu_cost.model import as_decisions
+    from gpu_cost.policy.engine import Opening, Plan
+
     return Plan(
         decisions=as_decisions(d.get("decisions", [])),
         openings=[Opening(**o) for o in d.get("openings", [])],
@@ -480,6 +492,15 @@ def plan_from_xcom(d: Mapping[str, Any]) -> Plan:
         snooze_records=as_decisions(d.get("snooze_records", [])),
         cap_violation=d.get("cap_violation"),
     )
+
+
+def __getattr__(name: str) -> Any:
+    """Return the model's records re-exported here, imported on first use (not when a DAG file is parsed)."""
+    if name in ("Decision", "Finding"):
+        from gpu_cost import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["Decision", "Finding", "act", "act_on", "action_context", "check_policy", "collect", "decide", "detect",

@@ -340,15 +340,18 @@ def _defaults(name: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
     return out
 
 
+_TIME_PARAMS = frozenset(_TIME_COLUMNS | {"now", "since", "until", "until_ts"})
+#: types a driver takes as they are (the common case, checked first: a sweep binds thousands of rows)
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def _bind(params: Mapping[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in params.items():
-        if k in _TIME_COLUMNS or k in ("now", "since", "until", "until_ts"):
+    out = dict(params)
+    for k, v in out.items():
+        if k in _TIME_PARAMS:
             out[k] = None if v is None else iso(v)
-        elif hasattr(v, "item") and not isinstance(v, str | bytes):
+        elif type(v) not in _PLAIN and hasattr(v, "item") and not isinstance(v, str | bytes):
             out[k] = v.item()  # numpy scalars: drivers do not know them (psycopg2 writes np.float64(...))
-        else:
-            out[k] = v
     return out
 
 

@@ -11,11 +11,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gpu_cost.channels.base import Answer, Channel, Delivery, with_retries
+from gpu_cost.connections import SLACK_CONN_ID
 from gpu_cost.notices.recipients import Recipient
 from gpu_cost.notices.render import Message, slack_escape
 from gpu_cost.redact import connection_secrets, redact, scrub
-
-SLACK_CONN_ID = "gpu_cost_slack"
 
 
 class SlackChannel(Channel):

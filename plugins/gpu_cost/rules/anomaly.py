@@ -103,22 +103,39 @@ def _is_service(klass: dict[str, Any]) -> bool:
     return klass.get("kind") == "service" or klass.get("member_kind") == "service"
 
 
-def _leak(g: Any, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule) -> dict[str, Any] | None:
+class _Columns:
+    """The GPU frame's columns as arrays, each converted once: the rule reads a few per running job."""
+
+    def __init__(self, frame: Any) -> None:
+        self._frame = frame
+        self._arrays: dict[tuple[str, Any], np.ndarray] = {}
+
+    def __contains__(self, column: str) -> bool:
+        return column in self._frame
+
+    def get(self, column: str, dtype: Any = None) -> np.ndarray:
+        key = (column, dtype)
+        if key not in self._arrays:
+            self._arrays[key] = self._frame[column].to_numpy(dtype=dtype)
+        return self._arrays[key]
+
+
+def _leak(g: _Columns, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule) -> dict[str, Any] | None:
     """Return the leak evidence of a job's GPUs (the fastest steady grower), or None."""
     if any(c not in g for c in TREND) or job.start_ts is None or snapshot.ts - job.start_ts < cfg.leak_min_span:
         return None
-    slope = g["mem_slope_mib_h_lb"].to_numpy(dtype=float)[pos]
-    r2 = g["mem_r2_lb"].to_numpy(dtype=float)[pos]
-    span = g["mem_span_s_lb"].to_numpy(dtype=float)[pos]
+    slope = g.get("mem_slope_mib_h_lb", float)[pos]
+    r2 = g.get("mem_r2_lb", float)[pos]
+    span = g.get("mem_span_s_lb", float)[pos]
     with np.errstate(invalid="ignore"):
         leaking = (slope >= cfg.leak_min_mib_per_h) & (r2 >= cfg.leak_min_r2) & (span >= cfg.leak_min_span)
     if not leaking.any():
         return None
     best = int(np.argmax(np.where(leaking, slope, -np.inf)))
     row = int(pos[best])
-    hosts, idx = g["host"].to_numpy(dtype=object), g["gpu"].to_numpy()
-    now_mib = float(g["mem_max_mib"].to_numpy(dtype=float)[row])
-    total = float(g["mem_total_mib"].to_numpy(dtype=float)[row])
+    hosts, idx = g.get("host", object), g.get("gpu")
+    now_mib = float(g.get("mem_max_mib", float)[row])
+    total = float(g.get("mem_total_mib", float)[row])
     to_full = max(0.0, (total - now_mib) / slope[best]) if total == total and now_mib == now_mib and total > 0 else None
     return {
         "slope_mib_per_h": r(float(slope[best])), "r2": r(float(r2[best]), 3), "span_s": round(float(span[best])),
@@ -145,7 +162,7 @@ def _leak_signals(ev: dict[str, Any], cfg: AnomalyRule) -> tuple[list[dict[str, 
     return sig, round(min(1.0, c), 2)
 
 
-def _overrun(g: Any, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule, policy: Policy,
+def _overrun(g: _Columns, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule, policy: Policy,
              window: float) -> tuple[dict[str, Any], list[dict[str, Any]], float] | None:
     """Return the overrun evidence, its signals and confidence, or None."""
     klass = snapshot.classes.get(job.job_id)
@@ -159,13 +176,13 @@ def _overrun(g: Any, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: Anomaly
     limit = cfg.overrun_factor * float(p90)
     if runtime <= limit:
         return None
-    if declared_inference(job, policy.inference) or behaves_like_inference(g["bursts_lb"].to_numpy()[pos],
+    if declared_inference(job, policy.inference) or behaves_like_inference(g.get("bursts_lb")[pos],
                                                                            policy.inference):
         return None  # a service by declaration or behaviour: long runs are its nature
-    power = [float(x) for x in g["power_w"].to_numpy(dtype=float)[pos]]
+    power = [float(x) for x in g.get("power_w", float)[pos]]
     log = classify_log(snapshot.job_logs.get(job.job_id), policy.evidence.job_log, snapshot.ts, window)
     signs = progress(snapshot, job, power, log, policy)
-    util = float(np.nanmean(g["util_mean"].to_numpy(dtype=float)[pos])) if len(pos) else math.nan
+    util = float(np.nanmean(g.get("util_mean", float)[pos])) if len(pos) else math.nan
     if util == util and util >= policy.sweep.busy_util:
         signs.append(f"GPU utilisation {util:.0f} %, at least the busy {policy.sweep.busy_util:g} %")
     if signs:
@@ -207,7 +224,7 @@ def _overrun(g: Any, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: Anomaly
     return ev, sig, round(min(1.0, max(0.0, c)), 2)
 
 
-def _mix(g: Any, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule,
+def _mix(g: _Columns, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule,
          policy: Policy) -> tuple[dict[str, Any], list[dict[str, Any]], float] | None:
     """A CPU/GPU mix unlike the class's: the node's CPU while the GPUs work, ``mix_factor`` times above or below
     the class's (both on nodes the jobs have to themselves; a class of ``baselines.min_members`` with CPU data)."""
@@ -217,7 +234,7 @@ def _mix(g: Any, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule
     ref = klass.get("cpu_pct_active")
     if ref is None or int(klass.get("cpu_members") or 0) < policy.baselines.min_members or _is_service(klass):
         return None
-    util = float(np.nanmean(g["util_mean"].to_numpy(dtype=float)[pos]))
+    util = float(np.nanmean(g.get("util_mean", float)[pos]))
     if not util == util or util < policy.sweep.busy_util:
         return None  # the mix is read while the GPUs work
     alone = nodes_to_itself(snapshot, job)
@@ -250,6 +267,7 @@ def anomaly(snapshot: Snapshot, cfg: AnomalyRule, policy: Policy) -> list[Findin
         return []
     rows = job_rows(g)
     stale = g["stale"].to_numpy(dtype=bool)
+    cols = _Columns(g)
     findings = []
     for job in snapshot.running_jobs():
         keys = job.gpu_keys()
@@ -260,20 +278,20 @@ def anomaly(snapshot: Snapshot, cfg: AnomalyRule, policy: Policy) -> list[Findin
         evidence: dict[str, Any] = {}
         signals: list[dict[str, Any]] = []
         conf: list[float] = []
-        leak = _leak(g, pos, job, snapshot, cfg)
+        leak = _leak(cols, pos, job, snapshot, cfg)
         if leak is not None:
             kinds.append("leak")
             evidence.update(leak)
             s, c = _leak_signals(leak, cfg)
             signals += s
             conf.append(c)
-        over = _overrun(g, pos, job, snapshot, cfg, policy, window)
+        over = _overrun(cols, pos, job, snapshot, cfg, policy, window)
         if over is not None:
             kinds.append("overrun")
             evidence.update(over[0])
             signals += over[1]
             conf.append(over[2])
-        mix = _mix(g, pos, job, snapshot, cfg, policy)
+        mix = _mix(cols, pos, job, snapshot, cfg, policy)
         if mix is not None:
             kinds.append("mix")
             evidence.update(mix[0])
