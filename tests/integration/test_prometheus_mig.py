@@ -11,30 +11,19 @@ import pytest
 
 from gpu_cost.sources.prometheus import PrometheusSource
 from tests.fixtures.prometheus import PromLab
+from tests.integration.test_prometheus import SimScheduler
 
 pytestmark = pytest.mark.integration
 
 JOB = "gpu-modern"
 
 
-class SimSide:
+class SimSide(SimScheduler):
     """The simulated cluster's scheduler and nodes (jobs, and nvidia-smi's processes over SSH)."""
 
     def __init__(self, path, now: float) -> None:  # type: ignore[no-untyped-def]
-        from gpu_cost.sources.sim import SimCluster, load_scenario
-
-        self.cluster = SimCluster(load_scenario(path), anchor=now)
-        self.now = now
+        super().__init__(path, now)
         self.asked: list[str] = []
-
-    def jobs(self):  # type: ignore[no-untyped-def]
-        return self.cluster.jobs_at(self.now)
-
-    def nodes(self):  # type: ignore[no-untyped-def]
-        return self.cluster.nodes_at(self.now)
-
-    def reservations(self):  # type: ignore[no-untyped-def]
-        return []  # the simulated cluster holds no Slurm reservation
 
     def processes(self, hosts):  # type: ignore[no-untyped-def]
         self.asked = list(hosts)
