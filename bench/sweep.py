@@ -7,6 +7,10 @@ simulated samples is not timed. Each size runs in a fresh process; peak memory i
 peak RSS above what it held before the sweep.
 
     python -m bench.sweep [--sizes 1000,10000,50000,100000] [--sharded 100000:16]
+    python -m bench.sweep --sizes 100000 --sharded "" --jobs-per-node 8 --pending-per-node 8   # 200k jobs
+
+``--jobs-per-node`` (default 2) running jobs share each node's 8 GPUs; ``--pending-per-node``
+(default 1) jobs wait in the queue per node.
 
 ``--sharded GPUS:SHARDS`` sweeps a cluster in node groups (``sweep.shards``), as the DAG's mapped
 tasks do: each group's snapshot (the aggregation of its view's samples) and rules, then the merge
@@ -25,7 +29,7 @@ import time
 from bench._common import in_fresh_process, report, rss_mb
 
 
-def one(gpus: int, seed: int = 1) -> dict[str, float]:
+def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: float = 1) -> dict[str, float]:
     from gpu_cost.policy import load_policy
     from gpu_cost.policy.engine import decide
     from gpu_cost.rules import run_rules
@@ -35,7 +39,8 @@ def one(gpus: int, seed: int = 1) -> dict[str, float]:
     policy = load_policy()
     now = 1_795_960_800.0
     nodes = max(1, gpus // 8)
-    sc = generate_scenario(nodes=nodes, gpus_per_node=8, jobs_per_node=2, pending=nodes, seed=seed)
+    sc = generate_scenario(nodes=nodes, gpus_per_node=8, jobs_per_node=jobs_per_node,
+                           pending=round(nodes * pending_per_node), seed=seed)
     cluster = SimCluster(sc, anchor=now)
     m = cluster.matrix(now - policy.sweep.lookback, now)
     jobs, procs, node_list = cluster.jobs_at(now), cluster.processes_at(now), cluster.nodes_at(now)
@@ -113,17 +118,20 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1000,10000,50000,100000")
     ap.add_argument("--sharded", default="100000:16", help="GPUS:SHARDS[,GPUS:SHARDS...]; empty: none")
+    ap.add_argument("--jobs-per-node", type=float, default=2.0, help="running jobs per 8-GPU node (unsharded sizes)")
+    ap.add_argument("--pending-per-node", type=float, default=1.0, help="pending jobs per node (unsharded sizes)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--one-sharded", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
-        print(json.dumps(one(args.one)))
+        print(json.dumps(one(args.one, jobs_per_node=args.jobs_per_node, pending_per_node=args.pending_per_node)))
         return
     if args.one_sharded:
         gpus, of = (int(x) for x in args.one_sharded.split(":"))
         print(json.dumps(sharded(gpus, of)))
         return
-    rows = [in_fresh_process("bench.sweep", ["--one", str(int(s))]) for s in args.sizes.split(",")]
+    load = ["--jobs-per-node", str(args.jobs_per_node), "--pending-per-node", str(args.pending_per_node)]
+    rows = [in_fresh_process("bench.sweep", ["--one", str(int(s)), *load]) for s in args.sizes.split(",") if s]
     if len(rows) > 1:
         first = rows[0]
         for r in rows:
