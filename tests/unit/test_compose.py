@@ -186,6 +186,8 @@ def test_dockerfile_builds_on_airflow_and_installs_the_lock_and_the_package() ->
     assert re.search(r"^FROM apache/airflow:3\.3\.2-python3\.11(@sha256:[0-9a-f]{64})?$", text, re.M)
     assert "requirements.lock" in text and re.search(r"pip install .*-r /tmp/requirements\.lock", text)
     assert re.search(r"pip install .*-e /opt/airflow", text)
+    # the DAG processor reads the package's and the DAG files' bytecode instead of compiling them at each parse
+    assert re.search(r"python -m compileall -q /opt/airflow/plugins/gpu_cost /opt/airflow/dags$", text, re.M)
     for src in re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", text, re.M):
         for path in src.split():
             assert (ROOT / path).exists(), f"Dockerfile copies {path}, which does not exist"
