@@ -14,7 +14,9 @@ the cluster size (:attr:`PrometheusSource.queries_made` counts them):
 Where the recording rules of :mod:`gpu_cost.sources.recording` (shipped in
 ``deploy/prometheus/gpu-cost.rules.yml``) run on the server and fit the policy, ``windows`` and
 ``lookback`` read their series instead of the raw ones: same answers, a fraction of the samples.
-``current`` says whether they do (:attr:`PrometheusSource.rules_used`).
+``current`` says whether they do (:attr:`PrometheusSource.rules_used`). ``windows`` and
+``lookback`` do not depend on each other and are sent at the same time (Prometheus evaluates each
+query on a core of its own), after ``current``, which decides how to ask them.
 
 Series are resampled on the policy's ``sample_interval`` grid with subqueries
 (``avg_over_time(U[15m:60s])``), which gives exactly the samples :mod:`gpu_cost.aggregate` sees
@@ -40,7 +42,8 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -397,6 +400,7 @@ class PrometheusSource:
     def __init__(self, config: PromConfig | None = None, *, client: Any = None) -> None:
         self.config = config or prometheus_config()
         self._client = client
+        self._count_lock = threading.Lock()
         self.queries_made = 0
         #: whether the last gpu_frame read the recording rules' series ("chunks", "samples") or raw ones ("")
         self.rules_used = ""
@@ -424,7 +428,8 @@ class PrometheusSource:
         import requests
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
-        self.queries_made += 1
+        with self._count_lock:
+            self.queries_made += 1
         where = redact(self.config.url)  # the URL may carry user:password@
         try:
             result = self.client.custom_query(promql, params={"time": f"{at:.3f}"}, timeout=self.config.timeout)
@@ -475,11 +480,12 @@ class PrometheusSource:
             from gpu_cost.sources import recording
 
             # as of the rules' last evaluation (within a step after ``at``): the same grid samples
-            win = self.query(recording.windows_query_recorded(windows, primary, rec.chunk, rec.at), rec.at, "windows")
-            lb = self.query(recording.lookback_query_recorded(sw.lookback, step, rec.chunk, rec.at), rec.at, "lookback")
+            asks = [(recording.windows_query_recorded(windows, primary, rec.chunk, rec.at), rec.at, "windows"),
+                    (recording.lookback_query_recorded(sw.lookback, step, rec.chunk, rec.at), rec.at, "lookback")]
         else:
-            win = self.query(windows_query(self.config.selector, windows, primary, step), at, "windows")
-            lb = self.query(lookback_query(self.config.selector, sw.lookback, step, sw.busy_util), at, "lookback")
+            asks = [(windows_query(self.config.selector, windows, primary, step), at, "windows"),
+                    (lookback_query(self.config.selector, sw.lookback, step, sw.busy_util), at, "lookback")]
+        win, lb = self._together(asks)
 
         rows: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         info: dict[tuple[str, str, str, str], dict[str, Any]] = {}
@@ -590,6 +596,14 @@ class PrometheusSource:
                                "temp_c": r.get("temp", math.nan)}
         extra = {w: _window_frame(pd, recs, w, step, sw, last_ts, now) for w in others}
         return frame, extra
+
+    def _together(self, asks: Sequence[tuple[str, float, str]]) -> list[list[dict[str, Any]]]:
+        """Run independent queries at the same time; return their answers in order (the first error is raised)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(asks), thread_name_prefix="gpu-cost-promql") as pool:
+            futures = [pool.submit(self.query, promql, at, what) for promql, at, what in asks]
+            return [f.result() for f in futures]
 
     def _rules_plan(self, cur: list[dict[str, Any]], policy: Any, at: float, now: float) -> Any:
         """Return how to read the recording rules' series (:class:`~gpu_cost.sources.recording.Plan`), or None."""
