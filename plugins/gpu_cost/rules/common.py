@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -81,13 +83,23 @@ def declared_inference(job: Job, cfg: InferenceConfig) -> str | None:
     return declared(job, cfg.partitions, cfg.name_patterns, cfg.labels)
 
 
+@functools.lru_cache(maxsize=256)
+def _any_glob(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """Return one regex matching a lower-cased name that any of ``patterns`` (case-insensitive globs) matches."""
+    return re.compile("|".join(f"(?:{fnmatch.translate(p.lower())})" for p in patterns) or "(?!)")
+
+
 def declared(job: Job, partitions: Iterable[str], name_patterns: Iterable[str], labels: Iterable[str]) -> str | None:
     """Return which of a policy's partitions, name globs (case-insensitive) or labels names ``job``, or None."""
     if job.partition and job.partition in partitions:
         return f"partition {job.partition}"
-    for pat in name_patterns:
-        if job.name and fnmatch.fnmatchcase(job.name.lower(), pat.lower()):
-            return f"name matches {pat}"
+    patterns = tuple(name_patterns)
+    if job.name and patterns:
+        name = job.name.lower()
+        if _any_glob(patterns).match(name):  # one test for the many jobs no glob names; then which one
+            for pat in patterns:
+                if fnmatch.fnmatchcase(name, pat.lower()):
+                    return f"name matches {pat}"
     for label in labels:
         if label in job.labels:
             return f"label {label}"

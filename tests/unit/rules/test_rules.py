@@ -143,3 +143,22 @@ def test_default_scenario_has_every_kind(policy, scenario) -> None:  # type: ign
     inference = [f for f in fs if f.job_id == "1005"]
     assert inference and all(f.inference and f.action == "advise" for f in inference)
     assert not any(f.rule == "zombie" and f.job_id == "1005" for f in fs)
+
+
+@pytest.mark.parametrize(("name", "patterns", "why"), [
+    ("Serve-LLaMA", ("train-*", "serve-*", "*llama*"), "name matches serve-*"),  # the first glob that names it
+    ("eval[1]", ("eval[[]1]",), "name matches eval[[]1]"),  # glob brackets, not regex ones
+    ("a.b", ("a?b",), "name matches a?b"),
+    ("axb", ("a.b",), None),  # a dot is a dot
+    ("train-7", ("serve-*", "*-inference"), None),
+    ("serve", (), None),
+    ("", ("*",), None),  # no name: nothing to match
+])
+def test_declared_by_name_globs_case_insensitive_first_match(name: str, patterns: tuple[str, ...],
+                                                             why: str | None) -> None:
+    from gpu_cost.model import Job
+    from gpu_cost.rules.common import declared
+
+    job = Job(job_id="1", user="u", account="a", partition="batch", state="RUNNING", name=name)
+    assert declared(job, ("serving",), patterns, ()) == why
+    assert declared(dataclasses.replace(job, partition="serving"), ("serving",), patterns, ()) == "partition serving"
