@@ -16,6 +16,7 @@ the store resolution sets or deletes it, and the Airflow lookup is switched off
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -103,7 +104,9 @@ def test_the_demo_store_is_chosen_when_the_default_does_not_exist(bare_env: Path
     choice = cli.resolve_store(None)
     assert choice == cli.StoreChoice(f"sqlite:///{demo}", "demo")
     assert choice.label() == f"sqlite:///{demo} (the demo's)"
-    default.write_bytes(b"")  # once the default store exists, it wins
+    default.write_bytes(b"")  # once the default store exists, written after the demo's, it wins
+    later = demo.stat().st_mtime + 1  # (both written within one tick of the file clock would tie: the demo wins ties)
+    os.utime(default, (later, later))
     assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{default}", "default")
 
 
