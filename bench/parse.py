@@ -109,8 +109,8 @@ def one(path: str) -> dict[str, object]:
 def live(parses: int = 10, bytecode: bool = True, interval: int = 3, timeout: float = 900.0) -> list[dict[str, object]]:
     """Run a real dag-processor over the DAG files until each is parsed ``parses`` times; return a row per file.
 
-    ``bytecode``: let Python cache compiled modules (under a prefix in the temporary home), else compile
-    every module on every parse.
+    ``bytecode``: let Python cache compiled modules (beside the copies in the temporary home), else
+    compile the project's modules on every parse.
     """
     home = Path(tempfile.mkdtemp(prefix="gpu-cost-bench-parse-live-"))
     dags = home / "dags"

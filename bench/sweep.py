@@ -7,7 +7,7 @@ simulated samples is not timed. Each size runs in a fresh process; peak memory i
 peak RSS above what it held before the sweep.
 
     python -m bench.sweep [--sizes 1000,10000,50000,100000] [--sharded 100000:16]
-    python -m bench.sweep --sizes 100000 --sharded "" --jobs-per-node 8 --pending-per-node 8   # 200k jobs
+    python -m bench.sweep --sizes 100000 --sharded "" --jobs-per-node 8 --pending-per-node 8.6   # ~200k jobs
 
 ``--jobs-per-node`` (default 2) running jobs share each node's 8 GPUs; ``--pending-per-node``
 (default 1) jobs wait in the queue per node.

@@ -86,7 +86,7 @@ def declared_inference(job: Job, cfg: InferenceConfig) -> str | None:
 @functools.lru_cache(maxsize=256)
 def _any_glob(patterns: tuple[str, ...]) -> re.Pattern[str]:
     """Return one regex matching a lower-cased name that any of ``patterns`` (case-insensitive globs) matches."""
-    return re.compile("|".join(f"(?:{fnmatch.translate(p.lower())})" for p in patterns) or "(?!)")
+    return re.compile("|".join(f"(?:{fnmatch.translate(p.lower())})" for p in patterns))
 
 
 def declared(job: Job, partitions: Iterable[str], name_patterns: Iterable[str], labels: Iterable[str]) -> str | None:
