@@ -8,8 +8,8 @@ PromQL. Invalid samples (negative, above 100 %, NaN; memory negative or above
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,6 +19,25 @@ from gpu_cost.model import GPU_COLUMNS, MIG_COLUMNS
 #: framebuffer readings above this (2 TiB, several times any GPU's memory) are garbage, e.g. DCGM's
 #: blank value 0x7ffffff0 for a field the driver could not read: dropped, never read as memory held
 MAX_MEM_MIB = float(1 << 21)
+
+
+def _in_order(times: np.ndarray, *matrices: np.ndarray | None) -> tuple[Any, ...]:
+    """Return ``times`` and the matrices' columns in time order (as they are, no copy, when already sorted)."""
+    if len(times) < 2 or bool(np.all(times[1:] >= times[:-1])):
+        return (times, *matrices)
+    order = np.argsort(times, kind="stable")
+    return (times[order], *(None if x is None else x[:, order] for x in matrices))
+
+
+def _span(times: np.ndarray, start: float, end: float) -> slice:
+    """Return the columns of sorted ``times`` with ``start < times <= end``: a slice, so a view, not a copy."""
+    return slice(int(np.searchsorted(times, start, side="right")), int(np.searchsorted(times, end, side="right")))
+
+
+def _nanmean(x: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Return the mean of each row's non-NaN values (``n`` of them; NaN when none), as ``np.nanmean`` sums."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(np.isnan(x), 0.0, x).sum(axis=1) / n
 
 
 def window_stats(
@@ -33,22 +52,23 @@ def window_stats(
     power: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Return window aggregates (one value per GPU row) for samples in ``(now - window, now]``."""
-    sel = (times > now - window_s) & (times <= now)
+    times, util, mem, power = _in_order(times, util, mem, power)
+    sel = _span(times, now - window_s, now)
     u = util[:, sel]
     m = mem[:, sel]
     valid = ~np.isnan(u)
     n = valid.sum(axis=1)
     expected = max(1, round(window_s / sample_interval_s))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        out = {
-            "util_mean": np.nanmean(u, axis=1) if u.shape[1] else np.full(len(u), np.nan),
-            "util_max": np.nanmax(u, axis=1) if u.shape[1] else np.full(len(u), np.nan),
-            "mem_min_mib": np.nanmin(m, axis=1) if m.shape[1] else np.full(len(m), np.nan),
-            "mem_max_mib": np.nanmax(m, axis=1) if m.shape[1] else np.full(len(m), np.nan),
-            "power_w": (np.nanmean(power[:, sel], axis=1) if power is not None and sel.any() else np.full(len(u), np.nan)),
-        }
-    upto = times <= now
+    nan = np.full(len(u), np.nan)
+    p = power[:, sel] if power is not None else None
+    out = {  # NaN-skipping reductions (fmax, fmin) over views: no copy of the samples
+        "util_mean": _nanmean(u, n) if u.shape[1] else nan,
+        "util_max": np.fmax.reduce(u, axis=1) if u.shape[1] else nan.copy(),
+        "mem_min_mib": np.fmin.reduce(m, axis=1) if m.shape[1] else nan.copy(),
+        "mem_max_mib": np.fmax.reduce(m, axis=1) if m.shape[1] else nan.copy(),
+        "power_w": _nanmean(p, (~np.isnan(p)).sum(axis=1)) if p is not None and p.shape[1] else nan.copy(),
+    }
+    upto = _span(times, -np.inf, now)
     any_valid = ~np.isnan(util[:, upto])
     if any_valid.shape[1]:
         last_idx = any_valid.shape[1] - 1 - np.argmax(any_valid[:, ::-1], axis=1)
@@ -64,23 +84,21 @@ def window_stats(
 
 def lookback_stats(times: np.ndarray, util: np.ndarray, now: float, lookback_s: float, busy_util: float) -> dict[str, np.ndarray]:
     """Return lookback aggregates: mean/max utilisation, busy share and idle→busy transitions."""
-    sel = (times > now - lookback_s) & (times <= now)
-    u = util[:, sel]
-    valid = ~np.isnan(u)
-    busy = np.where(valid, u > busy_util, False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        mean = np.nanmean(u, axis=1) if u.shape[1] else np.full(len(u), np.nan)
-        mx = np.nanmax(u, axis=1) if u.shape[1] else np.full(len(u), np.nan)
-        n = valid.sum(axis=1)
+    times, util = _in_order(times, util)
+    u = util[:, _span(times, now - lookback_s, now)]
+    n = (~np.isnan(u)).sum(axis=1)
+    with np.errstate(invalid="ignore"):
+        busy = u > busy_util  # NaN compares False: a missing sample is neither busy nor quiet
+        mean = _nanmean(u, n) if u.shape[1] else np.full(len(u), np.nan)
+        mx = np.fmax.reduce(u, axis=1) if u.shape[1] else np.full(len(u), np.nan)
         share = np.where(n > 0, busy.sum(axis=1) / np.maximum(n, 1), np.nan)
-    if u.shape[1] > 1:
-        # a burst starts where a quiet sample (under a quarter of the busy level) is followed by a
-        # busy one: a service waking up, not an input-bound job hovering around the busy level
-        idle = np.where(valid, u < busy_util / 4.0, False)
-        bursts = (idle[:, :-1] & busy[:, 1:]).sum(axis=1)
-    else:
-        bursts = np.zeros(len(u), dtype=np.int64)
+        if u.shape[1] > 1:
+            # a burst starts where a quiet sample (under a quarter of the busy level) is followed by a
+            # busy one: a service waking up, not an input-bound job hovering around the busy level
+            idle = u[:, :-1] < busy_util / 4.0
+            bursts = (idle & busy[:, 1:]).sum(axis=1)
+        else:
+            bursts = np.zeros(len(u), dtype=np.int64)
     return {"util_mean_lb": mean, "util_max_lb": mx, "busy_share_lb": share, "bursts_lb": bursts.astype(np.int64), "n_lb": n.astype(np.int64)}
 
 
@@ -93,7 +111,8 @@ def mem_trend_stats(times: np.ndarray, mem: np.ndarray, now: float, lookback_s: 
     (NaN when none). One pass over the GPU × time matrix, no loop per GPU. The Prometheus source
     computes the same with ``deriv`` and ``stdvar_over_time`` on the same sample grid.
     """
-    sel = (times > now - lookback_s) & (times <= now)
+    times, mem = _in_order(times, mem)
+    sel = _span(times, now - lookback_s, now)
     m = mem[:, sel]
     rows = len(m)
     if not m.shape[1]:
@@ -126,8 +145,9 @@ def clean(util: np.ndarray, mem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return copies with impossible values (negative, > 100 %, > MAX_MEM_MIB, inf) replaced by NaN."""
     u = np.array(util, dtype=float, copy=True)
     m = np.array(mem, dtype=float, copy=True)
-    u[~np.isfinite(u) | (u < 0) | (u > 100)] = np.nan
-    m[~np.isfinite(m) | (m < 0) | (m > MAX_MEM_MIB)] = np.nan
+    with np.errstate(invalid="ignore"):  # NaN and ±inf fail one of the two bounds
+        u[~((u >= 0) & (u <= 100))] = np.nan
+        m[~((m >= 0) & (m <= MAX_MEM_MIB))] = np.nan
     return u, m
 
 

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 
 import pandas as pd
 
 from gpu_cost.model import Disagreement, GpuProcess, Job
+
+#: an empty set to read, never to change
+_NONE: frozenset[str] = frozenset()
 
 
 def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuProcess]) -> tuple[pd.DataFrame, list[Disagreement]]:
@@ -83,6 +87,8 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     how: list[str] = []
     sharers: list[str] = []
     problems: list[Disagreement] = []
+    holders: AbstractSet[str]
+    cg: AbstractSet[str]
     for host, gpu, uuid, label, mig, mig_uuid in zip(hosts, idxs, uuids, labels, migs, mig_uuids, strict=True):
         if mig:
             holders = mig_alloc.get((host, f"{gpu}/{mig}"), set()) | (mig_alloc.get((host, mig_uuid), set())
@@ -91,11 +97,13 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
             both = orphans_slice.get((host, gpu, mig), []) + (orphans_uuid.get(mig_uuid, []) if mig_uuid else [])
             leftovers = list({p.key: p for p in both}.values())  # a process may name the slice both ways
         else:
-            holders = alloc.get((host, gpu), set())
-            cg = by_uuid.get(uuid, set()) | by_index.get((host, gpu), set())
-            leftovers = orphans_uuid.get(uuid, []) if uuid else orphans_index.get((host, gpu), [])
-        cg_running = {c for c in cg if c in running}
-        if len(holders) > 1 or holders & shared_jobs:
+            key = (host, gpu)
+            holders = alloc.get(key, _NONE)
+            on_uuid, on_index = by_uuid.get(uuid), by_index.get(key)
+            cg = on_uuid | on_index if on_uuid and on_index else on_uuid or on_index or _NONE
+            leftovers = orphans_uuid.get(uuid, []) if uuid else orphans_index.get(key, [])
+        cg_running = {c for c in cg if c in running} if cg else _NONE
+        if len(holders) > 1 or (shared_jobs and not holders.isdisjoint(shared_jobs)):
             # several jobs on one device: its utilisation is nobody's alone
             job_ids.append(None)
             how.append("shared")
@@ -111,8 +119,11 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
                 how.append("cgroup")
                 continue
         label_running = label if label in running else None
-        claims = {c for c in (slurm, label_running, *cg_running) if c}
-        if len(claims) > 1:
+        if not cg_running and (not label_running or label_running == slurm):
+            claims = 1  # the common case: Slurm's word alone, or the exporter's label agreeing with it
+        else:
+            claims = len({c for c in (slurm, label_running, *cg_running) if c})
+        if claims > 1:
             job_ids.append(None)
             how.append("conflict")
             problems.append(Disagreement(host, gpu, f"{_slice(mig)}sources name different jobs: slurm={slurm or '-'} "

@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -394,7 +394,7 @@ class Snapshot:
             if abs(window_s - self.window_s) >= 1e-6:
                 raise KeyError(f"snapshot has no aggregates for a {window_s:g}s window")
             return self.gpus
-        out = self.gpus.copy()
+        out = self.gpus.copy(deep=False)  # copy-on-write: the columns set below are the view's own
         extra = self.windows[window_s]
         for col in extra.columns:
             out[col] = extra[col].to_numpy()
@@ -424,6 +424,14 @@ class Snapshot:
                     out.setdefault(n, set()).add(j.job_id)
             cached = self._indexes["jobs_by_node"] = (self.jobs, out)
         return cached[1]  # shared: read it, do not change it
+
+    def memo(self, name: str, basis: Any, build: Callable[[], Any]) -> Any:
+        """Return ``build()``'s value, built once while ``basis`` (the object it reads) is unchanged: an index the
+        rules share (:func:`gpu_cost.rules.common.job_index`)."""
+        cached = self._indexes.get(name)
+        if cached is None or cached[0] is not basis:
+            cached = self._indexes[name] = (basis, build())
+        return cached[1]
 
     def nodes_named(self, names: Iterable[str]) -> list[Node]:
         """Return the nodes called ``names``, in the snapshot's order (the index is built once per ``nodes``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -85,15 +86,21 @@ _BARS = "▁▂▃▄▅▆▇█"
 
 def sparkline(charts: Sequence[str]) -> str:
     """Return one bar per bucket, the max over ``charts`` (one per GPU): ``▁▁▁▁▆▁▁▁▁▁▁▁``; ``·`` = no data."""
-    rows = [[(float(x) if x != "" else np.nan) for x in c.split(",")] for c in charts if c]
+    rows = [_chart_values(c) for c in charts if c]
     if not rows:
         return ""
     width = min(len(r) for r in rows)
     out = []
     for b in range(width):
-        vals = [r[b] for r in rows if r[b] == r[b]]
-        out.append("·" if not vals else _BARS[min(len(_BARS) - 1, int(max(vals) / 100 * len(_BARS)))])
+        top = max((r[b] for r in rows), default=-1.0)  # no data is -1, under any value
+        out.append("·" if top < 0 else _BARS[min(len(_BARS) - 1, int(top / 100 * len(_BARS)))])
     return "".join(out)
+
+
+@functools.lru_cache(maxsize=65536)
+def _chart_values(text: str) -> tuple[float, ...]:
+    """Return a chart column's bucket values, -1 for a bucket with no data (most GPUs repeat a few charts)."""
+    return tuple(float(x) if x != "" else -1.0 for x in text.split(","))
 
 
 def from_samples(

@@ -18,24 +18,41 @@ LEVEL_ORDER = {"never": 0, "notify_only": 1, "approval": 2}
 
 
 def matches(m: Match, f: Finding) -> bool:
-    """Return True when every criterion given in ``m`` matches the finding (each list is an OR)."""
-    checks: list[bool] = []
+    """Return True when every criterion given in ``m`` matches the finding (each list is an OR).
+
+    A match with no criterion matches nothing. The first criterion that fails decides.
+    """
+    given = False
     if m.users:
-        checks.append((f.user or "") in m.users)
+        if (f.user or "") not in m.users:
+            return False
+        given = True
     if m.accounts:
-        checks.append((f.account or "") in m.accounts)
+        if (f.account or "") not in m.accounts:
+            return False
+        given = True
     if m.partitions:
-        checks.append((f.partition or "") in m.partitions)
+        if (f.partition or "") not in m.partitions:
+            return False
+        given = True
     if m.qos:
-        checks.append((f.qos or "") in m.qos)
+        if (f.qos or "") not in m.qos:
+            return False
+        given = True
     if m.name_patterns:
-        checks.append(any(fnmatch.fnmatchcase(f.name or "", p) for p in m.name_patterns))
+        if not any(fnmatch.fnmatchcase(f.name or "", p) for p in m.name_patterns):
+            return False
+        given = True
     if m.labels:
-        checks.append(any(label in f.labels for label in m.labels))
+        if not any(label in f.labels for label in m.labels):
+            return False
+        given = True
     if m.nodes:
         hosts = set(f.nodes) | ({f.host} if f.host else set()) | {g.split(":")[0] for g in f.gpu_ids}
-        checks.append(any(fnmatch.fnmatchcase(h, p) for h in hosts for p in m.nodes))
-    return bool(checks) and all(checks)
+        if not any(fnmatch.fnmatchcase(h, p) for h in hosts for p in m.nodes):
+            return False
+        given = True
+    return given
 
 
 def protection_for(f: Finding, protections: Iterable[Protection]) -> Protection | None:

@@ -43,7 +43,7 @@ from gpu_cost.model import Finding, Job, Snapshot
 from gpu_cost.policy.schema import AnomalyRule, Policy
 from gpu_cost.registry import RuleSpec
 from gpu_cost.rules import register
-from gpu_cost.rules.common import behaves_like_inference, declared_inference, job_fields, job_rows, r
+from gpu_cost.rules.common import behaves_like_inference, declared_inference, job_fields, job_index, r
 
 #: the GPU frame's trend columns the leak check reads (an older stored snapshot may lack them)
 TREND = ("mem_slope_mib_h_lb", "mem_r2_lb", "mem_span_s_lb")
@@ -120,15 +120,24 @@ class _Columns:
         return self._arrays[key]
 
 
-def _leak(g: _Columns, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule) -> dict[str, Any] | None:
-    """Return the leak evidence of a job's GPUs (the fastest steady grower), or None."""
+def _leaking(g: _Columns, cfg: AnomalyRule) -> np.ndarray:
+    """Return per GPU row whether its framebuffer grew steadily over the lookback (False without the trend columns)."""
+    if any(c not in g for c in TREND):
+        return np.zeros(len(g.get("stale", bool)), dtype=bool)
+    with np.errstate(invalid="ignore"):
+        return ((g.get("mem_slope_mib_h_lb", float) >= cfg.leak_min_mib_per_h) & (g.get("mem_r2_lb", float) >= cfg.leak_min_r2)
+                & (g.get("mem_span_s_lb", float) >= cfg.leak_min_span))
+
+
+def _leak(g: _Columns, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule,
+          growing: np.ndarray) -> dict[str, Any] | None:
+    """Return the leak evidence of a job's GPUs (the fastest steady grower; ``growing``: :func:`_leaking`), or None."""
     if any(c not in g for c in TREND) or job.start_ts is None or snapshot.ts - job.start_ts < cfg.leak_min_span:
         return None
     slope = g.get("mem_slope_mib_h_lb", float)[pos]
     r2 = g.get("mem_r2_lb", float)[pos]
+    leaking = growing[pos]
     span = g.get("mem_span_s_lb", float)[pos]
-    with np.errstate(invalid="ignore"):
-        leaking = (slope >= cfg.leak_min_mib_per_h) & (r2 >= cfg.leak_min_r2) & (span >= cfg.leak_min_span)
     if not leaking.any():
         return None
     best = int(np.argmax(np.where(leaking, slope, -np.inf)))
@@ -265,20 +274,26 @@ def anomaly(snapshot: Snapshot, cfg: AnomalyRule, policy: Policy) -> list[Findin
     g, window = snapshot.gpus, snapshot.window_s
     if g.empty or "job_id" not in g:
         return []
-    rows = job_rows(g)
-    stale = g["stale"].to_numpy(dtype=bool)
+    index = job_index(snapshot)
+    rows = index.rows
     cols = _Columns(g)
+    stale_jobs = index.any(g["stale"].to_numpy(dtype=bool))
+    growing = _leaking(cols, cfg)
+    leaking_jobs = index.any(growing)
     findings = []
     for job in snapshot.running_jobs():
+        code = index.code.get(job.job_id)
+        if code is None or stale_jobs[code] or not (leaking_jobs[code] or job.job_id in snapshot.classes):
+            continue  # a GPU stale, or neither a growing framebuffer nor a class to judge by: nothing to find
         keys = job.gpu_keys()
-        pos = rows.get(job.job_id)
-        if not keys or pos is None or len(pos) < len(keys) or stale[pos].any():
-            continue  # some GPU of the job is missing or stale: no data, no finding
+        pos = rows[job.job_id]
+        if not keys or len(pos) < len(keys):
+            continue  # some GPU of the job is missing: no data, no finding
         kinds: list[str] = []
         evidence: dict[str, Any] = {}
         signals: list[dict[str, Any]] = []
         conf: list[float] = []
-        leak = _leak(cols, pos, job, snapshot, cfg)
+        leak = _leak(cols, pos, job, snapshot, cfg, growing)
         if leak is not None:
             kinds.append("leak")
             evidence.update(leak)

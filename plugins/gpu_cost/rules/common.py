@@ -16,13 +16,65 @@ from gpu_cost.policy.schema import InferenceConfig, InteractiveConfig, Policy
 
 
 def job_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Return row positions per attributed job id."""
-    ids = frame["job_id"].to_numpy(dtype=object)
-    out: dict[str, list[int]] = {}
-    for pos, jid in enumerate(ids):
-        if jid is not None and jid == jid and jid != "":
-            out.setdefault(str(jid), []).append(pos)
-    return {k: np.array(v) for k, v in out.items()}
+    """Return row positions per attributed job id (ascending, as in ``frame``)."""
+    return JobRows(frame).rows
+
+
+class JobRows:
+    """The rows of a GPU frame per attributed job, and per-job reductions of a row mask in one pass.
+
+    The rules judge each running job on its rows; most jobs fail a plain test (a GPU busy, stale or
+    missing), which :meth:`any` and :meth:`count` answer for every job at once, so the per-job Python
+    work is left to the few candidates.
+
+    :param frame: a GPU frame with ``job_id`` (None, NaN or "" for a row of no job).
+    """
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        ids = frame["job_id"].to_numpy(dtype=object)
+        codes, uniques = pd.factorize(ids, use_na_sentinel=True)
+        blank = [k for k, u in enumerate(uniques) if u == ""]
+        if blank:  # "" is no job, as None is
+            codes = np.where(np.isin(codes, blank), -1, codes)
+        self._codes = codes
+        self._rows_of = np.flatnonzero(codes >= 0)
+        self._n = len(uniques)
+        order = self._rows_of[np.argsort(codes[self._rows_of], kind="stable")]
+        counts = np.bincount(codes[self._rows_of], minlength=self._n)
+        ends = np.cumsum(counts)
+        self.code: dict[str, int] = {}
+        self.rows: dict[str, np.ndarray] = {}
+        for k, u in enumerate(uniques):
+            if counts[k]:
+                key = str(u)
+                self.code[key] = k
+                self.rows[key] = order[ends[k] - counts[k]:ends[k]]
+
+    def count(self, mask: np.ndarray) -> np.ndarray:
+        """Return, per job code, how many of its rows ``mask`` holds."""
+        return np.bincount(self._codes[self._rows_of], weights=np.asarray(mask, dtype=bool)[self._rows_of],
+                           minlength=self._n).astype(np.int64)
+
+    def any(self, mask: np.ndarray) -> np.ndarray:
+        """Return, per job code, whether ``mask`` holds any of its rows."""
+        return self.count(mask) > 0
+
+    def nanmean(self, values: np.ndarray) -> np.ndarray:
+        """Return, per job code, the mean of its rows' ``values`` that are not NaN (NaN when none is): a prefilter,
+        equal to ``np.nanmean`` over the job's rows up to the last bits of rounding."""
+        v = np.asarray(values, dtype=float)[self._rows_of]
+        ok = ~np.isnan(v)
+        codes = self._codes[self._rows_of]
+        n = np.bincount(codes, weights=ok, minlength=self._n)
+        total = np.bincount(codes, weights=np.where(ok, v, 0.0), minlength=self._n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, total / n, np.nan)
+
+
+def job_index(snapshot: Snapshot) -> JobRows:
+    """Return the :class:`JobRows` of ``snapshot.gpus``, built once per frame: every window's view has its rows."""
+    index: JobRows = snapshot.memo("job_rows", snapshot.gpus, lambda: JobRows(snapshot.gpus))
+    return index
 
 
 def shared_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -159,7 +211,8 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
     g = snapshot.view(cfg.window)
     if g.empty:
         return []
-    rows = job_rows(g)
+    index = job_index(snapshot)
+    rows = index.rows
     shared = shared_rows(g)
     devices = Devices(g)
     sharers = g["sharers"].to_numpy(dtype=object) if "sharers" in g else None
@@ -171,18 +224,21 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
     bursts = g["bursts_lb"].to_numpy()
     umax_lb = g["util_max_lb"].to_numpy(dtype=float)
     charts = g["util_chart_lb"].to_numpy(dtype=object) if "util_chart_lb" in g else None
+    with np.errstate(invalid="ignore"):
+        not_idle = index.any(stale | np.isnan(umax) | ~(umax < cfg.util_max))  # per job, all its own rows at once
     findings = []
     for job in snapshot.running_jobs():
         keys = job.gpu_keys()
-        if not keys or job.start_ts is None:
+        if not keys or job.start_ts is None or snapshot.ts - job.start_ts < max(cfg.min_runtime, cfg.window):
             continue
-        session = interactive_session(job, policy.interactive)
-        if bool(session) != interactive:
-            continue
-        if snapshot.ts - job.start_ts < max(cfg.min_runtime, cfg.window):
+        on_shared = shared.get(job.job_id)
+        if on_shared is None:
+            code = index.code.get(job.job_id)
+            if code is None or not_idle[code]:
+                continue  # some GPU of the job is busy, stale or not seen
+        if bool(session := interactive_session(job, policy.interactive)) != interactive:
             continue
         pos = rows.get(job.job_id)
-        on_shared = shared.get(job.job_id)
         if on_shared is not None:
             pos = on_shared if pos is None else np.concatenate([pos, on_shared])
         if pos is None or len(pos) < len(keys):

@@ -22,7 +22,7 @@ from gpu_cost.model import Finding, Snapshot
 from gpu_cost.policy.schema import LowEfficiencyRule, Policy
 from gpu_cost.registry import RuleSpec
 from gpu_cost.rules import register
-from gpu_cost.rules.common import behaves_like_inference, declared_inference, job_fields, job_rows, r
+from gpu_cost.rules.common import behaves_like_inference, declared_inference, job_fields, job_index, r
 
 #: how sure low-efficiency advice is: the utilisation itself is the finding
 ADVICE_CONFIDENCE = 0.8
@@ -57,25 +57,33 @@ def low_efficiency(snapshot: Snapshot, cfg: LowEfficiencyRule, policy: Policy) -
     g = snapshot.view(window)
     if g.empty:
         return []
-    rows = job_rows(g)
+    index = job_index(snapshot)
+    rows = index.rows
     stale = g["stale"].to_numpy(dtype=bool)
     umean = g["util_mean"].to_numpy(dtype=float)
     umax = g["util_max"].to_numpy(dtype=float)
+    bursts = g["bursts_lb"].to_numpy()
     idle_max = policy.rules.idle_allocation.util_max
     recent = snapshot.gpus["util_mean"].to_numpy(dtype=float)  # the primary (shortest) window, same rows
+    # every job at once first: most are busy, stale or idle throughout, and need no more than this
+    stale_jobs = index.any(stale)
+    rough_mean = index.nanmean(umean)
+    with np.errstate(invalid="ignore"):
+        idle_rows = index.count(umax < idle_max)
     findings = []
     for job in snapshot.running_jobs():
         keys = job.gpu_keys()
         if not keys or job.start_ts is None or snapshot.ts - job.start_ts < cfg.min_runtime:
             continue
-        pos = rows.get(job.job_id)
-        if pos is None or len(pos) < len(keys) or stale[pos].any():
-            continue
+        code = index.code.get(job.job_id)
+        if code is None or stale_jobs[code] or not rough_mean[code] < cfg.util_mean_max + 1e-6:
+            continue  # a GPU stale, no utilisation, or busy enough (the exact mean is taken below)
+        pos = rows[job.job_id]
+        if len(pos) < len(keys) or idle_rows[code] == len(pos):
+            continue  # a GPU not seen, or fully idle: idle_allocation's business
         mean = float(np.nanmean(umean[pos]))
         if np.isnan(mean) or mean >= cfg.util_mean_max:
             continue
-        if (umax[pos] < idle_max).all():
-            continue  # fully idle: idle_allocation's business
         now_mean = float(np.nanmean(recent[pos])) if not np.isnan(recent[pos]).all() else math.nan
         if now_mean == now_mean and now_mean >= cfg.util_mean_max:
             continue  # busy now: a slow first phase (data loading) that is over is not poor use
@@ -88,7 +96,7 @@ def low_efficiency(snapshot: Snapshot, cfg: LowEfficiencyRule, policy: Policy) -
                         signal("Busy GPUs", f"{busy_gpus} of {len(keys)}", "GPUs at or above the threshold")],
             "confidence": ADVICE_CONFIDENCE,
         }
-        inference = bool(declared_inference(job, policy.inference) or behaves_like_inference(g["bursts_lb"].to_numpy()[pos], policy.inference))
+        inference = bool(declared_inference(job, policy.inference) or behaves_like_inference(bursts[pos], policy.inference))
         findings.append(
             Finding(
                 rule="low_efficiency", target_kind="job", target=f"job:{job.job_id}", action="advise", gpus=len(keys),
