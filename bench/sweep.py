@@ -10,7 +10,7 @@ peak RSS above what it held before the sweep.
     python -m bench.sweep --sizes 100000 --sharded "" --jobs-per-node 8 --pending-per-node 8.6   # ~200k jobs
 
 ``--jobs-per-node`` (default 2) running jobs share each node's 8 GPUs; ``--pending-per-node``
-(default 1) jobs wait in the queue per node.
+(default 1) jobs wait in the queue per node; both apply to the sharded sizes too.
 
 ``--sharded GPUS:SHARDS`` sweeps a cluster in node groups (``sweep.shards``), as the DAG's mapped
 tasks do: each group's snapshot (the aggregation of its view's samples) and rules, then the merge
@@ -61,7 +61,7 @@ def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: fl
     }
 
 
-def sharded(gpus: int, of: int, seed: int = 1) -> dict[str, float]:
+def sharded(gpus: int, of: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: float = 1) -> dict[str, float]:
     import gc
 
     from gpu_cost import shards
@@ -74,7 +74,8 @@ def sharded(gpus: int, of: int, seed: int = 1) -> dict[str, float]:
     policy = load_policy()
     now = 1_795_960_800.0
     nodes = max(1, gpus // 8)
-    sc = generate_scenario(nodes=nodes, gpus_per_node=8, jobs_per_node=2, pending=nodes, seed=seed)
+    sc = generate_scenario(nodes=nodes, gpus_per_node=8, jobs_per_node=jobs_per_node,
+                           pending=round(nodes * pending_per_node), seed=seed)
     cluster = SimCluster(sc, anchor=now)
     jobs, node_list = cluster.jobs_at(now), cluster.nodes_at(now)
     base = rss_mb()
@@ -106,7 +107,8 @@ def sharded(gpus: int, of: int, seed: int = 1) -> dict[str, float]:
     t2 = time.perf_counter()
     per = [c + d for c, d in zip(collect_s, detect_s, strict=True)]
     return {
-        "gpus": gpus, "shards": of, "gpus_per_shard": round(gpus / of), "view_gpus_max": max(len(s.gpus) for _, s in views),
+        "gpus": gpus, "jobs": len([j for j in jobs if j.running]), "pending": len([j for j in jobs if j.pending]),
+        "shards": of, "gpus_per_shard": round(gpus / of), "view_gpus_max": max(len(s.gpus) for _, s in views),
         "collect_max_s": max(collect_s), "detect_max_s": max(detect_s), "shard_max_s": max(per),
         "shard_mean_s": sum(per) / of, "merge_s": t1 - t0, "decide_s": t2 - t1,
         "critical_s": max(per) + (t2 - t0), "cpu_s": sum(per) + (t2 - t0), "peak_mb": max(0.0, rss_mb() - base),
@@ -118,8 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1000,10000,50000,100000")
     ap.add_argument("--sharded", default="100000:16", help="GPUS:SHARDS[,GPUS:SHARDS...]; empty: none")
-    ap.add_argument("--jobs-per-node", type=float, default=2.0, help="running jobs per 8-GPU node (unsharded sizes)")
-    ap.add_argument("--pending-per-node", type=float, default=1.0, help="pending jobs per node (unsharded sizes)")
+    ap.add_argument("--jobs-per-node", type=float, default=2.0, help="running jobs per 8-GPU node")
+    ap.add_argument("--pending-per-node", type=float, default=1.0, help="pending jobs per node")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--one-sharded", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.one_sharded:
         gpus, of = (int(x) for x in args.one_sharded.split(":"))
-        print(json.dumps(sharded(gpus, of)))
+        print(json.dumps(sharded(gpus, of, jobs_per_node=args.jobs_per_node, pending_per_node=args.pending_per_node)))
         return
     load = ["--jobs-per-node", str(args.jobs_per_node), "--pending-per-node", str(args.pending_per_node)]
     rows = [in_fresh_process("bench.sweep", ["--one", str(int(s)), *load]) for s in args.sizes.split(",") if s]
@@ -139,9 +141,9 @@ def main(argv: list[str] | None = None) -> None:
             r["growth_vs_first"] = (r["total_s"] / first["total_s"]) / (r["gpus"] / first["gpus"])
     report("sweep", rows, ["gpus", "jobs", "pending", "samples", "snapshot_s", "rules_s", "decide_s", "total_s",
                            "peak_mb", "findings", "decisions", "per_gpu_us", "growth_vs_first"])
-    split = [in_fresh_process("bench.sweep", ["--one-sharded", spec]) for spec in args.sharded.split(",") if spec]
+    split = [in_fresh_process("bench.sweep", ["--one-sharded", spec, *load]) for spec in args.sharded.split(",") if spec]
     if split:
-        report("sweep-sharded", split, ["gpus", "shards", "gpus_per_shard", "view_gpus_max", "collect_max_s",
+        report("sweep-sharded", split, ["gpus", "jobs", "pending", "shards", "gpus_per_shard", "view_gpus_max", "collect_max_s",
                                         "detect_max_s", "shard_max_s", "shard_mean_s", "merge_s", "decide_s",
                                         "critical_s", "cpu_s", "peak_mb", "findings", "decisions"])
 

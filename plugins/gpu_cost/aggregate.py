@@ -34,10 +34,11 @@ def _span(times: np.ndarray, start: float, end: float) -> slice:
     return slice(int(np.searchsorted(times, start, side="right")), int(np.searchsorted(times, end, side="right")))
 
 
-def _nanmean(x: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """Return the mean of each row's non-NaN values (``n`` of them; NaN when none), as ``np.nanmean`` sums."""
+def _nanmean(x: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return each row's count of ``valid`` (not NaN) values and their mean (NaN when none): no copy of ``x``."""
+    n = np.count_nonzero(valid, axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(np.isnan(x), 0.0, x).sum(axis=1) / n
+        return n, np.add.reduce(x, axis=1, where=valid) / n
 
 
 def window_stats(
@@ -56,17 +57,16 @@ def window_stats(
     sel = _span(times, now - window_s, now)
     u = util[:, sel]
     m = mem[:, sel]
-    valid = ~np.isnan(u)
-    n = valid.sum(axis=1)
+    n, mean = _nanmean(u, ~np.isnan(u))
     expected = max(1, round(window_s / sample_interval_s))
     nan = np.full(len(u), np.nan)
     p = power[:, sel] if power is not None else None
     out = {  # NaN-skipping reductions (fmax, fmin) over views: no copy of the samples
-        "util_mean": _nanmean(u, n) if u.shape[1] else nan,
+        "util_mean": mean if u.shape[1] else nan,
         "util_max": np.fmax.reduce(u, axis=1) if u.shape[1] else nan.copy(),
         "mem_min_mib": np.fmin.reduce(m, axis=1) if m.shape[1] else nan.copy(),
         "mem_max_mib": np.fmax.reduce(m, axis=1) if m.shape[1] else nan.copy(),
-        "power_w": _nanmean(p, (~np.isnan(p)).sum(axis=1)) if p is not None and p.shape[1] else nan.copy(),
+        "power_w": _nanmean(p, ~np.isnan(p))[1] if p is not None and p.shape[1] else nan.copy(),
     }
     upto = _span(times, -np.inf, now)
     any_valid = ~np.isnan(util[:, upto])
@@ -86,10 +86,10 @@ def lookback_stats(times: np.ndarray, util: np.ndarray, now: float, lookback_s: 
     """Return lookback aggregates: mean/max utilisation, busy share and idle→busy transitions."""
     times, util = _in_order(times, util)
     u = util[:, _span(times, now - lookback_s, now)]
-    n = (~np.isnan(u)).sum(axis=1)
+    n, mean = _nanmean(u, ~np.isnan(u))
     with np.errstate(invalid="ignore"):
         busy = u > busy_util  # NaN compares False: a missing sample is neither busy nor quiet
-        mean = _nanmean(u, n) if u.shape[1] else np.full(len(u), np.nan)
+        mean = mean if u.shape[1] else np.full(len(u), np.nan)
         mx = np.fmax.reduce(u, axis=1) if u.shape[1] else np.full(len(u), np.nan)
         share = np.where(n > 0, busy.sum(axis=1) / np.maximum(n, 1), np.nan)
         if u.shape[1] > 1:
@@ -121,13 +121,14 @@ def mem_trend_stats(times: np.ndarray, mem: np.ndarray, now: float, lookback_s: 
     ts = times[sel].astype(float)
     t = ts - ts.mean()  # centred: squares of epoch seconds would lose precision
     valid = ~np.isnan(m)
-    n = valid.sum(axis=1)
+    n = np.count_nonzero(valid, axis=1)
     safe_n = np.maximum(n, 1)
-    vf = valid.astype(float)
-    mean_t = (vf @ t) / safe_n
-    sxx = vf @ (t * t) - n * mean_t * mean_t
-    mean_y = np.where(valid, m, 0.0).sum(axis=1) / safe_n
-    dy = np.where(valid, m - mean_y[:, None], 0.0)  # two passes for y: memory is large, its variance may be small
+    mean_t = np.einsum("ij,j->i", valid, t) / safe_n  # einsum reads the mask as it is: no float copy of it
+    sxx = np.einsum("ij,j->i", valid, t * t) - n * mean_t * mean_t
+    dy = np.where(valid, m, 0.0)  # the one full-size copy, centred in place below
+    mean_y = dy.sum(axis=1) / safe_n
+    dy -= mean_y[:, None]  # two passes for y: memory is large, its variance may be small
+    np.copyto(dy, 0.0, where=~valid)
     syy = np.einsum("ij,ij->i", dy, dy)
     sxy = dy @ t - mean_t * dy.sum(axis=1)
     first = np.argmax(valid, axis=1)

@@ -11,6 +11,7 @@ import pandas as pd
 from gpu_cost.aggregate import RollingWindows, clean, extra_window, gpu_frame
 from gpu_cost.correlate import attribute
 from gpu_cost.model import GpuProcess, Job, Node, Snapshot
+from gpu_cost.perf import gc_paused
 from gpu_cost.policy.schema import Policy
 from gpu_cost.redact import redact_all
 
@@ -25,6 +26,7 @@ def rule_windows(policy: Policy) -> tuple[float, list[float]]:
     return primary, sorted(w for w in others if abs(w - primary) > 1e-6 and w > 0)
 
 
+@gc_paused()
 def from_matrix(
     *,
     policy: Policy,
@@ -89,12 +91,9 @@ def sparkline(charts: Sequence[str]) -> str:
     rows = [_chart_values(c) for c in charts if c]
     if not rows:
         return ""
-    width = min(len(r) for r in rows)
-    out = []
-    for b in range(width):
-        top = max((r[b] for r in rows), default=-1.0)  # no data is -1, under any value
-        out.append("·" if top < 0 else _BARS[min(len(_BARS) - 1, int(top / 100 * len(_BARS)))])
-    return "".join(out)
+    # a bucket's top over the GPUs (no data is -1, under any value), as wide as the narrowest chart
+    tops = rows[0] if len(rows) == 1 else [max(bucket) for bucket in zip(*rows, strict=False)]
+    return "".join("·" if top < 0 else _BARS[min(len(_BARS) - 1, int(top / 100 * len(_BARS)))] for top in tops)
 
 
 @functools.lru_cache(maxsize=65536)

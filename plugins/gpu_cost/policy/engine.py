@@ -23,6 +23,7 @@ from typing import Any
 
 from gpu_cost import registry
 from gpu_cost.model import DESTRUCTIVE_ACTIONS, Decision, Finding, decision_id
+from gpu_cost.perf import gc_paused
 from gpu_cost.policy.cost import stakes
 from gpu_cost.policy.protections import protection_for
 from gpu_cost.policy.schema import NotificationConfig, Policy, Rung, milder
@@ -72,6 +73,7 @@ class Plan:
         }
 
 
+@gc_paused()
 def decide(
     findings: Sequence[Finding],
     policy: Policy,

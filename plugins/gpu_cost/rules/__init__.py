@@ -14,6 +14,7 @@ from typing import Any
 
 from gpu_cost import registry
 from gpu_cost.model import Finding, Snapshot
+from gpu_cost.perf import gc_paused
 from gpu_cost.policy.schema import Policy
 from gpu_cost.registry import RuleSpec
 
@@ -30,6 +31,7 @@ def register(spec: RuleSpec) -> Callable[[RuleFn], RuleFn]:
     return wrap
 
 
+@gc_paused()
 def run_rules(snapshot: Snapshot, policy: Policy, names: list[str] | None = None) -> list[Finding]:
     """Run every enabled rule (or ``names``) and return their findings, most GPUs first."""
     specs = registry.rules()
