@@ -409,7 +409,8 @@ class Snapshot:
         return max(len(self.gpus), sum(int(n.gpus_total or 0) for n in self.nodes))
 
     def running_jobs(self) -> list[Job]:
-        return [j for j in self.jobs if j.running]
+        """Return the running jobs: a new list each call, filtered once per ``jobs`` (every rule asks)."""
+        return list(self.memo("running_jobs", self.jobs, lambda: [j for j in self.jobs if j.running]))
 
     def pending_jobs(self) -> list[Job]:
         return [j for j in self.jobs if j.pending]

@@ -15,11 +15,6 @@ from gpu_cost.model import Finding, Job, Snapshot
 from gpu_cost.policy.schema import InferenceConfig, InteractiveConfig, Policy
 
 
-def job_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Return row positions per attributed job id (ascending, as in ``frame``)."""
-    return JobRows(frame).rows
-
-
 class JobRows:
     """The rows of a GPU frame per attributed job, and per-job reductions of a row mask in one pass.
 
@@ -228,14 +223,14 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         not_idle = index.any(stale | np.isnan(umax) | ~(umax < cfg.util_max))  # per job, all its own rows at once
     findings = []
     for job in snapshot.running_jobs():
-        keys = job.gpu_keys()
-        if not keys or job.start_ts is None or snapshot.ts - job.start_ts < max(cfg.min_runtime, cfg.window):
-            continue
         on_shared = shared.get(job.job_id)
         if on_shared is None:
             code = index.code.get(job.job_id)
             if code is None or not_idle[code]:
                 continue  # some GPU of the job is busy, stale or not seen
+        keys = job.gpu_keys()
+        if not keys or job.start_ts is None or snapshot.ts - job.start_ts < max(cfg.min_runtime, cfg.window):
+            continue
         if bool(session := interactive_session(job, policy.interactive)) != interactive:
             continue
         pos = rows.get(job.job_id)

@@ -72,12 +72,12 @@ def low_efficiency(snapshot: Snapshot, cfg: LowEfficiencyRule, policy: Policy) -
         idle_rows = index.count(umax < idle_max)
     findings = []
     for job in snapshot.running_jobs():
-        keys = job.gpu_keys()
-        if not keys or job.start_ts is None or snapshot.ts - job.start_ts < cfg.min_runtime:
-            continue
         code = index.code.get(job.job_id)
         if code is None or stale_jobs[code] or not rough_mean[code] < cfg.util_mean_max + 1e-6:
             continue  # a GPU stale, no utilisation, or busy enough (the exact mean is taken below)
+        keys = job.gpu_keys()
+        if not keys or job.start_ts is None or snapshot.ts - job.start_ts < cfg.min_runtime:
+            continue
         pos = rows[job.job_id]
         if len(pos) < len(keys) or idle_rows[code] == len(pos):
             continue  # a GPU not seen, or fully idle: idle_allocation's business

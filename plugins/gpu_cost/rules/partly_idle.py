@@ -27,7 +27,7 @@ from gpu_cost.model import Finding, Snapshot
 from gpu_cost.policy.schema import PartlyIdleRule, Policy
 from gpu_cost.registry import RuleSpec
 from gpu_cost.rules import register
-from gpu_cost.rules.common import Devices, job_fields, job_rows, per_node, r, shared_rows
+from gpu_cost.rules.common import Devices, job_fields, job_index, per_node, r, shared_rows
 
 #: how sure the advice is: the per-GPU utilisation is the finding
 ADVICE_CONFIDENCE = 0.8
@@ -75,7 +75,7 @@ def partly_idle(snapshot: Snapshot, cfg: PartlyIdleRule, policy: Policy) -> list
     g = snapshot.view(window)
     if g.empty:
         return []
-    rows = job_rows(g)
+    rows = job_index(snapshot).rows
     shared = shared_rows(g)
     devices = Devices(g)
     stale = g["stale"].to_numpy(dtype=bool)
