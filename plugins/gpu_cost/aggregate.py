@@ -143,13 +143,25 @@ def mem_trend_stats(times: np.ndarray, mem: np.ndarray, now: float, lookback_s: 
 
 
 def clean(util: np.ndarray, mem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return copies with impossible values (negative, > 100 %, > MAX_MEM_MIB, inf) replaced by NaN."""
-    u = np.array(util, dtype=float, copy=True)
-    m = np.array(mem, dtype=float, copy=True)
-    with np.errstate(invalid="ignore"):  # NaN and ±inf fail one of the two bounds
-        u[~((u >= 0) & (u <= 100))] = np.nan
-        m[~((m >= 0) & (m <= MAX_MEM_MIB))] = np.nan
-    return u, m
+    """Return ``util`` and ``mem`` with impossible values (negative, > 100 %, > MAX_MEM_MIB, ±inf) replaced by NaN.
+
+    An array with such a value is copied first; one without is returned as it is (as float), not
+    copied: a 100,000-GPU lookback is 288 MB an array. Read what is returned; do not change it unless
+    the arrays given were yours to change.
+    """
+    return _within(util, 100.0), _within(mem, MAX_MEM_MIB)
+
+
+def _within(values: np.ndarray, top: float) -> np.ndarray:
+    """Return ``values`` as float with those outside ``[0, top]`` (±inf too) set to NaN: a copy only when some are."""
+    v = np.asarray(values, dtype=float)
+    with np.errstate(invalid="ignore"):
+        bad = (v < 0) | (v > top)  # NaN compares False: already missing
+    if not bad.any():
+        return v
+    v = v.copy()
+    v[bad] = np.nan
+    return v
 
 
 def gpu_frame(
