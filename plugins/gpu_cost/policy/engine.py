@@ -198,6 +198,8 @@ def snooze_keys(f: Finding) -> list[str]:
 
 
 def _snoozed(f: Finding, snoozes: Mapping[str, dict[str, Any]], now: float) -> dict[str, Any] | None:
+    if not snoozes:
+        return None  # the usual sweep: nothing snoozed, nothing to look up
     best: dict[str, Any] | None = None
     for key in snooze_keys(f):
         s = snoozes.get(key)

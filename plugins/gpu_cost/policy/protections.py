@@ -56,12 +56,24 @@ def matches(m: Match, f: Finding) -> bool:
 
 
 def protection_for(f: Finding, protections: Iterable[Protection]) -> Protection | None:
-    """Return the most restrictive protection covering the finding, or None."""
+    """Return the most restrictive protection covering the finding, or None.
+
+    The engine asks twice per finding (its ladder, then the guard every way in passes): the last
+    answer is kept for the same finding and protections (both frozen: the same objects, the same answer).
+    """
+    last = _LAST[0]
+    if last is not None and last[0] is f and last[1] is protections:
+        return last[2]
     best: Protection | None = None
     for p in protections:
         if matches(p.match, f) and (best is None or LEVEL_ORDER[p.level] < LEVEL_ORDER[best.level]):
             best = p
+    _LAST[0] = (f, protections, best)
     return best
+
+
+#: the last :func:`protection_for` question and answer
+_LAST: list[tuple[Finding, Iterable[Protection], Protection | None] | None] = [None]
 
 
 def node_protection(name: str, protections: Iterable[Protection]) -> Protection | None:
