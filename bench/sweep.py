@@ -4,7 +4,7 @@ The simulated cluster has twice as many jobs as nodes plus a pending queue. What
 agent's own work on data that has arrived: aggregating the lookback of 1-minute samples into the
 per-GPU frame, joining jobs and processes, the rules and the decision engine. Generating the
 simulated samples is not timed. Each size runs in a fresh process; peak memory is the process's
-peak RSS above what it held before the sweep.
+peak RSS during the sweep above what it held when the sweep began (the peak is reset first).
 
     python -m bench.sweep [--sizes 1000,10000,50000,100000] [--sharded 100000:16]
     python -m bench.sweep --sizes 100000 --sharded "" --jobs-per-node 8 --pending-per-node 8.6   # ~200k jobs
@@ -26,7 +26,7 @@ import json
 import sys
 import time
 
-from bench._common import in_fresh_process, report, rss_mb
+from bench._common import in_fresh_process, report, reset_peak, rss_mb
 
 
 def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: float = 1) -> dict[str, float]:
@@ -44,7 +44,7 @@ def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: fl
     cluster = SimCluster(sc, anchor=now)
     m = cluster.matrix(now - policy.sweep.lookback, now)
     jobs, procs, node_list = cluster.jobs_at(now), cluster.processes_at(now), cluster.nodes_at(now)
-    base = rss_mb()
+    base = reset_peak()
     t0 = time.perf_counter()
     snap = from_matrix(policy=policy, now=now, source="sim", hosts=m.hosts, gpus=m.gpus, uuids=m.uuids, models=m.models,
                        mem_total=m.mem_total, times=m.times, util=m.util, mem=m.mem, power=m.power, job=m.job,
@@ -78,7 +78,7 @@ def sharded(gpus: int, of: int, seed: int = 1, jobs_per_node: float = 2, pending
                            pending=round(nodes * pending_per_node), seed=seed)
     cluster = SimCluster(sc, anchor=now)
     jobs, node_list = cluster.jobs_at(now), cluster.nodes_at(now)
-    base = rss_mb()
+    base = reset_peak()
     collect_s, detect_s, views, found = [], [], [], []
     for i in range(of):
         # what the group's collect is given (not timed, as above): its view's samples, jobs, processes, nodes
