@@ -417,18 +417,20 @@ class Snapshot:
 
     def jobs_by_node(self) -> dict[str, set[str]]:
         """Return node → ids of the running jobs on it, built once per ``jobs`` (rules ask it per candidate)."""
-        cached = self._indexes.get("jobs_by_node")
-        if cached is None or cached[0] is not self.jobs:
+
+        def build() -> dict[str, set[str]]:
             out: dict[str, set[str]] = {}
             for j in self.running_jobs():
                 for n in j.nodes or [h for h, _ in j.gpu_alloc]:
                     out.setdefault(n, set()).add(j.job_id)
-            cached = self._indexes["jobs_by_node"] = (self.jobs, out)
-        return cached[1]  # shared: read it, do not change it
+            return out
+
+        index: dict[str, set[str]] = self.memo("jobs_by_node", self.jobs, build)
+        return index  # shared: read it, do not change it
 
     def memo(self, name: str, basis: Any, build: Callable[[], Any]) -> Any:
-        """Return ``build()``'s value, built once while ``basis`` (the object it reads) is unchanged: an index the
-        rules share (:func:`gpu_cost.rules.common.job_index`)."""
+        """Return ``build()``'s value, built once while ``basis`` (the object it reads) is the same object: the
+        indexes the rules ask per candidate (:meth:`jobs_by_node`, :func:`gpu_cost.rules.common.job_index`)."""
         cached = self._indexes.get(name)
         if cached is None or cached[0] is not basis:
             cached = self._indexes[name] = (basis, build())
@@ -436,13 +438,15 @@ class Snapshot:
 
     def nodes_named(self, names: Iterable[str]) -> list[Node]:
         """Return the nodes called ``names``, in the snapshot's order (the index is built once per ``nodes``)."""
-        cached = self._indexes.get("nodes")
-        if cached is None or cached[0] is not self.nodes:
+
+        def build() -> dict[str, list[int]]:
             index: dict[str, list[int]] = {}
             for i, n in enumerate(self.nodes):
                 index.setdefault(n.name, []).append(i)
-            cached = self._indexes["nodes"] = (self.nodes, index)
-        return [self.nodes[i] for i in sorted(i for name in set(names) for i in cached[1].get(name, ()))]
+            return index
+
+        index: dict[str, list[int]] = self.memo("nodes", self.nodes, build)
+        return [self.nodes[i] for i in sorted(i for name in set(names) for i in index.get(name, ()))]
 
     def job(self, job_id: str) -> Job | None:
         for j in self.jobs:
