@@ -22,58 +22,31 @@ def matches(m: Match, f: Finding) -> bool:
 
     A match with no criterion matches nothing. The first criterion that fails decides.
     """
-    given = False
-    if m.users:
-        if (f.user or "") not in m.users:
-            return False
-        given = True
-    if m.accounts:
-        if (f.account or "") not in m.accounts:
-            return False
-        given = True
-    if m.partitions:
-        if (f.partition or "") not in m.partitions:
-            return False
-        given = True
-    if m.qos:
-        if (f.qos or "") not in m.qos:
-            return False
-        given = True
-    if m.name_patterns:
-        if not any(fnmatch.fnmatchcase(f.name or "", p) for p in m.name_patterns):
-            return False
-        given = True
-    if m.labels:
-        if not any(label in f.labels for label in m.labels):
-            return False
-        given = True
-    if m.nodes:
-        hosts = set(f.nodes) | ({f.host} if f.host else set()) | {g.split(":")[0] for g in f.gpu_ids}
-        if not any(fnmatch.fnmatchcase(h, p) for h in hosts for p in m.nodes):
-            return False
-        given = True
-    return given
+    criteria = (
+        (m.users, lambda: (f.user or "") in m.users),
+        (m.accounts, lambda: (f.account or "") in m.accounts),
+        (m.partitions, lambda: (f.partition or "") in m.partitions),
+        (m.qos, lambda: (f.qos or "") in m.qos),
+        (m.name_patterns, lambda: any(fnmatch.fnmatchcase(f.name or "", p) for p in m.name_patterns)),
+        (m.labels, lambda: any(label in f.labels for label in m.labels)),
+        (m.nodes, lambda: any(fnmatch.fnmatchcase(h, p) for h in _hosts(f) for p in m.nodes)),
+    )
+    given = [test for values, test in criteria if values]
+    return bool(given) and all(test() for test in given)
+
+
+def _hosts(f: Finding) -> set[str]:
+    """Return every node a finding names: its nodes, its host, the hosts of its GPU ids."""
+    return set(f.nodes) | ({f.host} if f.host else set()) | {g.split(":")[0] for g in f.gpu_ids}
 
 
 def protection_for(f: Finding, protections: Iterable[Protection]) -> Protection | None:
-    """Return the most restrictive protection covering the finding, or None.
-
-    The engine asks twice per finding (its ladder, then the guard every way in passes): the last
-    answer is kept for the same finding and protections (both frozen: the same objects, the same answer).
-    """
-    last = _LAST[0]
-    if last is not None and last[0] is f and last[1] is protections:
-        return last[2]
+    """Return the most restrictive protection covering the finding, or None."""
     best: Protection | None = None
     for p in protections:
         if matches(p.match, f) and (best is None or LEVEL_ORDER[p.level] < LEVEL_ORDER[best.level]):
             best = p
-    _LAST[0] = (f, protections, best)
     return best
-
-
-#: the last :func:`protection_for` question and answer
-_LAST: list[tuple[Finding, Iterable[Protection], Protection | None] | None] = [None]
 
 
 def node_protection(name: str, protections: Iterable[Protection]) -> Protection | None:
