@@ -207,15 +207,19 @@ class Names(AbstractSet[str]):
         self._flags = flags
         self._seen = -1
         self._cache: tuple[str, ...] = ()
+        self._set: frozenset[str] = frozenset()
 
     def _names(self) -> tuple[str, ...]:
         _load("actions")
         if self._seen != _version[0]:
-            self._cache, self._seen = self._extra + _select(self._flags), _version[0]
+            found = self._extra + _select(self._flags)
+            self._cache, self._set = found, frozenset(found)
+            self._seen = _version[0]  # last: a reader that sees it current sees both forms
         return self._cache
 
     def __contains__(self, x: object) -> bool:
-        return x in self._names()
+        self._names()
+        return x in self._set
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names())

@@ -26,7 +26,7 @@ from gpu_cost.model import DESTRUCTIVE_ACTIONS, Decision, Finding, decision_id
 from gpu_cost.perf import gc_paused
 from gpu_cost.policy.cost import stakes
 from gpu_cost.policy.protections import protection_for
-from gpu_cost.policy.schema import NotificationConfig, Policy, Rung, milder
+from gpu_cost.policy.schema import NotificationConfig, Policy, Protection, Rung, milder
 
 #: the notices: every action the registry declares ``notice=True``
 NOTICE_ACTIONS = registry.names(notice=True)
@@ -159,8 +159,7 @@ def decide(
             plan.waiting.append({"target": f.target, "rule": f.rule, "rung": nxt, "action": rung.action,
                                  "due_in_s": round(rung.after - waited)})
             continue
-        d = _decision(f, policy, rung, nxt, episode, mode, track, prot.name if prot else None,
-                      prot.level if prot else None, now, degraded, (predicted_end or {}).get(f.job_id or ""))
+        d = _decision(f, policy, rung, nxt, episode, prot, now, degraded, (predicted_end or {}).get(f.job_id or ""))
         if d.decision_id in awaiting:
             plan.waiting.append({"target": f.target, "rule": f.rule, "rung": nxt, "action": rung.action,
                                  "why": f"awaiting approval (asked by run {awaiting[d.decision_id]})"})
@@ -322,7 +321,8 @@ class Verdict:
 
 
 def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask(), degraded: bool = False,
-          problems: Sequence[str] = (), predicted: float | None = None, inference: str | None = None) -> Verdict:
+          problems: Sequence[str] = (), predicted: float | None = None, inference: str | None = None,
+          protection: tuple[Protection | None] | None = None) -> Verdict:
     """Apply the guards every way in passes, in one order, to ``action`` on finding ``f``.
 
     Protections (``never`` records only; ``notify_only`` refuses destructive actions; ``approval``
@@ -334,13 +334,16 @@ def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask
     being wrong (approval above ``approval.gpu_hours_at_risk``), the finding's confidence
     (approval below ``evidence.min_confidence``) and the verifier's chance that it is waste, when
     the sweep scored it (approval below ``verifier.min_probability``).
+
+    :param protection: ``(protection_for(f, policy.protections),)`` when the caller has just looked it
+        up for the same finding and policy (:func:`decide` does, for the ladder); None looks it up.
     """
     reasons: list[str] = []
     evidence: dict[str, Any] = {}
     refusal: str | None = None
     needs_approval = False
     destructive = action in DESTRUCTIVE_ACTIONS
-    prot = protection_for(f, policy.protections)
+    prot = protection_for(f, policy.protections) if protection is None else protection[0]
     level = prot.level if prot else None
     manual = ask.entry == "manual"
     if prot is not None and (level == "never" or (level == "notify_only" and destructive)):
@@ -449,10 +452,9 @@ def identity_of(f: Finding) -> dict[str, Any]:
     return out
 
 
-def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, mode: str, track: str,
-              protection: str | None, level: str | None, now: float, degraded: bool,
-              predicted: float | None) -> Decision:
-    v = guard(f, rung.action, policy, now=now, degraded=degraded, predicted=predicted)
+def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, prot: Protection | None,
+              now: float, degraded: bool, predicted: float | None) -> Decision:
+    v = guard(f, rung.action, policy, now=now, degraded=degraded, predicted=predicted, protection=(prot,))
     evidence = dict(f.evidence)
     evidence.update(v.evidence)
     evidence.update({"gpu_ids": list(f.gpu_ids), "track": v.track})

@@ -8,7 +8,9 @@ itself (:func:`node_protection`: only ``match.nodes`` can name a bare node) and 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+import functools
+import re
+from collections.abc import Callable, Iterable
 
 from gpu_cost.model import Finding, Job
 from gpu_cost.policy.schema import Match, Protection
@@ -22,17 +24,31 @@ def matches(m: Match, f: Finding) -> bool:
 
     A match with no criterion matches nothing. The first criterion that fails decides.
     """
-    criteria = (
-        (m.users, lambda: (f.user or "") in m.users),
-        (m.accounts, lambda: (f.account or "") in m.accounts),
-        (m.partitions, lambda: (f.partition or "") in m.partitions),
-        (m.qos, lambda: (f.qos or "") in m.qos),
-        (m.name_patterns, lambda: any(fnmatch.fnmatchcase(f.name or "", p) for p in m.name_patterns)),
-        (m.labels, lambda: any(label in f.labels for label in m.labels)),
-        (m.nodes, lambda: any(fnmatch.fnmatchcase(h, p) for h in _hosts(f) for p in m.nodes)),
-    )
-    given = [test for values, test in criteria if values]
-    return bool(given) and all(test() for test in given)
+    tests = _tests(m)
+    return bool(tests) and all(test(f) for test in tests)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tests(m: Match) -> tuple[Callable[[Finding], bool], ...]:
+    """Return one test per criterion ``m`` gives, built once per match (a sweep asks every finding)."""
+    tests: list[Callable[[Finding], bool]] = []
+    for values, field in ((m.users, "user"), (m.accounts, "account"), (m.partitions, "partition"), (m.qos, "qos")):
+        if values:
+            tests.append(lambda f, field=field, allowed=frozenset(values): (getattr(f, field) or "") in allowed)
+    if m.name_patterns:
+        names = _globs(m.name_patterns)
+        tests.append(lambda f: names.match(f.name or "") is not None)
+    if m.labels:
+        tests.append(lambda f: any(label in f.labels for label in m.labels))
+    if m.nodes:
+        nodes = _globs(m.nodes)
+        tests.append(lambda f: any(nodes.match(h) is not None for h in _hosts(f)))
+    return tuple(tests)
+
+
+def _globs(patterns: Iterable[str]) -> re.Pattern[str]:
+    """Return one regex matching a whole string when any of the shell globs does (as ``fnmatchcase``)."""
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
 
 
 def _hosts(f: Finding) -> set[str]:

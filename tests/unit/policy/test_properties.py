@@ -78,3 +78,25 @@ def test_the_same_state_gives_the_same_decisions(findings, states) -> None:  # t
     b = decide(list(reversed(findings)), POLICY, now=NOW, escalations=dict(esc), total_gpus=64)
     assert sorted(d.decision_id for d in a.decisions) == sorted(d.decision_id for d in b.decisions)
     assert len({d.decision_id for d in a.decisions}) == len(a.decisions)
+
+
+glob = st.text(alphabet="ab*?[]!-.", max_size=6)
+name = st.text(alphabet="ab-.[]", max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(glob, min_size=1, max_size=3), st.lists(name, min_size=1, max_size=3))
+def test_protection_globs_match_as_fnmatchcase_does(patterns, names) -> None:  # type: ignore[no-untyped-def]
+    """A protection's name and node globs are one compiled regex: it agrees with ``fnmatchcase`` on each glob."""
+    import fnmatch
+
+    from gpu_cost.policy.protections import matches
+    from gpu_cost.policy.schema import Match
+
+    by_name, by_node = Match(name_patterns=tuple(patterns)), Match(nodes=tuple(patterns))
+    for n in names:
+        f = Finding(rule="idle_allocation", target_kind="job", target="job:1", action="notify", gpus=1, name=n,
+                    nodes=(n,))
+        expected = any(fnmatch.fnmatchcase(n, p) for p in patterns)
+        assert matches(by_name, f) is expected, (patterns, n)
+        assert matches(by_node, f) is expected, (patterns, n)
