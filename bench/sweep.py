@@ -118,7 +118,7 @@ def sharded(gpus: int, of: int, seed: int = 1, jobs_per_node: float = 2, pending
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="1000,10000,50000,100000")
+    ap.add_argument("--sizes", default="1000,10000,50000,100000", help="GPUS[,GPUS...]; empty: none")
     ap.add_argument("--sharded", default="100000:16", help="GPUS:SHARDS[,GPUS:SHARDS...]; empty: none")
     ap.add_argument("--jobs-per-node", type=float, default=2.0, help="running jobs per 8-GPU node")
     ap.add_argument("--pending-per-node", type=float, default=1.0, help="pending jobs per node")
@@ -139,8 +139,9 @@ def main(argv: list[str] | None = None) -> None:
         for r in rows:
             r["per_gpu_us"] = 1e6 * r["total_s"] / r["gpus"]
             r["growth_vs_first"] = (r["total_s"] / first["total_s"]) / (r["gpus"] / first["gpus"])
-    report("sweep", rows, ["gpus", "jobs", "pending", "samples", "snapshot_s", "rules_s", "decide_s", "total_s",
-                           "peak_mb", "findings", "decisions", "per_gpu_us", "growth_vs_first"])
+    if rows:
+        report("sweep", rows, ["gpus", "jobs", "pending", "samples", "snapshot_s", "rules_s", "decide_s", "total_s",
+                               "peak_mb", "findings", "decisions", "per_gpu_us", "growth_vs_first"])
     split = [in_fresh_process("bench.sweep", ["--one-sharded", spec, *load]) for spec in args.sharded.split(",") if spec]
     if split:
         report("sweep-sharded", split, ["gpus", "jobs", "pending", "shards", "gpus_per_shard", "view_gpus_max", "collect_max_s",
