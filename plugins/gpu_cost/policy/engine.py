@@ -107,8 +107,9 @@ def decide(
     awaiting = awaiting or {}
     found_keys: set[tuple[str, str, str]] = set()
     notes = policy.notifications
+    modes: dict[str, str] = {}  # rule → its effective mode, asked once per rule
     for f in findings:
-        mode = policy.rule_mode(f.rule)
+        mode = modes.get(f.rule) or modes.setdefault(f.rule, policy.rule_mode(f.rule))
         track = track_of(mode)
         key = (f.rule, f.target, track)
         found_keys.add(key)
@@ -455,10 +456,7 @@ def identity_of(f: Finding) -> dict[str, Any]:
 def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, prot: Protection | None,
               now: float, degraded: bool, predicted: float | None) -> Decision:
     v = guard(f, rung.action, policy, now=now, degraded=degraded, predicted=predicted, protection=(prot,))
-    evidence = dict(f.evidence)
-    evidence.update(v.evidence)
-    evidence.update({"gpu_ids": list(f.gpu_ids), "track": v.track})
-    evidence.update(identity_of(f))
+    evidence = {**f.evidence, **v.evidence, "gpu_ids": list(f.gpu_ids), "track": v.track, **identity_of(f)}
     if f.target_kind == "job" and f.time_limit_s:
         evidence.setdefault("time_limit_s", float(f.time_limit_s))  # the savings ledger's "end it would have had"
     return Decision(
