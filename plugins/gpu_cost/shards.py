@@ -9,15 +9,18 @@ The findings of a sharded sweep are those of the unsharded one. A group does not
 nodes: :func:`select` widens it to what its findings need, and :func:`owned` keeps only the
 findings the group answers for.
 
-- A job belongs to the group of the first of its nodes (sorted by name); a reservation to the
-  group of the first of its nodes. A process or GPU finding belongs to the group of its host (a
-  finding of another kind: of its first node); a finding that names none is an error.
+- A job belongs to the group of the first of its nodes (sorted by name; a job on no node, such as
+  a pending one, to the group its id hashes to); a reservation to the group of the first of its
+  nodes. A process or GPU finding belongs to the group of its host (a finding of another kind: of
+  its first node); a finding that names none is an error.
 - The group's view holds every GPU of the jobs that touch its nodes or belong to it, every job
-  on those nodes (whether another job shares a node changes a verdict), every pending job, the
-  jobs that run in its reservations and the jobs its processes name: each job it judges is seen
-  whole, as the unsharded sweep sees it.
+  on those nodes (whether another job shares a node changes a verdict), the jobs that run or wait
+  in its reservations, the jobs its processes name and the jobs that belong to it: each job it
+  judges is seen whole, as the unsharded sweep sees it. The queue is not every group's: a pending
+  job is in its own group's view (and in the view of the group judging its reservation), so 16
+  groups do not each carry, store and read back a 100,000-job queue.
 - :func:`merge` puts the groups' own rows back together into the run's snapshot (each GPU,
-  process and node exactly once), which the decision, the audit and the acting steps read.
+  process, node and job exactly once), which the decision, the audit and the acting steps read.
 """
 
 from __future__ import annotations
@@ -102,7 +105,10 @@ def select(hosts: Iterable[str], jobs: Sequence[Job], reservations: Sequence[Res
     second = [j for j in running if job_hosts(j) & wide]
     view_hosts = wide | {h for j in second for h in job_hosts(j)}
     owned = {j.job_id for j in running if job_owner(j, of) == shard}
-    ids = {j.job_id for j in second} | owned | {j.job_id for j in jobs if not j.running}
+    # a job that does not run: in its own group's view, and in that of the group judging its reservation
+    waiting = {j.job_id for j in jobs if not j.running and (
+        (j.reservation and j.reservation in owned_res) or job_owner(j, of) == shard)}
+    ids = {j.job_id for j in second} | owned | waiting
     return Selection(shard=shard, of=of, own=frozenset(own), hosts=frozenset(view_hosts), jobs=frozenset(ids),
                      owned_jobs=frozenset(owned), owned_reservations=frozenset(owned_res))
 
@@ -179,19 +185,15 @@ def merge(parts: Sequence[tuple[Selection, Snapshot]]) -> Snapshot:
     problems: list[str] = []
     job_logs: dict[str, dict[str, Any]] = {}
     classes: dict[str, dict[str, Any]] = {}
-    # every view holds every job that is not running (select: they are every group's context), and
-    # each running job is judged by exactly one group, whose view holds it: so the first view's jobs
-    # and then each group's own running jobs are every job once, without walking each view's copies
-    # of the pending queue (16 groups × 100k pending jobs were most of a 100k-GPU merge)
-    jobs: dict[str, Job] = {j.job_id: j for j in first.jobs}
+    # every job belongs to one group, whose view holds it (select): each group's own jobs are every job once
+    jobs: dict[str, Job] = {}
     for sel, snap in parts:
         mask = snap.gpus["host"].astype(str).isin(sel.own).to_numpy() if len(snap.gpus) else None
         frames.append(snap.gpus if mask is None else snap.gpus[mask])
         windows_parts.append({w: (f if mask is None else f[mask]) for w, f in snap.windows.items()})
-        if snap is not first:
-            for j in snap.running_jobs():
-                if j.job_id in sel.owned_jobs:
-                    jobs.setdefault(j.job_id, j)
+        for j in snap.jobs:
+            if j.job_id in sel.owned_jobs or (not j.running and job_owner(j, sel.of) == sel.shard):
+                jobs.setdefault(j.job_id, j)
         procs += [p for p in snap.processes if p.host in sel.own]
         nodes += [n for n in snap.nodes if n.name in sel.own]
         disagreements += [d for d in snap.disagreements if d.host in sel.own]
@@ -244,12 +246,13 @@ def _whole(frames: list[Any]) -> Any:
 def of_view(view: Snapshot, shard: int, of: int) -> Selection:
     """Return the :class:`Selection` a group's stored view was cut with (a view holds all it needs to say)."""
     check(shard, of)
+    running = view.running_jobs()
     hosts = set(view.gpus["host"].astype(str)) if len(view.gpus) else set()
     hosts |= {n.name for n in view.nodes} | {p.host for p in view.processes}
-    hosts |= {h for j in view.jobs if j.running for h in job_hosts(j)}
+    hosts |= {h for j in running for h in job_hosts(j)}
     return Selection(
         shard=shard, of=of, own=frozenset(h for h in hosts if shard_of(h, of) == shard), hosts=frozenset(hosts),
         jobs=frozenset(j.job_id for j in view.jobs),
-        owned_jobs=frozenset(j.job_id for j in view.jobs if j.running and job_owner(j, of) == shard),
+        owned_jobs=frozenset(j.job_id for j in running if job_owner(j, of) == shard),
         owned_reservations=frozenset(r.name for r in view.reservations if r.active and reservation_owner(r, of) == shard),
     )

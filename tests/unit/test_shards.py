@@ -78,21 +78,27 @@ def test_a_job_across_groups_is_judged_by_one_and_seen_whole_by_every_group_touc
     pending = _job("3", state="PENDING")
     res = Reservation(name="r", start_ts=0, end_ts=1e12, nodes=("n005", "n006"), node_count=2)
     inside = _job("4", "n005", reservation="r")
-    jobs = [wide, neighbour, pending, inside]
+    # waits for the reservation: its pending job is demand the reservation's group must see
+    queued = next(_job(str(i), state="PENDING", reservation="r") for i in range(5, 99)
+                  if shards.job_owner(_job(str(i), state="PENDING"), of) != shards.reservation_owner(res, of))
+    jobs = [wide, neighbour, pending, inside, queued]
     sels = [shards.select(hosts, jobs, [res], i, of) for i in range(of)]
     # each node is some group's own, exactly once; each job and reservation is judged by exactly one group
     assert sorted(h for s in sels for h in s.own) == hosts
     assert sorted(j for s in sels for j in s.owned_jobs) == ["1", "2", "4"]
     assert [s.shard for s in sels if "r" in s.owned_reservations] == [shards.reservation_owner(res, of)]
+    # a pending job is in its own group's view alone, not every group's (the queue would be carried 16 times)
+    assert [s.shard for s in sels if "3" in s.jobs] == [shards.job_owner(pending, of)]
+    assert sorted(s.shard for s in sels if queued.job_id in s.jobs) == sorted(
+        {shards.job_owner(queued, of), shards.reservation_owner(res, of)})
     for s in sels:
-        assert "3" in s.jobs  # pending jobs are everyone's context
         for job in (wide, neighbour, inside):
             if job.job_id in s.owned_jobs or shards.job_hosts(job) & s.own:
                 assert job.job_id in s.jobs and shards.job_hosts(job) <= s.hosts, (s.shard, job.job_id)
         if "1" in s.owned_jobs:  # whether the wide job is alone on its nodes depends on its neighbour
             assert "2" in s.jobs and {"n017", "n018"} <= s.hosts
         if "r" in s.owned_reservations:
-            assert {"n005", "n006"} <= s.hosts and "4" in s.jobs
+            assert {"n005", "n006"} <= s.hosts and "4" in s.jobs and queued.job_id in s.jobs
 
 
 def test_each_finding_is_kept_by_exactly_one_group() -> None:
@@ -190,3 +196,45 @@ def test_jobs_across_node_groups_are_found_as_one_sweep_finds_them(tmp_path) -> 
         assert [d.to_dict() for d in plan.decisions] == [d.to_dict() for d in plan1.decisions], of
         if of >= 3:
             assert len(owners) > 1, "the multi-node jobs should be judged by different groups"
+
+
+def test_a_reservation_with_a_job_waiting_in_it_is_judged_by_its_group_as_one_sweep_judges_it() -> None:
+    """A pending job is only in its own group's view, and in the view of the group judging its reservation:
+    a reservation whose demand waits in the queue is not idle, whichever group the waiting job belongs to."""
+    import dataclasses
+
+    policy = load_policy()
+    full = sweep.collect(policy, NOW, "sim", scenario=sim.generate_scenario(
+        nodes=200, gpus_per_node=8, jobs_per_node=0.5, pending=0, seed=5))
+    busy = {h for j in full.running_jobs() for h in shards.job_hosts(j)}
+    free = sorted({n.name for n in full.nodes} - busy)
+    assert len(free) >= 12, "the scenario must leave idle nodes to reserve"
+    of = 5
+    reservations = [Reservation(name=f"res{i}", start_ts=NOW - 86400, end_ts=NOW + 86400, nodes=(free[i],), node_count=1)
+                    for i in range(12)]
+    # half of them have a job waiting: each in a group other than the reservation's
+    waiting = []
+    for r in reservations[::2]:
+        job = next(j for i in range(1000, 2000)
+                   if shards.job_owner(j := Job(job_id=str(i), user="u", state="PENDING", reservation=r.name), of)
+                   != shards.reservation_owner(r, of) and str(i) not in {w.job_id for w in waiting})
+        waiting.append(job)
+
+    def idle(findings: list[Finding]) -> list[str]:
+        return sorted(f.target for f in findings if f.rule == "idle_reservation")
+
+    unused = idle(sweep.detect(dataclasses.replace(full, reservations=tuple(reservations)), policy))
+    full = dataclasses.replace(full, reservations=tuple(reservations), jobs=(*full.jobs, *waiting))
+    whole = idle(sweep.detect(full, policy))
+    held = {f"reservation:{r.name}" for r in reservations[::2]}
+    assert len(held & set(unused)) >= 3 and len(set(unused) - held) >= 3, unused
+    assert whole == sorted(set(unused) - held), "a job waiting in a reservation keeps it from being idle"
+    parts = []
+    for i in range(of):
+        sel = shards.select_in(full, i, of)
+        parts.append(shards.owned(sweep.detect(shards.restrict(full, sel), policy), sel))
+        assert sum(1 for j in shards.restrict(full, sel).jobs if j.pending) < len(waiting), "the queue is not every group's"
+    assert idle([f for p in parts for f in p]) == whole
+    merged = shards.merge([(shards.select_in(full, i, of), shards.restrict(full, shards.select_in(full, i, of)))
+                           for i in range(of)])
+    assert sorted(j.job_id for j in merged.jobs) == sorted(j.job_id for j in full.jobs)
