@@ -34,7 +34,7 @@ def _tests(m: Match) -> tuple[Callable[[Finding], bool], ...]:
     tests: list[Callable[[Finding], bool]] = []
     for values, field in ((m.users, "user"), (m.accounts, "account"), (m.partitions, "partition"), (m.qos, "qos")):
         if values:
-            tests.append(lambda f, field=field, allowed=frozenset(values): (getattr(f, field) or "") in allowed)
+            tests.append(_one_of(field, frozenset(values)))
     if m.name_patterns:
         names = _globs(m.name_patterns)
         tests.append(lambda f: names.match(f.name or "") is not None)
@@ -44,6 +44,11 @@ def _tests(m: Match) -> tuple[Callable[[Finding], bool], ...]:
         nodes = _globs(m.nodes)
         tests.append(lambda f: any(nodes.match(h) is not None for h in _hosts(f)))
     return tuple(tests)
+
+
+def _one_of(field: str, allowed: frozenset[str]) -> Callable[[Finding], bool]:
+    """Return a test: the finding's ``field`` (empty when unset) is one of ``allowed``."""
+    return lambda f: (getattr(f, field) or "") in allowed
 
 
 def _globs(patterns: Iterable[str]) -> re.Pattern[str]:
