@@ -185,14 +185,15 @@ def merge(parts: Sequence[tuple[Selection, Snapshot]]) -> Snapshot:
     problems: list[str] = []
     job_logs: dict[str, dict[str, Any]] = {}
     classes: dict[str, dict[str, Any]] = {}
-    # every job belongs to one group, whose view holds it (select): each group's own jobs are every job once
+    # each running job is judged by one group, whose view holds it; a job that does not run is in its own
+    # group's view and at most a few others (select): so every job once, each view walked once
     jobs: dict[str, Job] = {}
     for sel, snap in parts:
         mask = snap.gpus["host"].astype(str).isin(sel.own).to_numpy() if len(snap.gpus) else None
         frames.append(snap.gpus if mask is None else snap.gpus[mask])
         windows_parts.append({w: (f if mask is None else f[mask]) for w, f in snap.windows.items()})
         for j in snap.jobs:
-            if j.job_id in sel.owned_jobs or (not j.running and job_owner(j, sel.of) == sel.shard):
+            if j.job_id in sel.owned_jobs or not j.running:
                 jobs.setdefault(j.job_id, j)
         procs += [p for p in snap.processes if p.host in sel.own]
         nodes += [n for n in snap.nodes if n.name in sel.own]
