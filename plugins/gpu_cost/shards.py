@@ -251,9 +251,15 @@ def of_view(view: Snapshot, shard: int, of: int) -> Selection:
     hosts = set(view.gpus["host"].astype(str)) if len(view.gpus) else set()
     hosts |= {n.name for n in view.nodes} | {p.host for p in view.processes}
     hosts |= {h for j in running for h in job_hosts(j)}
+    group = {h: shard_of(h, of) for h in hosts}  # each node hashed once: a job's owner is its first node's group
+
+    def judged(j: Job) -> bool:
+        on = job_hosts(j)
+        return (group[min(on)] if on else job_owner(j, of)) == shard
+
     return Selection(
-        shard=shard, of=of, own=frozenset(h for h in hosts if shard_of(h, of) == shard), hosts=frozenset(hosts),
+        shard=shard, of=of, own=frozenset(h for h, g in group.items() if g == shard), hosts=frozenset(hosts),
         jobs=frozenset(j.job_id for j in view.jobs),
-        owned_jobs=frozenset(j.job_id for j in running if job_owner(j, of) == shard),
+        owned_jobs=frozenset(j.job_id for j in running if judged(j)),
         owned_reservations=frozenset(r.name for r in view.reservations if r.active and reservation_owner(r, of) == shard),
     )
