@@ -70,6 +70,7 @@ def sharded(gpus: int, of: int, seed: int = 1, jobs_per_node: float = 2, pending
     from gpu_cost.rules import run_rules
     from gpu_cost.snapshot import from_matrix
     from gpu_cost.sources.sim import SimCluster, generate_scenario
+    from gpu_cost.sweep import merge_shards
 
     policy = load_policy()
     now = 1_795_960_800.0
@@ -100,7 +101,9 @@ def sharded(gpus: int, of: int, seed: int = 1, jobs_per_node: float = 2, pending
         del m
         gc.collect()
     t0 = time.perf_counter()
-    merged = shards.merge(views)
+    # as the DAG's merge task: each group's selection re-read from its view, the job logs chosen
+    # (the class baselines it also reads back from the audit store are not timed: no store here)
+    merged = merge_shards([snap for _, snap in views], policy)
     t1 = time.perf_counter()
     findings = shards.merge_findings(found)
     plan = decide(findings, policy, now=now, escalations={}, total_gpus=merged.gpu_count())
