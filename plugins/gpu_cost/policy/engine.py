@@ -322,8 +322,7 @@ class Verdict:
 
 
 def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask(), degraded: bool = False,
-          problems: Sequence[str] = (), predicted: float | None = None, inference: str | None = None,
-          protection: tuple[Protection | None] | None = None) -> Verdict:
+          problems: Sequence[str] = (), predicted: float | None = None, inference: str | None = None) -> Verdict:
     """Apply the guards every way in passes, in one order, to ``action`` on finding ``f``.
 
     Protections (``never`` records only; ``notify_only`` refuses destructive actions; ``approval``
@@ -335,16 +334,20 @@ def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask
     being wrong (approval above ``approval.gpu_hours_at_risk``), the finding's confidence
     (approval below ``evidence.min_confidence``) and the verifier's chance that it is waste, when
     the sweep scored it (approval below ``verifier.min_probability``).
-
-    :param protection: ``(protection_for(f, policy.protections),)`` when the caller has just looked it
-        up for the same finding and policy (:func:`decide` does, for the ladder); None looks it up.
     """
+    return _guarded(f, action, policy, protection_for(f, policy.protections), now=now, ask=ask, degraded=degraded,
+                    problems=problems, predicted=predicted, inference=inference)
+
+
+def _guarded(f: Finding, action: str, policy: Policy, prot: Protection | None, *, now: float, ask: Ask = Ask(),
+             degraded: bool = False, problems: Sequence[str] = (), predicted: float | None = None,
+             inference: str | None = None) -> Verdict:
+    """:func:`guard` with the finding's protection already looked up (:func:`decide` has, for its ladder)."""
     reasons: list[str] = []
     evidence: dict[str, Any] = {}
     refusal: str | None = None
     needs_approval = False
     destructive = action in DESTRUCTIVE_ACTIONS
-    prot = protection_for(f, policy.protections) if protection is None else protection[0]
     level = prot.level if prot else None
     manual = ask.entry == "manual"
     if prot is not None and (level == "never" or (level == "notify_only" and destructive)):
@@ -455,7 +458,7 @@ def identity_of(f: Finding) -> dict[str, Any]:
 
 def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, prot: Protection | None,
               now: float, degraded: bool, predicted: float | None) -> Decision:
-    v = guard(f, rung.action, policy, now=now, degraded=degraded, predicted=predicted, protection=(prot,))
+    v = _guarded(f, rung.action, policy, prot, now=now, degraded=degraded, predicted=predicted)
     evidence = {**f.evidence, **v.evidence, "gpu_ids": list(f.gpu_ids), "track": v.track, **identity_of(f)}
     if f.target_kind == "job" and f.time_limit_s:
         evidence.setdefault("time_limit_s", float(f.time_limit_s))  # the savings ledger's "end it would have had"
