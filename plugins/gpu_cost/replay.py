@@ -68,6 +68,20 @@ JOBS_ONLY_NOTE = ("jobs-only trace: it has no GPU samples, so no rule can see an
 # -- reading traces --------------------------------------------------------------------------
 #: sample columns a replay reads (others are left on disk: a 10 M-row trace must fit in memory)
 REPLAY_SAMPLE_COLUMNS = (*SAMPLE_COLUMNS, "job_id", "pid", "user", "model")
+#: the samples' text columns, read as categoricals: the replay only ever factorises them
+TEXT_COLUMNS = ("host", "job_id", "user", "model")
+
+
+def _text_codes(col: pd.Series, missing: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(codes, names)``: each row's code into the sorted distinct texts ``names`` (a missing value reads ``missing``).
+
+    Categorical or not, a column is factorised once and only its distinct values become text:
+    ``1`` and ``"1"`` are one name, as ``astype(str)`` would make them.
+    """
+    codes, uniq = pd.factorize(col, use_na_sentinel=True)
+    texts = np.array([*[str(x) for x in uniq], missing], dtype=object)
+    names, inverse = np.unique(texts, return_inverse=True)
+    return inverse[np.where(codes < 0, len(texts) - 1, codes)], names
 
 
 # -- the replay ------------------------------------------------------------------------------
@@ -151,7 +165,8 @@ def replay_files(samples: str | Path | None, jobs: str | Path, policy: Policy, *
     if not samples:
         res = replay(None, jdf, policy, mode=mode, approvals=approvals, logs=ldf, store=store)
     else:
-        holder = [normalise_samples(read_table(samples, "samples", REPLAY_SAMPLE_COLUMNS), str(samples))]
+        holder = [normalise_samples(read_table(samples, "samples", REPLAY_SAMPLE_COLUMNS, categories=TEXT_COLUMNS),
+                                    str(samples))]
         # the replay drops the samples once they are dense: keep no other reference to them here
         res = replay(holder, jdf, policy, mode=mode, approvals=approvals, logs=ldf, store=store)
     res.notes[:0] = notes
@@ -287,7 +302,7 @@ class _Replay:
         """
         from gpu_cost.aggregate import clean
 
-        host_codes, host_names = pd.factorize(s["host"].astype(str), sort=True)
+        host_codes, host_names = _text_codes(s["host"], "nan")
         gpu = s["gpu"].to_numpy(dtype=np.int64)
         width = int(gpu.max()) + 1 if len(gpu) else 1
         key = host_codes.astype(np.int64) * width + gpu
@@ -302,7 +317,8 @@ class _Replay:
         self.mem_total = np.full(n_g, np.nan)
         self.models = np.full(n_g, "", dtype=object)
         if "model" in s.columns:
-            self.models[rows] = s["model"].fillna("").astype(str).to_numpy(dtype=object)
+            mc, mn = _text_codes(s["model"])
+            self.models[rows] = mn[mc]
         shape = (n_g, len(times))
 
         def fill(col: str, dtype: Any = float, default: Any = np.nan) -> np.ndarray:
@@ -314,7 +330,7 @@ class _Replay:
         self.job_names = np.array([""], dtype=object)
         codes = np.zeros(shape, dtype=np.int32)
         if "job_id" in s.columns:
-            jc, jn = pd.factorize(s["job_id"].fillna("").astype(str))
+            jc, jn = _text_codes(s["job_id"])
             names = np.array(["", *[str(x) for x in jn]], dtype=object)
             codes[rows, cols] = (jc + 1).astype(np.int32)
             # the empty label keeps code 0
@@ -340,7 +356,7 @@ class _Replay:
         np.maximum.accumulate(start, axis=1, out=start)
         self.pid, self.pid_start = pid, start
         if "user" in s.columns:
-            uc, un = pd.factorize(s["user"].fillna("").astype(str))
+            uc, un = _text_codes(s["user"])
             user = np.full(shape, -1, dtype=np.int32)
             user[rows, cols] = uc.astype(np.int32)
             self.user_names = np.array([*[str(x) for x in un], ""], dtype=object)
