@@ -220,59 +220,82 @@ def _member_view(r: Mapping[str, Any], cfg: BaselinesConfig) -> dict[str, Any]:
 
 def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: BaselinesConfig,
                 step: float) -> dict[tuple[str, str], dict[str, Any]]:
-    """Return ``(level, key)`` → the class baseline over ``members`` rows (see the module docstring)."""
-    groups: dict[tuple[str, str], list[int]] = {}
-    for i, m in enumerate(members):
-        groups.setdefault(("fine", str(m["class_key"])), []).append(i)
-        groups.setdefault(("coarse", str(m["coarse_key"])), []).append(i)
+    """Return ``(level, key)`` → the class baseline over ``members`` rows (see the module docstring).
+
+    Every member is in two classes (its fine and its coarse key). Each member's figures are read
+    once, and each class's sums and counts are taken for all classes at once (``np.bincount``
+    over the members' class numbers): a sweep reads thousands of members in hundreds of classes.
+    """
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    if not members:
+    n = len(members)
+    if not n:
         return out
+    classes: dict[tuple[str, str], int] = {}
+    fine = np.empty(n, dtype=np.int64)
+    coarse = np.empty(n, dtype=np.int64)
+    for i, m in enumerate(members):
+        fine[i] = classes.setdefault(("fine", str(m["class_key"])), len(classes))
+        coarse[i] = classes.setdefault(("coarse", str(m["coarse_key"])), len(classes))
+    n_classes = len(classes)
+    group = np.concatenate([fine, coarse])
+
+    def col(name: str) -> np.ndarray:
+        return np.array([float(m.get(name) or 0) for m in members])
+
+    def per_class(values: np.ndarray) -> np.ndarray:
+        return np.bincount(group, weights=np.concatenate([values, values]), minlength=n_classes)
+
     lam = math.log(2) / cfg.half_life
-    # each member's figures once (every member is in two classes; a sweep reads thousands of members)
-    w = np.array([math.exp(-lam * max(0.0, now - float(m["last_seen"]))) for m in members])
-    w_seen = w * np.array([float(m["seen_s"] or 0) for m in members])
-    w_active = w * np.array([float(m["active_s"] or 0) for m in members])
-    w_idle = w * np.array([float(m["idle_s"] or 0) for m in members])
-    w_resident = w * np.array([float(m["idle_mem_s"] or 0) for m in members])
-    age = np.array([float(m["last_seen"]) - float(m["start_ts"] if m["start_ts"] is not None else m["first_seen"])
-                    for m in members])
-    long_lived_all = age >= cfg.long_lived
-    woke_all = np.array([int(m["wakes"] or 0) >= 1 for m in members])
-    ended_all = np.array([float(m["last_seen"]) < now - 2 * step for m in members])
-    gpus_all = np.array([float(m["gpus"] or 0) for m in members])
-    cpu_active = [float(m.get("cpu_active_s") or 0) for m in members]
-    cpu_pct_s = [float(m.get("cpu_pct_s") or 0) for m in members]
-    for (level, key), ids in groups.items():
-        idx = np.array(ids)
-        seen_w, idle_w = w_seen[idx].sum(), w_idle[idx].sum()
-        long_lived = long_lived_all[idx]
-        ended = ended_all[idx]
-        busy = float(w_active[idx].sum() / seen_w) if seen_w else None
-        res = float(w_resident[idx].sum() / idle_w) if idle_w else None
-        n_long = int(long_lived.sum())
-        waking = float(woke_all[idx][long_lived].mean()) if n_long else None
-        runtimes = age[idx][ended]
-        cpu_s = sum(cpu_active[i] for i in ids)
-        cpu_members = sum(1 for i in ids if cpu_active[i] > 0)
-        cpu_pct = sum(cpu_pct_s[i] for i in ids) / cpu_s if cpu_s else None
-        gpus_mean = float(gpus_all[idx].mean()) or 1.0
-        n = len(ids)
+    last_seen = np.array([float(m["last_seen"]) for m in members])
+    w = np.exp(-lam * np.maximum(0.0, now - last_seen))
+    seen_w = per_class(w * col("seen_s"))
+    active_w = per_class(w * col("active_s"))
+    idle_w = per_class(w * col("idle_s"))
+    resident_w = per_class(w * col("idle_mem_s"))
+    age = last_seen - np.array([float(m["start_ts"] if m["start_ts"] is not None else m["first_seen"])
+                                for m in members])
+    long_lived = age >= cfg.long_lived
+    woke = col("wakes") >= 1
+    ended = last_seen < now - 2 * step
+    cpu_active = col("cpu_active_s")
+    count = np.bincount(group, minlength=n_classes)
+    n_long = per_class(long_lived.astype(float))
+    woke_long = per_class((woke & long_lived).astype(float))
+    n_ended = per_class(ended.astype(float))
+    cpu_s = per_class(cpu_active)
+    cpu_members = per_class((cpu_active > 0).astype(float))
+    cpu_pct_s = per_class(col("cpu_pct_s"))
+    gpus_sum = per_class(col("gpus"))
+    # each class's run times: the ended members' ages, grouped (in member order within a class)
+    pick = np.concatenate([ended, ended])
+    ended_group, ended_age = group[pick], np.concatenate([age, age])[pick]
+    order = np.argsort(ended_group, kind="stable")
+    ended_group, ended_age = ended_group[order], ended_age[order]
+    bounds = np.searchsorted(ended_group, np.arange(n_classes + 1))
+    for (level, key), g in classes.items():
+        members_n = int(count[g])
+        busy = float(active_w[g] / seen_w[g]) if seen_w[g] else None
+        res = float(resident_w[g] / idle_w[g]) if idle_w[g] else None
+        long_n = int(n_long[g])
+        waking = float(woke_long[g] / long_n) if long_n else None
+        cpu_pct = float(cpu_pct_s[g] / cpu_s[g]) if cpu_s[g] else None
+        gpus_mean = float(gpus_sum[g] / members_n) or 1.0
         kind = "unknown"
-        if (n >= cfg.min_members and n_long >= cfg.min_members and busy is not None
+        if (members_n >= cfg.min_members and long_n >= cfg.min_members and busy is not None
                 and busy <= cfg.service_max_busy_share and res is not None and res >= cfg.service_min_mem_resident
                 and waking is not None and waking >= cfg.service_min_waking_share):
             kind = "service"
-        elif n >= cfg.min_members and busy is not None and busy >= TRAINING_MIN_BUSY:
+        elif members_n >= cfg.min_members and busy is not None and busy >= TRAINING_MIN_BUSY:
             kind = "training"
-        p50, p90 = _quantiles(runtimes)
+        p50, p90 = _quantiles(ended_age[bounds[g]:bounds[g + 1]])
         out[(level, key)] = {
-            "key": key, "level": level, "members": n, "long_lived": n_long, "kind": kind,
+            "key": key, "level": level, "members": members_n, "long_lived": long_n, "kind": kind,
             "busy_share": _r(busy), "mem_resident_share": _r(res), "waking_share": _r(waking),
             "runtime_p50_s": p50, "runtime_p90_s": p90,
-            "ended": int(ended.sum()),
+            "ended": int(n_ended[g]),
             #: the node's CPU % while the GPUs were active, on nodes the members had alone, and per GPU
-            "cpu_pct_active": _r(cpu_pct), "cpu_members": cpu_members, "cpu_pct_per_gpu": _r(cpu_pct / gpus_mean) if cpu_pct is not None else None,
+            "cpu_pct_active": _r(cpu_pct), "cpu_members": int(cpu_members[g]),
+            "cpu_pct_per_gpu": _r(cpu_pct / gpus_mean) if cpu_pct is not None else None,
         }
     return out
 

@@ -447,3 +447,69 @@ def test_the_class_keeps_its_cpu_gpu_mix_from_nodes_its_members_have_alone() -> 
         classes = baselines.observe(store2, snap, POLICY, run_id=f"run-{k}")
     assert set(classes) == {"c1", "c2", "c3"}
     assert all(c["cpu_pct_active"] is None for c in classes.values())
+
+
+def _class_stats_one_class_at_a_time(members: list[dict], now: float, cfg, step: float) -> dict:  # type: ignore[no-untyped-def]
+    """The class baselines by their definition, one class after the other (what class_stats computes at once)."""
+    import math
+
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for m in members:
+        groups.setdefault(("fine", m["class_key"]), []).append(m)
+        groups.setdefault(("coarse", m["coarse_key"]), []).append(m)
+    lam = math.log(2) / cfg.half_life
+    out = {}
+    for (level, key), ms in groups.items():
+        w = [math.exp(-lam * max(0.0, now - m["last_seen"])) for m in ms]
+        seen = sum(wi * (m["seen_s"] or 0) for wi, m in zip(w, ms, strict=True))
+        idle = sum(wi * (m["idle_s"] or 0) for wi, m in zip(w, ms, strict=True))
+        busy = sum(wi * (m["active_s"] or 0) for wi, m in zip(w, ms, strict=True)) / seen if seen else None
+        res = sum(wi * (m["idle_mem_s"] or 0) for wi, m in zip(w, ms, strict=True)) / idle if idle else None
+        age = [m["last_seen"] - (m["start_ts"] if m["start_ts"] is not None else m["first_seen"]) for m in ms]
+        long_lived = [m for m, a in zip(ms, age, strict=True) if a >= cfg.long_lived]
+        waking = sum((m["wakes"] or 0) >= 1 for m in long_lived) / len(long_lived) if long_lived else None
+        runtimes = np.array([a for m, a in zip(ms, age, strict=True) if m["last_seen"] < now - 2 * step])
+        cpu_s = sum(m["cpu_active_s"] or 0 for m in ms)
+        cpu_pct = sum(m["cpu_pct_s"] or 0 for m in ms) / cpu_s if cpu_s else None
+        gpus_mean = sum(m["gpus"] or 0 for m in ms) / len(ms) or 1.0
+        p50, p90 = (round(float(np.quantile(runtimes, 0.5))), round(float(np.quantile(runtimes, 0.9)))) \
+            if len(runtimes) else (None, None)
+        out[(level, key)] = {
+            "members": len(ms), "long_lived": len(long_lived), "ended": len(runtimes), "busy_share": busy,
+            "mem_resident_share": res, "waking_share": waking, "runtime_p50_s": p50, "runtime_p90_s": p90,
+            "cpu_pct_active": cpu_pct, "cpu_members": sum(1 for m in ms if (m["cpu_active_s"] or 0) > 0),
+            "cpu_pct_per_gpu": cpu_pct / gpus_mean if cpu_pct is not None else None,
+        }
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_class_stats_at_once_equal_the_classes_taken_one_at_a_time(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    cfg, now = POLICY.baselines, NOW
+    members = []
+    for i in range(300):
+        last = float(rng.choice([now, now - STEP, now - 3 * STEP, now - rng.uniform(0, 86400)]))
+        first = last - float(rng.uniform(0, 10 * 86400))
+        seen = float(rng.uniform(0, last - first + 1))
+        fine = int(rng.integers(0, 40))
+        members.append({
+            "job_id": str(i), "class_key": f"f{fine}", "coarse_key": f"c{rng.integers(0, 8)}",
+            "first_seen": first, "last_seen": last, "start_ts": None if rng.random() < 0.2 else first - 60.0,
+            "seen_s": seen, "active_s": float(rng.uniform(0, seen)), "idle_s": float(rng.uniform(0, seen)) or None,
+            "idle_mem_s": float(rng.uniform(0, seen)), "wakes": int(rng.integers(0, 3)), "gpus": int(rng.integers(0, 9)),
+            "cpu_active_s": 0.0 if fine >= 36 or rng.random() < 0.4 else float(rng.uniform(0, seen)),
+            "cpu_pct_s": float(rng.uniform(0, 100 * seen)),
+        })
+    got = baselines.class_stats(members, now, cfg, STEP)
+    want = _class_stats_one_class_at_a_time(members, now, cfg, STEP)
+    assert list(got) == list(want) and len(want) > 40
+    for k, w in want.items():
+        g = got[k]
+        for field, value in w.items():
+            if field.endswith("_share") or field.startswith("cpu_pct"):
+                assert g[field] == (None if value is None else pytest.approx(round(value, 3), abs=1e-3)), (k, field)
+            else:
+                assert g[field] == value, (k, field)
+    assert any(g["runtime_p90_s"] is not None for g in got.values())
+    assert any(g["cpu_pct_active"] is None for g in got.values()) and any(g["waking_share"] for g in got.values())
