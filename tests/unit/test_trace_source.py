@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from gpu_cost.errors import TraceError
@@ -37,3 +38,17 @@ def test_bad_timestamps_are_named(tmp_path) -> None:  # type: ignore[no-untyped-
     (tmp_path / "j.csv").write_text("job_id,user,start_ts\n1,u,yesterday\n")
     with pytest.raises(TraceError, match=r"j\.csv: column start_ts"):
         trace.read_jobs(tmp_path / "j.csv")
+
+
+def test_text_columns_read_as_categories_keep_their_text(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # a job label column with empty cells would be read as floats ("101.0"); as a category it stays "101"
+    (tmp_path / "s.csv").write_text("ts,host,gpu,util,mem_used_mib,job_id\n1,7,0,5,1,101\n2,7,0,5,1,\n")
+    df = trace.read_table(tmp_path / "s.csv", "samples", categories=("host", "job_id"))
+    assert isinstance(df["job_id"].dtype, pd.CategoricalDtype)
+    assert str(df["job_id"][0]) == "101" and df["job_id"].isna().tolist() == [False, True]
+    assert [str(h) for h in df["host"]] == ["7", "7"]
+    pd.DataFrame({"ts": [1, 2], "host": ["7", "7"], "gpu": [0, 0], "util": [5.0, 5.0], "mem_used_mib": [1.0, 1.0],
+                  "job_id": pd.Series(["101", None], dtype="string")}).to_parquet(tmp_path / "s.parquet")
+    pq = trace.read_table(tmp_path / "s.parquet", "samples", categories=("host", "job_id"))
+    assert isinstance(pq["job_id"].dtype, pd.CategoricalDtype)
+    assert pq["job_id"].tolist()[0] == "101" and pq["job_id"].isna().tolist() == [False, True]
