@@ -330,14 +330,9 @@ class _Replay:
         self.job_names = np.array([""], dtype=object)
         codes = np.zeros(shape, dtype=np.int32)
         if "job_id" in s.columns:
-            jc, jn = _text_codes(s["job_id"])
-            names = np.array(["", *[str(x) for x in jn]], dtype=object)
-            codes[rows, cols] = (jc + 1).astype(np.int32)
-            # the empty label keeps code 0
-            empty = np.nonzero(names == "")[0]
-            for e in empty[1:]:
-                codes[codes == e] = 0
-            self.job_names = names
+            # the names are sorted and always hold the missing label "": it is code 0, as unlabelled cells
+            jc, self.job_names = _text_codes(s["job_id"])
+            codes[rows, cols] = jc.astype(np.int32)
         self.job_code = codes
         self.job = self.job_names[codes]  # object matrix sharing the few name objects
         self.pid = self.pid_start = self.user = None
@@ -359,7 +354,7 @@ class _Replay:
             uc, un = _text_codes(s["user"])
             user = np.full(shape, -1, dtype=np.int32)
             user[rows, cols] = uc.astype(np.int32)
-            self.user_names = np.array([*[str(x) for x in un], ""], dtype=object)
+            self.user_names = np.array([*un, ""], dtype=object)
             self.user = user
 
     def _allocs(self, jobs: pd.DataFrame) -> dict[str, _Alloc]:

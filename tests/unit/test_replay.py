@@ -13,7 +13,7 @@ import pytest
 from gpu_cost.commands.simtrace import write_scenario_trace, write_sim_trace
 from gpu_cost.errors import TraceError
 from gpu_cost.policy import load_policy, parse_policy
-from gpu_cost.replay import JOBS_ONLY_NOTE, normalise_jobs, replay, replay_files
+from gpu_cost.replay import JOBS_ONLY_NOTE, _text_codes, normalise_jobs, read_logs, replay, replay_files
 from gpu_cost.sources.sim import scenario_from_dict
 from tests.fixtures.core import ROOT
 
@@ -239,12 +239,10 @@ def test_a_second_replay_in_the_same_process_starts_from_nothing(truth_trace: Pa
     assert first.ledger["savings"] > 0 and first.ledger == second.ledger
 
 
-def test_text_columns_read_as_categories_replay_as_plain_text(tmp_path: Path, truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+def test_text_columns_read_as_categories_replay_as_plain_text(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
     # replay_files reads host, job and user as categoricals; a frame handed over keeps plain text
     s = pd.read_parquet(truth_trace / "samples.parquet")
     plain = s.astype({c: object for c in ("host", "job_id", "user") if c in s.columns})
-    from gpu_cost.replay import read_logs
-
     a = replay([plain], normalise_jobs(pd.read_csv(truth_trace / "jobs.csv")), policy,
                logs=read_logs(truth_trace / "logs.csv")).to_dict()
     b = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy).to_dict()
@@ -254,11 +252,11 @@ def test_text_columns_read_as_categories_replay_as_plain_text(tmp_path: Path, tr
 
 
 def test_text_codes_name_each_distinct_text_once() -> None:
-    from gpu_cost.replay import _text_codes
-
     col = pd.Series(["b", 1, None, "1", "a", "b"], dtype=object)
     codes, names = _text_codes(col)
     assert list(names) == ["", "1", "a", "b"]
     assert [names[c] for c in codes] == ["b", "1", "", "1", "a", "b"]
     cat_codes, cat_names = _text_codes(pd.Series(["b", None, "a"], dtype="category"), missing="nan")
     assert [cat_names[c] for c in cat_codes] == ["b", "nan", "a"]
+    # the replay's job codes rely on it: the missing text is always name 0, even when nothing is missing
+    assert list(_text_codes(pd.Series(["b", "a"]))[1]) == ["", "a", "b"]
