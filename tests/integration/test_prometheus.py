@@ -46,11 +46,9 @@ def _compare(prom, sim, exact: bool) -> None:  # type: ignore[no-untyped-def]
     assert (p["uuid"] == s["uuid"]).all() and (p["model"] == s["model"]).all()
     assert (p["label_job_id"] == s["label_job_id"]).all()
     tol = 0.01 if exact else 2.0
-    for col in EXACT if exact else [c for c in EXACT if c != "util_max"]:  # live util_max: see _max_within
-        # on live scrapes a window edge can hold one sample more or less than the simulator's grid:
-        # a busy GPU's mean power (~370 W) then moves by a few watts, so power also gets 1.5 % there
-        rtol = 0.015 if col == "power_w" and not exact else 1e-7
-        np.testing.assert_allclose(p[col].to_numpy(float), s[col].to_numpy(float), rtol=rtol,
+    # live util_max and power_w: see _within (a window edge sample more or less moves them most)
+    for col in EXACT if exact else [c for c in EXACT if c not in ("util_max", "power_w")]:
+        np.testing.assert_allclose(p[col].to_numpy(float), s[col].to_numpy(float), rtol=1e-7,
                                    atol=tol if col != "busy_share_lb" else tol / 50, err_msg=col)
     for col in ("mem_min_mib", "mem_max_mib", "mem_total_mib"):  # the exporter prints whole MiB
         np.testing.assert_allclose(p[col].to_numpy(float), s[col].to_numpy(float), atol=1.0 if exact else 100.0, err_msg=col)
@@ -67,14 +65,16 @@ def _compare(prom, sim, exact: bool) -> None:  # type: ignore[no-untyped-def]
                                atol=0.0 if exact else 120.0, err_msg="mem_span_s_lb")
 
 
-def _max_within(prom, sims) -> None:  # type: ignore[no-untyped-def]
+def _within(prom, sims, col: str, atol: float = 2.0, rtol: float = 0.0) -> None:  # type: ignore[no-untyped-def]
     """On live scrapes a window edge can hold one sample more or less than the simulator's grid, and that
-    sample can be the window's maximum: the maximum must lie within what the simulator gives for the
-    window one step earlier, at the instant and one step later."""
-    p = prom.set_index(["host", "gpu"]).sort_index()["util_max"].to_numpy(float)
-    maxes = np.stack([s.set_index(["host", "gpu"]).sort_index()["util_max"].to_numpy(float) for s in sims])
-    low, high = np.nanmin(maxes, axis=0) - 2.0, np.nanmax(maxes, axis=0) + 2.0
-    assert ((p >= low) & (p <= high)).all(), (p, low, high)
+    sample can be the window's maximum, or move a varying GPU's mean power by several watts: the figure
+    must lie within what the simulator gives for the window one step earlier, at the instant and one
+    step later (give or take ``atol`` and ``rtol``)."""
+    p = prom.set_index(["host", "gpu"]).sort_index()[col].to_numpy(float)
+    vals = np.stack([s.set_index(["host", "gpu"]).sort_index()[col].to_numpy(float) for s in sims])
+    lo, hi = np.nanmin(vals, axis=0), np.nanmax(vals, axis=0)
+    low, high = lo - atol - rtol * np.abs(lo), hi + atol + rtol * np.abs(hi)
+    assert ((p >= low) & (p <= high)).all(), (col, p, low, high)
 
 
 def test_snapshot_columns_equal_the_simulators_aggregation(prom_lab: PromLab, policy) -> None:  # type: ignore[no-untyped-def]
@@ -109,7 +109,9 @@ def test_snapshot_columns_equal_the_simulators_aggregation(prom_lab: PromLab, po
     sim = sim_snapshot(policy, now, scenario)
     _compare(frame, sim.gpus, exact=False)
     step = float(policy.sweep.sample_interval)
-    _max_within(frame, [sim_snapshot(policy, now + d, scenario).gpus for d in (-step, 0.0, step)])
+    around = [sim_snapshot(policy, now + d, scenario).gpus for d in (-step, 0.0, step)]
+    _within(frame, around, "util_max")
+    _within(frame, around, "power_w", rtol=0.015)
     assert not frame["stale"].any()
 
 
