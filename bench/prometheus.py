@@ -17,12 +17,14 @@ decision engine. Each query the sweep sent is then asked again with ``stats=all`
 Prometheus's own figures: ``samples`` (``totalQueryableSamples``), ``peak_samples`` and
 ``prom_exec_s`` (``execTotalTime``). ``sweep_s`` is the fastest of ``--repeat`` sweeps of a mode.
 
-    python -m bench.prometheus [--gpus 10000] [--jobs 20000] [--repeat 2] [--modes raw,rules] [--json]
+    python -m bench.prometheus [--gpus 10000] [--jobs 20000] [--repeat 2] [--modes raw,rules] [--json] [--keep DIR]
 
 The full size (10,000 GPUs: 22 M samples, ~6 GB of OpenMetrics written and loaded a 2-hour slice
 at a time) takes about 17 minutes to build on two cores, and a raw sweep of it several minutes
 (``--modes rules`` skips it); ``make bench`` runs ``--gpus 1000``.
-Everything lives in one temporary directory, removed at the end.
+Everything lives in one temporary directory, removed at the end, unless ``--keep DIR`` names a
+folder to build it in and keep (a later run with the same folder reuses the TSDB: its rules'
+output is what the shipped rules were when it was built).
 """
 
 from __future__ import annotations
@@ -161,10 +163,10 @@ def sweep(prom: Any, slurm: GeneratedSlurm, now: float, rules: bool) -> dict[str
     sent: list[tuple[str, float, str, float]] = []
     real_query = source.query
 
-    def timed(promql: str, at: float, what: str) -> Any:
+    def timed(promql: str, at: float, what: str, keyed: bool = False) -> Any:
         q0 = time.perf_counter()
         try:
-            return real_query(promql, at, what)
+            return real_query(promql, at, what, keyed)
         finally:
             sent.append((promql, at, what, time.perf_counter() - q0))
 
@@ -264,6 +266,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=2, help="sweeps per mode (the fastest is reported)")
     ap.add_argument("--modes", default="raw,rules", help="raw (raw series), rules (recording rules) or both")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                    help="build the TSDB in DIR and keep it; a later run with the same DIR and --gpus reuses it "
+                         "(the build takes most of a 10,000-GPU run)")
     args = ap.parse_args(argv)
     missing = [b for b in ("prometheus", "promtool") if not shutil.which(b)]
     if missing:
@@ -274,20 +279,35 @@ def main(argv: list[str] | None = None) -> None:
     from gpu_cost.sources import recording
 
     logging.getLogger("gpu_cost").setLevel(logging.WARNING)
-    anchor = float(math.floor(time.time() / 60) * 60)
-    tmp = Path(tempfile.mkdtemp(prefix="gpu-cost-bench-prometheus-"))
+    tmp = args.keep.resolve() if args.keep else Path(tempfile.mkdtemp(prefix="gpu-cost-bench-prometheus-"))
+    built = tmp / "built.json"  # written once the TSDB is whole: what a kept one holds
+    kept = json.loads(built.read_text()) if args.keep and built.is_file() else None
+    if kept and kept["gpus"] != args.gpus:
+        raise SystemExit(f"{tmp} holds a TSDB of {kept['gpus']} GPUs, not {args.gpus}: pick another --keep folder")
+    if args.keep and not kept and tmp.exists() and any(tmp.iterdir()):
+        raise SystemExit(f"{tmp} is not empty and holds no finished TSDB: remove it or pick another --keep folder")
+    anchor = float(kept["anchor"]) if kept else float(math.floor(time.time() / 60) * 60)
+    tmp.mkdir(parents=True, exist_ok=True)
     prom = TsdbProm(tmp)
     try:
         t0 = time.perf_counter()
         sim = cluster(args.gpus, args.jobs, anchor)
-        samples = load_history(sim, prom, anchor)
-        t1 = time.perf_counter()
-        prom.start()
-        # a minute past the end: the rules' evaluation after the last grid step, which a sweep reads
-        prom.backfill_rules(ROOT / recording.SHIPPED, anchor - HISTORY + 300, anchor + 60)
-        t2 = time.perf_counter()
-        before = blocks(prom)
-        after = wait_compacted(prom)
+        if kept:
+            samples = int(kept["samples"])
+            t1 = t2 = time.perf_counter()
+            prom.start()
+            before = after = blocks(prom)
+        else:
+            samples = load_history(sim, prom, anchor)
+            t1 = time.perf_counter()
+            prom.start()
+            # a minute past the end: the rules' evaluation after the last grid step, which a sweep reads
+            prom.backfill_rules(ROOT / recording.SHIPPED, anchor - HISTORY + 300, anchor + 60)
+            t2 = time.perf_counter()
+            before = blocks(prom)
+            after = wait_compacted(prom)
+            if args.keep:
+                built.write_text(json.dumps({"gpus": args.gpus, "anchor": anchor, "samples": samples}))
         t3 = time.perf_counter()
         tsdb_mb = sum(f.stat().st_size for f in prom.data.rglob("*") if f.is_file()) / 1e6
         now = anchor + 59.999  # the raw grid ends at the anchor; the rules' evaluation after it is within the minute
@@ -325,7 +345,8 @@ def main(argv: list[str] | None = None) -> None:
                    "target_10x_fewer_samples": raw["samples"] >= 10 * rec["samples"] if raw and rec else None}
     finally:
         prom.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         print(json.dumps({"bench": "prometheus", **summary, "results": rows}))
         return

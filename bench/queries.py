@@ -205,10 +205,11 @@ def measure(prom: PromServer, slurm: Any, sweeps: int) -> dict[str, Any]:
         timings: dict[str, float] = {}
         real_query = source.query
 
-        def timed(promql: str, at: float, what: str, _q: Any = real_query, _t: dict[str, float] = timings) -> Any:
+        def timed(promql: str, at: float, what: str, keyed: bool = False, _q: Any = real_query,
+                  _t: dict[str, float] = timings) -> Any:
             q0 = time.perf_counter()
             try:
-                return _q(promql, at, what)
+                return _q(promql, at, what, keyed)
             finally:
                 _t[what] = _t.get(what, 0.0) + time.perf_counter() - q0
 

@@ -65,7 +65,7 @@ PARSE_PROBE = textwrap.dedent(
     sqlalchemy.engine.Engine.connect = counting_connect
     from airflow.dag_processing.dagbag import DagBag
     bag = DagBag(dag_folder=sys.argv[1])
-    heavy = [m for m in ("prophet", "matplotlib", "prometheus_api_client", "paramiko") if m in sys.modules]
+    heavy = [m for m in ("prophet", "matplotlib", "gpu_cost.sources.prometheus", "paramiko") if m in sys.modules]
     print(json.dumps({"errors": {k: str(v)[:500] for k, v in bag.import_errors.items()}, "calls": calls,
                       "dags": sorted(bag.dags), "heavy": heavy}))
     """

@@ -180,4 +180,4 @@ def test_sweep_on_real_sources_matches_the_simulator(live: LiveCluster, artifact
         "cli_sweep_seconds": round(cli_seconds, 2), "gpus": len(snap.gpus), "jobs": len(snap.running_jobs()),
         "findings": sorted(map(list, expected)),
     }, indent=1))
-    assert src.queries_made == 4
+    assert src.queries_made == 6

@@ -133,7 +133,7 @@ def test_snapshot_columns_equal_the_simulators_aggregation(prom_lab: PromLab, po
     for w, extra in windows.items():
         np.testing.assert_allclose(extra["util_mean"].to_numpy(float), sim.windows[w]["util_mean"].to_numpy(float), atol=0.01)
         assert (extra["n_samples"].to_numpy() == sim.windows[w]["n_samples"].to_numpy()).all()
-    assert src.queries_made == 3
+    assert src.queries_made == 5  # rules (none here), then current, windows, lookback and chart at once
     # the simulator's GPUs are varied enough for the comparison to mean something
     assert frame["util_max"].max() > 80 and frame["util_max"].min() < 5 and frame["bursts_lb"].max() >= 2
     # … and their memory too: jobs starting within the lookback (steps), a leak (1006), empty GPUs (constant)
@@ -170,7 +170,7 @@ def test_number_of_queries_is_constant_for_2_and_20_nodes(prom_lab: PromLab, pol
         assert {"gpu01", "gpu02", "gpu03"} <= set(stats) and 0 <= stats["gpu01"]["cpu_util"] <= 100
         assert stats["gpu01"]["mem_total_bytes"] > stats["gpu01"]["mem_available_bytes"] > 0
         counts[nodes] = src.queries_made
-    assert counts[2] == counts[20] == 4
+    assert counts[2] == counts[20] == 6
 
 
 def test_stopped_exporter_is_stale_not_idle(prom_lab: PromLab, policy) -> None:  # type: ignore[no-untyped-def]

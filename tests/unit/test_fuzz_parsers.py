@@ -4,7 +4,7 @@ A sweep turns a ``SourceError`` into a *degraded* snapshot (nothing destructive 
 exception type would crash the task instead and, worse, hide which source was wrong. Each
 parser gets (a) arbitrary text, (b) arbitrary JSON values, and (c) real captured answers with
 fields replaced by arbitrary values or cut off at an arbitrary byte. The Prometheus answers go
-through the real HTTP client (``prometheus_api_client``) from a loopback server, so decoding
+through the source's real HTTP client (requests, msgspec) from a loopback server, so decoding
 errors are exercised too. Example counts are kept small: this is a guard, not a campaign.
 """
 

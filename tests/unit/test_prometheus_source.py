@@ -46,7 +46,7 @@ def test_connection_missing_or_bad(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_queries_select_every_metric_and_match_the_aggregation_grid() -> None:
     sel = 'cluster="a"'
     queries = [prom.current_query(sel), prom.windows_query(sel, [900, 3600], 900, 60),
-               prom.lookback_query(sel, 21600, 60, 20)]
+               prom.lookback_query(sel, 21600, 60, 20), prom.chart_query(sel, 21600, 60)]
     for q in queries:
         names = re.findall(r"\b(DCGM_FI_\w+|nvidia_smi_\w+)\b(\{[^}]*\})?", q)
         # device-level utilisation is read only off MIG slices (GPU_I_ID unset): never a slice's
@@ -134,8 +134,9 @@ def test_behaviour_of_a_real_job(name: str, comment: str, expected: tuple[str, d
     assert behaviour_of(Job(job_id="1", user="u", name=name, comment=comment)) == expected
 
 
-def test_the_notice_chart_is_twelve_maxima_of_the_lookback_in_the_same_query() -> None:
-    lb = prom.lookback_query('cluster="a"', 21600, 60, 20)
+def test_the_notice_chart_is_twelve_maxima_of_the_lookback_in_a_query_of_its_own() -> None:
+    lb = prom.chart_query('cluster="a"', 21600, 60)
+    assert '"chart_' not in prom.lookback_query('cluster="a"', 21600, 60, 20)
     util = prom.Dialects('cluster="a"').util()
     for k in range(12):
         off = (11 - k) * 1800

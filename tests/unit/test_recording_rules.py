@@ -10,15 +10,15 @@ import pytest
 import yaml
 
 from gpu_cost.sources import recording
-from gpu_cost.sources.prometheus import Dialects
+from gpu_cost.sources.prometheus import Dialects, Sample
 
 AT = 1_795_960_800.0
 
 
-def _rows(info: dict[str, str], evaluated: float, since: dict[str, str] | None) -> list[dict]:
-    rows = [{"metric": {**info, "stat": "rules"}, "value": [AT + 59, str(evaluated)]}]
+def _rows(info: dict[str, str], evaluated: float, since: dict[str, str] | None) -> list[Sample]:
+    rows = [Sample(metric={**info, "stat": "rules"}, value=(AT + 59, str(evaluated)))]
     if since is not None:
-        rows.append({"metric": {"__name__": recording.INFO, **since, "stat": "rules_since"}, "value": [AT + 59, "1"]})
+        rows.append(Sample(metric={"__name__": recording.INFO, **since, "stat": "rules_since"}, value=(AT + 59, "1")))
     return rows
 
 
@@ -77,8 +77,9 @@ def test_the_chunked_lookback_reads_each_chunk_at_the_rules_evaluations() -> Non
     assert "DCGM" not in q and q.count("(") == q.count(")")
     stats = {s for s in ("util_sum_lb", "n_lb", "busy_sum_lb", "bursts_lb", "mem_n_lb", "mem_sy_lb", "mem_syy_lb",
                          "mem_sd_lb", "mem_sdd_lb", "mem_sdy_lb", "mem_t0_lb", "mem_t1_lb") if f'"{s}"' in q}
-    assert len(stats) == 12 and all(f'"chart_{k}"' in q for k in range(12))
-    assert "last_over_time(gpu_cost:gpu_util:max_30m[1ms] offset 19800000ms)" in q  # the oldest chart bucket
+    chart = recording.chart_query_chunked(21600, 1800)
+    assert len(stats) == 12 and all(f'"chart_{k}"' in chart for k in range(12)) and '"chart_' not in q
+    assert "last_over_time(gpu_cost:gpu_util:max_30m[1ms] offset 19800000ms)" in chart  # the oldest chart bucket
     # a chunk's age is the base (the last multiple of 30 min) minus the step's time
     assert f"({AT!r} - time())" in q
     on_grid = recording.lookback_query_chunked(21600, 60, 1800, AT)
@@ -91,6 +92,8 @@ def test_queries_parse(tmp_path: Path) -> None:
         pytest.skip("promtool is not installed (Debian package prometheus)")
     exprs = [recording.lookback_query_chunked(21600, 60, 1800, AT + 37.025),
              recording.lookback_query_chunked(43200, 60, 1800, AT + 12.5), recording.lookback_query_samples(10800, 60),
+             recording.chart_query_chunked(21600, 1800), recording.chart_query_chunked(43200, 1800),
+             recording.chart_query_samples(10800),
              recording.windows_query_recorded([900, 3600], 900),
              recording.windows_query_recorded([900, 3600, 7200], 900, 1800, AT + 37.025)]
     rules = {"groups": [{"name": "check", "rules": [{"record": f"q{i}", "expr": e} for i, e in enumerate(exprs)]}]}

@@ -56,21 +56,24 @@ def test_the_audit_connection_uses_the_same_redaction() -> None:
 
 
 class _Failing:
-    """A Prometheus client whose every query fails with ``exc``."""
+    """A Prometheus client whose every query fails with ``exc`` (or answers these bytes)."""
 
-    def __init__(self, exc: Exception) -> None:
+    def __init__(self, exc: Exception | bytes) -> None:
         self.exc = exc
 
-    def custom_query(self, *args: Any, **kwargs: Any) -> Any:
+    def instant(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(self.exc, bytes):
+            return self.exc
         raise self.exc
 
 
 @pytest.mark.parametrize("make", [
     lambda: __import__("requests").exceptions.ConnectionError(f"cannot connect to {URL}/api/v1/query"),
     lambda: __import__("requests").exceptions.Timeout("read timed out"),
-    lambda: __import__("prometheus_api_client").exceptions.PrometheusApiClientException(f"HTTP 400 from {URL}"),
-    lambda: ValueError(f"Expecting value at {URL}"),
-], ids=["unreachable", "timeout", "refused", "bad-json"])
+    lambda: prom.PromHttpError(f"HTTP 400 from {URL}"),
+    lambda: f"<html>proxy error at {URL}</html>".encode(),
+    lambda: f'{{"status": "success", "data": {{"result": "{URL}"}}}}'.encode(),
+], ids=["unreachable", "timeout", "refused", "bad-json", "no-vector"])
 def test_prometheus_errors_name_the_server_without_its_password(make: Any) -> None:
     source = prom.PrometheusSource(prom.PromConfig(url=URL, auth=("agent", SECRET)), client=_Failing(make()))
     with pytest.raises(SourceError, match=r"Prometheus at http://agent:\*\*\*@prom\.example:9090") as exc:

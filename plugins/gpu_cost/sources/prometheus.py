@@ -9,14 +9,17 @@ the cluster size (:attr:`PrometheusSource.queries_made` counts them):
    count, mean power;
 3. ``lookback``  — per GPU over the lookback: mean/max utilisation, busy share, idle→busy bursts,
    sample count, and the framebuffer's trend (``deriv`` slope, R², span: a leak grows steadily);
-4. ``nodes``     — per node from node_exporter: CPU busy %, memory available, disk, network.
+4. ``chart``     — per GPU the max utilisation of each twelfth of the lookback (the notices' chart);
+5. ``nodes``     — per node from node_exporter: CPU busy %, memory available, disk, network.
 
 Where the recording rules of :mod:`gpu_cost.sources.recording` (shipped in
 ``deploy/prometheus/gpu-cost.rules.yml``) run on the server and fit the policy, ``windows`` and
 ``lookback`` read their series instead of the raw ones: same answers, a fraction of the samples.
-``current`` says whether they do (:attr:`PrometheusSource.rules_used`). ``windows`` and
-``lookback`` do not depend on each other and are sent at the same time (Prometheus evaluates each
-query on a core of its own), after ``current``, which decides how to ask them.
+A first small query, ``rules`` (two series), says whether they do (:attr:`PrometheusSource.rules_used`)
+and as of when to read them; ``current``, ``windows``, ``lookback`` and ``chart`` do not depend on
+each other and are sent at the same time after it (Prometheus evaluates each query on a core of
+its own: the lookback and its chart are two queries so that neither waits for the other).
+Answers are decoded and checked in one pass (``msgspec``) into :class:`Sample` objects.
 
 Series are resampled on the policy's ``sample_interval`` grid with subqueries
 (``avg_over_time(U[15m:60s])``), which gives exactly the samples :mod:`gpu_cost.aggregate` sees
@@ -47,6 +50,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from gpu_cost import connections
@@ -237,28 +241,25 @@ class Dialects:
                    f" or timestamp({self.s('nvidia_smi_utilization_gpu_ratio')})", labels)
 
 
-def current_query(selector: str, rules_lookback: float | None = None) -> str:
-    """Newest sample time with identity labels, framebuffer size, temperature, nvidia-smi index/name.
-
-    With ``rules_lookback``, also the recording rules' info series now (``stat="rules"``) and one
-    lookback ago (``stat="rules_since"``): whether :mod:`gpu_cost.sources.recording`'s series can
-    stand in for the raw ones, asked in the query the sweep makes anyway.
-    """
+def current_query(selector: str) -> str:
+    """Newest sample time with identity labels, framebuffer size, temperature, nvidia-smi index/name."""
     d = Dialects(selector)
-    rules = []
-    if rules_lookback is not None:
-        from gpu_cost.sources.recording import INFO
-
-        # the value is the rules' last evaluation time: their series are read as of then
-        rules = [_stat(f"timestamp({INFO})", "rules"), _stat(f"{INFO} offset {_dur(rules_lookback)}", "rules_since")]
     return _union([
-        *rules,
         _stat(d.newest((*KEY_LABELS, *INFO_LABELS)), "last_ts"),
         _stat(d.mem_total(), "mem_total"),
         _stat(d.temperature(), "temp"),
         _stat(_by(d.s("nvidia_smi_index")), "index"),
         _stat(_by(d.s("nvidia_smi_gpu_info"), (*KEY_LABELS, "name")), "info"),
     ])
+
+
+def rules_query(lookback: float) -> str:
+    """The recording rules' info series now (``stat="rules"``, valued at their last evaluation time) and
+    one lookback ago (``stat="rules_since"``): whether :mod:`gpu_cost.sources.recording`'s series can
+    stand in for the raw ones, and as of when to read them."""
+    from gpu_cost.sources.recording import INFO
+
+    return _union([_stat(f"timestamp({INFO})", "rules"), _stat(f"{INFO} offset {_dur(lookback)}", "rules_since")])
 
 
 def windows_query(selector: str, windows: Iterable[float], primary: float, step: float) -> str:
@@ -310,21 +311,24 @@ def lookback_query(selector: str, lookback: float, step: float, busy: float) -> 
         _stat(f"count_over_time(({mem})[{r}:{s}])", "mem_n_lb"),
         _stat(f"min_over_time(({t})[{r}:{s}])", "mem_t0_lb"),
         _stat(f"max_over_time(({t})[{r}:{s}])", "mem_t1_lb"),
-        *chart_parts(d, lookback, step),
     ])
 
 
-def chart_parts(d: Dialects, lookback: float, step: float) -> list[str]:
-    """The notices' utilisation chart: the max of each twelfth of the lookback (as aggregate.chart_buckets)."""
+def chart_query(selector: str, lookback: float, step: float) -> str:
+    """The notices' utilisation chart: the max of each twelfth of the lookback (as aggregate.chart_buckets).
+
+    A query of its own, sent with the lookback's: Prometheus evaluates the two on two cores.
+    """
     from gpu_cost.aggregate import CHART_BUCKETS
 
+    d = Dialects(selector)
     bucket = lookback / CHART_BUCKETS
     parts = []
     for k in range(CHART_BUCKETS):
         off = (CHART_BUCKETS - 1 - k) * bucket
         shift = f" offset {_dur(off)}" if off else ""
         parts.append(_stat(f"max_over_time(({d.util()})[{_dur(bucket - step / 2)}:{_dur(step)}]{shift})", f"chart_{k}"))
-    return parts
+    return _union(parts)
 
 
 def mem_trend(slope_h: np.ndarray, var_y: np.ndarray, var_t: np.ndarray, n: np.ndarray, t0: np.ndarray,
@@ -394,19 +398,108 @@ def short_model(model_name: str) -> str:
     return tokens[0]
 
 
-def _value(sample: Mapping[str, Any]) -> float:
-    try:
-        v = float(sample["value"][1])
-    except (KeyError, IndexError, TypeError, ValueError):
-        raise SourceError(f"Prometheus answered a sample without a value: {str(sample)[:200]}") from None
+class Sample(msgspec.Struct, frozen=True, gc=False):
+    """One series of an instant query's answer: its labels and its ``[time, "value"]``."""
+
+    value: tuple[float, str]
+    metric: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class Key(msgspec.Struct, frozen=True, gc=False):
+    """The labels of an aggregate's series that the source reads (the others are skipped while decoding)."""
+
+    host: str = ""
+    gpu: str = ""
+    UUID: str = ""
+    GPU_I_ID: str = ""
+    stat: str = ""
+
+
+class KeyedSample(msgspec.Struct, frozen=True, gc=False):
+    """A sample of the ``windows`` and ``lookback`` answers: a device key, a stat and the value."""
+
+    value: tuple[float, str]
+    metric: Key = msgspec.field(default_factory=Key)
+
+
+class _Data(msgspec.Struct, gc=False):
+    result: list[Sample]
+
+
+class _Answer(msgspec.Struct, gc=False):
+    data: _Data
+
+
+class _KeyedData(msgspec.Struct, gc=False):
+    result: list[KeyedSample]
+
+
+class _KeyedAnswer(msgspec.Struct, gc=False):
+    data: _KeyedData
+
+
+#: an instant query's answer, checked while it is decoded (a label that is not text, a sample
+#: without its value pair, a scalar or matrix where a vector belongs: a ValidationError naming where)
+_ANSWER = msgspec.json.Decoder(_Answer)
+_KEYED = msgspec.json.Decoder(_KeyedAnswer)
+
+
+class PromHttpError(Exception):
+    """Prometheus answered a query with an HTTP error status."""
+
+
+class HttpClient:
+    """Instant queries over one HTTP session: POSTed (a sweep's PromQL runs to kilobytes), with the
+    connection's auth, headers and TLS setting; a refused connection or a 502/503/504 is retried
+    briefly, a slow answer is not (it would only multiply the wait: it is reported as a timeout)."""
+
+    def __init__(self, config: PromConfig) -> None:
+        import requests
+        from requests.adapters import HTTPAdapter
+        from urllib3.util.retry import Retry
+
+        self.url = config.url.rstrip("/")
+        self.session = requests.Session()
+        self.session.verify = config.verify
+        self.session.headers.update(dict(config.headers))
+        if config.auth:
+            self.session.auth = config.auth
+        retry = Retry(total=2, connect=2, read=False, backoff_factor=0.2, status_forcelist=(502, 503, 504),
+                      allowed_methods=frozenset({"GET", "POST"}), raise_on_status=False)  # a query changes nothing
+        self.session.mount(self.url, HTTPAdapter(max_retries=retry))
+
+    def instant(self, promql: str, at: float, timeout: float) -> bytes:
+        """Return the body of ``/api/v1/query`` at ``at``; raise PromHttpError on a status other than 200."""
+        r = self.session.post(f"{self.url}/api/v1/query", data={"query": promql, "time": f"{at:.3f}"}, timeout=timeout)
+        if r.status_code != 200:
+            why = r.content[:300].decode("utf-8", "replace")
+            try:  # Prometheus's own error answer: {"status": "error", "errorType": …, "error": …}
+                doc = msgspec.json.decode(r.content)
+                why = f"{doc.get('errorType', '')}: {doc['error']}" if isinstance(doc, dict) and doc.get("error") else why
+            except (msgspec.DecodeError, TypeError):
+                pass
+            raise PromHttpError(f"HTTP {r.status_code}: {why}")
+        return r.content
+
+
+def _value(sample: Sample | KeyedSample) -> float:
+    v = _text_value(sample)
     return v if math.isfinite(v) else math.nan
+
+
+def _text_value(sample: Sample | KeyedSample) -> float:
+    """The sample's value as Prometheus wrote it (``NaN``, ``+Inf`` included)."""
+    try:
+        return float(sample.value[1])
+    except ValueError:
+        raise SourceError(f"Prometheus answered a sample without a value: {str(sample)[:200]}") from None
 
 
 class PrometheusSource:
     """Read GPU and node aggregates from one Prometheus server.
 
     :param config: server and selectors (default: the ``gpu_cost_prometheus`` connection).
-    :param client: a ready ``PrometheusConnect`` (tests, custom auth); built lazily otherwise.
+    :param client: a ready :class:`HttpClient` (or an object with its ``instant``); built lazily otherwise.
     """
 
     def __init__(self, config: PromConfig | None = None, *, client: Any = None) -> None:
@@ -423,28 +516,21 @@ class PrometheusSource:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from prometheus_api_client import PrometheusConnect
-            from urllib3.util.retry import Retry
-
-            # retry refused connections and 502/503/504 briefly; a slow answer is not retried (it
-            # would only multiply the wait): it is reported as a timeout
-            retry = Retry(total=2, connect=2, read=False, backoff_factor=0.2, status_forcelist=(502, 503, 504),
-                          raise_on_status=False)
-            self._client = PrometheusConnect(url=self.config.url, headers=dict(self.config.headers) or None,
-                                             disable_ssl=not self.config.verify, auth=self.config.auth,
-                                             timeout=self.config.timeout, retry=retry)
+            self._client = HttpClient(self.config)
         return self._client
 
-    def query(self, promql: str, at: float, what: str) -> list[dict[str, Any]]:
-        """Run one instant query at ``at``; raise SourceError naming ``what`` on any failure."""
+    def query(self, promql: str, at: float, what: str, keyed: bool = False) -> Any:
+        """Run one instant query at ``at``; raise SourceError naming ``what`` on any failure.
+
+        :param keyed: return :class:`KeyedSample` objects (the device key and ``stat`` only), not :class:`Sample`.
+        """
         import requests
-        from prometheus_api_client.exceptions import PrometheusApiClientException
 
         with self._count_lock:
             self.queries_made += 1
         where = redact(self.config.url)  # the URL may carry user:password@
         try:
-            result = self.client.custom_query(promql, params={"time": f"{at:.3f}"}, timeout=self.config.timeout)
+            body = self.client.instant(promql, at, self.config.timeout)
         except requests.exceptions.Timeout:
             raise SourceError(f"Prometheus at {where} did not answer the {what} query within "
                               f"{self.config.timeout:g}s") from None
@@ -454,20 +540,15 @@ class PrometheusSource:
                                   f"{self.config.timeout:g}s") from None
             raise SourceError(f"Prometheus at {where} cannot be reached ({what} query): "
                               f"{type(exc).__name__}: {redact(str(exc).split(' with url:')[0])[:200]}") from None
-        except PrometheusApiClientException as exc:
+        except PromHttpError as exc:
             raise SourceError(f"Prometheus at {where} refused the {what} query: {redact(exc)[:300]}") from None
-        except ValueError as exc:  # JSON decoding
+        try:
+            return (_KEYED if keyed else _ANSWER).decode(body).data.result
+        except msgspec.ValidationError as exc:  # JSON, but not an instant vector's answer
+            raise SourceError(f"Prometheus at {where} answered the {what} query with no vector of samples: "
+                              f"{redact(exc)[:200]}") from None
+        except msgspec.DecodeError as exc:
             raise SourceError(f"Prometheus at {where} answered the {what} query with invalid JSON: {redact(exc)}") from None
-        except (KeyError, TypeError, IndexError):  # JSON without data.result: not a Prometheus answer
-            raise SourceError(f"Prometheus at {where} answered the {what} query without data.result") from None
-        if not isinstance(result, list):
-            raise SourceError(f"Prometheus at {where}: the {what} query did not return a vector")
-        for s in result:
-            metric = s.get("metric", {}) if isinstance(s, Mapping) else None
-            if not isinstance(metric, Mapping) or not all(isinstance(v, str) for v in metric.values()):
-                raise SourceError(f"Prometheus at {where}: the {what} query returned a malformed sample: "
-                                  f"{str(s)[:200]}")
-        return result
 
     # -- GPUs ------------------------------------------------------------------------------
     def gpu_frame(self, policy: Any, now: float) -> tuple[Any, dict[float, Any]]:
@@ -484,71 +565,96 @@ class PrometheusSource:
         primary, others = rule_windows(policy)
         windows = [primary, *others]
         # the newest sample is judged at ``now`` itself; aggregates on the sample grid ending at ``at``
-        rules_lb = sw.lookback if self.config.recording_rules else None
-        cur = self.query(current_query(self.config.selector, rules_lb), now, "current")
-        rec = self._rules_plan(cur, policy, at, now) if rules_lb else None
+        rec = None
+        if self.config.recording_rules:  # a few series: whether the rules fit, and as of when to read them
+            rec = self._rules_plan(self.query(rules_query(sw.lookback), now, "rules"), policy, at, now)
         self.rules_used = rec.mode if rec else ""
+        current = (current_query(self.config.selector), now, "current", False)
         if rec:
             from gpu_cost.sources import recording
 
             # as of the rules' last evaluation (within a step after ``at``): the same grid samples
-            asks = [(recording.windows_query_recorded(windows, primary, rec.chunk, rec.at), rec.at, "windows"),
-                    (recording.lookback_query_recorded(sw.lookback, step, rec.chunk, rec.at), rec.at, "lookback")]
+            asks = [current,
+                    (recording.windows_query_recorded(windows, primary, rec.chunk, rec.at), rec.at, "windows", True),
+                    (recording.lookback_query_recorded(sw.lookback, step, rec.chunk, rec.at), rec.at, "lookback", True),
+                    (recording.chart_query_recorded(sw.lookback, rec.chunk, rec.at), rec.at, "chart", True)]
         else:
-            asks = [(windows_query(self.config.selector, windows, primary, step), at, "windows"),
-                    (lookback_query(self.config.selector, sw.lookback, step, sw.busy_util), at, "lookback")]
-        win, lb = self._together(asks)
+            asks = [current, (windows_query(self.config.selector, windows, primary, step), at, "windows", True),
+                    (lookback_query(self.config.selector, sw.lookback, step, sw.busy_util), at, "lookback", True),
+                    (chart_query(self.config.selector, sw.lookback, step), at, "chart", True)]
+        cur, win, lb, chart = self._together(asks)
 
-        rows: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-        info: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+        # one raw row per series key, in the order first seen; numbers gathered per stat, then as arrays
+        index: dict[tuple[str, str, str, str], int] = {}
+        labels: dict[int, dict[str, Any]] = {}  # a raw row's INFO_LABELS, from its newest last_ts series
+        newest: dict[int, float] = {}
+        info: dict[tuple[str, str, str, str], str] = {}
         uuid_gpu: dict[tuple[str, str], str] = {}
+        gathered: dict[str, tuple[list[int], list[float]]] = {}
 
-        def key_of(m: Mapping[str, str]) -> tuple[str, str, str, str]:
-            return (m.get("host", ""), m.get("gpu", ""), m.get("UUID", ""), m.get("GPU_I_ID", ""))
+        def row_of(k: tuple[str, str, str, str]) -> int:
+            i = index.get(k)
+            if i is None:
+                i = index[k] = len(index)
+            return i
 
         for s in cur:
-            m = s.get("metric", {})
+            m = s.metric
             stat = m.get("stat", "")
-            if stat in ("rules", "rules_since"):
-                continue
-            k = key_of(m)
+            k = (m.get("host", ""), m.get("gpu", ""), m.get("UUID", ""), m.get("GPU_I_ID", ""))
             v = _value(s)
             if stat == "index":
                 if not math.isnan(v):
                     uuid_gpu[(k[0], k[2])] = str(int(v))
                 continue
             if stat == "info":
-                info.setdefault(k, {})["model_name"] = m.get("name", "")
+                info[k] = m.get("name", "")
                 continue
-            row = rows.setdefault(k, {})
+            i = row_of(k)
             if stat == "last_ts":
                 # two series for one GPU (a job label changing right now): keep the newest, labelled one
-                prev = row.get("last_ts", -math.inf)
+                prev = newest.get(i, -math.inf)
                 if v > prev or (v == prev and m.get("hpc_job")):
-                    row["last_ts"] = v
-                    for label in INFO_LABELS:
-                        row[label] = m.get(label, "")
+                    newest[i] = v
+                    labels[i] = {label: m.get(label, "") for label in INFO_LABELS}
             elif stat in ("mem_total", "temp"):
-                row[stat] = v
-        for sample_set in (win, lb):
+                got = gathered.setdefault(stat, ([], []))
+                got[0].append(i)
+                got[1].append(v)
+        for sample_set in (win, lb, chart):
             for s in sample_set:
-                m = s.get("metric", {})
-                rows.setdefault(key_of(m), {})[m.get("stat", "")] = _value(s)
-        if not rows:
-            return empty_gpu_frame(), {w: _window_frame(pd, [], w, step, sw) for w in others}
+                m = s.metric
+                got = gathered.setdefault(m.stat, ([], []))
+                got[0].append(row_of((m.host, m.gpu, m.UUID, m.GPU_I_ID)))
+                got[1].append(_text_value(s))
+        if not index:
+            return empty_gpu_frame(), {w: _window_frame(pd, lambda _: np.zeros(0), 0, w, step, sw) for w in others}
+        n_raw = len(index)
+        raw: dict[str, np.ndarray] = {}
+        for stat, (rows_of, values) in gathered.items():
+            arr = raw[stat] = np.full(n_raw, np.nan)
+            vals = np.asarray(values, dtype=float)
+            arr[np.asarray(rows_of, dtype=np.int64)] = np.where(np.isfinite(vals), vals, np.nan)  # the last one wins
+        arr = raw["last_ts"] = np.full(n_raw, np.nan)
+        arr[list(newest)] = list(newest.values())
         if rec and rec.chunk:
             from gpu_cost.sources import recording
 
-            for row in rows.values():
-                recording.finish(row)
+            recording.finish(raw, n_raw)
 
         # a GPU whose slices report is seen through them: a series of the whole GPU beside them
         # (device-level fields without GPU_I_ID) is not a device of its own
-        sliced = {(h, g, u) for (h, g, u, gi) in rows if gi}
-        rows = {k: v for k, v in rows.items() if k[3] or (k[0], k[1], k[2]) not in sliced}
-        # nvidia_gpu_exporter has no index label: take it from nvidia_smi_index
-        merged: dict[tuple[str, int, str, str], dict[str, Any]] = {}
-        for (host, gpu, uuid, gi_id), row in rows.items():
+        sliced = {(h, g, u) for (h, g, u, gi) in index if gi}
+        # nvidia_gpu_exporter has no index label: take it from nvidia_smi_index; raw rows that come
+        # to the same device are merged (a number: the last one given; a label: the first)
+        target: dict[tuple[str, int, str, str], int] = {}
+        sources: list[int] = []
+        targets: list[int] = []
+        tlabels: list[dict[str, Any]] = []
+        models: list[str] = []
+        for (host, gpu, uuid, gi_id), i in index.items():
+            if not gi_id and (host, gpu, uuid) in sliced:
+                continue
             idx = gpu or uuid_gpu.get((host, uuid), "")
             try:
                 gi = int(idx)
@@ -558,27 +664,50 @@ class PrometheusSource:
             if not 0 <= gi < 1 << 16:
                 logger.warning("GPU %s on %s has an impossible index %r: skipped", uuid or "?", host or "?", idx)
                 continue
-            model = row.get("modelName") or info.get((host, gpu, uuid, ""), {}).get("model_name", "")
-            target = merged.setdefault((host, gi, uuid, gi_id), {})
-            for k2, v2 in row.items():
-                if k2 not in target or (isinstance(v2, float) and not math.isnan(v2)):
-                    target[k2] = v2
-            target["model"] = short_model(model) if model else target.get("model", "")
-        keys = sorted(merged, key=lambda k: (k[0], k[1], k[2], int(k[3]) if k[3].isdigit() else -1, k[3]))
-        recs = [merged[k] for k in keys]
+            own = labels.get(i, {})
+            model = own.get("modelName") or info.get((host, gpu, uuid, ""), "")
+            t = target.get((host, gi, uuid, gi_id))
+            if t is None:
+                t = target[(host, gi, uuid, gi_id)] = len(target)
+                tlabels.append(dict(own))
+                models.append("")
+            else:
+                for label, value in own.items():
+                    tlabels[t].setdefault(label, value)
+            if model:
+                models[t] = short_model(model)
+            sources.append(i)
+            targets.append(t)
+        keys = sorted(target, key=lambda k: (k[0], k[1], k[2], int(k[3]) if k[3].isdigit() else -1, k[3]))
+        order = np.fromiter((target[k] for k in keys), dtype=np.int64, count=len(keys))
+        src, dst = np.asarray(sources, dtype=np.int64), np.asarray(targets, dtype=np.int64)
+        recs = [tlabels[t] for t in order.tolist()]
+        merged_cols: dict[str, np.ndarray] = {}
         expected = max(1, round(primary / step))
 
-        def col(name: str, default: float = math.nan) -> np.ndarray:
-            return np.array([float(r.get(name, default)) for r in recs], dtype=float)
+        def col(name: str) -> np.ndarray:
+            got = merged_cols.get(name)
+            if got is None:
+                out = np.full(len(target), np.nan)
+                values = raw.get(name)
+                if values is not None:
+                    v = values[src]
+                    ok = ~np.isnan(v)
+                    out[dst[ok]] = v[ok]  # in the raw rows' order: the last number given wins
+                got = merged_cols[name] = out[order]
+            return got
+
+        def count(name: str) -> np.ndarray:
+            return np.nan_to_num(col(name), nan=0.0).astype(np.int64)
 
         last_ts = col("last_ts")
-        n = np.nan_to_num(col(f"n@{primary:g}", 0.0)).astype(np.int64)
+        n = count(f"n@{primary:g}")
         stale = (n < sw.min_sample_ratio * expected) | ~(now - np.nan_to_num(last_ts, nan=-np.inf) <= sw.max_staleness)
         frame = pd.DataFrame({
             "host": pd.Series([k[0] for k in keys], dtype=object),
             "gpu": np.array([k[1] for k in keys], dtype=np.int64),
             "uuid": pd.Series([k[2] for k in keys], dtype=object),
-            "model": pd.Series([r.get("model", "") for r in recs], dtype=object),
+            "model": pd.Series([models[t] for t in order.tolist()], dtype=object),
             "label_job_id": pd.Series([str(r.get("hpc_job", "") or "") for r in recs], dtype=object),
             "util_mean": col(f"util_mean@{primary:g}"),
             "util_max": col(f"util_max@{primary:g}"),
@@ -592,9 +721,9 @@ class PrometheusSource:
             "util_mean_lb": col("util_mean_lb"),
             "util_max_lb": col("util_max_lb"),
             "busy_share_lb": col("busy_share_lb"),
-            "bursts_lb": np.nan_to_num(col("bursts_lb", 0.0)).astype(np.int64),
-            "n_lb": np.nan_to_num(col("n_lb", 0.0)).astype(np.int64),
-            **mem_trend(col("mem_slope_lb"), col("mem_var_lb"), col("mem_tvar_lb"), col("mem_n_lb", 0.0),
+            "bursts_lb": count("bursts_lb"),
+            "n_lb": count("n_lb"),
+            **mem_trend(col("mem_slope_lb"), col("mem_var_lb"), col("mem_tvar_lb"), col("mem_n_lb"),
                         col("mem_t0_lb"), col("mem_t1_lb")),
             "stale": stale.astype(bool),
             "util_chart_lb": chart_text(np.stack([col(f"chart_{k}") for k in range(CHART_BUCKETS)], axis=1)),
@@ -602,29 +731,29 @@ class PrometheusSource:
         if any(k[3] for k in keys):
             frame = with_mig(frame, mig_columns(keys, recs))
         self.extras = {}
-        for dk, r in zip(keys, recs, strict=True):
+        for dk, r, temp in zip(keys, recs, col("temp").tolist(), strict=True):
             ek: tuple[Any, ...] = dk if dk[3] else dk[:3]
-            self.extras[ek] = {"pod": r.get("pod", ""), "namespace": r.get("namespace", ""),
-                               "temp_c": r.get("temp", math.nan)}
-        extra = {w: _window_frame(pd, recs, w, step, sw, last_ts, now) for w in others}
+            self.extras[ek] = {"pod": r.get("pod", ""), "namespace": r.get("namespace", ""), "temp_c": temp}
+        extra = {w: _window_frame(pd, col, len(keys), w, step, sw, last_ts, now) for w in others}
         return frame, extra
 
-    def _together(self, asks: Sequence[tuple[str, float, str]]) -> list[list[dict[str, Any]]]:
-        """Run independent queries at the same time; return their answers in order (the first error is raised)."""
+    def _together(self, asks: Sequence[tuple[str, float, str, bool]]) -> list[Any]:
+        """Run independent queries at the same time (``(promql, at, what, keyed)`` each); return their answers
+        in order (the first error is raised)."""
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=len(asks), thread_name_prefix="gpu-cost-promql") as pool:
-            futures = [pool.submit(self.query, promql, at, what) for promql, at, what in asks]
+            futures = [pool.submit(self.query, promql, at, what, keyed) for promql, at, what, keyed in asks]
             return [f.result() for f in futures]
 
-    def _rules_plan(self, cur: list[dict[str, Any]], policy: Any, at: float, now: float) -> Any:
+    def _rules_plan(self, cur: list[Sample], policy: Any, at: float, now: float) -> Any:
         """Return how to read the recording rules' series (:class:`~gpu_cost.sources.recording.Plan`), or None."""
         from gpu_cost.sources import recording
 
         sw = policy.sweep
         rec = recording.plan(cur, step=float(sw.sample_interval), busy=float(sw.busy_util), lookback=float(sw.lookback),
                              selector=self.config.selector, at=at, now=now)
-        if rec is None and any(s.get("metric", {}).get("stat") == "rules" for s in cur):
+        if rec is None and any(s.metric.get("stat") == "rules" for s in cur):
             logger.info("recording rules on %s do not fit this policy, are younger than its lookback or lag: raw queries",
                         redact(self.config.url))
         return rec
@@ -636,7 +765,7 @@ class PrometheusSource:
         window = max(policy.rules.zombie.window, 4 * policy.sweep.sample_interval)
         out: dict[str, dict[str, float]] = {}
         for s in self.query(nodes_query(self.config.node_selector, window), now, "nodes"):
-            m = s.get("metric", {})
+            m = s.metric
             host = m.get("host", "")
             if host:
                 out.setdefault(host, {})[m.get("stat", "")] = _value(s)
@@ -680,20 +809,17 @@ def mig_columns(keys: list[tuple[str, int, str, str]], recs: list[dict[str, Any]
             "mig_uuid": np.array([""] * len(keys), dtype=object), "share": np.array(shares, dtype=float)}
 
 
-def _window_frame(pd: Any, recs: list[dict[str, Any]], w: float, step: float, sw: Any,
+def _window_frame(pd: Any, col: Any, rows: int, w: float, step: float, sw: Any,
                   last_ts: np.ndarray | None = None, at: float = 0.0) -> Any:
-    """Return the window columns for another window length (as aggregate.extra_window)."""
+    """Return the window columns for another window length (as aggregate.extra_window); ``col(name)``
+    gives a merged column of the frame's rows."""
     tag = f"{w:g}"
     expected = max(1, round(w / step))
-    n = np.array([int(np.nan_to_num(r.get(f"n@{tag}", 0.0))) for r in recs], dtype=np.int64)
-    lt = last_ts if last_ts is not None else np.full(len(recs), np.nan)
-
-    def col(name: str) -> np.ndarray:
-        return np.array([float(r.get(f"{name}@{tag}", math.nan)) for r in recs], dtype=float)
-
+    n = np.nan_to_num(col(f"n@{tag}"), nan=0.0).astype(np.int64)
+    lt = last_ts if last_ts is not None else np.full(rows, np.nan)
     return pd.DataFrame({
-        "util_mean": col("util_mean"), "util_max": col("util_max"), "mem_min_mib": col("mem_min"),
-        "mem_max_mib": col("mem_max"), "power_w": np.full(len(recs), np.nan), "n_samples": n,
-        "expected_samples": np.full(len(recs), expected, dtype=np.int64), "last_ts": lt,
+        "util_mean": col(f"util_mean@{tag}"), "util_max": col(f"util_max@{tag}"), "mem_min_mib": col(f"mem_min@{tag}"),
+        "mem_max_mib": col(f"mem_max@{tag}"), "power_w": np.full(rows, np.nan), "n_samples": n,
+        "expected_samples": np.full(rows, expected, dtype=np.int64), "last_ts": lt,
         "stale": (n < sw.min_sample_ratio * expected) | ~(at - np.nan_to_num(lt, nan=-np.inf) <= sw.max_staleness),
     })

@@ -26,8 +26,8 @@ The source uses the rules only when they fit: the info series ``gpu_cost:recordi
 (labels ``step``, ``busy_util``, ``chunk``, ``selector``) must exist now *and* one lookback ago
 (rules added an hour ago know nothing of the five before), and its labels must equal the
 policy's ``sweep.sample_interval``, ``sweep.busy_util`` and the connection's ``selector``.
-Otherwise it queries raw series, as before. It asks in the ``current`` query it runs anyway, so
-detecting costs no query of its own.
+Otherwise it queries raw series, as before. It asks in a small ``rules`` query of two series
+before the others (which then go out at the same time, as of the rules' last evaluation).
 
 The shipped file ``deploy/prometheus/gpu-cost.rules.yml`` holds the rules for the default policy
 and no selector; for another one, write it with::
@@ -41,9 +41,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from gpu_cost.sources.prometheus import KEY_LABELS, Dialects, _dur, _stat, _union
 
@@ -163,7 +165,7 @@ class Plan:
         return "chunks" if self.chunk else "samples"
 
 
-def plan(rows: Sequence[Mapping[str, Any]], *, step: float, busy: float, lookback: float, selector: str,
+def plan(rows: Sequence[Any], *, step: float, busy: float, lookback: float, selector: str,
          at: float, now: float) -> Plan | None:
     """Return how to read the recorded series, or None when the raw ones must be read.
 
@@ -172,17 +174,17 @@ def plan(rows: Sequence[Mapping[str, Any]], *, step: float, busy: float, lookbac
     the policy and the selector, be older than the lookback, and have run since the grid step
     ``at`` (a Prometheus whose rule evaluation lags behind is read raw).
     """
-    def labels(r: Mapping[str, Any]) -> dict[str, str]:
-        return {k: v for k, v in r.get("metric", {}).items() if k not in ("stat", "__name__")}
+    def labels(r: Any) -> dict[str, str]:
+        return {k: v for k, v in r.metric.items() if k not in ("stat", "__name__")}
 
-    since = [labels(r) for r in rows if r.get("metric", {}).get("stat") == "rules_since"]
+    since = [labels(r) for r in rows if r.metric.get("stat") == "rules_since"]
     for r in rows:
-        if r.get("metric", {}).get("stat") != "rules":
+        if r.metric.get("stat") != "rules":
             continue
         info = labels(r)
         try:
-            evaluated = float(r["value"][1])
-        except (KeyError, IndexError, TypeError, ValueError):
+            evaluated = float(r.value[1])
+        except ValueError:
             continue
         if info in since and fits(info, step, busy, selector) and at <= evaluated <= now:
             return Plan(evaluated, chunks_fit(info, lookback))
@@ -270,7 +272,6 @@ def lookback_query_chunked(lookback: float, step: float, chunk: float, at: float
     taken about its own evaluation time, are moved to ``at`` on the way (``t - at = (t - T_j) -
     age``). Means, variances and the slope are left to :func:`finish`.
     """
-    from gpu_cost.aggregate import CHART_BUCKETS
 
     ch = Chunks(at, chunk, round(lookback / chunk))
 
@@ -285,17 +286,6 @@ def lookback_query_chunked(lookback: float, step: float, chunk: float, at: float
     bursts = total("gpu_util_burst", "count")
     # the oldest step's burst needs its quiet sample before the lookback: the raw query leaves it out
     edge = f"count_over_time({BURST}[{_dur(step - 0.001)}] offset {_dur(lookback - step)})"
-    bucket = lookback / CHART_BUCKETS
-    per = round(bucket / chunk)
-    umax = c("gpu_util", "max")
-    chart = []
-    for b in range(CHART_BUCKETS):
-        first = (CHART_BUCKETS - 1 - b) * per
-        if per == 1:
-            off = f" offset {_dur(first * chunk)}" if first else ""
-            chart.append(_stat(f"last_over_time({umax}[1ms]{off})", f"chart_{b}"))
-        else:
-            chart.append(_stat(_over("max", lambda v: v(umax), [(first + i) * chunk for i in range(per)]), f"chart_{b}"))
     return _union([
         _stat(total("gpu_util", "sum"), "util_sum_lb"),
         _stat(total("gpu_util", "count"), "n_lb"),
@@ -309,38 +299,56 @@ def lookback_query_chunked(lookback: float, step: float, chunk: float, at: float
         _stat(ch.over("sum_over_time", f"{ty} - {a} * {y}"), "mem_sdy_lb"),
         _stat(ch.over("min_over_time", ch.v(c("gpu_fb_used_timestamp", "min"))), "mem_t0_lb"),
         _stat(ch.over("max_over_time", ch.v(c("gpu_fb_used_timestamp", "max"))), "mem_t1_lb"),
-        *chart,
     ])
 
 
-def finish(row: dict[str, float]) -> None:
-    """Turn the chunked queries' parts of one GPU into the raw queries' columns, in place."""
-    import math
-
+def chart_query_chunked(lookback: float, chunk: float) -> str:
+    """The notices' chart from the per-chunk maxima: a bucket is one chunk or the max of several,
+    asked at the rules' evaluation (as :func:`lookback_query_chunked`)."""
     from gpu_cost.aggregate import CHART_BUCKETS
 
-    def get(name: str) -> float:
-        return float(row.get(name, math.nan))
+    per = round(lookback / CHART_BUCKETS / chunk)
+    umax = chunk_series("gpu_util", "max", chunk)
+    chart = []
+    for b in range(CHART_BUCKETS):
+        first = (CHART_BUCKETS - 1 - b) * per
+        if per == 1:
+            off = f" offset {_dur(first * chunk)}" if first else ""
+            chart.append(_stat(f"last_over_time({umax}[1ms]{off})", f"chart_{b}"))
+        else:
+            chart.append(_stat(_over("max", lambda v: v(umax), [(first + i) * chunk for i in range(per)]), f"chart_{b}"))
+    return _union(chart)
 
-    for key in [k for k in row if k.startswith("util_sum@")]:
-        tag = key.split("@", 1)[1]
-        row[f"util_mean@{tag}"] = get(key) / get(f"n@{tag}")
-    if "n_lb" not in row:
-        return
-    n_u = get("n_lb")
-    row["util_mean_lb"] = get("util_sum_lb") / n_u
-    row["busy_share_lb"] = get("busy_sum_lb") / n_u
-    charts = [get(f"chart_{k}") for k in range(CHART_BUCKETS)]
-    seen = [v for v in charts if not math.isnan(v)]
-    row["util_max_lb"] = max(seen) if seen else math.nan  # the buckets tile the lookback
-    n = get("mem_n_lb")
-    if n > 0:
+
+def finish(cols: dict[str, np.ndarray], rows: int) -> None:
+    """Turn the chunked queries' parts into the raw queries' columns, in place (one value per row; NaN: none)."""
+    from gpu_cost.aggregate import CHART_BUCKETS
+
+    nan = np.full(rows, np.nan)
+
+    def get(name: str) -> np.ndarray:
+        return cols.get(name, nan)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for key in [k for k in cols if k.startswith("util_sum@")]:
+            tag = key.split("@", 1)[1]
+            cols[f"util_mean@{tag}"] = get(key) / get(f"n@{tag}")
+        if "n_lb" not in cols:
+            return
+        n_u = get("n_lb")
+        cols["util_mean_lb"] = get("util_sum_lb") / n_u
+        cols["busy_share_lb"] = get("busy_sum_lb") / n_u
+        charts = np.stack([get(f"chart_{k}") for k in range(CHART_BUCKETS)], axis=1)
+        # the buckets tile the lookback (NaN-skipping max; NaN where no bucket has data)
+        cols["util_max_lb"] = np.where(np.isnan(n_u), np.nan, np.fmax.reduce(charts, axis=1))
+        n = get("mem_n_lb")
+        has = n > 0  # NaN: no memory sample
         sy, sd = get("mem_sy_lb"), get("mem_sd_lb")
         var_t = (get("mem_sdd_lb") - sd * sd / n) / n
-        row["mem_var_lb"] = (get("mem_syy_lb") - sy * sy / n) / n
-        row["mem_tvar_lb"] = var_t
+        cols["mem_var_lb"] = np.where(has, (get("mem_syy_lb") - sy * sy / n) / n, np.nan)
+        cols["mem_tvar_lb"] = np.where(has, var_t, np.nan)
         cov = (get("mem_sdy_lb") - sd * sy / n) / n
-        row["mem_slope_lb"] = cov / var_t * 3600.0 if n >= 2 and var_t > 0 else math.nan
+        cols["mem_slope_lb"] = np.where(has & (n >= 2) & (var_t > 0), cov / var_t * 3600.0, np.nan)
 
 
 def windows_query_recorded(windows: Sequence[float], primary: float, chunk: float | None = None,
@@ -384,16 +392,9 @@ def windows_query_recorded(windows: Sequence[float], primary: float, chunk: floa
 
 def lookback_query_samples(lookback: float, step: float) -> str:
     """The lookback aggregates from the per-sample series (when chunks do not tile the lookback)."""
-    from gpu_cost.aggregate import CHART_BUCKETS
 
     r = _dur(lookback - 0.001)
     rb = _dur(lookback - step - 0.001)  # a burst needs its quiet sample inside the lookback too
-    bucket = lookback / CHART_BUCKETS
-    chart = []
-    for k in range(CHART_BUCKETS):
-        off = (CHART_BUCKETS - 1 - k) * bucket
-        shift = f" offset {_dur(off)}" if off else ""
-        chart.append(_stat(f"max_over_time({UTIL}[{_dur(bucket - 0.001)}]{shift})", f"chart_{k}"))
     return _union([
         _stat(f"avg_over_time({UTIL}[{r}])", "util_mean_lb"),
         _stat(f"max_over_time({UTIL}[{r}])", "util_max_lb"),
@@ -406,8 +407,20 @@ def lookback_query_samples(lookback: float, step: float) -> str:
         _stat(f"count_over_time({MEM}[{r}])", "mem_n_lb"),
         _stat(f"min_over_time({MEM_T}[{r}])", "mem_t0_lb"),
         _stat(f"max_over_time({MEM_T}[{r}])", "mem_t1_lb"),
-        *chart,
     ])
+
+
+def chart_query_samples(lookback: float) -> str:
+    """The notices' chart from the per-sample series (when chunks do not tile the lookback)."""
+    from gpu_cost.aggregate import CHART_BUCKETS
+
+    bucket = lookback / CHART_BUCKETS
+    chart = []
+    for k in range(CHART_BUCKETS):
+        off = (CHART_BUCKETS - 1 - k) * bucket
+        shift = f" offset {_dur(off)}" if off else ""
+        chart.append(_stat(f"max_over_time({UTIL}[{_dur(bucket - 0.001)}]{shift})", f"chart_{k}"))
+    return _union(chart)
 
 
 def lookback_query_recorded(lookback: float, step: float, chunk: float | None, at: float) -> str:
@@ -415,6 +428,11 @@ def lookback_query_recorded(lookback: float, step: float, chunk: float | None, a
     if chunk:
         return lookback_query_chunked(lookback, step, chunk, at)
     return lookback_query_samples(lookback, step)
+
+
+def chart_query_recorded(lookback: float, chunk: float | None, at: float) -> str:
+    """The chart query on recorded series, asked at ``at`` (as :func:`lookback_query_recorded`)."""
+    return chart_query_chunked(lookback, chunk) if chunk else chart_query_samples(lookback)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
