@@ -19,6 +19,8 @@
 - joined by :func:`gpu_cost.correlate.attribute` (Slurm's GPU indices, the ``hpc_job`` label,
   process cgroups; disagreements are listed, not guessed away).
 
+Slurm is read on a thread of its own while Prometheus answers: neither waits for the other.
+
 A source that fails does not raise: its failure goes into ``Snapshot.problems``, which makes the
 snapshot *degraded* (decisions from it are never destructive). Problems are redacted
 (:func:`gpu_cost.redact.redact`): they end in the audit store, XCom and the health alert. ``check_fresh`` is the sweep's
@@ -32,6 +34,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gpu_cost.errors import SourceError
@@ -78,41 +81,47 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     problems: list[str] = []
     primary, others = rule_windows(policy)
 
-    # GPUs
-    frame: pd.DataFrame = empty_gpu_frame()
-    windows: dict[float, pd.DataFrame] = {}
-    node_stats: dict[str, dict[str, float]] = {}
-    prom = None
-    try:
-        prom = prometheus or PrometheusSource()
-        frame, windows = prom.gpu_frame(policy, now)
-    except SourceError as exc:
-        problems.append(f"prometheus: {exc}")
-        windows = {w: frame.iloc[:0][["util_mean", "util_max", "mem_min_mib", "mem_max_mib", "power_w", "n_samples",
-                                       "expected_samples", "last_ts", "stale"]] for w in others}
-    if prom is not None and not any(p.startswith("prometheus:") for p in problems):
+    # jobs and nodes: read while Prometheus answers (the two sources do not depend on each other)
+    def read_slurm() -> tuple[list[Job], list[Node], list[Reservation], list[str]]:
+        jobs: list[Job] = []
+        nodes: list[Node] = []
+        resv: list[Reservation] = []
         try:
-            node_stats = prom.node_stats(policy, now)
+            src = _slurm_source(slurm)
+            jobs = list(src.jobs())
+            nodes = list(src.nodes())
         except SourceError as exc:
-            problems.append(f"node_exporter: {exc}")
-
-    # jobs and nodes
-    jobs: list[Job] = []
-    nodes: list[Node] = []
-    resv: list[Reservation] = []
-    try:
-        src = _slurm_source(slurm)
-        jobs = list(src.jobs())
-        nodes = list(src.nodes())
-    except SourceError as exc:
-        problems.append(f"slurm: {exc}")
-    except ImportError as exc:
-        problems.append(f"slurm: source not available: {exc}")
-    else:
+            return jobs, nodes, resv, [f"slurm: {exc}"]
+        except ImportError as exc:
+            return jobs, nodes, resv, [f"slurm: source not available: {exc}"]
         if policy.rules.idle_reservation.enabled:
             from gpu_cost.sources.slurm import read_reservations
 
             resv = read_reservations(src)  # unread: no reservation is found idle, nothing else changes
+        return jobs, nodes, resv, []
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-cost-slurm") as pool:
+        slurm_read = pool.submit(read_slurm)
+
+        # GPUs
+        frame: pd.DataFrame = empty_gpu_frame()
+        windows: dict[float, pd.DataFrame] = {}
+        node_stats: dict[str, dict[str, float]] = {}
+        prom = None
+        try:
+            prom = prometheus or PrometheusSource()
+            frame, windows = prom.gpu_frame(policy, now)
+        except SourceError as exc:
+            problems.append(f"prometheus: {exc}")
+            windows = {w: frame.iloc[:0][["util_mean", "util_max", "mem_min_mib", "mem_max_mib", "power_w", "n_samples",
+                                           "expected_samples", "last_ts", "stale"]] for w in others}
+        if prom is not None and not any(p.startswith("prometheus:") for p in problems):
+            try:
+                node_stats = prom.node_stats(policy, now)
+            except SourceError as exc:
+                problems.append(f"node_exporter: {exc}")
+        jobs, nodes, resv, slurm_problems = slurm_read.result()
+    problems.extend(slurm_problems)
 
     # processes
     procs: list[GpuProcess] = []
