@@ -175,6 +175,8 @@ def test_node_inspect_json(doc: Any, gpus: str, apps: str, stat: str) -> None:
 class _Answer:
     body: bytes = b"{}"
     status: int = 200
+    #: what range queries get (None: ``body``)
+    range_body: bytes | None = None
 
 
 @pytest.fixture(scope="module")
@@ -184,11 +186,12 @@ def fake_prometheus() -> Iterator[tuple[str, _Answer]]:
 
     class Handler(BaseHTTPRequestHandler):
         def _reply(self) -> None:
+            body = answer.range_body if answer.range_body is not None and "query_range" in self.path else answer.body
             self.send_response(answer.status)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer.body)))
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(answer.body)
+            self.wfile.write(body)
 
         def do_GET(self) -> None:
             self._reply()
@@ -261,3 +264,39 @@ def test_prometheus_raw_bodies(fake_prometheus: tuple[str, _Answer], policy: Any
     answer.status, answer.body = status, body
     src = PrometheusSource(PromConfig(url=url, timeout=5))
     _parses_or_source_error(src.gpu_frame, policy, 1795960800.0)
+
+
+range_series = st.lists(st.fixed_dictionaries({"metric": sample_metric, "values": st.lists(
+    st.tuples(st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([1795960800.0 - 1800 * k for k in range(14)]),
+              st.sampled_from(["0", "1", "NaN", "+Inf", "-Inf", "abc", "", "1e400", "42.5"])).map(list) | json_values,
+    max_size=4)}) | json_values, max_size=5)
+
+
+@FUZZ
+@given(result=range_series, wrap=st.sampled_from(["matrix", "vector", "raw"]))
+def test_prometheus_chunk_reads(fake_prometheus: tuple[str, _Answer], policy: Any, result: Any, wrap: str) -> None:
+    """Recording rules that fit, and whatever the range reads of their chunks answer: parsed or a SourceError."""
+    from gpu_cost.model import GPU_COLUMNS
+    from gpu_cost.sources import recording
+    from gpu_cost.sources.prometheus import PromConfig, PrometheusSource
+
+    url, answer = fake_prometheus
+    now = 1795960800.0
+    info = {"step": f"{policy.sweep.sample_interval:g}", "busy_util": f"{policy.sweep.busy_util:g}", "chunk": "1800"}
+    rules = [{"metric": {**info, "stat": "rules"}, "value": [now, str(now)]},
+             {"metric": {"__name__": recording.INFO, **info, "stat": "rules_since"}, "value": [now, "1"]},
+             {"metric": {"host": "gpu01", "gpu": "0", "UUID": "GPU-a", "stat": "last_ts"}, "value": [now, str(now)]}]
+    answer.status, answer.body = 200, json.dumps({"status": "success", "data": {"resultType": "vector",
+                                                                                "result": rules}}).encode()
+    doc: Any = {"status": "success", "data": {"resultType": wrap, "result": result}} if wrap != "raw" else result
+    answer.range_body = json.dumps(doc).encode()
+    src = PrometheusSource(PromConfig(url=url, timeout=5))
+    try:
+        frame, _windows = src.gpu_frame(policy, now)
+    except SourceError:
+        pass
+    else:
+        assert src.rules_used == "chunks"  # the range reads were asked and what they said was taken
+        assert list(frame.columns) == list(GPU_COLUMNS) and frame["stale"].dtype == bool
+    finally:
+        answer.range_body = None

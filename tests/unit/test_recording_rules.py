@@ -6,6 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -69,33 +70,100 @@ def test_the_rules_use_the_sources_own_expressions() -> None:
         recording.recording_rules(step=60, chunk=1830)
 
 
-def test_the_chunked_lookback_reads_each_chunk_at_the_rules_evaluations() -> None:
-    at = AT + 37.025  # the rules' phase within the minute; AT is a multiple of 30 min
-    q = recording.lookback_query_chunked(21600, 60, 1800, at)
-    # 12 subquery steps on multiples of 30 min (…, AT - 30 min, AT), each read 37.025 s later
-    assert "sum_over_time((last_over_time(gpu_cost:gpu_util:sum_30m[1ms] offset -37025ms))[19837025ms:1800000ms])" in q
-    assert "DCGM" not in q and q.count("(") == q.count(")")
-    stats = {s for s in ("util_sum_lb", "n_lb", "busy_sum_lb", "bursts_lb", "mem_n_lb", "mem_sy_lb", "mem_syy_lb",
-                         "mem_sd_lb", "mem_sdd_lb", "mem_sdy_lb", "mem_t0_lb", "mem_t1_lb") if f'"{s}"' in q}
-    chart = recording.chart_query_chunked(21600, 1800)
-    assert len(stats) == 12 and all(f'"chart_{k}"' in chart for k in range(12)) and '"chart_' not in q
-    assert "last_over_time(gpu_cost:gpu_util:max_30m[1ms] offset 19800000ms)" in chart  # the oldest chart bucket
-    # a chunk's age is the base (the last multiple of 30 min) minus the step's time
-    assert f"({AT!r} - time())" in q
-    on_grid = recording.lookback_query_chunked(21600, 60, 1800, AT)
-    assert "offset -" not in on_grid and "[19800000ms:1800000ms]" in on_grid
+def test_the_chunk_reads_land_on_the_rules_evaluations() -> None:
+    at = AT + 37.025  # the rules' phase within the minute
+    start, end, step = recording.chunk_range(at, 1800, 12)
+    # twelve steps a chunk apart, the newest the rules' last evaluation, exact to the millisecond
+    assert (start, end, step) == (f"{AT + 37.025 - 11 * 1800:.3f}", f"{AT + 37.025:.3f}", "1800.000")
+    assert recording.chunk_range(1_795_960_837.0249999, 1800, 2)[1] == "1795960837.025"
+    q = recording.chunk_read("gpu_util", "sum", 1800)
+    assert q == "last_over_time(gpu_cost:gpu_util:sum_30m[1ms])"
+    assert {f"{m}:{op}" for m, op in recording.CHUNK_READS} >= {"gpu_util:sum", "gpu_fb_used:tysum", "gpu_util:max"}
+    # a 2-hour window of 30-minute chunks comes from them too (not the primary window, which wants power)
+    assert recording.chunk_steps(21600, [3600, 7200], 900, 1800) == 12
+    assert recording.chunk_steps(21600, [28800], 900, 1800) == 16
+    assert not recording.chunk_window(1800, 1800, 1800) and not recording.chunk_window(2700, 900, 1800)
+    w = recording.windows_query_recorded([900, 3600, 7200], 900, 1800, 21600, 60)
+    assert '"util_mean@900"' in w and '"power@900"' in w and "@3600" not in w and "@7200" not in w
+    assert '"burst_edge"' in w and "offset 21540000ms" in w and "DCGM" not in w
+
+
+def _chunks_of(times: np.ndarray, util: np.ndarray, mem: np.ndarray, at: float, chunk: float, k: int, busy: float):
+    """What the shipped rules record for each chunk j (samples in (at-(j+1)chunk, at-j chunk]), from samples."""
+    out: dict[tuple[str, str], np.ndarray] = {key: np.full((1, k), np.nan) for key in recording.CHUNK_READS}
+    for j in range(k):
+        end = at - j * chunk
+        sel = (times > end - chunk) & (times <= end)
+        if not sel.any():
+            continue
+        u, y, t = util[sel], mem[sel], times[sel] - end
+        prev = np.concatenate([[np.nan], util])[:-1][sel]  # the sample a step before each
+        bursts = int(((u > busy) & (prev < busy / 4)).sum())
+        n = float(len(y))
+        cov = float(np.mean((t - t.mean()) * (y - y.mean())))
+        vals = {("gpu_util", "sum"): u.sum(), ("gpu_util", "count"): n, ("gpu_util", "max"): u.max(),
+                ("gpu_util_busy", "sum"): float((u > busy).sum()), ("gpu_fb_used", "count"): n,
+                ("gpu_fb_used", "min"): y.min(), ("gpu_fb_used", "max"): y.max(), ("gpu_fb_used", "sum"): y.sum(),
+                ("gpu_fb_used", "sumsq"): (y * y).sum(), ("gpu_fb_used", "tsum"): t.sum(),
+                ("gpu_fb_used", "tsumsq"): (t * t).sum(), ("gpu_fb_used", "tysum"): n * (cov + t.mean() * y.mean()),
+                ("gpu_fb_used_timestamp", "min"): times[sel].min(), ("gpu_fb_used_timestamp", "max"): times[sel].max()}
+        if bursts:
+            vals[("gpu_util_burst", "count")] = bursts
+        for key, v in vals.items():
+            out[key][0, j] = v
+    return out
+
+
+def test_chunks_put_together_equal_the_one_pass_lookback() -> None:
+    rng = np.random.default_rng(7)
+    step, chunk, lookback, at = 60.0, 1800.0, 21600.0, AT + 37.0
+    times = at - step * np.arange(400)[::-1]
+    util = np.where(rng.random(400) < 0.3, rng.uniform(50, 100, 400), rng.uniform(0, 3, 400))
+    util[150:190] = np.nan  # an exporter gap: two chunks without samples
+    mem = 1000 + 5.0 * np.arange(400) + rng.normal(0, 30, 400)
+    keep = ~np.isnan(util)
+    t_k, u_k, m_k = times[keep], util[keep], mem[keep]
+    mats = _chunks_of(t_k, u_k, m_k, at, chunk, 16, busy=20.0)
+    cols = recording.chunk_columns(mats, 1, chunk=chunk, lookback=lookback, windows=[3600.0, 28800.0], primary=900.0)
+    recording.finish(cols, 1)
+    lb = (times > at - lookback) & keep
+    assert cols["n_lb"][0] == lb.sum()
+    assert cols["util_mean_lb"][0] == pytest.approx(util[lb].mean(), rel=1e-12)
+    assert cols["util_max_lb"][0] == util[lb].max()
+    assert cols["busy_share_lb"][0] == pytest.approx((util[lb] > 20).mean(), rel=1e-12)
+    # the memory trend: the same slope and variances as a least-squares fit over the lookback's samples
+    t, y = times[lb], mem[lb]
+    slope = np.polyfit(t, y, 1)[0] * 3600
+    assert cols["mem_slope_lb"][0] == pytest.approx(slope, rel=1e-9)
+    assert cols["mem_var_lb"][0] == pytest.approx(y.var(), rel=1e-9)
+    assert cols["mem_tvar_lb"][0] == pytest.approx(t.var(), rel=1e-9)
+    assert (cols["mem_t0_lb"][0], cols["mem_t1_lb"][0]) == (t.min(), t.max())
+    # windows of whole chunks, one longer than the lookback (16 chunks read)
+    for w in (3600.0, 28800.0):
+        sel = (times > at - w) & keep
+        assert cols[f"n@{w:g}"][0] == sel.sum() and cols[f"util_max@{w:g}"][0] == util[sel].max()
+        assert cols[f"util_mean@{w:g}"][0] == pytest.approx(util[sel].mean(), rel=1e-12)
+        assert (cols[f"mem_min@{w:g}"][0], cols[f"mem_max@{w:g}"][0]) == (mem[sel].min(), mem[sel].max())
+    # the chart: twelve 30-minute maxima, empty where the gap left a chunk without samples
+    charts = [cols[f"chart_{b}"][0] for b in range(12)]
+    for b, v in enumerate(charts):
+        end = at - (11 - b) * chunk
+        sel = (times > end - chunk) & (times <= end) & keep
+        assert (np.isnan(v) and not sel.any()) or v == util[sel].max()
+    assert any(np.isnan(charts))
+    # no chunk at all: NaN, never 0 (a GPU unseen is not idle)
+    none = recording.chunk_columns({}, 2, chunk=chunk, lookback=lookback, windows=[], primary=900.0)
+    assert np.isnan(none["n_lb"]).all() and np.isnan(none["util_sum_lb"]).all()
 
 
 def test_queries_parse(tmp_path: Path) -> None:
     """promtool parses every query the recorded path sends (as rule expressions)."""
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed (Debian package prometheus)")
-    exprs = [recording.lookback_query_chunked(21600, 60, 1800, AT + 37.025),
-             recording.lookback_query_chunked(43200, 60, 1800, AT + 12.5), recording.lookback_query_samples(10800, 60),
-             recording.chart_query_chunked(21600, 1800), recording.chart_query_chunked(43200, 1800),
-             recording.chart_query_samples(10800),
+    exprs = [recording.lookback_query_samples(10800, 60), recording.chart_query_samples(10800),
              recording.windows_query_recorded([900, 3600], 900),
-             recording.windows_query_recorded([900, 3600, 7200], 900, 1800, AT + 37.025)]
+             recording.windows_query_recorded([900, 3600, 7200], 900, 1800, 21600, 60),
+             *(recording.chunk_read(m, op, 1800) for m, op in recording.CHUNK_READS)]
     rules = {"groups": [{"name": "check", "rules": [{"record": f"q{i}", "expr": e} for i, e in enumerate(exprs)]}]}
     f = tmp_path / "queries.yml"
     f.write_text(yaml.safe_dump(rules, width=10**9))

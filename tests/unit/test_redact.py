@@ -61,7 +61,7 @@ class _Failing:
     def __init__(self, exc: Exception | bytes) -> None:
         self.exc = exc
 
-    def instant(self, *args: Any, **kwargs: Any) -> Any:
+    def post(self, *args: Any, **kwargs: Any) -> Any:
         if isinstance(self.exc, bytes):
             return self.exc
         raise self.exc

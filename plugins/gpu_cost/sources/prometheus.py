@@ -422,6 +422,20 @@ class KeyedSample(msgspec.Struct, frozen=True, gc=False):
     metric: Key = msgspec.field(default_factory=Key)
 
 
+class Point(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One ``[time, "value"]`` of a range query's series."""
+
+    t: float
+    v: str
+
+
+class RangeSample(msgspec.Struct, frozen=True, gc=False):
+    """A series of a range query's answer: a device key and its values."""
+
+    values: list[Point]
+    metric: Key = msgspec.field(default_factory=Key)
+
+
 class _Data(msgspec.Struct, gc=False):
     result: list[Sample]
 
@@ -438,10 +452,23 @@ class _KeyedAnswer(msgspec.Struct, gc=False):
     data: _KeyedData
 
 
-#: an instant query's answer, checked while it is decoded (a label that is not text, a sample
-#: without its value pair, a scalar or matrix where a vector belongs: a ValidationError naming where)
+class _RangeData(msgspec.Struct, gc=False):
+    result: list[RangeSample]
+
+
+class _RangeAnswer(msgspec.Struct, gc=False):
+    data: _RangeData
+
+
+#: a query's answer, checked while it is decoded (a label that is not text, a sample without its
+#: value pair, a scalar or matrix where a vector belongs: a ValidationError naming where)
 _ANSWER = msgspec.json.Decoder(_Answer)
 _KEYED = msgspec.json.Decoder(_KeyedAnswer)
+_RANGE = msgspec.json.Decoder(_RangeAnswer)
+
+
+#: queries a sweep sends at once at most (Prometheus evaluates each on a core of its own)
+PARALLEL_QUERIES = 8
 
 
 class PromHttpError(Exception):
@@ -466,11 +493,13 @@ class HttpClient:
             self.session.auth = config.auth
         retry = Retry(total=2, connect=2, read=False, backoff_factor=0.2, status_forcelist=(502, 503, 504),
                       allowed_methods=frozenset({"GET", "POST"}), raise_on_status=False)  # a query changes nothing
-        self.session.mount(self.url, HTTPAdapter(max_retries=retry))
+        # as many connections as a sweep sends queries at once (:data:`PARALLEL_QUERIES`)
+        self.session.mount(self.url, HTTPAdapter(max_retries=retry, pool_maxsize=PARALLEL_QUERIES))
 
-    def instant(self, promql: str, at: float, timeout: float) -> bytes:
-        """Return the body of ``/api/v1/query`` at ``at``; raise PromHttpError on a status other than 200."""
-        r = self.session.post(f"{self.url}/api/v1/query", data={"query": promql, "time": f"{at:.3f}"}, timeout=timeout)
+    def post(self, path: str, form: Mapping[str, str], timeout: float) -> bytes:
+        """Return the body of the API endpoint ``path`` (``/api/v1/query``, ``/api/v1/query_range``) asked
+        ``form``; raise PromHttpError on a status other than 200."""
+        r = self.session.post(f"{self.url}{path}", data=dict(form), timeout=timeout)
         if r.status_code != 200:
             why = r.content[:300].decode("utf-8", "replace")
             try:  # Prometheus's own error answer: {"status": "error", "errorType": …, "error": …}
@@ -485,6 +514,23 @@ class HttpClient:
 def _value(sample: Sample | KeyedSample) -> float:
     v = _text_value(sample)
     return v if math.isfinite(v) else math.nan
+
+
+def _floats(texts: list[str], what: str) -> np.ndarray:
+    """The values of a range answer as numbers (``NaN``, ``+Inf`` as Prometheus writes them)."""
+    try:
+        return np.asarray(texts, dtype=float)
+    except ValueError:
+        bad = next((t for t in texts if not _is_number(t)), "?")
+        raise SourceError(f"Prometheus answered a {what} value that is no number: {bad[:50]!r}") from None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _text_value(sample: Sample | KeyedSample) -> float:
@@ -524,13 +570,22 @@ class PrometheusSource:
 
         :param keyed: return :class:`KeyedSample` objects (the device key and ``stat`` only), not :class:`Sample`.
         """
+        return self._ask("/api/v1/query", {"query": promql, "time": f"{at:.3f}"}, what, _KEYED if keyed else _ANSWER)
+
+    def query_range(self, promql: str, span: tuple[str, str, str], what: str) -> list[RangeSample]:
+        """Run one range query over ``span`` (``start``, ``end``, ``step``, in seconds as text)."""
+        start, end, step = span
+        return self._ask("/api/v1/query_range", {"query": promql, "start": start, "end": end, "step": step}, what,
+                         _RANGE)
+
+    def _ask(self, path: str, form: Mapping[str, str], what: str, decoder: Any) -> Any:
         import requests
 
         with self._count_lock:
             self.queries_made += 1
         where = redact(self.config.url)  # the URL may carry user:password@
         try:
-            body = self.client.instant(promql, at, self.config.timeout)
+            body = self.client.post(path, form, self.config.timeout)
         except requests.exceptions.Timeout:
             raise SourceError(f"Prometheus at {where} did not answer the {what} query within "
                               f"{self.config.timeout:g}s") from None
@@ -543,10 +598,10 @@ class PrometheusSource:
         except PromHttpError as exc:
             raise SourceError(f"Prometheus at {where} refused the {what} query: {redact(exc)[:300]}") from None
         try:
-            return (_KEYED if keyed else _ANSWER).decode(body).data.result
-        except msgspec.ValidationError as exc:  # JSON, but not an instant vector's answer
-            raise SourceError(f"Prometheus at {where} answered the {what} query with no vector of samples: "
-                              f"{redact(exc)[:200]}") from None
+            return decoder.decode(body).data.result
+        except msgspec.ValidationError as exc:  # JSON, but not the answer asked for
+            raise SourceError(f"Prometheus at {where} answered the {what} query with no "
+                              f"{'matrix' if decoder is _RANGE else 'vector'} of samples: {redact(exc)[:200]}") from None
         except msgspec.DecodeError as exc:
             raise SourceError(f"Prometheus at {where} answered the {what} query with invalid JSON: {redact(exc)}") from None
 
@@ -569,20 +624,33 @@ class PrometheusSource:
         if self.config.recording_rules:  # a few series: whether the rules fit, and as of when to read them
             rec = self._rules_plan(self.query(rules_query(sw.lookback), now, "rules"), policy, at, now)
         self.rules_used = rec.mode if rec else ""
-        current = (current_query(self.config.selector), now, "current", False)
-        if rec:
+        calls: list[Any] = [lambda: self.query(current_query(self.config.selector), now, "current")]
+        reads: tuple[tuple[str, str], ...] = ()
+        if rec and rec.chunk:
             from gpu_cost.sources import recording
 
-            # as of the rules' last evaluation (within a step after ``at``): the same grid samples
-            asks = [current,
-                    (recording.windows_query_recorded(windows, primary, rec.chunk, rec.at), rec.at, "windows", True),
-                    (recording.lookback_query_recorded(sw.lookback, step, rec.chunk, rec.at), rec.at, "lookback", True),
-                    (recording.chart_query_recorded(sw.lookback, rec.chunk, rec.at), rec.at, "chart", True)]
+            # as of the rules' last evaluation (within a step after ``at``): the same grid samples; each
+            # per-chunk series in a range query of its own (its values a chunk apart), added up here
+            n_chunks = recording.chunk_steps(sw.lookback, others, primary, rec.chunk)
+            span = recording.chunk_range(rec.at, rec.chunk, n_chunks)
+            reads = recording.CHUNK_READS
+            calls.append(lambda: self.query(recording.windows_query_recorded(windows, primary, rec.chunk, sw.lookback, step),
+                                            rec.at, "windows", keyed=True))
+            calls += [lambda r=r: self.query_range(recording.chunk_read(r[0], r[1], rec.chunk), span, f"{r[0]}:{r[1]} chunks")
+                      for r in reads]
+        elif rec:
+            from gpu_cost.sources import recording
+
+            calls += [lambda: self.query(recording.windows_query_recorded(windows, primary), rec.at, "windows", keyed=True),
+                      lambda: self.query(recording.lookback_query_samples(sw.lookback, step), rec.at, "lookback", keyed=True),
+                      lambda: self.query(recording.chart_query_samples(sw.lookback), rec.at, "chart", keyed=True)]
         else:
-            asks = [current, (windows_query(self.config.selector, windows, primary, step), at, "windows", True),
-                    (lookback_query(self.config.selector, sw.lookback, step, sw.busy_util), at, "lookback", True),
-                    (chart_query(self.config.selector, sw.lookback, step), at, "chart", True)]
-        cur, win, lb, chart = self._together(asks)
+            sel = self.config.selector
+            calls += [lambda: self.query(windows_query(sel, windows, primary, step), at, "windows", keyed=True),
+                      lambda: self.query(lookback_query(sel, sw.lookback, step, sw.busy_util), at, "lookback", keyed=True),
+                      lambda: self.query(chart_query(sel, sw.lookback, step), at, "chart", keyed=True)]
+        answers = self._together(calls)
+        cur, keyed, ranged = answers[0], answers[1:len(answers) - len(reads)], answers[len(answers) - len(reads):]
 
         # one raw row per series key, in the order first seen; numbers gathered per stat, then as arrays
         index: dict[tuple[str, str, str, str], int] = {}
@@ -621,12 +689,25 @@ class PrometheusSource:
                 got = gathered.setdefault(stat, ([], []))
                 got[0].append(i)
                 got[1].append(v)
-        for sample_set in (win, lb, chart):
+        for sample_set in keyed:
             for s in sample_set:
                 m = s.metric
                 got = gathered.setdefault(m.stat, ([], []))
                 got[0].append(row_of((m.host, m.gpu, m.UUID, m.GPU_I_ID)))
                 got[1].append(_text_value(s))
+        points: list[tuple[list[int], list[float], list[str]]] = []
+        for series in ranged:
+            rows_at: list[int] = []
+            times: list[float] = []
+            texts: list[str] = []
+            for rs in series:
+                m = rs.metric
+                i = row_of((m.host, m.gpu, m.UUID, m.GPU_I_ID))
+                for pt in rs.values:
+                    rows_at.append(i)
+                    times.append(pt.t)
+                    texts.append(pt.v)
+            points.append((rows_at, times, texts))
         if not index:
             return empty_gpu_frame(), {w: _window_frame(pd, lambda _: np.zeros(0), 0, w, step, sw) for w in others}
         n_raw = len(index)
@@ -640,6 +721,15 @@ class PrometheusSource:
         if rec and rec.chunk:
             from gpu_cost.sources import recording
 
+            mats: dict[tuple[str, str], np.ndarray] = {}
+            for r, (rows_at, times, texts) in zip(reads, points, strict=True):
+                mat = mats[r] = np.full((n_raw, n_chunks), np.nan)
+                vals = _floats(texts, f"{r[0]}:{r[1]} chunks")
+                j = np.rint((rec.at - np.asarray(times, dtype=float)) / rec.chunk).astype(np.int64)
+                ok = (j >= 0) & (j < n_chunks)
+                mat[np.asarray(rows_at, dtype=np.int64)[ok], j[ok]] = np.where(np.isfinite(vals), vals, np.nan)[ok]
+            raw.update(recording.chunk_columns(mats, n_raw, chunk=rec.chunk, lookback=sw.lookback, windows=others,
+                                               primary=primary, burst_edge=raw.get("burst_edge")))
             recording.finish(raw, n_raw)
 
         # a GPU whose slices report is seen through them: a series of the whole GPU beside them
@@ -737,13 +827,13 @@ class PrometheusSource:
         extra = {w: _window_frame(pd, col, len(keys), w, step, sw, last_ts, now) for w in others}
         return frame, extra
 
-    def _together(self, asks: Sequence[tuple[str, float, str, bool]]) -> list[Any]:
-        """Run independent queries at the same time (``(promql, at, what, keyed)`` each); return their answers
+    def _together(self, calls: Sequence[Any]) -> list[Any]:
+        """Run independent queries at the same time, :data:`PARALLEL_QUERIES` at most; return their answers
         in order (the first error is raised)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=len(asks), thread_name_prefix="gpu-cost-promql") as pool:
-            futures = [pool.submit(self.query, promql, at, what, keyed) for promql, at, what, keyed in asks]
+        with ThreadPoolExecutor(max_workers=min(len(calls), PARALLEL_QUERIES), thread_name_prefix="gpu-cost-promql") as pool:
+            futures = [pool.submit(call) for call in calls]
             return [f.result() for f in futures]
 
     def _rules_plan(self, cur: list[Sample], policy: Any, at: float, now: float) -> Any:

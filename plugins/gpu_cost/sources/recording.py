@@ -13,10 +13,13 @@ samples every five minutes. With the rules below, Prometheus keeps, at the sampl
   sum, burst count, framebuffer count, min, max, Σy, Σy², and its time moments Σ(t-T), Σ(t-T)²,
   Σ(t-T)·y about the evaluation time T, and the first and last sample time.
 
-The source then reads the lookback (and the windows of whole chunks) as twelve 30-minute chunks,
-one subquery per part whose steps land on the rules' own evaluations: sums, counts, extremes and
-the memory's time moments add up in PromQL, means, variances and the slope are finished in Python
-(:func:`finish`). A sweep touches ~272 samples per GPU instead of ~4,960, and Prometheus spends a
+The source then reads the lookback (and the windows of whole chunks, and the notices' chart) as
+twelve 30-minute chunks: one range query per chunk series (:data:`CHUNK_READS`), whose steps land
+on the rules' own evaluations, all sent at once. Sums, counts, extremes and the memory's time
+moments add up in numpy (:func:`chunk_columns`), means, variances and the slope are finished there
+too (:func:`finish`). A range query answers a series once with its twelve values: an instant query
+of twelve offsets (or a twelve-step subquery per part, added up in PromQL) builds and sends twelve
+labelled series, which cost Prometheus about ten times as much at 10,000 GPUs. A sweep touches ~272 samples per GPU instead of ~4,960, and Prometheus spends a
 small fraction of the time (``docs/benchmarks.md``). The answers are the raw path's (the
 integration test holds both equal on the same data, to float rounding): the sweep reads the
 recorded series as of the rules' last evaluation after the grid step, which on a live Prometheus
@@ -41,7 +44,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,110 +217,105 @@ def chunks_fit(info: dict[str, str], lookback: float) -> float | None:
     return chunk if abs(bucket / chunk - round(bucket / chunk)) < 1e-9 and round(bucket / chunk) >= 1 else None
 
 
-Read = Callable[[str], str]
+#: the per-chunk series a sweep reads: one range query each, over its last evaluations a chunk apart
+CHUNK_READS: tuple[tuple[str, str], ...] = (
+    ("gpu_util", "sum"), ("gpu_util", "count"), ("gpu_util", "max"), ("gpu_util_busy", "sum"),
+    ("gpu_util_burst", "count"), ("gpu_fb_used", "count"), ("gpu_fb_used", "min"), ("gpu_fb_used", "max"),
+    ("gpu_fb_used", "sum"), ("gpu_fb_used", "sumsq"), ("gpu_fb_used", "tsum"), ("gpu_fb_used", "tsumsq"),
+    ("gpu_fb_used", "tysum"), ("gpu_fb_used_timestamp", "min"), ("gpu_fb_used_timestamp", "max"),
+)
 
 
-def _over(agg: str, term: Callable[[Read], str], offsets: Sequence[float]) -> str:
-    """``agg by (<KEY>)`` over ``term`` at each offset (each tagged apart, so ``or`` keeps them all).
+def chunk_window(w: float, primary: float, chunk: float) -> bool:
+    """Whether a rule window is read from the chunks (whole chunks, and not the primary window, which wants power)."""
+    return abs(w - primary) >= 1e-6 and w % chunk < 1e-6
 
-    ``term`` gets a reader that returns, for a series name, its value of that evaluation exactly
-    (``last_over_time(name[1ms] offset o)``): a plain selector would take a value up to five minutes
-    older where a series has none (a chunk without bursts), where backfilled rules left no
-    staleness marker.
+
+def chunk_steps(lookback: float, windows: Sequence[float], primary: float, chunk: float) -> int:
+    """How many evaluations back the chunk reads go: the lookback's chunks, or a longer window's."""
+    return round(max([lookback, *(w for w in windows if chunk_window(w, primary, chunk))]) / chunk)
+
+
+def chunk_read(metric: str, op: str, chunk: float) -> str:
+    """A per-chunk series as a range query reads it: at each step, the value of that very evaluation.
+
+    A range query's steps fall on ``start + i × step``: with ``start`` on an evaluation and the step
+    a chunk, every step is one (:func:`chunk_range`). ``last_over_time(…[1ms])`` takes that
+    evaluation's value or none: a plain selector would take one up to five minutes older where a
+    chunk has none (no bursts in it), where backfilled rules left no staleness marker.
     """
-    def reader(shift: str) -> Read:
-        return lambda name: f"last_over_time({name}[1ms]{shift})"
-
-    parts = []
-    for i, off in enumerate(offsets):
-        read = reader(f" offset {_dur(off)}" if off else "")
-        parts.append(f'label_replace({term(read)}, "chunk", "{i}", "", "")')
-    return f"{agg} by ({KEY}) ({' or '.join(parts)})"
+    return f"last_over_time({chunk_series(metric, op, chunk)}[1ms])"
 
 
-class Chunks:
-    """Reads of the per-chunk series as of the rules' evaluation ``at``: ``k`` chunks back, one subquery each.
+def chunk_range(at: float, chunk: float, k: int) -> tuple[str, str, str]:
+    """``(start, end, step)`` of the chunk reads as of the rules' evaluation ``at``: ``k`` evaluations a
+    chunk apart, the newest ``at``, exact to the millisecond (a step a millisecond off would miss it)."""
+    at_ms, chunk_ms = round(at * 1000), round(chunk * 1000)
+    return f"{(at_ms - (k - 1) * chunk_ms) / 1000:.3f}", f"{at_ms / 1000:.3f}", f"{chunk_ms / 1000:.3f}"
 
-    A subquery's steps fall on multiples of its step; reading each chunk series ``Δ = at mod
-    chunk`` later (a negative offset) lands exactly on the rules' evaluations ``at - j × chunk``,
-    and ``last_over_time(…[1ms])`` takes that evaluation's value or none (a plain selector would
-    take one up to five minutes older where a chunk has none, e.g. no bursts, and backfilled rules
-    leave no staleness marker). Inside, ``time()`` is the step: a chunk's age is ``base - time()``.
+
+def chunk_columns(mats: Mapping[tuple[str, str], np.ndarray], rows: int, *, chunk: float, lookback: float,
+                  windows: Sequence[float], primary: float, burst_edge: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Put the chunks together into the parts :func:`finish` turns into the raw queries' columns.
+
+    ``mats[(metric, op)]`` holds, per row, the chunk series' values at the rules' last evaluation
+    ``at`` (column 0) and at each evaluation a chunk before it (column ``j``: ``at - j × chunk``;
+    NaN: none): chunk ``j`` aggregates the samples in ``(at - (j+1) chunk, at - j chunk]``, so the
+    first ``lookback / chunk`` columns tile the lookback's samples exactly. Sums, counts and extremes
+    add up; a chunk's time moments, taken about its own evaluation time, are moved to ``at`` on the
+    way (``t - at = (t - T_j) - j × chunk``). ``burst_edge``: the bursts at the lookback's oldest
+    step, whose quiet sample lies before it (the raw query leaves them out).
     """
-
-    def __init__(self, at: float, chunk: float, k: int) -> None:
-        self.chunk_ms = round(chunk * 1000)
-        at_ms = round(at * 1000)
-        self.delta_ms = at_ms % self.chunk_ms
-        self.base = (at_ms - self.delta_ms) / 1000.0
-        self.range_ms = (k - 1) * self.chunk_ms + self.delta_ms
-
-    def v(self, name: str) -> str:
-        shift = f" offset -{self.delta_ms}ms" if self.delta_ms else ""
-        return f"last_over_time({name}[1ms]{shift})"
-
-    def age(self) -> str:
-        return f"({self.base!r} - time())"
-
-    def over(self, fn: str, inner: str) -> str:
-        return f"{fn}(({inner})[{self.range_ms}ms:{self.chunk_ms}ms])"
-
-
-def lookback_query_chunked(lookback: float, step: float, chunk: float, at: float) -> str:
-    """The lookback's parts from the per-chunk series, for :func:`finish` to turn into the raw query's columns.
-
-    Asked at the rules' evaluation ``at``, chunk ``j`` is the value recorded at ``at - j × chunk``:
-    the aggregate of the samples in ``(at - (j+1) chunk, at - j chunk]``, so the chunks tile the
-    lookback's samples exactly. Sums, counts and extremes add up here; a chunk's time moments,
-    taken about its own evaluation time, are moved to ``at`` on the way (``t - at = (t - T_j) -
-    age``). Means, variances and the slope are left to :func:`finish`.
-    """
-
-    ch = Chunks(at, chunk, round(lookback / chunk))
-
-    def c(metric: str, op: str) -> str:
-        return chunk_series(metric, op, chunk)
-
-    def total(metric: str, op: str) -> str:
-        return ch.over("sum_over_time", ch.v(c(metric, op)))
-
-    n, y, t = ch.v(c("gpu_fb_used", "count")), ch.v(c("gpu_fb_used", "sum")), ch.v(c("gpu_fb_used", "tsum"))
-    tt, ty, a = ch.v(c("gpu_fb_used", "tsumsq")), ch.v(c("gpu_fb_used", "tysum")), ch.age()
-    bursts = total("gpu_util_burst", "count")
-    # the oldest step's burst needs its quiet sample before the lookback: the raw query leaves it out
-    edge = f"count_over_time({BURST}[{_dur(step - 0.001)}] offset {_dur(lookback - step)})"
-    return _union([
-        _stat(total("gpu_util", "sum"), "util_sum_lb"),
-        _stat(total("gpu_util", "count"), "n_lb"),
-        _stat(total("gpu_util_busy", "sum"), "busy_sum_lb"),
-        _stat(f"({bursts}) - ({edge} or ({bursts}) * 0)", "bursts_lb"),
-        _stat(total("gpu_fb_used", "count"), "mem_n_lb"),
-        _stat(total("gpu_fb_used", "sum"), "mem_sy_lb"),
-        _stat(total("gpu_fb_used", "sumsq"), "mem_syy_lb"),
-        _stat(ch.over("sum_over_time", f"{t} - {a} * {n}"), "mem_sd_lb"),
-        _stat(ch.over("sum_over_time", f"{tt} - 2 * {a} * {t} + {a} ^ 2 * {n}"), "mem_sdd_lb"),
-        _stat(ch.over("sum_over_time", f"{ty} - {a} * {y}"), "mem_sdy_lb"),
-        _stat(ch.over("min_over_time", ch.v(c("gpu_fb_used_timestamp", "min"))), "mem_t0_lb"),
-        _stat(ch.over("max_over_time", ch.v(c("gpu_fb_used_timestamp", "max"))), "mem_t1_lb"),
-    ])
-
-
-def chart_query_chunked(lookback: float, chunk: float) -> str:
-    """The notices' chart from the per-chunk maxima: a bucket is one chunk or the max of several,
-    asked at the rules' evaluation (as :func:`lookback_query_chunked`)."""
     from gpu_cost.aggregate import CHART_BUCKETS
 
+    k_lb = round(lookback / chunk)
+    k_all = max([k_lb, *(m.shape[1] for m in mats.values())])
+    empty = np.full((rows, k_all), np.nan)
+
+    def m(metric: str, op: str, k: int = k_lb) -> np.ndarray:
+        return mats.get((metric, op), empty)[:, :k]
+
+    def total(x: np.ndarray) -> np.ndarray:  # sum_over_time: NaN when no chunk has a value
+        return np.where((~np.isnan(x)).any(axis=1), np.nansum(x, axis=1), np.nan)
+
+    def top(x: np.ndarray) -> np.ndarray:
+        return np.fmax.reduce(x, axis=1) if x.shape[1] else np.full(rows, np.nan)
+
+    def bottom(x: np.ndarray) -> np.ndarray:
+        return np.fmin.reduce(x, axis=1) if x.shape[1] else np.full(rows, np.nan)
+
+    age = np.arange(k_lb, dtype=float) * chunk  # chunk j's evaluation is j chunks before ``at``
+    n, y, t = m("gpu_fb_used", "count"), m("gpu_fb_used", "sum"), m("gpu_fb_used", "tsum")
+    bursts = total(m("gpu_util_burst", "count"))
+    out = {
+        "util_sum_lb": total(m("gpu_util", "sum")),
+        "n_lb": total(m("gpu_util", "count")),
+        "busy_sum_lb": total(m("gpu_util_busy", "sum")),
+        "bursts_lb": bursts - (np.nan_to_num(burst_edge, nan=0.0) if burst_edge is not None else 0.0),
+        "mem_n_lb": total(n),
+        "mem_sy_lb": total(y),
+        "mem_syy_lb": total(m("gpu_fb_used", "sumsq")),
+        "mem_sd_lb": total(t - age * n),
+        "mem_sdd_lb": total(m("gpu_fb_used", "tsumsq") - 2 * age * t + age ** 2 * n),
+        "mem_sdy_lb": total(m("gpu_fb_used", "tysum") - age * y),
+        "mem_t0_lb": bottom(m("gpu_fb_used_timestamp", "min")),
+        "mem_t1_lb": top(m("gpu_fb_used_timestamp", "max")),
+    }
     per = round(lookback / CHART_BUCKETS / chunk)
-    umax = chunk_series("gpu_util", "max", chunk)
-    chart = []
+    umax = m("gpu_util", "max")
     for b in range(CHART_BUCKETS):
         first = (CHART_BUCKETS - 1 - b) * per
-        if per == 1:
-            off = f" offset {_dur(first * chunk)}" if first else ""
-            chart.append(_stat(f"last_over_time({umax}[1ms]{off})", f"chart_{b}"))
-        else:
-            chart.append(_stat(_over("max", lambda v: v(umax), [(first + i) * chunk for i in range(per)]), f"chart_{b}"))
-    return _union(chart)
+        out[f"chart_{b}"] = top(umax[:, first:first + per])
+    for w in windows:
+        if not chunk_window(w, primary, chunk):
+            continue
+        k, tag = round(w / chunk), f"{w:g}"
+        out[f"util_sum@{tag}"] = total(m("gpu_util", "sum", k))
+        out[f"util_max@{tag}"] = top(m("gpu_util", "max", k))
+        out[f"n@{tag}"] = total(m("gpu_util", "count", k))
+        out[f"mem_min@{tag}"] = bottom(m("gpu_fb_used", "min", k))
+        out[f"mem_max@{tag}"] = top(m("gpu_fb_used", "max", k))
+    return out
 
 
 def finish(cols: dict[str, np.ndarray], rows: int) -> None:
@@ -352,30 +350,17 @@ def finish(cols: dict[str, np.ndarray], rows: int) -> None:
 
 
 def windows_query_recorded(windows: Sequence[float], primary: float, chunk: float | None = None,
-                           at: float = 0.0) -> str:
+                           lookback: float = 0.0, step: float = STEP) -> str:
     """The window aggregates of :func:`~gpu_cost.sources.prometheus.windows_query` from the recorded series.
 
-    Asked as of the rules' evaluation ``T``: a window ``w`` is the samples in ``(T - w, T]``; a
-    window of whole chunks (not the primary one, which also wants power) is read from them, its
-    mean left to :func:`finish`.
+    Asked as of the rules' evaluation ``T``: a window ``w`` is the samples in ``(T - w, T]``. With
+    ``chunk``, a window of whole chunks (:func:`chunk_window`) is left to the chunk reads
+    (:func:`chunk_columns`), and the query adds the lookback's edge bursts (``burst_edge``).
     """
     parts = []
     for w in windows:
         tag = f"{w:g}"
-        primary_w = abs(w - primary) < 1e-6
-        if chunk and not primary_w and w % chunk < 1e-6:
-            ch = Chunks(at, chunk, round(w / chunk))
-
-            def read(fn: str, metric: str, op: str, ch: Chunks = ch) -> str:
-                return ch.over(fn, ch.v(chunk_series(metric, op, chunk)))
-
-            parts += [
-                _stat(read("sum_over_time", "gpu_util", "sum"), f"util_sum@{tag}"),
-                _stat(read("max_over_time", "gpu_util", "max"), f"util_max@{tag}"),
-                _stat(read("sum_over_time", "gpu_util", "count"), f"n@{tag}"),
-                _stat(read("min_over_time", "gpu_fb_used", "min"), f"mem_min@{tag}"),
-                _stat(read("max_over_time", "gpu_fb_used", "max"), f"mem_max@{tag}"),
-            ]
+        if chunk and chunk_window(w, primary, chunk):
             continue
         r = _dur(w - 0.001)
         parts += [
@@ -385,8 +370,12 @@ def windows_query_recorded(windows: Sequence[float], primary: float, chunk: floa
             _stat(f"min_over_time({MEM}[{r}])", f"mem_min@{tag}"),
             _stat(f"max_over_time({MEM}[{r}])", f"mem_max@{tag}"),
         ]
-        if primary_w:
+        if abs(w - primary) < 1e-6:
             parts.append(_stat(f"avg_over_time({POWER}[{r}])", f"power@{tag}"))
+    if chunk:
+        # the oldest step's burst needs its quiet sample before the lookback: the raw query leaves it out
+        parts.append(_stat(f"count_over_time({BURST}[{_dur(step - 0.001)}] offset {_dur(lookback - step)})",
+                           "burst_edge"))
     return _union(parts)
 
 
@@ -423,16 +412,6 @@ def chart_query_samples(lookback: float) -> str:
     return _union(chart)
 
 
-def lookback_query_recorded(lookback: float, step: float, chunk: float | None, at: float) -> str:
-    """The lookback query on recorded series, asked at ``at``: from chunks when they tile it, else from the samples."""
-    if chunk:
-        return lookback_query_chunked(lookback, step, chunk, at)
-    return lookback_query_samples(lookback, step)
-
-
-def chart_query_recorded(lookback: float, chunk: float | None, at: float) -> str:
-    """The chart query on recorded series, asked at ``at`` (as :func:`lookback_query_recorded`)."""
-    return chart_query_chunked(lookback, chunk) if chunk else chart_query_samples(lookback)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
