@@ -18,7 +18,9 @@ Where the recording rules of :mod:`gpu_cost.sources.recording` (shipped in
 A first small query, ``rules`` (two series), says whether they do (:attr:`PrometheusSource.rules_used`)
 and as of when to read them; ``current``, ``windows``, ``lookback`` and ``chart`` do not depend on
 each other and are sent at the same time after it (Prometheus evaluates each query on a core of
-its own: the lookback and its chart are two queries so that neither waits for the other).
+its own: the lookback and its chart are two queries so that neither waits for the other). With
+the rules' 30-minute chunks, the lookback, its chart and the windows of whole chunks come instead
+from one range query per chunk series, added up in numpy (:func:`~gpu_cost.sources.recording.chunk_columns`).
 Answers are decoded and checked in one pass (``msgspec``) into :class:`Sample` objects.
 
 Series are resampled on the policy's ``sample_interval`` grid with subqueries
@@ -476,7 +478,7 @@ class PromHttpError(Exception):
 
 
 class HttpClient:
-    """Instant queries over one HTTP session: POSTed (a sweep's PromQL runs to kilobytes), with the
+    """Queries (instant and range) over one HTTP session: POSTed (a sweep's PromQL runs to kilobytes), with the
     connection's auth, headers and TLS setting; a refused connection or a 502/503/504 is retried
     briefly, a slow answer is not (it would only multiply the wait: it is reported as a timeout)."""
 
@@ -545,7 +547,7 @@ class PrometheusSource:
     """Read GPU and node aggregates from one Prometheus server.
 
     :param config: server and selectors (default: the ``gpu_cost_prometheus`` connection).
-    :param client: a ready :class:`HttpClient` (or an object with its ``instant``); built lazily otherwise.
+    :param client: a ready :class:`HttpClient` (or an object with its ``post``); built lazily otherwise.
     """
 
     def __init__(self, config: PromConfig | None = None, *, client: Any = None) -> None:
