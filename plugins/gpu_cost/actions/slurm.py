@@ -164,9 +164,24 @@ def identity_mismatch(d: Decision, job: Job) -> str | None:
     return None
 
 
+#: Slurm's own "not now, try again" answers: right after a controller restart, before slurmdbd has
+#: given a running job its database index, ``scontrol update`` answers "Job update not available
+#: right now, the DB index is being set, try again in a bit". The command did nothing: it is asked
+#: again after each of these pauses (15 s in all), then its answer stands.
+_TRY_AGAIN_MARKERS = ("try again",)
+_TRY_AGAIN_PAUSES = (1.0, 2.0, 4.0, 8.0)
+
+
 def _run(ctx: ActionContext, argv: Sequence[str]) -> Completed:
     res = _runner(ctx).run(list(argv), timeout=30.0)
     logger.info("%s → rc %s %s", res.command, res.rc, res.stderr.strip()[:200])
+    for pause in _TRY_AGAIN_PAUSES:
+        if res.ok or not any(m in f"{res.stderr} {res.stdout}".lower() for m in _TRY_AGAIN_MARKERS):
+            break
+        _sleep(ctx, pause)
+        res = _runner(ctx).run(list(argv), timeout=30.0)
+        logger.info("%s (asked again after %gs, as Slurm said) → rc %s %s", res.command, pause, res.rc,
+                    res.stderr.strip()[:200])
     return res
 
 
