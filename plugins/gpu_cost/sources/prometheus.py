@@ -48,7 +48,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,15 +321,21 @@ def chart_query(selector: str, lookback: float, step: float) -> str:
 
     A query of its own, sent with the lookback's: Prometheus evaluates the two on two cores.
     """
+    util = Dialects(selector).util()
+    return chart_buckets_query(lookback, lambda bucket, shift: (
+        f"max_over_time(({util})[{_dur(bucket - step / 2)}:{_dur(step)}]{shift})"))
+
+
+def chart_buckets_query(lookback: float, bucket_max: Callable[[float, str], str]) -> str:
+    """The chart's twelve parts ``chart_0`` (oldest) … ``chart_11``: ``bucket_max(bucket, shift)`` is the
+    max over one bucket's length, ``shift`` the offset that moves it back to its place in the lookback."""
     from gpu_cost.aggregate import CHART_BUCKETS
 
-    d = Dialects(selector)
     bucket = lookback / CHART_BUCKETS
     parts = []
     for k in range(CHART_BUCKETS):
         off = (CHART_BUCKETS - 1 - k) * bucket
-        shift = f" offset {_dur(off)}" if off else ""
-        parts.append(_stat(f"max_over_time(({d.util()})[{_dur(bucket - step / 2)}:{_dur(step)}]{shift})", f"chart_{k}"))
+        parts.append(_stat(bucket_max(bucket, f" offset {_dur(off)}" if off else ""), f"chart_{k}"))
     return _union(parts)
 
 
@@ -513,34 +519,32 @@ class HttpClient:
         return r.content
 
 
-def _value(sample: Sample | KeyedSample) -> float:
-    v = _text_value(sample)
+def _value(sample: Sample) -> float:
+    """The sample's value, NaN where Prometheus wrote ``NaN`` or ``±Inf``."""
+    try:
+        v = float(sample.value[1])
+    except ValueError:
+        raise SourceError(f"Prometheus answered a sample without a value: {str(sample)[:200]}") from None
     return v if math.isfinite(v) else math.nan
 
 
-def _floats(texts: list[str], what: str) -> np.ndarray:
-    """The values of a range answer as numbers (``NaN``, ``+Inf`` as Prometheus writes them)."""
+def _floats(texts: Sequence[float | str], what: str) -> np.ndarray:
+    """Values as numbers, in one conversion (``NaN``, ``+Inf`` as Prometheus writes them); one that is no
+    number is a SourceError naming it."""
     try:
         return np.asarray(texts, dtype=float)
     except ValueError:
         bad = next((t for t in texts if not _is_number(t)), "?")
-        raise SourceError(f"Prometheus answered a {what} value that is no number: {bad[:50]!r}") from None
+        raise SourceError(f"Prometheus answered a {what} value that is no number: {str(bad)[:50]!r}") from None
 
 
-def _is_number(text: str) -> bool:
+def _is_number(text: float | str) -> bool:
     try:
         float(text)
     except ValueError:
         return False
     return True
 
-
-def _text_value(sample: Sample | KeyedSample) -> float:
-    """The sample's value as Prometheus wrote it (``NaN``, ``+Inf`` included)."""
-    try:
-        return float(sample.value[1])
-    except ValueError:
-        raise SourceError(f"Prometheus answered a sample without a value: {str(sample)[:200]}") from None
 
 
 class PrometheusSource:
@@ -660,7 +664,7 @@ class PrometheusSource:
         newest: dict[int, float] = {}
         info: dict[tuple[str, str, str, str], str] = {}
         uuid_gpu: dict[tuple[str, str], str] = {}
-        gathered: dict[str, tuple[list[int], list[float]]] = {}
+        gathered: dict[str, tuple[list[int], list[float | str]]] = {}  # values: numbers, or text as answered
 
         def row_of(k: tuple[str, str, str, str]) -> int:
             i = index.get(k)
@@ -696,7 +700,7 @@ class PrometheusSource:
                 m = s.metric
                 got = gathered.setdefault(m.stat, ([], []))
                 got[0].append(row_of((m.host, m.gpu, m.UUID, m.GPU_I_ID)))
-                got[1].append(_text_value(s))
+                got[1].append(s.value[1])
         points: list[tuple[list[int], list[float], list[str]]] = []
         for series in ranged:
             rows_at: list[int] = []
@@ -716,7 +720,7 @@ class PrometheusSource:
         raw: dict[str, np.ndarray] = {}
         for stat, (rows_of, values) in gathered.items():
             arr = raw[stat] = np.full(n_raw, np.nan)
-            vals = np.asarray(values, dtype=float)
+            vals = _floats(values, f"{stat!r}")
             arr[np.asarray(rows_of, dtype=np.int64)] = np.where(np.isfinite(vals), vals, np.nan)  # the last one wins
         arr = raw["last_ts"] = np.full(n_raw, np.nan)
         arr[list(newest)] = list(newest.values())

@@ -19,11 +19,12 @@ on the rules' own evaluations, all sent at once. Sums, counts, extremes and the 
 moments add up in numpy (:func:`chunk_columns`), means, variances and the slope are finished there
 too (:func:`finish`). A range query answers a series once with its twelve values: an instant query
 of twelve offsets (or a twelve-step subquery per part, added up in PromQL) builds and sends twelve
-labelled series, which cost Prometheus about ten times as much at 10,000 GPUs. A sweep touches ~272 samples per GPU instead of ~4,960, and Prometheus spends a
-small fraction of the time (``docs/benchmarks.md``). The answers are the raw path's (the
-integration test holds both equal on the same data, to float rounding): the sweep reads the
-recorded series as of the rules' last evaluation after the grid step, which on a live Prometheus
-is the same aggregate taken up to one interval later.
+labelled series, which cost Prometheus about ten times as much at 10,000 GPUs. A sweep touches
+~266 samples per GPU instead of ~4,960, and Prometheus spends a small fraction of the time
+(``docs/benchmarks.md``). The answers are the raw path's (the integration test holds both equal
+on the same data, to float rounding): the sweep reads the recorded series as of the rules' last
+evaluation after the grid step, which on a live Prometheus is the same aggregate taken up to one
+interval later.
 
 The source uses the rules only when they fit: the info series ``gpu_cost:recording_rules:info``
 (labels ``step``, ``busy_util``, ``chunk``, ``selector``) must exist now *and* one lookback ago
@@ -50,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_cost.sources.prometheus import KEY_LABELS, Dialects, _dur, _stat, _union
+from gpu_cost.sources.prometheus import Dialects, _dur, _stat, _union, chart_buckets_query
 
 #: the default policy's sweep.sample_interval and sweep.busy_util (the shipped rules fit it)
 STEP = 60.0
@@ -67,8 +68,6 @@ BURST = "gpu_cost:gpu_util_burst:pct"
 MEM = "gpu_cost:gpu_fb_used:mib"
 MEM_T = "gpu_cost:gpu_fb_used:timestamp"
 POWER = "gpu_cost:gpu_power:watts"
-#: the labels a recorded series keeps: the source's device key (a MIG slice's GPU_I_ID with its GPU's)
-KEY = ", ".join(KEY_LABELS)
 
 
 def _tag(seconds: float) -> str:
@@ -401,15 +400,7 @@ def lookback_query_samples(lookback: float, step: float) -> str:
 
 def chart_query_samples(lookback: float) -> str:
     """The notices' chart from the per-sample series (when chunks do not tile the lookback)."""
-    from gpu_cost.aggregate import CHART_BUCKETS
-
-    bucket = lookback / CHART_BUCKETS
-    chart = []
-    for k in range(CHART_BUCKETS):
-        off = (CHART_BUCKETS - 1 - k) * bucket
-        shift = f" offset {_dur(off)}" if off else ""
-        chart.append(_stat(f"max_over_time({UTIL}[{_dur(bucket - 0.001)}]{shift})", f"chart_{k}"))
-    return _union(chart)
+    return chart_buckets_query(lookback, lambda bucket, shift: f"max_over_time({UTIL}[{_dur(bucket - 0.001)}]{shift})")
 
 
 
