@@ -251,6 +251,10 @@ WHERE excluded.data_ts > gpu_cost_class_members.data_ts;
 -- name: class_members_of_jobs
 SELECT * FROM gpu_cost_class_members WHERE job_id IN :job_ids;
 
+-- name: class_members_since
+-- rows written for a later instant than a process has seen (another writer's)
+SELECT * FROM gpu_cost_class_members WHERE data_ts > :since;
+
 -- name: class_members_of_classes
 SELECT * FROM gpu_cost_class_members
 WHERE (class_key IN :class_keys OR coarse_key IN :coarse_keys) AND last_seen > :since;

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import weakref
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -129,7 +130,9 @@ def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | Non
     if not jobs:
         snapshot.classes = {}
         return {}
-    old = {str(r["job_id"]): r for r in _chunked(store, "class_members_of_jobs", "job_ids", [j.job_id for j in jobs])}
+    known = _known(store)
+    known.refresh(store)
+    old = known.of_jobs(store, [j.job_id for j in jobs])
     step = float(policy.sweep.interval)
     cpu = _alone_cpu(snapshot)
     rows = []
@@ -147,11 +150,15 @@ def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | Non
                    data_ts=now)
         rows.append(row)
     if learn:
-        store.execute("upsert_class_members", [r for r in rows if float(r["data_ts"]) == now])
-    by_id = {str(m["job_id"]): m for m in _chunked2(store, {r["class_key"] for r in rows},
-                                                     {r["coarse_key"] for r in rows}, now - cfg.forget_after)}
+        written = [r for r in rows if float(r["data_ts"]) == now]
+        store.execute("upsert_class_members", written)
+        known.wrote(written)
+    fine = {str(r["class_key"]) for r in rows}
+    coarse = {str(r["coarse_key"]) for r in rows}
+    by_id = {str(m["job_id"]): m for m in known.of_classes(store, fine, coarse, now - cfg.forget_after)}
     by_id.update({str(r["job_id"]): r for r in rows})  # this sweep's view, written or not
-    stats = class_stats(list(by_id.values()), now, cfg, step)
+    wanted = {("fine", k) for k in fine} | {("coarse", k) for k in coarse}
+    stats = class_stats(list(by_id.values()), now, cfg, step, wanted=wanted)
     classes = {}
     for r in rows:
         fine_stats = stats.get(("fine", str(r["class_key"])))
@@ -219,12 +226,14 @@ def _member_view(r: Mapping[str, Any], cfg: BaselinesConfig) -> dict[str, Any]:
 
 
 def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: BaselinesConfig,
-                step: float) -> dict[tuple[str, str], dict[str, Any]]:
+                step: float, wanted: Collection[tuple[str, str]] | None = None) -> dict[tuple[str, str], dict[str, Any]]:
     """Return ``(level, key)`` → the class baseline over ``members`` rows (see the module docstring).
 
     Every member is in two classes (its fine and its coarse key). Each member's figures are read
     once, and each class's sums and counts are taken for all classes at once (``np.bincount``
     over the members' class numbers): a sweep reads thousands of members in hundreds of classes.
+    ``wanted``: only these classes are described (a sweep needs its running jobs' classes, not the
+    fine classes of members it read for their coarse one); default every class of the members.
     """
     out: dict[tuple[str, str], dict[str, Any]] = {}
     n = len(members)
@@ -273,6 +282,8 @@ def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: Baselines
     ended_group, ended_age = ended_group[order], ended_age[order]
     bounds = np.searchsorted(ended_group, np.arange(n_classes + 1))
     for (level, key), g in classes.items():
+        if wanted is not None and (level, key) not in wanted:
+            continue
         members_n = int(count[g])
         busy = float(active_w[g] / seen_w[g]) if seen_w[g] else None
         res = float(resident_w[g] / idle_w[g]) if idle_w[g] else None
@@ -350,24 +361,87 @@ def is_service(klass: Mapping[str, Any] | None) -> bool:
     return bool(klass) and (klass.get("kind") == "service" or klass.get("member_kind") == "service")  # type: ignore[union-attr]
 
 
-def _chunked(store: Any, name: str, key: str, values: Sequence[str], size: int = 500) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    vals = list(values)
-    for i in range(0, len(vals), size):
-        out.extend(store.fetch(name, {key: vals[i:i + size]}))
-    return out
+class _Known:
+    """The class members one process has read or written, so that its later sweeps read only what it lacks.
 
+    A replay (or any process sweeping many times over one store) would otherwise read every member
+    of its classes back at each sweep: after a week, thousands of rows a sweep, most of the
+    replay's time. The store stays the truth: a class is read whole the first time a sweep needs
+    it (again when a sweep asks further back than it was read); the rows this process writes are
+    kept as the store gives them back (times at its precision) and under the store's own rule (a
+    row replaces one only for a later instant); and each sweep first reads the rows written for a
+    later instant than any this process has seen, so another writer's newer rows are taken in.
+    """
 
-def _chunked2(store: Any, fine: set[str], coarse: set[str], since: float) -> list[dict[str, Any]]:
-    seen: dict[str, dict[str, Any]] = {}
-    f, c = sorted(fine), sorted(coarse)
-    size = 250
-    for i in range(0, max(len(f), len(c)), size):
-        rows = store.fetch("class_members_of_classes", {"class_keys": f[i:i + size] or [""],
-                                                        "coarse_keys": c[i:i + size] or [""], "since": since})
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, Any]] = {}
+        #: (level, key) -> ids of the rows kept with that class
+        self.members: dict[tuple[str, str], set[str]] = {}
+        #: (level, key) -> the ``since`` the class was read whole with
+        self.read: dict[tuple[str, str], float] = {}
+        self.newest = -math.inf
+
+    def _put(self, row: dict[str, Any], *, newer_only: bool) -> None:
+        jid = str(row["job_id"])
+        old = self.rows.get(jid)
+        if old is not None:
+            if newer_only and float(row["data_ts"]) <= float(old["data_ts"]):
+                return
+            self.members[("fine", str(old["class_key"]))].discard(jid)
+            self.members[("coarse", str(old["coarse_key"]))].discard(jid)
+        self.rows[jid] = row
+        self.members.setdefault(("fine", str(row["class_key"])), set()).add(jid)
+        self.members.setdefault(("coarse", str(row["coarse_key"])), set()).add(jid)
+        self.newest = max(self.newest, float(row["data_ts"]))
+
+    def refresh(self, store: Any) -> None:
+        """Take in the rows another writer stored for a later instant than this process has seen."""
+        if self.rows:
+            for r in store.fetch("class_members_since", {"since": self.newest}):
+                self._put(r, newer_only=False)
+
+    def wrote(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Keep the rows just upserted, as the store kept them."""
+        from gpu_cost.audit.store import as_stored
+
         for r in rows:
-            seen[str(r["job_id"])] = r
-    return list(seen.values())
+            self._put(as_stored(r), newer_only=True)
+
+    def of_jobs(self, store: Any, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Return job id → its member row, reading the store for the jobs not kept."""
+        missing = [j for j in job_ids if j not in self.rows]
+        for i in range(0, len(missing), 500):
+            for r in store.fetch("class_members_of_jobs", {"job_ids": missing[i:i + 500]}):
+                self._put(r, newer_only=False)
+        return {j: self.rows[j] for j in job_ids if j in self.rows}
+
+    def of_classes(self, store: Any, fine: set[str], coarse: set[str], since: float) -> list[dict[str, Any]]:
+        """Return the members of these classes last seen after ``since``, reading the classes not read yet."""
+        f = sorted(k for k in fine if self.read.get(("fine", k), math.inf) > since)
+        c = sorted(k for k in coarse if self.read.get(("coarse", k), math.inf) > since)
+        for i in range(0, max(len(f), len(c)), 250):
+            for r in store.fetch("class_members_of_classes", {"class_keys": f[i:i + 250] or [""],
+                                                             "coarse_keys": c[i:i + 250] or [""], "since": since}):
+                self._put(r, newer_only=False)
+        self.read.update({("fine", k): since for k in f})
+        self.read.update({("coarse", k): since for k in c})
+        ids: dict[str, None] = {}
+        for level, keys in (("fine", fine), ("coarse", coarse)):
+            for k in sorted(keys):
+                ids.update(dict.fromkeys(sorted(self.members.get((level, k), ()))))
+        rows = (self.rows[j] for j in ids)
+        return [r for r in rows if float(r["last_seen"]) > since]
+
+
+#: store -> what this process knows of its class members
+_KNOWN: weakref.WeakKeyDictionary[Any, _Known] = weakref.WeakKeyDictionary()
+
+
+def _known(store: Any) -> _Known:
+    found = _KNOWN.get(store)
+    if found is None:
+        found = _KNOWN[store] = _Known()
+    return found
 
 
 def _r(v: float | None) -> float | None:

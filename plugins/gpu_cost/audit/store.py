@@ -355,6 +355,11 @@ def _bind(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def as_stored(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a row as the store gives it back once written: times at the store's second precision, as epochs."""
+    return _row(_bind(params))
+
+
 def _row(r: Any) -> dict[str, Any]:
     out = dict(r)
     for k, v in out.items():
