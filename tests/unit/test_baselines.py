@@ -399,6 +399,49 @@ def test_a_job_without_gpus_in_the_metrics_is_not_a_member(store: AuditStore) ->
     assert set(classes) == {"1"} and set(rows(store, "1", "9")) == {"1"}
 
 
+# -- what a process keeps of the members ----------------------------------------------------------
+
+
+def test_a_process_that_keeps_its_members_sees_what_a_fresh_read_sees(tmp_path) -> None:
+    # one process sweeps for days (it reads each class once and keeps what it writes); at every
+    # sweep a reader that knows nothing (a new store object on the same database) must see the
+    # same classes. Midway, another writer stores newer rows of the same classes: the first
+    # process takes them in at its next sweep. Jobs end and start, so members leave and join.
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    sweeper = AuditStore(url).ensure_schema()
+    specs = services() + trainings()
+    other: list[Spec] = [(job("s9", "llama7b-endpoint-9f9f9f"), every(8, offset=5), RESIDENT),
+                         (job("t9", "train-9", user="bob", account="ml"), always_but(10), RESIDENT)]
+    for k in DAYS:
+        alive = [s for i, s in enumerate(specs) if k < 30 + 8 * i or i == 0]
+        if k == 40:
+            baselines.observe(AuditStore(url).ensure_schema(), snap_at(k + 0.5, alive + other), POLICY, run_id="other")
+        kept = baselines.observe(sweeper, snap_at(k, alive), POLICY, run_id=f"run-{k}")
+        fresh = baselines.observe(AuditStore(url).ensure_schema(), snap_at(k, alive), POLICY, run_id="check",
+                                  learn=False)
+        assert kept == fresh, f"sweep {k}"
+    assert kept["s0"]["members"] == 4 and kept["s0"]["kind"] == "service"  # s9, written by the other, counts
+    assert rows(sweeper, "s9")["s9"]["run_id"] == "other"
+
+
+def test_a_process_asked_further_back_reads_the_class_again(tmp_path) -> None:
+    # a member last seen 10 sweeps in is forgotten a day later (forget_after 1 d) and remembered
+    # by a sweep at an earlier instant: a process that read the class for the later sweep must
+    # read it again for the earlier one, not answer from what it kept
+    p = dataclasses.replace(POLICY, baselines=dataclasses.replace(POLICY.baselines, forget_after=86400.0))
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    writer = AuditStore(url).ensure_schema()
+    ended: list[Spec] = [(job("e0", "llama7b-endpoint-0e0e0e"), every(8), RESIDENT)]
+    for k in range(1, 11):
+        baselines.observe(writer, snap_at(k, services() + ended, p), p, run_id=f"run-{k}")
+    reader = AuditStore(url).ensure_schema()
+    late = baselines.observe(reader, snap_at(10 + 1.5 * 86400 / STEP, services(), p), p, learn=False)
+    early = baselines.observe(reader, snap_at(10 + 0.5 * 86400 / STEP, services(), p), p, learn=False)
+    assert late["s0"]["members"] == 3 and early["s0"]["members"] == 4
+    assert early == baselines.observe(AuditStore(url).ensure_schema(), snap_at(10 + 0.5 * 86400 / STEP, services(), p),
+                                      p, learn=False)
+
+
 # -- class_stats and describe -----------------------------------------------------------------------
 
 

@@ -51,6 +51,16 @@ def check_store(store) -> None:  # type: ignore[no-untyped-def]
     assert len(store.fetch("usage_between", {"since": NOW - 1, "until": NOW + 1})) == 1
     counts = store.table_counts()
     assert counts["gpu_cost_decisions"] == 1 and counts["gpu_cost_actions"] == 1
+    # a row without one of the statement's values is refused by name, and nothing of the batch is written
+    from gpu_cost.errors import AuditError
+
+    with pytest.raises(AuditError, match="upsert_usage: no value for its parameter 'gpu_model'"):
+        store.execute("upsert_usage", [{"ts": NOW + 300, "interval_s": 300, "host": "h", "gpu_model": "a100",
+                                        "user_name": "u", "account": "a", "partition_name": "p", "gpus": 2,
+                                        "total_gpu_s": 600, "allocated_gpu_s": 600, "busy_gpu_s": 300,
+                                        "idle_alloc_gpu_s": 300, "zombie_gpu_s": 0, "util_sum": 100},
+                                       {"ts": NOW + 300, "interval_s": 300, "host": "h2"}])
+    assert len(store.fetch("usage_between", {"since": NOW - 1, "until": NOW + 301})) == 1
 
 
 def test_sqlite_store(store) -> None:  # type: ignore[no-untyped-def]

@@ -106,6 +106,7 @@ class AuditStore:
         self.engine = _engine(self.url)
         self.dialect = "sqlite" if self.engine.dialect.name == "sqlite" else "postgresql"
         self._ready = False
+        self._sql: dict[str, tuple[str, tuple[str, ...] | None]] = {}
 
     def __repr__(self) -> str:
         return f"AuditStore({redact(self.url)})"
@@ -174,20 +175,45 @@ class AuditStore:
             raise AuditError(f"audit store {redact(self.url)} unavailable: {_short(exc)}") from exc
 
     def execute(self, name: str, params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> int:
-        """Run a named write statement; return the affected row count."""
+        """Run a named write statement; return the affected row count.
+
+        The statement is compiled for the store's driver once, and rows go to the driver as it takes
+        them (a sweep writes hundreds of usage and member rows: SQLAlchemy would rebuild each row's
+        parameters for its compiled form again)."""
         self.ensure_schema()
-        stmt = sa.text(queries()[name])
+        sql, order = self._driver_sql(name)
+        many = isinstance(params, Sequence) and not isinstance(params, Mapping)
+        rows = [_bind(_defaults(name, p)) for p in params] if many else [  # type: ignore[union-attr]
+            _bind(_defaults(name, params or {}))]  # type: ignore[arg-type]
+        if not rows:
+            return 0
+        if order is not None:
+            try:
+                args: list[Any] = [tuple(r[k] for k in order) for r in rows]
+            except KeyError as exc:
+                raise AuditError(f"audit write {name}: no value for its parameter {exc.args[0]!r}") from None
+        else:
+            args = rows
+            names = _named_params(sql)
+            for r in rows:
+                lacking = [k for k in names if k not in r]
+                if lacking:
+                    raise AuditError(f"audit write {name}: no value for its parameter {lacking[0]!r}")
         try:
             with self.engine.begin() as conn:
-                if isinstance(params, Sequence) and not isinstance(params, Mapping):
-                    if not params:
-                        return 0
-                    res = conn.execute(stmt, [_bind(_defaults(name, p)) for p in params])
-                else:
-                    res = conn.execute(stmt, _bind(_defaults(name, params or {})))
+                res = conn.exec_driver_sql(sql, args if many else args[0])
                 return int(res.rowcount or 0)
         except sa.exc.SQLAlchemyError as exc:
             raise AuditError(f"audit write {name} failed on {redact(self.url)}: {_short(exc)}") from exc
+
+    def _driver_sql(self, name: str) -> tuple[str, tuple[str, ...] | None]:
+        """Return a named statement as the driver takes it and, for a positional driver, its parameters' order."""
+        found = self._sql.get(name)
+        if found is None:
+            compiled = sa.text(queries()[name]).compile(dialect=self.engine.dialect)
+            found = self._sql[name] = (compiled.string,
+                                       tuple(compiled.positiontup or ()) if compiled.positional else None)
+        return found
 
     def fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Run a named query; return rows as dicts with times as epoch seconds."""
@@ -353,6 +379,12 @@ def _bind(params: Mapping[str, Any]) -> dict[str, Any]:
         elif type(v) not in _PLAIN and hasattr(v, "item") and not isinstance(v, str | bytes):
             out[k] = v.item()  # numpy scalars: drivers do not know them (psycopg2 writes np.float64(...))
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _named_params(sql: str) -> tuple[str, ...]:
+    """Return the ``%(name)s`` parameters of a statement compiled for a named-parameter driver."""
+    return tuple(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
 
 
 def as_stored(params: Mapping[str, Any]) -> dict[str, Any]:
