@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import re
 import weakref
 from collections.abc import Collection, Mapping, Sequence
@@ -247,22 +248,25 @@ def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: Baselines
         coarse[i] = classes.setdefault(("coarse", str(m["coarse_key"])), len(classes))
     n_classes = len(classes)
     group = np.concatenate([fine, coarse])
+    # every member's figures in one pass (a missing or NULL figure is 0; a run with no start: its first sight)
+    table = np.array([_figures(m) for m in members], dtype=float).reshape(n, len(_FIGURES))
+    table[:, :-1] = np.nan_to_num(table[:, :-1], nan=0.0)
 
     def col(name: str) -> np.ndarray:
-        return np.array([float(m.get(name) or 0) for m in members])
+        return table[:, _FIGURES.index(name)]
 
     def per_class(values: np.ndarray) -> np.ndarray:
         return np.bincount(group, weights=np.concatenate([values, values]), minlength=n_classes)
 
     lam = math.log(2) / cfg.half_life
-    last_seen = np.array([float(m["last_seen"]) for m in members])
+    last_seen = col("last_seen")
     w = np.exp(-lam * np.maximum(0.0, now - last_seen))
     seen_w = per_class(w * col("seen_s"))
     active_w = per_class(w * col("active_s"))
     idle_w = per_class(w * col("idle_s"))
     resident_w = per_class(w * col("idle_mem_s"))
-    age = last_seen - np.array([float(m["start_ts"] if m["start_ts"] is not None else m["first_seen"])
-                                for m in members])
+    start = col("start_ts")
+    age = last_seen - np.where(np.isnan(start), col("first_seen"), start)
     long_lived = age >= cfg.long_lived
     woke = col("wakes") >= 1
     ended = last_seen < now - 2 * step
@@ -309,6 +313,12 @@ def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: Baselines
             "cpu_pct_per_gpu": _r(cpu_pct / gpus_mean) if cpu_pct is not None else None,
         }
     return out
+
+
+#: a member's figures :func:`class_stats` reads, in its table's column order (``start_ts`` last: it may be NULL)
+_FIGURES = ("last_seen", "first_seen", "seen_s", "active_s", "idle_s", "idle_mem_s", "wakes", "cpu_active_s",
+            "cpu_pct_s", "gpus", "start_ts")
+_figures = operator.itemgetter(*_FIGURES)
 
 
 def _quantiles(values: np.ndarray) -> tuple[int | None, int | None]:
@@ -375,8 +385,8 @@ class _Known:
 
     def __init__(self) -> None:
         self.rows: dict[str, dict[str, Any]] = {}
-        #: (level, key) -> ids of the rows kept with that class
-        self.members: dict[tuple[str, str], set[str]] = {}
+        #: (level, key) -> ids of the rows kept with that class (a dict: ordered as they came)
+        self.members: dict[tuple[str, str], dict[str, None]] = {}
         #: (level, key) -> the ``since`` the class was read whole with
         self.read: dict[tuple[str, str], float] = {}
         self.newest = -math.inf
@@ -387,11 +397,11 @@ class _Known:
         if old is not None:
             if newer_only and float(row["data_ts"]) <= float(old["data_ts"]):
                 return
-            self.members[("fine", str(old["class_key"]))].discard(jid)
-            self.members[("coarse", str(old["coarse_key"]))].discard(jid)
+            self.members[("fine", str(old["class_key"]))].pop(jid, None)
+            self.members[("coarse", str(old["coarse_key"]))].pop(jid, None)
         self.rows[jid] = row
-        self.members.setdefault(("fine", str(row["class_key"])), set()).add(jid)
-        self.members.setdefault(("coarse", str(row["coarse_key"])), set()).add(jid)
+        self.members.setdefault(("fine", str(row["class_key"])), {})[jid] = None
+        self.members.setdefault(("coarse", str(row["coarse_key"])), {})[jid] = None
         self.newest = max(self.newest, float(row["data_ts"]))
 
     def refresh(self, store: Any) -> None:
@@ -428,7 +438,7 @@ class _Known:
         ids: dict[str, None] = {}
         for level, keys in (("fine", fine), ("coarse", coarse)):
             for k in sorted(keys):
-                ids.update(dict.fromkeys(sorted(self.members.get((level, k), ()))))
+                ids.update(self.members.get((level, k), {}))
         rows = (self.rows[j] for j in ids)
         return [r for r in rows if float(r["last_seen"]) > since]
 

@@ -257,11 +257,14 @@ class _Replay:
                  res: ReplayResult, logs: pd.DataFrame | None = None) -> None:
         self.res = res
         self.approvals = approvals
-        #: job id -> (times, lines) of its log, sorted: a sweep at t reads the lines written by t
-        self.logs: dict[str, tuple[np.ndarray, list[str]]] = {}
+        #: job id -> (times, lines, the log's size after each line) of its log, sorted: a sweep at t reads the
+        #: lines written by t
+        self.logs: dict[str, tuple[np.ndarray, list[str], np.ndarray]] = {}
         if logs is not None and len(logs):
             for jid, part in logs.groupby("job_id", sort=False):
-                self.logs[str(jid)] = (part["ts"].to_numpy(dtype=float), part["line"].tolist())
+                lines = part["line"].tolist()
+                sizes = np.cumsum([len(x) + 1 for x in lines], dtype=np.int64)
+                self.logs[str(jid)] = (part["ts"].to_numpy(dtype=float), lines, sizes)
         #: job id -> ground-truth behaviour, when the trace has one (a simulated trace's ``behaviour``)
         self.truth: dict[str, str] = ({str(j): str(b) for j, b in zip(jobs["job_id"], jobs["behaviour"], strict=True)
                                        if b == b and b} if "behaviour" in jobs.columns else {})
@@ -515,11 +518,11 @@ class _Replay:
             found = self.logs.get(job.job_id)
             if found is None:
                 continue
-            times, lines = found
+            times, lines, sizes = found
             n = int(np.searchsorted(times, t, side="right"))
             text = tail_lines(lines[max(0, n - 400):n], cfg.max_bytes)
             out[job.job_id] = {"path": f"slurm-{job.job_id}.out", "text": text,
-                               "size": sum(len(x) + 1 for x in lines[:n]), "mtime": float(times[n - 1]) if n else None}
+                               "size": int(sizes[n - 1]) if n else 0, "mtime": float(times[n - 1]) if n else None}
         return out
 
     def _outcomes(self) -> None:

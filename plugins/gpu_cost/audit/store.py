@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
+import operator
 import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -189,7 +191,8 @@ class AuditStore:
             return 0
         if order is not None:
             try:
-                args: list[Any] = [tuple(r[k] for k in order) for r in rows]
+                pick = operator.itemgetter(*order) if len(order) > 1 else (lambda r: (r[order[0]],))
+                args: list[Any] = [pick(r) for r in rows] if order else [()] * len(rows)
             except KeyError as exc:
                 raise AuditError(f"audit write {name}: no value for its parameter {exc.args[0]!r}") from None
         else:
@@ -389,7 +392,15 @@ def _named_params(sql: str) -> tuple[str, ...]:
 
 def as_stored(params: Mapping[str, Any]) -> dict[str, Any]:
     """Return a row as the store gives it back once written: times at the store's second precision, as epochs."""
-    return _row(_bind(params))
+    out = dict(params)
+    for k, v in out.items():
+        if v is None:
+            continue
+        if k in _TIME_COLUMNS and (type(v) is int or (type(v) is float and math.isfinite(v) and v.is_integer())):
+            out[k] = float(v)  # a whole second comes back as it went (a sweep writes hundreds of these)
+        elif k in _TIME_PARAMS or type(v) not in _PLAIN:
+            out[k] = _row(_bind({k: v}))[k]
+    return out
 
 
 def _row(r: Any) -> dict[str, Any]:
