@@ -51,6 +51,7 @@ from gpu_cost.sources.trace import (  # noqa: F401 - re-exported: the replay rea
     normalise_jobs,
     normalise_samples,
     read_table,
+    release_arrow_memory,
 )
 from gpu_cost.timeutil import iso
 
@@ -82,6 +83,27 @@ def _text_codes(col: pd.Series, missing: str = "") -> tuple[np.ndarray, np.ndarr
     texts = np.array([*[str(x) for x in uniq], missing], dtype=object)
     names, inverse = np.unique(texts, return_inverse=True)
     return inverse[np.where(codes < 0, len(texts) - 1, codes)], names
+
+
+def _small_unique(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``np.unique(key, return_inverse=True)`` for small non-negative integers (host x GPU numbers),
+    without sorting ten million of them: a table of the values present."""
+    if not len(key):
+        return key.copy(), np.zeros(0, dtype=np.int64)
+    present = np.zeros(int(key.max()) + 1, dtype=bool)
+    present[key] = True
+    rank = np.cumsum(present, dtype=np.int64) - 1
+    return np.nonzero(present)[0].astype(key.dtype), rank[key]
+
+
+def _sorted_factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``np.unique(values, return_inverse=True)`` for many rows of few distinct values (sample times):
+    hashed once, then only the distinct values are sorted."""
+    codes, uniq = pd.factorize(values, use_na_sentinel=False)
+    order = np.argsort(uniq, kind="stable")
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[order] = np.arange(len(uniq))
+    return np.asarray(uniq)[order], rank[codes]
 
 
 # -- the replay ------------------------------------------------------------------------------
@@ -216,7 +238,7 @@ def replay(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFrame
         _jobs_only(jobs, res)
         res.seconds = time.time() - t0
         return res
-    engine = _Replay(frame, jobs, policy, approvals, res, logs)
+    engine = _Replay(frame, jobs, policy, approvals, res, logs, consume=isinstance(samples, list))
     engine.store = store
     del frame
     engine.run()
@@ -254,7 +276,7 @@ class _Replay:
     """The simulation loop; state is the dense matrices (edited by simulated kills) and an audit store."""
 
     def __init__(self, samples: pd.DataFrame, jobs: pd.DataFrame, policy: Policy, approvals: str,
-                 res: ReplayResult, logs: pd.DataFrame | None = None) -> None:
+                 res: ReplayResult, logs: pd.DataFrame | None = None, *, consume: bool = False) -> None:
         self.res = res
         self.approvals = approvals
         #: job id -> (times, lines, the log's size after each line) of its log, sorted: a sweep at t reads the
@@ -279,7 +301,9 @@ class _Replay:
         self.waste_seen: dict[str, float] = {}
         #: the audit store to replay into (None: a throwaway in-memory one)
         self.store: Any = None
-        self._dense(samples)
+        self._dense(samples, consume)
+        if consume:
+            release_arrow_memory()  # the last columns dropped
         n_g = len(self.hosts)
         times = self.times
         self.row_of = {(h, int(g)): i for i, (h, g) in enumerate(zip(self.hosts, self.gpu_idx, strict=True))}
@@ -297,21 +321,31 @@ class _Replay:
         self._totals()
 
     # -- set-up ------------------------------------------------------------------------------
-    def _dense(self, s: pd.DataFrame) -> None:
+    def _dense(self, s: pd.DataFrame, consume: bool = False) -> None:
         """Make the GPU x time matrices once (what :func:`gpu_cost.aggregate.to_dense` does, without copying the frame).
 
         Strings (job ids, users) become integer codes into small name tables, so a 10 M-row
-        trace costs a few hundred MB, not gigabytes of Python strings.
+        trace costs a few hundred MB, not gigabytes of Python strings. ``consume``: the frame was
+        handed over, and each column is dropped from it once it is in its matrix (a week's column
+        is 80 MB: they need not all be held beside the matrices).
         """
         from gpu_cost.aggregate import clean
 
-        host_codes, host_names = _text_codes(s["host"], "nan")
-        gpu = s["gpu"].to_numpy(dtype=np.int64)
+        def take(col: str) -> pd.Series:
+            values = s[col]
+            if consume:
+                del s[col]
+                release_arrow_memory()  # the columns dropped before this one
+            return values
+
+        host_codes, host_names = _text_codes(take("host"), "nan")
+        gpu = take("gpu").to_numpy(dtype=np.int64)
         width = int(gpu.max()) + 1 if len(gpu) else 1
         key = host_codes.astype(np.int64) * width + gpu
-        ukeys, rows = np.unique(key, return_inverse=True)
-        times, cols = np.unique(s["ts"].to_numpy(dtype=float), return_inverse=True)
+        del host_codes, gpu
+        ukeys, rows = _small_unique(key)
         del key
+        times, cols = _sorted_factorize(take("ts").to_numpy(dtype=float))
         self.times = times
         self.hosts = np.asarray(host_names, dtype=object)[ukeys // width]
         self.gpu_idx = (ukeys % width).astype(np.int64)
@@ -320,31 +354,41 @@ class _Replay:
         self.mem_total = np.full(n_g, np.nan)
         self.models = np.full(n_g, "", dtype=object)
         if "model" in s.columns:
-            mc, mn = _text_codes(s["model"])
+            mc, mn = _text_codes(take("model"))
             self.models[rows] = mn[mc]
+            del mc
         shape = (n_g, len(times))
+        # one flat index into the matrices instead of a row and a column index per sample
+        flat = rows.astype(np.int64) * shape[1] + cols
+        del rows, cols
 
-        def fill(col: str, dtype: Any = float, default: Any = np.nan) -> np.ndarray:
+        def fill(values: np.ndarray, dtype: Any = float, default: Any = np.nan) -> np.ndarray:
             out = np.full(shape, default, dtype=dtype)
-            out[rows, cols] = pd.to_numeric(s[col], errors="coerce").to_numpy(dtype=float)
+            out.ravel()[flat] = values
             return out
 
-        self.util, self.mem = clean(fill("util"), fill("mem_used_mib"))
+        util = fill(pd.to_numeric(take("util"), errors="coerce").to_numpy(dtype=float))
+        mem = fill(pd.to_numeric(take("mem_used_mib"), errors="coerce").to_numpy(dtype=float))
+        self.util, self.mem = clean(util, mem)
+        del util, mem
         self.job_names = np.array([""], dtype=object)
-        codes = np.zeros(shape, dtype=np.int32)
         if "job_id" in s.columns:
             # the names are sorted and always hold the missing label "": it is code 0, as unlabelled cells
-            jc, self.job_names = _text_codes(s["job_id"])
-            codes[rows, cols] = jc.astype(np.int32)
-        self.job_code = codes
-        self.job = self.job_names[codes]  # object matrix sharing the few name objects
+            jc, self.job_names = _text_codes(take("job_id"))
+            self.job_code = fill(jc.astype(np.int32), np.int32, 0)
+            del jc
+        else:
+            self.job_code = np.zeros(shape, dtype=np.int32)
         self.pid = self.pid_start = self.user = None
         if "pid" not in s.columns:
             self.res.notes.append("the samples have no pid column: zombie GPUs can be reported, not killed "
                                   "(a process kill needs the process)")
             return
-        pid = np.zeros(shape, dtype=np.int64)
-        pid[rows, cols] = pd.to_numeric(s["pid"], errors="coerce").fillna(0).to_numpy(dtype=np.int64)
+        pids = pd.to_numeric(take("pid"), errors="coerce").fillna(0).to_numpy(dtype=np.int64)
+        # process ids fit 32 bits on Linux (pid_max is at most 2^22): half the memory of a week's matrix
+        small = not len(pids) or (int(pids.min()) >= np.iinfo(np.int32).min and int(pids.max()) <= np.iinfo(np.int32).max)
+        pid = fill(pids.astype(np.int32) if small else pids, np.int32 if small else np.int64, 0)
+        del pids
         # column where the current process of each GPU started (a PID change starts a new one)
         start = np.zeros(shape, dtype=np.int32)
         change = np.ones(shape, dtype=bool)
@@ -354,11 +398,14 @@ class _Replay:
         np.maximum.accumulate(start, axis=1, out=start)
         self.pid, self.pid_start = pid, start
         if "user" in s.columns:
-            uc, un = _text_codes(s["user"])
-            user = np.full(shape, -1, dtype=np.int32)
-            user[rows, cols] = uc.astype(np.int32)
+            uc, un = _text_codes(take("user"))
+            self.user = fill(uc.astype(np.int32), np.int32, -1)
             self.user_names = np.array([*un, ""], dtype=object)
-            self.user = user
+            del uc
+
+    def _labels(self, rows: Any, cols: Any) -> np.ndarray:
+        """Return the job labels of these cells (``""``: none), as the samples gave them."""
+        return self.job_names[self.job_code[rows, cols]]
 
     def _allocs(self, jobs: pd.DataFrame) -> dict[str, _Alloc]:
         by_label = self._rows_by_label()
@@ -457,7 +504,7 @@ class _Replay:
             snap = from_matrix(
                 policy=p, now=t, source="replay", hosts=self.hosts, gpus=self.gpu_idx, uuids=self.uuids,
                 models=self.models, mem_total=self.mem_total, times=self.times[lo:hi], util=self.util[:, lo:hi],
-                mem=self.mem[:, lo:hi], power=None, job=self.job[:, lo:hi], jobs=jobs,
+                mem=self.mem[:, lo:hi], power=None, job=self._labels(slice(None), slice(max(lo, hi - 1), hi)), jobs=jobs,
                 processes=self._procs_at(hi - 1, running) if hi > lo else [], nodes=(), rolling=self.rolling,
             )
             if snap.degraded:
@@ -576,7 +623,7 @@ class _Replay:
             row = self.row_of.get((host, int(gpu))) if gpu.isdigit() else None
             if row is None or col < 0:
                 continue
-            labels = self.job[row, :col + 1]
+            labels = self._labels(row, slice(0, col + 1))
             named = np.nonzero(labels != "")[0]
             if len(named):
                 return str(labels[named[-1]])
@@ -594,7 +641,7 @@ class _Replay:
         if self.pid is None or col < 0:
             return []
         pids = self.pid[:, col]
-        labels = self.job[:, col]
+        labels = self._labels(slice(None), col)
         rows = np.nonzero(pids > 0)[0]
         out = []
         for r in rows:
@@ -705,7 +752,6 @@ class _Replay:
                 active = True
             self.util[r, kc:ec[i]] = 0.0
             self.mem[r, kc:ec[i]] = 0.0
-            self.job[r, kc:ec[i]] = ""
             self.job_code[r, kc:ec[i]] = 0
             if self.pid is not None:
                 self.pid[r, kc:ec[i]] = 0

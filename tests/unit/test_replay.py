@@ -251,6 +251,23 @@ def test_text_columns_read_as_categories_replay_as_plain_text(truth_trace: Path,
     assert a == b and b["kills"] == 2
 
 
+def test_a_frame_handed_over_is_emptied_and_replays_as_one_kept(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    # a one-element list hands the samples over: each column leaves the frame once it is in its matrix
+    # (a week's trace need not be held twice); a frame passed as it is stays the caller's, untouched
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    jobs = normalise_jobs(pd.read_csv(truth_trace / "jobs.csv"))
+    logs = read_logs(truth_trace / "logs.csv")
+    kept = s.copy()
+    holder = [s]
+    a = replay(holder, jobs, policy, logs=logs).to_dict()
+    b = replay(kept, jobs, policy, logs=logs).to_dict()
+    assert holder == [] and not {"ts", "host", "gpu", "util", "mem_used_mib", "job_id", "pid", "user"} & set(s.columns)
+    assert list(kept.columns) == list(pd.read_parquet(truth_trace / "samples.parquet").columns)
+    for r in (a, b):
+        r.pop("seconds")
+    assert a == b and a["kills"] == 2
+
+
 def test_text_codes_name_each_distinct_text_once() -> None:
     col = pd.Series(["b", 1, None, "1", "a", "b"], dtype=object)
     codes, names = _text_codes(col)

@@ -43,10 +43,14 @@ def read_table(path: str | Path, what: str, columns: tuple[str, ...] | None = No
             wanted = [c for c in (columns if columns is not None else schema.names) if c in schema.names]
             text = [c for c in categories if c in wanted
                     and (pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type))]
-            table = pq.read_table(p, columns=wanted, read_dictionary=text)
-            frame = table.to_pandas()
-            del table
-            pa.default_memory_pool().release_unused()  # the decoded pages: hand them back before the caller's arrays
+            # one column at a time, each handed back to the system once converted: a week's samples are
+            # 80 MB a column, and the whole table beside its frame would double the read's peak
+            frame = pd.DataFrame(index=pd.RangeIndex(pq.read_metadata(p).num_rows))
+            for c in wanted:
+                table = pq.read_table(p, columns=[c], read_dictionary=[c] if c in text else None)
+                frame[c] = table.to_pandas(self_destruct=True)[c]
+                del table
+                release_arrow_memory()
             return frame
         dtype = dict.fromkeys(categories, "category")
         if columns is not None:
@@ -54,6 +58,14 @@ def read_table(path: str | Path, what: str, columns: tuple[str, ...] | None = No
         return pd.read_csv(p, low_memory=False, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise TraceError(f"{p}: cannot read {what}: {exc}") from None
+
+
+def release_arrow_memory() -> None:
+    """Hand the memory Arrow keeps for reuse back to the system (columns read from Parquet live in Arrow's pool:
+    once dropped, their memory stays with the pool until asked for)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def _epoch_col(values: pd.Series, source: str, col: str) -> np.ndarray:
