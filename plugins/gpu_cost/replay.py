@@ -3,7 +3,7 @@
 The trace (samples + jobs, the project's trace format) is made dense once — one GPU x time
 matrix — and a sweep is simulated every ``sweep.interval``: the window before each instant is a
 slice of that matrix, the snapshot, rules, engine, escalation ladder, protections, snoozes and
-caps are the production ones, and escalation state lives in a throwaway in-memory audit store.
+caps are the production ones, and escalation state lives in a throwaway audit store (a temporary SQLite file).
 By default the policy is replayed *as if enforced* (``mode``), and decisions that need approval
 are taken as approved (``approvals``).
 
@@ -221,7 +221,7 @@ def replay(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFrame
     :param logs: job log lines (``ts, job_id, line``): each sweep reads the lines written by then,
         as the live sweep reads a job's StdOut tail.
     :param store: the audit store the replay's sweeps write to (escalations, decisions, usage,
-        baselines); default a throwaway in-memory one. A store given keeps what it held (a verifier
+        baselines); default a throwaway one (:meth:`AuditStore.scratch`). A store given keeps what it held (a verifier
         model, class baselines, outcomes learnt from earlier weeks) and what the replay adds.
     """
     t0 = time.time()
@@ -299,7 +299,7 @@ class _Replay:
         self.history: list[dict[str, Any]] = []
         #: decision id -> idle GPU-hours measured on its target before the kill
         self.waste_seen: dict[str, float] = {}
-        #: the audit store to replay into (None: a throwaway in-memory one)
+        #: the audit store to replay into (None: a throwaway one)
         self.store: Any = None
         self._dense(samples, consume)
         if consume:
@@ -478,7 +478,7 @@ class _Replay:
         from gpu_cost.snapshot import from_matrix, rule_windows
 
         p = self.policy
-        store = (self.store or AuditStore("sqlite:///:memory:")).ensure_schema()
+        store = (self.store or AuditStore.scratch()).ensure_schema()
         primary, others = rule_windows(p)
         # the first sweep once the short windows are filled; a rule with a longer one (sessions: 2 h) reads
         # its window as stale until then, and stale is never idle

@@ -85,3 +85,30 @@ def test_store_unreachable_is_an_audit_error(tmp_path) -> None:  # type: ignore[
     with pytest.raises(AuditError, match="unavailable") as exc:
         bad.ensure_schema()
     assert "secret" not in str(exc.value)
+
+
+def test_a_scratch_store_lives_in_a_file_removed_with_it() -> None:
+    import gc
+    from pathlib import Path
+
+    from gpu_cost.audit.store import AuditStore
+    from gpu_cost.errors import AuditError
+
+    store = AuditStore.scratch().ensure_schema()
+    path = Path(str(store.path))
+    assert path.is_file() and store.dialect == "sqlite"
+    check_store(store)
+    # a failed batch still rolls back whole (the journal is kept in memory, not switched off)
+    row = {"ts": NOW + 600, "interval_s": 300, "host": "h", "gpu_model": "a100", "user_name": "u", "account": "a",
+           "partition_name": "p", "gpus": 2, "total_gpu_s": 600, "allocated_gpu_s": 600, "busy_gpu_s": 300,
+           "idle_alloc_gpu_s": 300, "zombie_gpu_s": 0, "util_sum": 100}
+    with pytest.raises(AuditError):
+        store.execute("upsert_usage", [row, {**row, "host": "h2", "gpus": None}])  # gpus is NOT NULL
+    assert store.fetch("usage_between", {"since": NOW + 599, "until": NOW + 601}) == []
+    # scan gives the rows query gives, one at a time
+    assert list(store.scan("SELECT * FROM gpu_cost_usage ORDER BY ts")) == store.query(
+        "SELECT * FROM gpu_cost_usage ORDER BY ts")
+    assert AuditStore.scratch().path != store.path  # each one its own
+    del store
+    gc.collect()
+    assert not path.exists() and not path.parent.exists()

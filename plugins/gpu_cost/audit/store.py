@@ -18,8 +18,9 @@ import logging
 import math
 import operator
 import re
+import tempfile
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,31 @@ class AuditStore:
         self.dialect = "sqlite" if self.engine.dialect.name == "sqlite" else "postgresql"
         self._ready = False
         self._sql: dict[str, tuple[str, tuple[str, ...] | None]] = {}
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+
+    @classmethod
+    def scratch(cls) -> AuditStore:
+        """Return a throwaway store (a replay's): a SQLite file in a temporary directory removed with the store.
+
+        Its rows live on disk, not in the process's memory (a replayed week writes millions of usage
+        rows), and nothing is synced to disk: nothing outlives the store. A transaction still rolls
+        back whole (its journal is kept in memory).
+        """
+        tmp = tempfile.TemporaryDirectory(prefix="gpu-cost-scratch-")
+        url = f"sqlite:///{Path(tmp.name) / 'audit.db'}"
+        engine = sa.create_engine(url)
+
+        @sa.event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _rec: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=MEMORY")
+            cur.execute("PRAGMA synchronous=OFF")
+            cur.close()
+
+        store = cls.__new__(cls)
+        store.url, store.engine, store.dialect, store._ready, store._sql = url, engine, "sqlite", False, {}
+        store._scratch = tmp
+        return store
 
     def __repr__(self) -> str:
         return f"AuditStore({redact(self.url)})"
@@ -237,6 +263,15 @@ class AuditStore:
         self.ensure_schema()
         with self.engine.connect() as conn:
             return [_row(r) for r in conn.execute(sa.text(sql), _bind(params or {})).mappings().all()]
+
+    def scan(self, sql: str, params: Mapping[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """Yield the rows of read-only SQL one at a time, as :meth:`query` gives them (a week's usage, not held whole)."""
+        self.ensure_schema()
+        with self.engine.connect() as conn:
+            result = conn.execution_options(stream_results=True, yield_per=2000).execute(sa.text(sql),
+                                                                                       _bind(params or {}))
+            for r in result.mappings():
+                yield _row(r)
 
     # -- runs and snapshots -----------------------------------------------------------------
     def begin_run(self, run_id: str, *, dag_id: str, started_at: float, data_ts: float, source: str, mode: str) -> None:

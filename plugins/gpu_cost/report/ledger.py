@@ -79,7 +79,7 @@ def reused(store: AuditStore, savings: Iterable[Mapping[str, Any]], until: float
     start = min(float(s["ts"]) for s in rows) - 86400.0
     end = max(float(s["ts"]) + float(s["gpu_hours"]) * 3600.0 / max(1, int(s["gpus"] or 1)) for s in rows)
     alloc: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)
-    for r in store.query(_HOST_ALLOC, {"since": start, "until": min(end, until) + 1}):
+    for r in store.scan(_HOST_ALLOC, {"since": start, "until": min(end, until) + 1}):
         interval = float(r["interval_s"] or 0.0)
         if interval > 0:
             alloc[str(r["host"])].append((float(r["ts"]), interval, float(r["alloc"] or 0.0) / interval,
