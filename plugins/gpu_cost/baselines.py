@@ -153,7 +153,7 @@ def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | Non
     if learn:
         written = [r for r in rows if float(r["data_ts"]) == now]
         store.execute("upsert_class_members", written)
-        known.wrote(written)
+        known.wrote(store, written)
     fine = {str(r["class_key"]) for r in rows}
     coarse = {str(r["coarse_key"]) for r in rows}
     by_id = {str(m["job_id"]): m for m in known.of_classes(store, fine, coarse, now - cfg.forget_after)}
@@ -381,9 +381,18 @@ class _Known:
     kept as the store gives them back (times at its precision) and under the store's own rule (a
     row replaces one only for a later instant); and each sweep first reads the rows written for a
     later instant than any this process has seen, so another writer's newer rows are taken in.
+    What it keeps is forgotten when another store object of the same process writes members to
+    the same database (a test's or a benchmark's second object, at any instant). A writer in
+    another process storing rows for an instant this one has already seen is not taken in: the
+    sweeps never overlap, and each DAG task is a process of its own.
     """
 
     def __init__(self) -> None:
+        #: the count of member writes to this database, in this process, after this object's last one
+        self.writes = 0
+        self._forget()
+
+    def _forget(self) -> None:
         self.rows: dict[str, dict[str, Any]] = {}
         #: (level, key) -> ids of the rows kept with that class (a dict: ordered as they came)
         self.members: dict[tuple[str, str], dict[str, None]] = {}
@@ -405,15 +414,21 @@ class _Known:
         self.newest = max(self.newest, float(row["data_ts"]))
 
     def refresh(self, store: Any) -> None:
-        """Take in the rows another writer stored for a later instant than this process has seen."""
+        """Take in the rows another writer stored for a later instant than this process has seen; forget
+        everything kept when another store object of this process wrote members to the same database (its
+        rows may be for an instant this one has seen already)."""
+        if _WRITES.get(store.url, 0) != self.writes:
+            self._forget()
+            self.writes = _WRITES.get(store.url, 0)
         if self.rows:
             for r in store.fetch("class_members_since", {"since": self.newest}):
                 self._put(r, newer_only=False)
 
-    def wrote(self, rows: Sequence[Mapping[str, Any]]) -> None:
+    def wrote(self, store: Any, rows: Sequence[Mapping[str, Any]]) -> None:
         """Keep the rows just upserted, as the store kept them."""
         from gpu_cost.audit.store import as_stored
 
+        _WRITES[store.url] = self.writes = _WRITES.get(store.url, 0) + 1
         for r in rows:
             self._put(as_stored(r), newer_only=True)
 
@@ -445,6 +460,8 @@ class _Known:
 
 #: store -> what this process knows of its class members
 _KNOWN: weakref.WeakKeyDictionary[Any, _Known] = weakref.WeakKeyDictionary()
+#: database URL -> how many times this process has written class members to it (through any store object)
+_WRITES: dict[str, int] = {}
 
 
 def _known(store: Any) -> _Known:

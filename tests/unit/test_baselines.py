@@ -424,6 +424,21 @@ def test_a_process_that_keeps_its_members_sees_what_a_fresh_read_sees(tmp_path) 
     assert rows(sweeper, "s9")["s9"]["run_id"] == "other"
 
 
+def test_another_store_object_writing_the_same_instant_is_taken_in(tmp_path) -> None:
+    # two store objects of one process on one database (a sharded sweep run in one process): the
+    # second writes members of the first's classes for the instant the first has just seen; the
+    # first's next read must include them
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    first, second = AuditStore(url).ensure_schema(), AuditStore(url).ensure_schema()
+    group_a, group_b = services()[:2], services()[2:]
+    for k in range(1, 20):
+        baselines.observe(first, snap_at(k, group_a), POLICY, run_id=f"a-{k}")
+        baselines.observe(second, snap_at(k, group_b), POLICY, run_id=f"b-{k}")
+    got = baselines.observe(first, snap_at(19, group_a), POLICY, learn=False)
+    assert got["s0"]["members"] == 3
+    assert got == baselines.observe(AuditStore(url).ensure_schema(), snap_at(19, group_a), POLICY, learn=False)
+
+
 def test_a_process_asked_further_back_reads_the_class_again(tmp_path) -> None:
     # a member last seen 10 sweeps in is forgotten a day later (forget_after 1 d) and remembered
     # by a sweep at an earlier instant: a process that read the class for the later sweep must
