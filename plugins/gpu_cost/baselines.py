@@ -154,11 +154,11 @@ def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | Non
         written = [r for r in rows if float(r["data_ts"]) == now]
         store.execute("upsert_class_members", written)
         known.wrote(store, written)
-    fine = {str(r["class_key"]) for r in rows}
-    coarse = {str(r["coarse_key"]) for r in rows}
-    by_id = {str(m["job_id"]): m for m in known.of_classes(store, fine, coarse, now - cfg.forget_after)}
+    fine_keys = {str(r["class_key"]) for r in rows}
+    coarse_keys = {str(r["coarse_key"]) for r in rows}
+    by_id = {str(m["job_id"]): m for m in known.of_classes(store, fine_keys, coarse_keys, now - cfg.forget_after)}
     by_id.update({str(r["job_id"]): r for r in rows})  # this sweep's view, written or not
-    wanted = {("fine", k) for k in fine} | {("coarse", k) for k in coarse}
+    wanted = {("fine", k) for k in fine_keys} | {("coarse", k) for k in coarse_keys}
     stats = class_stats(list(by_id.values()), now, cfg, step, wanted=wanted)
     classes = {}
     for r in rows:

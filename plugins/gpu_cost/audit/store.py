@@ -211,8 +211,8 @@ class AuditStore:
         self.ensure_schema()
         sql, order = self._driver_sql(name)
         many = isinstance(params, Sequence) and not isinstance(params, Mapping)
-        rows = [_bind(_defaults(name, p)) for p in params] if many else [  # type: ignore[union-attr]
-            _bind(_defaults(name, params or {}))]  # type: ignore[arg-type]
+        batch: Sequence[Mapping[str, Any]] = params if many else [params or {}]  # type: ignore[assignment,list-item]
+        rows = [_bind(_defaults(name, p)) for p in batch]
         if not rows:
             return 0
         if order is not None:
