@@ -73,6 +73,20 @@ _ENGINES: dict[str, Engine] = {}
 _LOCK = threading.Lock()
 
 
+def _sqlite_engine(url: str, *pragmas: str, **connect_args: Any) -> Engine:
+    """Return a new SQLite engine whose every connection starts with ``PRAGMA`` each of ``pragmas``."""
+    eng = sa.create_engine(url, connect_args=connect_args)
+
+    @sa.event.listens_for(eng, "connect")
+    def _pragmas(dbapi_conn: Any, _rec: Any) -> None:
+        cur = dbapi_conn.cursor()
+        for pragma in pragmas:
+            cur.execute(f"PRAGMA {pragma}")
+        cur.close()
+
+    return eng
+
+
 def _engine(url: str) -> Engine:
     """Return the process's engine for ``url``; an in-memory SQLite URL gets a new, private one each time
     (a cached one would let a second replay in the same process read the first one's escalations)."""
@@ -84,14 +98,7 @@ def _engine(url: str) -> Engine:
         if eng is None:
             if url.startswith("sqlite"):
                 Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
-                eng = sa.create_engine(url, connect_args={"timeout": 30})
-
-                @sa.event.listens_for(eng, "connect")
-                def _pragmas(dbapi_conn: Any, _rec: Any) -> None:
-                    cur = dbapi_conn.cursor()
-                    cur.execute("PRAGMA journal_mode=WAL")
-                    cur.execute("PRAGMA busy_timeout=30000")
-                    cur.close()
+                eng = _sqlite_engine(url, "journal_mode=WAL", "busy_timeout=30000", timeout=30)
             else:
                 eng = sa.create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 10})
             _ENGINES[url] = eng
@@ -122,15 +129,7 @@ class AuditStore:
         """
         tmp = tempfile.TemporaryDirectory(prefix="gpu-cost-scratch-")
         url = f"sqlite:///{Path(tmp.name) / 'audit.db'}"
-        engine = sa.create_engine(url)
-
-        @sa.event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn: Any, _rec: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=MEMORY")
-            cur.execute("PRAGMA synchronous=OFF")
-            cur.close()
-
+        engine = _sqlite_engine(url, "journal_mode=MEMORY", "synchronous=OFF")
         store = cls.__new__(cls)
         store.url, store.engine, store.dialect, store._ready, store._sql = url, engine, "sqlite", False, {}
         store._scratch = tmp
