@@ -179,6 +179,11 @@ def test_bad_traces_name_the_file_and_the_column(tmp_path: Path, policy) -> None
     pd.DataFrame({"ts": ["yesterday"], "host": ["h"], "gpu": [0], "util": [3], "mem_used_mib": [1]}).to_csv(s, index=False)
     with pytest.raises(TraceError, match=r"column ts: not ISO 8601 or epoch"):
         replay_files(s, j, policy)
+    # a negative GPU index would be folded into another host's GPU when the samples are made dense
+    pd.DataFrame({"ts": [0, 0], "host": ["a", "b"], "gpu": [0, -1], "util": [3, 3],
+                  "mem_used_mib": [1, 1]}).to_csv(s, index=False)
+    with pytest.raises(TraceError, match=r"s\.csv: column gpu must hold GPU indices \(0 or more\); row 2 has -1"):
+        replay_files(s, j, policy)
 
 
 def test_iso_times_and_csv_samples_work(tmp_path: Path, truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]

@@ -34,6 +34,15 @@ def test_missing_column_names_file_and_column(tmp_path) -> None:  # type: ignore
         trace.read_samples(tmp_path / "s.csv")
 
 
+def test_gpu_indices_must_be_whole_numbers_from_zero(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "s.csv").write_text("ts,host,gpu,util,mem_used_mib\n1,a,0,5,1\n1,a,x,5,1\n")
+    with pytest.raises(TraceError, match=r"s\.csv: column gpu must hold GPU indices \(integers\)"):
+        trace.read_samples(tmp_path / "s.csv")
+    (tmp_path / "s.csv").write_text("ts,host,gpu,util,mem_used_mib\n1,a,0,5,1\n1,a,-1,5,1\n")
+    with pytest.raises(TraceError, match=r"s\.csv: column gpu must hold GPU indices \(0 or more\); row 2 has -1"):
+        trace.read_samples(tmp_path / "s.csv")
+
+
 def test_bad_timestamps_are_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "j.csv").write_text("job_id,user,start_ts\n1,u,yesterday\n")
     with pytest.raises(TraceError, match=r"j\.csv: column start_ts"):
