@@ -109,11 +109,12 @@ class AuditStore:
     """Read and write the audit tables.
 
     :param url: SQLAlchemy URL; default: resolved from the ``gpu_cost_db`` connection.
+    :param engine: the engine to use for ``url`` instead of the process's shared one (:meth:`scratch`).
     """
 
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(self, url: str | None = None, *, engine: Engine | None = None) -> None:
         self.url = url or audit_url()
-        self.engine = _engine(self.url)
+        self.engine = engine or _engine(self.url)
         self.dialect = "sqlite" if self.engine.dialect.name == "sqlite" else "postgresql"
         self._ready = False
         self._sql: dict[str, tuple[str, tuple[str, ...] | None]] = {}
@@ -129,9 +130,7 @@ class AuditStore:
         """
         tmp = tempfile.TemporaryDirectory(prefix="gpu-cost-scratch-")
         url = f"sqlite:///{Path(tmp.name) / 'audit.db'}"
-        engine = _sqlite_engine(url, "journal_mode=MEMORY", "synchronous=OFF")
-        store = cls.__new__(cls)
-        store.url, store.engine, store.dialect, store._ready, store._sql = url, engine, "sqlite", False, {}
+        store = cls(url, engine=_sqlite_engine(url, "journal_mode=MEMORY", "synchronous=OFF"))
         store._scratch = tmp
         return store
 

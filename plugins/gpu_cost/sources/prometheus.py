@@ -546,7 +546,6 @@ def _is_number(text: float | str) -> bool:
     return True
 
 
-
 class PrometheusSource:
     """Read GPU and node aggregates from one Prometheus server.
 
