@@ -96,7 +96,7 @@ def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.Da
         if gpu.isna().any():
             raise TraceError(f"{source}: column gpu must hold GPU indices (integers)")
         out = out.assign(gpu=gpu.astype(np.int64))
-    negative = np.flatnonzero(out["gpu"].to_numpy() < 0) if len(out) else ()
+    negative = np.flatnonzero(out["gpu"].to_numpy() < 0)
     if len(negative):
         raise TraceError(f"{source}: column gpu must hold GPU indices (0 or more); row {int(negative[0]) + 1} "
                          f"has {int(out['gpu'].iloc[int(negative[0])])}")
