@@ -168,6 +168,28 @@ def test_output_replaced_by_a_symlink_is_refused(slurm_cluster: SlurmCluster, na
     assert "never read" not in json.dumps(log)
 
 
+def test_output_through_a_symlinked_directory_is_refused(slurm_cluster: SlurmCluster, named: NodeSource,  # type: ignore[no-untyped-def]
+                                                        submit) -> None:
+    """O_NOFOLLOW covers the last component only: a link to a 0700 directory earlier in the path is
+    refused too (the wrapper walks every directory from ``/`` without following links), as root."""
+    tag = f"{os.getpid()}-{time.monotonic_ns()}"
+    private = slurm_cluster.root / "jobs" / f"private-{tag}"
+    via = slurm_cluster.root / "jobs" / f"via-{tag}"
+    private.mkdir(mode=0o700)
+    via.symlink_to(private, target_is_directory=True)
+    try:
+        jid = submit('echo "BEHIND THE LINK: never read"\n', f"--output={via}/%j.out")
+        out = private / f"{jid}.out"
+        _wait_for(out, "BEHIND THE LINK")  # the job (root) owns it: only the link stands in the way
+        log = named.job_log("gpu01", jid, 4096)
+        assert log["error"] == (f"gpu01: job {jid}'s log not read: stdout+stderr {via}/{jid}.out: "
+                                f"{via} in its path is a symbolic link: not following it"), log
+        assert "never read" not in json.dumps(log)
+    finally:
+        via.unlink()
+        shutil.rmtree(private, ignore_errors=True)
+
+
 def test_output_replaced_by_a_file_of_another_user_is_refused(slurm_cluster: SlurmCluster, named: NodeSource,  # type: ignore[no-untyped-def]
                                                               submit) -> None:
     jid = submit('echo "the job\'s own line"\n')

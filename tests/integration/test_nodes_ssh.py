@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from gpu_cost.actions.base import ActionContext
 from gpu_cost.model import Decision
 from gpu_cost.sources.nodes import NodeAccess, NodeSource
 from tests.fixtures.sshd import SshNode
+from tests.fixtures.users import PLAIN_USER, ensure_plain_user
 
 pytestmark = pytest.mark.integration
 
@@ -38,10 +40,12 @@ def start_ts(pid: int) -> int:
     return int(btime + ticks / os.sysconf("SC_CLK_TCK"))
 
 
-OWNER = "nobody"  # a non-root user every test machine has: the leftover processes run as it
+OWNER = PLAIN_USER  # a person's account (the wrapper never signals a system account's): leftovers run as it
 
 
 def spawn(argv: list[str], user: str | None = OWNER, **kw: object) -> subprocess.Popen[bytes]:
+    if user == OWNER:
+        ensure_plain_user()
     return subprocess.Popen(argv, start_new_session=True, user=user, **kw)  # type: ignore[call-overload,no-any-return]
 
 
@@ -249,17 +253,126 @@ def test_refuses_another_owner(sshd_node: SshNode, wrapper_conn: NodeAccess, pol
     assert f"belongs to {OWNER} (uid {pwd.getpwnam(OWNER).pw_uid}), not alice" in (out.error or "")
 
 
-def test_system_account_only_when_the_policy_names_it(sshd_node: SshNode, wrapper_conn: NodeAccess, policy) -> None:  # type: ignore[no-untyped-def]
-    proc = spawn(["/bin/sleep", "600"], user="daemon")  # uid 1
+@pytest.mark.parametrize("account", ["daemon", "nobody"], ids=["uid-under-uid-min", "nologin-shell"])
+def test_never_a_system_account_whatever_the_agent_asks(sshd_node: SshNode, wrapper_conn: NodeAccess, policy,  # type: ignore[no-untyped-def]
+                                                       account: str) -> None:
+    """daemon (uid 1, under UID_MIN of /etc/login.defs) and nobody (uid 65534, a nologin shell):
+    refused by the node even when the policy named the owner, and ``system-ok`` is no longer a word."""
+    pw = pwd.getpwnam(account)
+    why = (f"uid under UID_MIN {_uid_min()}" if pw.pw_uid < _uid_min() else f"login shell {pw.pw_shell}")
+    proc = spawn(["/bin/sleep", "600"], user=account)
     try:
-        out = _kill(sshd_node, wrapper_conn, policy, proc, user="daemon")
+        out = _kill(sshd_node, wrapper_conn, policy, proc, user=account,
+                    evidence={"act_on_owner": account, "act_on_system": True})
         _untouched(proc)
-        assert out.status == "skipped" and "system account daemon (uid 1)" in (out.error or ""), out.error
-        allowed = _kill(sshd_node, wrapper_conn, policy, proc, user="daemon", evidence={"act_on_system": True})
-        assert allowed.status == "succeeded", (allowed.error, allowed.output)
-        assert proc.wait(10) == -15
+        assert out.status == "skipped" and out.details["result"] == "refused", (out.error, out.output)
+        assert out.error == f"process {proc.pid} runs as system account {account} (uid {pw.pw_uid}, {why}): never touching it"
+        # asked directly, the old flag included: refused as a bad command, the process untouched
+        res = sshd_node.ssh(sshd_node.wrapper_key, "kill-process", str(proc.pid), str(start_ts(proc.pid)), GPU0,
+                            account, "TERM", "system-ok")
+        assert res.returncode == 2 and "system-ok is not accepted" in res.stderr, (res.stdout, res.stderr)
+        res = sshd_node.ssh(sshd_node.wrapper_key, "kill-process", str(proc.pid), str(start_ts(proc.pid)), GPU0,
+                            account, "KILL")
+        assert res.returncode == 4, (res.stdout, res.stderr)
+        assert json.loads(res.stdout.strip().splitlines()[-1])["uid"] == pw.pw_uid
+        _untouched(proc)
     finally:
         reap(proc)
+
+
+def _uid_min() -> int:
+    for line in Path("/etc/login.defs").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "UID_MIN":
+            return int(fields[1])
+    return 1000
+
+
+# cgroup paths as the runtimes make them (systemd and cgroupfs drivers), under a folder of the test's own
+CONTAINER_CGROUPS = {
+    "docker": ("system.slice/docker-{id}.scope", "docker-{id}.scope", "docker"),
+    "kubernetes": ("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{pod}.slice/"
+                   "cri-containerd-{id}.scope", "kubepods.slice", "kubepods"),
+    "podman": ("machine.slice/libpod-{id}.scope", "libpod-{id}.scope", "podman"),
+    "cri-o": ("kubepods/burstable/pod{pod}/crio-{id}.scope", "kubepods", "kubepods"),
+    "lxc": ("lxc.payload.web1", "lxc.payload.web1", None),
+}
+
+
+def _cgroup_mount() -> tuple[Path, str]:
+    """A cgroup hierarchy this test may make folders in: cgroup v2 if mounted, else v1's name=systemd."""
+    found: dict[str, Path] = {}
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, where, kind, opts = line.split()[:4]
+        if kind == "cgroup2":
+            found.setdefault("v2", Path(where))
+        elif kind == "cgroup" and "name=systemd" in opts.split(","):
+            found.setdefault("v1", Path(where))
+    for key in ("v2", "v1"):
+        if key in found and os.access(found[key], os.W_OK):
+            return found[key], key
+    pytest.skip("no writable cgroup hierarchy to put a process in a container's cgroup")
+
+
+@pytest.fixture
+def in_cgroup() -> Iterator[Callable[[subprocess.Popen[bytes], str], str]]:
+    """Move a process into a real cgroup folder at ``relative`` (under a folder of this test's own)."""
+    mount, _ = _cgroup_mount()
+    top = mount / f"gpu-cost-test-{os.getpid()}-{time.monotonic_ns()}"
+    made: list[Path] = []
+    moved: list[int] = []
+
+    def move(proc: subprocess.Popen[bytes], relative: str) -> str:
+        target = top / relative
+        for d in [top, *[top / Path(*Path(relative).parts[:i + 1]) for i in range(len(Path(relative).parts))]]:
+            if not d.exists():
+                d.mkdir()
+                made.append(d)
+        (target / "cgroup.procs").write_text(str(proc.pid))
+        moved.append(proc.pid)
+        return "/" + str(target.relative_to(mount))
+
+    yield move
+    for pid in moved:
+        try:
+            (mount / "cgroup.procs").write_text(str(pid))  # back to the root, if still alive
+        except OSError:
+            pass
+    for d in reversed(made):
+        for _ in range(20):
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)  # a process that just exited may still be counted for a moment
+
+
+@pytest.mark.parametrize("runtime", sorted(CONTAINER_CGROUPS))
+def test_never_a_process_in_a_container(sshd_node: SshNode, wrapper_conn: NodeAccess, policy, sleeper, in_cgroup,  # type: ignore[no-untyped-def]
+                                        runtime: str) -> None:
+    """A person's process moved into a real cgroup named as a container runtime names it: the node
+    reads ``/proc/<pid>/cgroup`` and refuses to signal it, whatever the agent asks; the agent's own
+    inspection sees the container too, so the sweep only reports it."""
+    from gpu_cost.sources.nodes import container_of
+
+    template, component, seen_as = CONTAINER_CGROUPS[runtime]
+    cid, pod = uuid.uuid4().hex * 2, str(uuid.uuid4()).replace("-", "_")
+    path = in_cgroup(sleeper, template.format(id=cid, pod=pod))
+    with open(f"/proc/{sleeper.pid}/cgroup") as fh:
+        cgroup = fh.read()
+    assert path in cgroup, cgroup  # the kernel itself says so
+    out = _kill(sshd_node, wrapper_conn, policy, sleeper)
+    _untouched(sleeper)
+    assert out.status == "skipped" and out.details["result"] == "refused", (out.error, out.output)
+    assert out.error == (f"process {sleeper.pid} runs in a container (cgroup {component.format(id=cid)[:80]}): never "
+                         "touching it; stop it through its runtime")
+    res = sshd_node.ssh(sshd_node.wrapper_key, "kill-process", str(sleeper.pid), str(start_ts(sleeper.pid)), GPU0,
+                        OWNER, "KILL")
+    assert res.returncode == 4 and "runs in a container" in res.stderr, (res.stdout, res.stderr)
+    _untouched(sleeper)
+    if seen_as is not None:  # the agent's inspection classifies it as well (lxc: the node alone)
+        found = container_of(cgroup)
+        assert found is not None and found[0] == seen_as, found
 
 
 @pytest.mark.parametrize(

@@ -355,6 +355,34 @@ def test_a_symlink_is_refused_never_followed(node: Node) -> None:
     assert "SECRET" not in res.stdout
 
 
+def test_a_symlinked_directory_earlier_in_the_path_is_refused_never_followed(node: Node) -> None:
+    """O_NOFOLLOW guards the last component only: every directory of the path is walked without links."""
+    private = node.files / "private"
+    private.mkdir(mode=0o700)
+    (private / "42.out").write_text("BEHIND THE LINK\n")
+    (node.files / "via").symlink_to(private, target_is_directory=True)
+    node.answer(job_text(stdout=str(node.files / "via" / "42.out"), workdir=str(node.files / "via")))
+    res = node.run("job-log 42")
+    assert res.returncode == 0, res.stderr
+    got = answer_of(res)
+    why = f"{node.files / 'via'} in its path is a symbolic link: not following it"
+    assert got["files"] == [{"stream": "stdout+stderr", "path": str(node.files / "via" / "42.out"), "refused": why}]
+    # the WorkDir itself is the link here: refused as before, never scanned
+    assert got["workdir"] == {"path": str(node.files / "via"), "refused": "is a symbolic link: not following it"}
+    assert "BEHIND THE LINK" not in res.stdout
+    # a link two levels up, and a WorkDir below a link
+    (private / "sub").mkdir()
+    (private / "sub" / "42.out").write_text("STILL BEHIND IT\n")
+    node.answer(job_text(stdout=str(node.files / "via" / "sub" / "42.out"), workdir=str(node.files / "via" / "sub")))
+    got = answer_of(node.run("job-log 42"))
+    assert got["files"][0]["refused"] == why and got["workdir"]["refused"] == why
+    assert "STILL BEHIND IT" not in json.dumps(got)
+    # the same file by its real path is read
+    node.answer(job_text(stdout=str(private / "sub" / "42.out"), workdir=str(private / "sub")))
+    got = answer_of(node.run("job-log 42"))
+    assert got["files"][0]["tail"] == "STILL BEHIND IT\n" and "refused" not in got["workdir"], got
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away needs root")
 def test_a_file_of_another_uid_is_refused(node: Node) -> None:
     log = node.files / "42.out"

@@ -3,9 +3,9 @@
 ``kill_process`` sends ``kill-process <pid> <start_ts> <gpu_uuid> <owner> TERM`` to the node
 wrapper (``include/node/gpu-cost-node-action``), which re-checks ON THE NODE that the PID still has
 the start time, owner, GPU UUID and (absent) Slurm job the agent saw, and refuses otherwise — so a
-PID reused by another process is never signalled, nor a process of root, of a running Slurm job or
-(without ``system-ok``, sent when the zombie rule's ``act_on_owners`` allowed it) of a system
-account. Then it waits the grace period (``ctx.sleep``), checks again (signal ``0``), and sends
+PID reused by another process is never signalled, nor a process of a running Slurm job, of root,
+of a system account (uid under the node's ``UID_MIN``, a ``nologin`` shell) or in a container,
+whatever the agent asks. Then it waits the grace period (``ctx.sleep``), checks again (signal ``0``), and sends
 ``KILL`` if the process is still there. A process already gone counts as done; a refusal is
 ``skipped`` with the node's one-line reason; bad arguments or a failed tool on the node (no pidfd,
 squeue unreachable) are ``failed`` with it. Dry-run runs nothing and reports the command it would
@@ -104,9 +104,7 @@ def kill_process(d: Decision, ctx: ActionContext) -> Outcome:
                 access = NodeAccess()
             else:
                 return Outcome("failed", error=str(exc))
-    # uid 1-999 only when the policy's act_on_owners named the owner (the rule says so in the evidence)
-    system_ok = ("system-ok",) if (d.evidence or {}).get("act_on_system") else ()
-    term = access.argv("kill-process", pid, start, uuid, owner, "TERM", *system_ok)
+    term = access.argv("kill-process", pid, start, uuid, owner, "TERM")
     command = " ".join(term)
     if ctx.dry_run:
         logger.info("dry-run: would run on %s: %s", host, command)
@@ -117,7 +115,7 @@ def kill_process(d: Decision, ctx: ActionContext) -> Outcome:
     steps: list[str] = []
 
     def call(signal_name: str) -> Completed:
-        res = runner.run(access.argv("kill-process", pid, start, uuid, owner, signal_name, *system_ok), timeout=60)
+        res = runner.run(access.argv("kill-process", pid, start, uuid, owner, signal_name), timeout=60)
         steps.append(f"{signal_name}: rc={res.rc} {json.dumps(_details(res), sort_keys=True)}")
         return res
 
@@ -126,7 +124,7 @@ def kill_process(d: Decision, ctx: ActionContext) -> Outcome:
         return Outcome("succeeded", output="\n".join(steps), command=command, details={"result": "already gone"})
     if res.rc == EXIT_REFUSED:
         # the node no longer sees the process we found (PID reused, GPU released, in a job now) or
-        # will not touch it (root, another owner, a system account): final, not retried
+        # will not touch it (root, another owner, a system account, a container): final, not retried
         return Outcome("skipped", output="\n".join(steps), error=_reason(res) or "refused by the node",
                        command=command, details={"result": "refused"})
     if res.rc != 0:

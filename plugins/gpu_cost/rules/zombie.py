@@ -7,7 +7,7 @@ Policy (``rules.zombie``)::
       mem_min_mib: 1024    # memory held, MiB, throughout the window
       window: 15m
       ladder: [{action: notify}, {action: kill_process, after: 15m}]
-      act_on_owners: []    # also act on: system, container, or user names (never root)
+      act_on_owners: []    # also act on: system, or user names (never root nor a container)
       system_users: [nobody]
 
 A MIG slice is a device of its own: it qualifies alone, and only the processes in it (its MIG
@@ -22,9 +22,9 @@ and only notification is possible.
 Processes outside Slurm are not ours by default: one of root, of a system account (a name in
 ``system_users``) or in a container is reported, never killed (the finding's action is
 ``advise``, its evidence says ``foreign_owner``: ``root``, ``system`` or ``container:<runtime>``),
-unless ``act_on_owners`` names that kind or the owner. Root never: the node wrapper refuses uid 0,
-and a system account by uid (1-999, which only the node sees) unless the evidence carries
-``act_on_system`` (``system`` or the owner's name listed).
+unless ``act_on_owners`` names ``system`` or the owner; root and containers never (the node
+wrapper refuses them, and a system uid it sees, whatever the agent asks). The verdict comes
+from :mod:`gpu_cost.policy.owners`, the same for the manual reclaim.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from collections import defaultdict
 
 from gpu_cost.evidence import signal
 from gpu_cost.model import Finding, GpuProcess, Snapshot, device_id
+from gpu_cost.policy.owners import not_ours, owner_evidence
 from gpu_cost.policy.schema import Policy, ZombieRule
 from gpu_cost.registry import RuleSpec
 from gpu_cost.rules import register
@@ -42,39 +43,14 @@ from gpu_cost.rules.common import r
 ZOMBIE_CONFIDENCE = 0.9
 
 
-def foreign_owner(p: GpuProcess, cfg: ZombieRule) -> str | None:
-    """Return why a process is not ours by default (``root``, ``system``, ``container:<runtime>``), or None."""
-    if p.container:
-        runtime, sep, _ = p.container.partition(":")
-        return f"container:{runtime}" if sep else "container"
-    if p.user == "root":
-        return "root"
-    if p.user and p.user in cfg.system_users:
-        return "system"
-    return None
-
-
-def owner_allowed(kind: str, user: str, cfg: ZombieRule) -> str | None:
-    """Return the ``act_on_owners`` entry that lets the rule act on a foreign owner, or None."""
-    allowed = set(cfg.act_on_owners)
-    if kind == "root":
-        return None  # the node wrapper refuses uid 0 whatever the policy says
-    if kind.startswith("container"):
-        return "container" if "container" in allowed else None
-    if "system" in allowed:
-        return "system"
-    return user if user and user in allowed else None
-
-
 def why(f: Finding) -> str:
     """The decision reason for a zombie finding."""
     ev = f.evidence
     text = (f"{f.gpus} GPU(s) hold {ev.get('mem_min_mib')} MiB at ≤{ev.get('util_max')}% for "
             f"{int(ev.get('window_s', 0)) // 60} min with no running job")
-    if ev.get("foreign_owner") and f.action == "advise":
-        reason = ("the node never signals uid 0" if ev["foreign_owner"] == "root"
-                  else "rules.zombie.act_on_owners does not name it")
-        text += f" — a {ev['foreign_owner']} process, not ours: reported only ({reason})"
+    withheld = not_ours(ev) if f.action == "advise" else None
+    if withheld:
+        text += f" — {withheld}"
     return text
 
 
@@ -164,17 +140,8 @@ def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]
         ev = dict(entry["evidence"])
         ev.update({"pid": p.pid, "process_start_ts": p.start_ts, "gpu_uuid": p.gpu_uuid, "process_mem_mib": r(entry["mem"], 0),
                    "process_name": p.name, "former_job": p.job_id})
-        action = "kill_process"
-        kind = foreign_owner(p, cfg)
-        if kind is not None:
-            ev["foreign_owner"] = kind
-            allowed_by = owner_allowed(kind, p.user, cfg)
-            if allowed_by is None:
-                action = "advise"  # reported, never killed: rules.zombie.act_on_owners does not name it
-            else:
-                ev["act_on_owner"] = allowed_by
-        if action == "kill_process" and ("system" in cfg.act_on_owners or (p.user and p.user in cfg.act_on_owners)):
-            ev["act_on_system"] = True  # the node may signal this owner even with a uid under 1000
+        ev.update(owner_evidence(p, cfg))
+        action = "advise" if not_ours(ev) else "kill_process"  # not ours: reported, never killed
         ev["signals"] = [
             signal("GPU utilisation", f"max {ev['util_max']} % over {int(cfg.window) // 60} min",
                    f"under {cfg.util_max:g} %: the process computes nothing"),

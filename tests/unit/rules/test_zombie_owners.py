@@ -23,21 +23,25 @@ ZOMBIE = {"job_id": "1", "user": "u", "account": "acct", "node": "g1", "gpus": [
           "name": "train", "behaviour": "zombie"}
 
 
-def zombie_findings(policy: Policy, **proc: object):  # type: ignore[no-untyped-def]
-    """The zombie findings of one simulated leftover process, its fields replaced by ``proc``."""
+def leftover_snapshot(policy: Policy, **proc: object):  # type: ignore[no-untyped-def]
+    """A snapshot with one simulated leftover process (of no running job), its fields replaced by ``proc``."""
     cluster = SimCluster(scenario_from_dict({"seed": 3, "anchor": "now", "nodes": [NODE], "jobs": [ZOMBIE]}), anchor=NOW)
     m = cluster.matrix(NOW - policy.sweep.lookback, NOW)
     procs = [dataclasses.replace(p, **proc) for p in cluster.processes_at(NOW)]  # type: ignore[arg-type]
     assert procs, "the scenario must leave a process on the GPU"
-    snap = from_matrix(policy=policy, now=NOW, source="sim", hosts=m.hosts, gpus=m.gpus, uuids=m.uuids, models=m.models,
-                       mem_total=m.mem_total, times=m.times, util=m.util, mem=m.mem, power=m.power, job=m.job,
-                       jobs=cluster.jobs_at(NOW), processes=procs, nodes=cluster.nodes_at(NOW))
-    return [f for f in run_rules(snap, policy) if f.rule == "zombie"]
+    return from_matrix(policy=policy, now=NOW, source="sim", hosts=m.hosts, gpus=m.gpus, uuids=m.uuids,
+                       models=m.models, mem_total=m.mem_total, times=m.times, util=m.util, mem=m.mem, power=m.power,
+                       job=m.job, jobs=cluster.jobs_at(NOW), processes=procs, nodes=cluster.nodes_at(NOW))
+
+
+def zombie_findings(policy: Policy, **proc: object):  # type: ignore[no-untyped-def]
+    """The zombie findings of one simulated leftover process, its fields replaced by ``proc``."""
+    return [f for f in run_rules(leftover_snapshot(policy, **proc), policy) if f.rule == "zombie"]
 
 
 def policy(owners: str = "[]", system_users: str = "[nobody]") -> Policy:
-    return parse_policy(f"mode: enforce\nrules: {{zombie: {{act_on_owners: {owners}, system_users: {system_users}}}}}\n",
-                        "p.yaml")
+    return parse_policy(f"mode: enforce\nmanual: {{operators: [ops]}}\ncaps: {{max_gpu_share: 1}}\n"
+                        f"rules: {{zombie: {{act_on_owners: {owners}, system_users: {system_users}}}}}\n", "p.yaml")
 
 
 @pytest.mark.parametrize(
@@ -69,29 +73,26 @@ def test_a_plain_user_process_is_still_killed() -> None:
 
 @pytest.mark.parametrize(
     ("owners", "proc", "allowed_by"),
-    [("[container]", {"user": "u", "container": "docker:4f6c3a1be2d9"}, "container"),
-     ("[system]", {"user": "nobody"}, "system"),
-     ("[nobody]", {"user": "nobody"}, "nobody")],
-    ids=["container-word", "system-word", "user-name"],
+    [("[system]", {"user": "nobody"}, "system"), ("[nobody]", {"user": "nobody"}, "nobody")],
+    ids=["system-word", "user-name"],
 )
 def test_act_on_owners_lets_the_rule_act(owners: str, proc: dict[str, object], allowed_by: str) -> None:
     (f,) = zombie_findings(policy(owners), **proc)
     assert f.action == "kill_process" and f.evidence["act_on_owner"] == allowed_by
-    assert bool(f.evidence.get("act_on_system")) == (allowed_by != "container")
+    assert "act_on_system" not in f.evidence, "nothing asks the node to signal a system uid: it never does"
 
 
-def test_naming_a_user_lets_the_node_signal_it_below_uid_1000() -> None:
-    # a service account the agent cannot recognise by name: only the node sees its uid, so the
-    # evidence tells the node that the policy named it
+def test_naming_a_plain_user_changes_nothing() -> None:
     (f,) = zombie_findings(policy("[trainer]"), user="trainer")
-    assert f.action == "kill_process" and f.evidence["act_on_system"] is True and "foreign_owner" not in f.evidence
+    assert f.action == "kill_process" and "foreign_owner" not in f.evidence and "act_on_system" not in f.evidence
 
 
 @pytest.mark.parametrize(
     ("owners", "proc"),
     [("[system, alice]", {"user": "root"}), ("[system]", {"user": "u", "container": "podman:abababababab"}),
-     ("[container]", {"user": "nobody"}), ("[u]", {"user": "u", "container": "docker:4f6c3a1be2d9"})],
-    ids=["root-never", "system-is-not-container", "container-is-not-system", "user-name-is-not-container"],
+     ("[u]", {"user": "u", "container": "docker:4f6c3a1be2d9"}),
+     ("[system, nobody]", {"user": "nobody", "container": "kubepods:9d8c7b6a5f4e"})],
+    ids=["root-never", "container-is-not-system", "user-name-is-not-container", "container-never"],
 )
 def test_act_on_owners_opens_only_what_it_names(owners: str, proc: dict[str, object]) -> None:
     (f,) = zombie_findings(policy(owners), **proc)
@@ -101,11 +102,12 @@ def test_act_on_owners_opens_only_what_it_names(owners: str, proc: dict[str, obj
 @pytest.mark.parametrize(
     ("text", "pattern"),
     [("act_on_owners: [root]", r"act_on_owners\[0\]: root's processes are never killed"),
+     ("act_on_owners: [system, container]", r"act_on_owners\[1\]: processes in a container are never killed"),
      ("act_on_owners: [system, 'a b']", r"act_on_owners\[1\]: 'a b' is not a user name"),
      ("system_users: ['x;y']", r"system_users\[0\]: 'x;y' is not a user name"),
      ("act_on_owners: container", r"act_on_owners"),
      ("act_on_owner: [system]", r"unknown key")],
-    ids=["root", "space", "system-users-bad", "not-a-list", "misspelt"],
+    ids=["root", "container", "space", "system-users-bad", "not-a-list", "misspelt"],
 )
 def test_policy_key_is_checked(text: str, pattern: str) -> None:
     with pytest.raises(PolicyError, match=pattern):
@@ -130,14 +132,15 @@ def _decision(user: str | None, **evidence: object) -> Decision:
                     evidence={"gpu_uuid": "GPU-0f0e0d0c-0000-0000-0000-000000000001", **evidence})
 
 
-def test_the_action_sends_the_owner_and_system_ok_only_when_the_policy_named_it() -> None:
+def test_the_action_sends_the_owner_and_never_asks_for_a_system_account() -> None:
     from gpu_cost.actions.node import kill_process
 
     plain = kill_process(_decision("alice"), _ctx())
     assert plain.status == "skipped"
     assert plain.command == "wrapper kill-process 4242 1700000000 GPU-0f0e0d0c-0000-0000-0000-000000000001 alice TERM"
+    # evidence of an older agent that asked the node to signal a system uid: no longer sent
     named = kill_process(_decision("trainer", act_on_system=True), _ctx())
-    assert (named.command or "").endswith(" trainer TERM system-ok")
+    assert named.command == plain.command.replace(" alice ", " trainer ")
 
 
 def test_the_action_refuses_a_decision_without_owner() -> None:
@@ -145,3 +148,74 @@ def test_the_action_refuses_a_decision_without_owner() -> None:
 
     out = kill_process(_decision(None), _ctx(dry_run=False))
     assert out.status == "failed" and "names no owner" in (out.error or "")
+
+
+# -- one verdict on every way in: the manual reclaim judges a process as the sweep does ---------------
+
+
+def _manual(pol: Policy, snap, dry_run: bool = False):  # type: ignore[no-untyped-def]
+    """The manual reclaim's plan (the DAG's ``prepare`` calls these two) for a kill of the leftover process."""
+    from gpu_cost import reclaim
+
+    (p,) = {(p.host, p.pid) for p in snap.processes}
+    request = reclaim.parse_request({"target_kind": "process", "target_ids": [f"{p[0]}:{p[1]}"],
+                                     "action": "kill_process", "reason": "frees the GPU for the queue",
+                                     "dry_run": dry_run}, requested_by="ops")
+    return reclaim.plan(request, pol, snap, now=NOW, run_key="gpu_manual_reclaim:manual__1")
+
+
+def _sweep(pol: Policy, snap):  # type: ignore[no-untyped-def]
+    """The sweep's finding and its decision once the ladder reaches the kill rung."""
+    (f,) = [f for f in run_rules(snap, pol) if f.rule == "zombie"]
+    plan = decide([f], pol, now=NOW + 7200, escalations={("zombie", f.target, "live"): {
+        "state": "open", "episode": 1, "rung": 0, "first_seen": NOW, "last_action_at": NOW}})
+    return f, plan
+
+
+@pytest.mark.parametrize(
+    ("owners", "proc", "foreign"),
+    [("[]", {"user": "root"}, "root"), ("[]", {"user": "nobody"}, "system"),
+     ("[nobody]", {"user": "root"}, "root"),
+     ("[system]", {"user": "u", "container": "docker:4f6c3a1be2d9"}, "container:docker"),
+     ("[u]", {"user": "u", "container": "kubepods:9d8c7b6a5f4e"}, "container:kubepods")],
+    ids=["root", "system-account", "root-whatever-is-named", "docker", "kubernetes"],
+)
+def test_the_manual_reclaim_never_kills_what_the_sweep_only_reports(owners: str, proc: dict[str, object],
+                                                                     foreign: str) -> None:
+    pol = policy(owners)
+    snap = leftover_snapshot(pol, **proc)
+    f, swept = _sweep(pol, snap)
+    assert f.action == "advise" and swept.decisions == []  # the sweep advised once; its ladder is complete
+    manual = _manual(pol, snap)
+    (d,) = manual.decisions
+    assert d.action == "none" and not d.acts and not d.destructive, d
+    why = f"a {foreign} process, not ours: reported only"
+    assert why in d.reason and manual.refused and why in manual.refused[0]["why"]
+    assert d.evidence["foreign_owner"] == foreign and "act_on_owner" not in d.evidence
+    # the reason is the sweep's own
+    first = decide([f], pol, now=NOW, escalations={}).decisions[0]
+    assert first.action == "advise" and manual.refused[0]["why"] in first.reason
+    # an override of protections does not open it either
+    from gpu_cost import reclaim
+
+    request = reclaim.parse_request({"target_kind": "process", "target_ids": [d.target.split(":", 1)[1].rsplit(":", 1)[0]],
+                                     "action": "kill_process", "reason": "frees the GPU for the queue", "dry_run": False,
+                                     "override_protections": True, "override_justification": "the lead agreed"},
+                                    requested_by="ops")
+    (o,) = reclaim.plan(request, pol, snap, now=NOW, run_key="r").decisions
+    assert o.action == "none" and "override" not in o.evidence
+
+
+@pytest.mark.parametrize(
+    ("owners", "proc"),
+    [("[]", {"user": "alice"}), ("[system]", {"user": "nobody"}), ("[nobody]", {"user": "nobody"})],
+    ids=["a-person", "system-word", "named-system-account"],
+)
+def test_the_manual_reclaim_kills_what_the_sweep_kills(owners: str, proc: dict[str, object]) -> None:
+    pol = policy(owners)
+    snap = leftover_snapshot(pol, **proc)
+    f, swept = _sweep(pol, snap)
+    (s,) = swept.decisions
+    (d,) = _manual(pol, snap).decisions
+    assert (f.action, s.action, d.action) == ("kill_process",) * 3 and d.acts and d.mode == "enforce"
+    assert d.evidence.get("act_on_owner") == f.evidence.get("act_on_owner")
