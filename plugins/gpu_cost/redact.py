@@ -4,11 +4,14 @@ Every place text leaves the agent (an exception message, ``gpu_cost_runs.problem
 a log record, a notice, the health alert, the weekly report) passes it through :func:`redact`,
 which replaces with ``***``:
 
-- the password of a URL's user info: ``https://user:pass@host`` → ``https://user:***@host``;
+- the password of a URL's user info: ``https://user:pass@host`` → ``https://user:***@host``, whatever
+  it holds (quotes, ``!$&'()*+,;=:``, percent-encoded bytes, an unquoted ``@``);
 - credential query parameters: ``?password=``, ``token=``, ``apikey=``/``api_key=``, ``secret=``,
   ``access_token=``, ``signature=`` and their kin → ``?password=***``;
 - the secret path of a Slack webhook: ``hooks.slack.com/services/T…/B…/…`` → ``hooks.slack.com/services/***``;
-- Slack tokens (``xoxb-…``) and ``Bearer``/``Basic`` authorization values.
+- Slack tokens (``xoxb-…``), JWTs (``eyJ….….…``, what ``scontrol token`` prints), the value of
+  slurmrestd's ``X-SLURM-USER-TOKEN`` header (and of ``SLURM_JWT=``), ``Authorization:`` values and
+  other ``Bearer``/``Basic`` credentials.
 
 :func:`connection_secrets` lists what one Airflow connection holds that is secret (password, a
 URL-valued host, token-like extras, Apprise URLs), and :func:`scrub` blanks those first, then redacts:
@@ -29,16 +32,23 @@ from typing import Any
 PACKAGE = "gpu_cost"
 MASK = "***"
 
-# scheme://user:password@ — the password runs to the last "@" before the path (an unquoted "@" in it)
-_USERINFO = re.compile(r"(?P<head>\b[a-z][a-z0-9+.\-]*://[^\s:/?#@'\"<>]*):(?P<pw>[^\s/?#'\"<>]*)@", re.I)
+# scheme://user:password@ — the password is everything up to the last "@" before the host: any
+# character userinfo allows (quotes and sub-delims included), an unquoted "@", anything but what
+# ends an authority ("/?#", whitespace) or cannot be in a URL ('"<>'). A quote after the host
+# (url='…') ends nothing here: the password is blanked whole, never cut at a quote it holds.
+_USERINFO = re.compile(r"(?P<head>\b[a-z][a-z0-9+.\-]*://[^\s:/?#@\"<>]*):(?P<pw>[^\s/?#\"<>]*)@", re.I)
 _QUERY = re.compile(
     r"(?P<head>[?&;](?:[a-z0-9_.\-]*[_.\-])?(?:password|passwd|pwd|token|api[_\-]?key|apikey|secret|signature"
     r"|sig|key|auth)=)(?P<value>[^&#\s'\"<>]+)", re.I)
 _SLACK_HOOK = re.compile(r"(?P<head>hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/)[^\s'\"<>)]+", re.I)
 _SLACK_TOKEN = re.compile(r"\bxox[abposr]-[A-Za-z0-9-]+")
-# a token has a digit or punctuation in it: "Bearer authentication" stays readable
-_AUTH_HEADER = re.compile(r"(?P<head>\bBearer\s+|\bAuthorization:\s*Basic\s+)"
-                          r"(?=[A-Za-z0-9._~+/=\-]*[0-9._~+/=\-])[A-Za-z0-9._~+/=\-]{8,}")
+# a JWT: base64url header (always '{"' → "eyJ"), payload and signature (empty for alg "none")
+_JWT = re.compile(r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{2,}\.[A-Za-z0-9_\-]*")
+# a header or variable that is a credential whatever its value looks like: "Name: v", "'Name': 'v'", "NAME=v"
+_CRED_HEADER = re.compile(r"(?P<head>\b(?:X-SLURM-USER-TOKEN|SLURM_JWT|Authorization)['\"]?\s*[:=]\s*['\"]?"
+                          r"(?:(?:Bearer|Basic|Token|Digest)\s+)?)(?P<value>[^\s'\",;}\]]+)", re.I)
+# a bearer token elsewhere has a digit or punctuation in it: "Bearer authentication" stays readable
+_BEARER = re.compile(r"(?P<head>\bBearer\s+)(?=[A-Za-z0-9._~+/=\-]*[0-9._~+/=\-])[A-Za-z0-9._~+/=\-]{8,}")
 
 
 def redact(text: Any) -> str:
@@ -50,7 +60,9 @@ def redact(text: Any) -> str:
     s = _QUERY.sub(lambda m: f"{m['head']}{MASK}", s)
     s = _SLACK_HOOK.sub(lambda m: f"{m['head']}{MASK}", s)
     s = _SLACK_TOKEN.sub("xox*-" + MASK, s)
-    return _AUTH_HEADER.sub(lambda m: f"{m['head']}{MASK}", s)
+    s = _JWT.sub(MASK, s)
+    s = _CRED_HEADER.sub(lambda m: f"{m['head']}{MASK}", s)
+    return _BEARER.sub(lambda m: f"{m['head']}{MASK}", s)
 
 
 def redact_all(texts: Iterable[Any]) -> list[str]:

@@ -13,6 +13,13 @@ tested on the newer ones) and stores every model in ``gpu_cost_verifier_models``
 names, means, scales, coefficients, intercept; never a pickle). Scoring at sweep time
 (:func:`annotate`) is plain numpy. A model with fewer than ``verifier.min_labels`` labels is
 stored with status ``too_few_labels`` and never used.
+
+A stored model is checked where the sweep loads it (:func:`check_model`: known version and kind,
+every key, known features, arrays as long as the feature list, finite numbers, positive scales).
+A malformed one is refused and named in the run's problems, and the sweep scores with the last
+good model before it, as if the malformed row had never been stored; with none, findings go
+unscored. Unscored is the verifier off: it only ever holds a destructive rung back, so a missing
+score never makes an action more likely than the rules and the other guards make it.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import numpy as np
 
 from gpu_cost import outcomes
 from gpu_cost.audit.store import AuditStore
+from gpu_cost.errors import GpuCostError
 from gpu_cost.model import DESTRUCTIVE_ACTIONS, KILL_ACTIONS, Finding
 from gpu_cost.policy.schema import Policy
 
@@ -48,6 +56,15 @@ FEATURES = (
 MIN_PER_CLASS = 5
 #: statuses of a stored model; only ``active`` is ever used
 STATUSES = ("active", "too_few_labels", "one_class")
+#: the layout of the model JSON this code writes and scores (a model stored without one is version 1)
+MODEL_VERSION = 1
+#: how many stored models back the sweep looks for a good one when the newest are malformed
+MODEL_HISTORY = 30
+_ARRAYS = ("mean", "scale", "coef")
+
+
+class ModelError(GpuCostError):
+    """A stored verifier model is malformed: it is never scored with."""
 
 
 def _num(v: Any, default: float = 0.0) -> float:
@@ -159,7 +176,7 @@ def fit(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     scale[scale < 1e-9] = 1.0
     lr = LogisticRegression(C=1.0, max_iter=2000)
     lr.fit((x - mean) / scale, y)
-    return {"kind": "logistic", "features": list(FEATURES), "mean": [round(float(v), 6) for v in mean],
+    return {"kind": "logistic", "version": MODEL_VERSION, "features": list(FEATURES), "mean": [round(float(v), 6) for v in mean],
             "scale": [round(float(v), 6) for v in scale], "coef": [round(float(v), 6) for v in lr.coef_[0]],
             "intercept": round(float(lr.intercept_[0]), 6)}
 
@@ -244,29 +261,102 @@ def train(store: AuditStore, policy: Policy, now: float, run_id: str | None = No
 
 
 # -- scoring at sweep time ------------------------------------------------------------------------
+def check_model(model: Any) -> dict[str, Any]:
+    """Return ``model`` (a stored model's JSON, parsed) when it can be scored with; ModelError saying what is wrong.
+
+    Refused: another version or kind, a missing key, a feature this code does not compute (or one
+    listed twice), arrays whose length is not the feature list's, a number that is not finite (NaN
+    scores every finding 1.0), a scale that is not positive.
+    """
+    if not isinstance(model, dict):
+        raise ModelError(f"a JSON object expected, not {type(model).__name__}")
+    version = model.get("version", 1)  # models stored before the version key are version 1
+    if version != MODEL_VERSION or isinstance(version, bool):
+        raise ModelError(f"version {version!r:.20} is unknown (this agent reads {MODEL_VERSION})")
+    missing = [k for k in ("kind", "features", *_ARRAYS, "intercept") if k not in model]
+    if missing:
+        raise ModelError(f"missing {', '.join(missing)}")
+    if model["kind"] != "logistic":
+        raise ModelError(f"kind {model['kind']!r:.20} is unknown (this agent scores logistic)")
+    names = model["features"]
+    if not isinstance(names, list) or not names:
+        raise ModelError("features is not a list of feature names")
+    unknown = [n for n in names if n not in FEATURES]
+    if unknown:
+        raise ModelError(f"unknown feature {unknown[0]!r:.40}")
+    if len(set(names)) != len(names):
+        raise ModelError("a feature is listed twice")
+    for key in _ARRAYS:
+        values = model[key]
+        if not isinstance(values, list):
+            raise ModelError(f"{key} is not a list")
+        if len(values) != len(names):
+            raise ModelError(f"{key} has {len(values)} numbers, features has {len(names)}")
+        for i, v in enumerate(values):
+            _finite(v, f"{key}[{i}]")
+            if key == "scale" and v <= 0:
+                raise ModelError(f"scale[{i}] is {v:g}: must be positive")
+    _finite(model["intercept"], "intercept")
+    return model
+
+
+def _finite(v: Any, where: str) -> None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ModelError(f"{where} is not a number ({v!r:.20})")
+    if not math.isfinite(v):
+        raise ModelError(f"{where} is {v}")
+
+
+def load_model(store: AuditStore, policy: Policy, now: float) -> tuple[dict[str, Any] | None, list[str]]:
+    """Return the model the sweep uses at ``now`` and the problems met finding it (for the run's problems).
+
+    The newest model trained by ``now`` decides: none when it is not ``active`` or has fewer labels
+    than ``verifier.min_labels`` asks now. A malformed one (:func:`check_model`) is refused and
+    skipped, as if never stored, to the one before it: the last good model, or none.
+    """
+    problems: list[str] = []
+    chosen: dict[str, Any] | None = None
+    for r in store.fetch("recent_verifier_models", {"until": now, "limit": MODEL_HISTORY}):
+        if r["status"] != "active" or int(r["labels"] or 0) < policy.verifier.min_labels:
+            break
+        try:
+            if not r.get("model"):
+                raise ModelError("no model JSON")
+            try:
+                doc = json.loads(r["model"])
+            except ValueError:
+                raise ModelError("not JSON") from None
+            chosen = {**check_model(doc), "model_id": r["model_id"]}
+            break
+        except ModelError as exc:
+            logger.error("verifier model %s refused: %s", r["model_id"], exc)
+            problems.append(f"verifier: model {r['model_id']} refused ({exc})")
+    if problems:
+        problems[-1] += (f"; scoring with {chosen['model_id']}, the last good model" if chosen else
+                         "; no usable model: job findings are not scored, the rules and the other guards decide")
+    return chosen, problems
+
+
 def active_model(store: AuditStore, policy: Policy, now: float) -> dict[str, Any] | None:
-    """Return the model the sweep uses at ``now`` (the newest trained by then), or None when that one is
-    not ``active`` or has fewer labels than ``verifier.min_labels`` asks now."""
-    rows = store.fetch("latest_verifier_model", {"until": now})
-    if not rows:
-        return None
-    r = rows[0]
-    if r["status"] != "active" or not r.get("model") or int(r["labels"] or 0) < policy.verifier.min_labels:
-        return None
-    return {**json.loads(r["model"]), "model_id": r["model_id"]}
+    """Return the model the sweep uses at ``now`` (:func:`load_model`), or None."""
+    return load_model(store, policy, now)[0]
 
 
-def annotate(findings: Sequence[Finding], policy: Policy, store: AuditStore, now: float) -> list[Finding]:
-    """Return the findings with the active model's score in ``evidence["verifier"]`` (job findings of the
-    rules it knows); unchanged when the verifier is off or no model may be used."""
+def annotate(findings: Sequence[Finding], policy: Policy, store: AuditStore, now: float,
+             problems: list[str] | None = None) -> list[Finding]:
+    """Return the findings with the model's score in ``evidence["verifier"]`` (job findings of the rules it
+    knows); unchanged when the verifier is off or no model may be used.
+
+    :param problems: where a refused model is said (the run's problems); it is logged either way.
+    """
     findings = list(findings)
     if not policy.verifier.enabled:
         return findings
+    model, refused = load_model(store, policy, now)
+    if problems is not None:
+        problems.extend(refused)
     scorable = [i for i, f in enumerate(findings) if f.target_kind == "job" and f.rule in RULES]
-    if not scorable:
-        return findings
-    model = active_model(store, policy, now)
-    if model is None:
+    if model is None or not scorable:
         return findings
     users = sorted({findings[i].user or "" for i in scorable})
     hist: dict[str, list[int]] = {}

@@ -128,7 +128,7 @@ def restd() -> Iterator[ThreadingHTTPServer]:
 
 def conn(server: ThreadingHTTPServer, api: str, token: str) -> str:
     return json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": server.server_address[1], "login": USER,
-                       "password": token, "extra": {"api_version": api, "timeout": 10}})
+                       "password": token, "extra": {"api_version": api, "timeout": 10, "scheme": "http"}})
 
 
 @pytest.mark.parametrize("release", list(VERSIONS))

@@ -20,9 +20,17 @@ Connection ``gpu_cost_slurmrestd`` (Airflow ``http``): ``host`` and ``port`` (de
 slurmrestd, ``login`` the Slurm user the token is for, ``password`` the token (what
 ``scontrol token username=<login> lifespan=<s>`` prints after ``SLURM_JWT=``; when the
 connection has none, the ``SLURM_JWT`` environment variable). Extras: ``api_version`` (the
-data_parser version, default ``v0.0.41``; ``v0.0.39``-``v0.0.44``), ``scheme`` (``http`` or
-``https``), ``verify`` (TLS, default true), ``timeout`` (seconds, default 30). The token is never
-logged: errors name the URL and the HTTP status only.
+data_parser version, default ``v0.0.41``; ``v0.0.39``-``v0.0.44``), ``scheme``, ``verify`` (TLS,
+default true), ``timeout`` (seconds, default 30). The token is never logged: errors name the URL
+and the HTTP status only.
+
+The token travels over HTTPS unless the connection asks for plain HTTP in so many words: ``http``
+in ``extra.scheme``, in ``schema`` (where Airflow's HTTP connections keep their scheme) or as the
+host's ``http://`` prefix; where two of them are set they must agree. The ``http`` connection
+type is not such a request (every HTTP connection has it). A redirect is never followed: the
+token header would go with it to wherever it points (``requests`` drops only ``Authorization``
+on the way), and that server's answer would be read as the cluster's. A 3xx answer is an error
+naming the URL and where it pointed.
 
 Actions still run as commands (``scancel``, ``scontrol``) through the Slurm runner.
 """
@@ -93,11 +101,20 @@ def rest_config(conn_id: str = CONN_ID) -> RestConfig:
     host = str(conn.get("host") or "").strip()
     if not host:
         raise SourceError(f"connection {conn_id}: host is empty (slurmrestd's address)")
-    scheme = str(extra.get("scheme") or "http")
+    said: dict[str, str] = {}  # where the connection names a scheme: what it says
     if "://" in host:
-        scheme, _, host = host.partition("://")
-    if scheme not in ("http", "https"):
-        raise SourceError(f"connection {conn_id}: extra.scheme must be http or https, not {scheme!r}")
+        said["host"], _, host = host.partition("://")
+    for where, value in (("extra.scheme", extra.get("scheme")), ("schema", conn.get("schema"))):
+        if value not in (None, ""):
+            said[where] = str(value)
+    for where, value in said.items():
+        if value.strip().lower() not in ("http", "https"):
+            raise SourceError(f"connection {conn_id}: scheme must be http or https, not {value!r:.20} ({where})")
+    schemes = {v.strip().lower() for v in said.values()}
+    if len(schemes) > 1:
+        raise SourceError(f"connection {conn_id}: " + ", ".join(f"{w} says {v!r}" for w, v in said.items())
+                          + ": set one scheme")
+    scheme = schemes.pop() if schemes else "https"
     port = conn.get("port") or DEFAULT_PORT
     user = str(conn.get("login") or "")
     if not _USER.fullmatch(user):
@@ -146,13 +163,20 @@ class SlurmRestSource:
         url = f"{self.config.url}{path}"
         what = f"GET {path}"
         try:
-            res = self.session.get(url, params=dict(params or {}), timeout=self.config.timeout)
+            # never followed: the token header would go wherever a redirect points
+            res = self.session.get(url, params=dict(params or {}), timeout=self.config.timeout,
+                                   allow_redirects=False)
         except requests.exceptions.Timeout:
             raise SourceError(f"slurmrestd at {redact(self.config.url)} did not answer {what} within "
                               f"{self.config.timeout:g}s") from None
         except requests.exceptions.RequestException as exc:
             raise SourceError(f"slurmrestd at {redact(self.config.url)} cannot be reached ({what}): "
                               f"{type(exc).__name__}") from None
+        if 300 <= res.status_code < 400:
+            where = " ".join(str(res.headers.get("Location") or "nowhere").split())[:200]
+            raise SourceError(f"slurmrestd at {redact(self.config.url)} answered {what} with a redirect "
+                              f"(HTTP {res.status_code}) to {redact(where)}: not followed, the token goes to "
+                              "slurmrestd only; point the connection at slurmrestd itself")
         if res.status_code in (401, 403):
             raise SourceError(f"slurmrestd at {redact(self.config.url)} refused {what} for user {self.config.user!r} "
                               f"(HTTP {res.status_code}): check the token (expired? auth/jwt configured?)")
