@@ -4,23 +4,42 @@
 -- store is created from it (and stamped at head); an existing one is migrated. Change both together
 -- (tests/unit/test_audit_migrations.py compares them).
 -- Nothing is ever deleted or rewritten: what was decided and done is in the *_log tables, every later
--- status change, approval and outcome is a new row of an *_events table, and gpu_cost_decisions and
--- gpu_cost_actions are views of the current state (the latest event of each kind wins, by event_id).
+-- status change, approval and outcome is a new row of an *_events table, and gpu_cost_runs,
+-- gpu_cost_decisions and gpu_cost_actions are views of the current state (the latest event of each kind
+-- wins, by event_id).
 -- Every stored result (usage, job usage, forecasts, savings) names the run and the data instant it
 -- came from (run_id, data_ts); an upsert never lets an older data instant replace a newer one.
 
-CREATE TABLE IF NOT EXISTS gpu_cost_runs (
+-- what a run is (written once when it starts); its status changes are gpu_cost_run_events
+CREATE TABLE IF NOT EXISTS gpu_cost_run_log (
     run_id          TEXT PRIMARY KEY,
     dag_id          TEXT,
     started_at      TIMESTAMPTZ NOT NULL,
-    finished_at     TIMESTAMPTZ,
     data_ts         TIMESTAMPTZ,
     source          TEXT,
-    mode            TEXT,
-    status          TEXT NOT NULL DEFAULT 'running',   -- running | awaiting_approval | ok | degraded | failed | capped
-    problems        TEXT,                              -- JSON list
-    counts          TEXT                                      -- JSON object
+    mode            TEXT
 );
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_run_log_dag ON gpu_cost_run_log (dag_id, started_at);
+
+-- a status change of a run (awaiting an approval, finished with its problems and counts), appended
+CREATE TABLE IF NOT EXISTS gpu_cost_run_events (
+    event_id        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id          TEXT NOT NULL,
+    ts              TIMESTAMPTZ NOT NULL DEFAULT now(), -- when it was written
+    status          TEXT NOT NULL,                     -- awaiting_approval | ok | degraded | failed | capped | stale | refused | rejected
+    finished_at     TIMESTAMPTZ,
+    problems        TEXT,                              -- JSON list
+    counts          TEXT                               -- JSON object
+);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_run_events_run ON gpu_cost_run_events (run_id, event_id);
+
+-- current state of every run (the columns of the former table, in its order; no event yet: running)
+CREATE OR REPLACE VIEW gpu_cost_runs AS
+SELECT l.run_id, l.dag_id, l.started_at, e.finished_at, l.data_ts, l.source, l.mode,
+       COALESCE(e.status, 'running') AS status, e.problems, e.counts
+FROM gpu_cost_run_log l
+LEFT JOIN gpu_cost_run_events e ON e.event_id = (
+    SELECT MAX(x.event_id) FROM gpu_cost_run_events x WHERE x.run_id = l.run_id);
 
 CREATE TABLE IF NOT EXISTS gpu_cost_snapshots (
     run_id          TEXT PRIMARY KEY,
@@ -103,12 +122,14 @@ CREATE TABLE IF NOT EXISTS gpu_cost_action_events (
 );
 CREATE INDEX IF NOT EXISTS ix_gpu_cost_action_events_action ON gpu_cost_action_events (action_id, event_id);
 
--- current state of every decision (the columns of the former table, in its order)
+-- current state of every decision (the columns of the former table, in its order); an approval comes
+-- from an approval event only (the approver's role writes them), the log says at most "pending"
 CREATE OR REPLACE VIEW gpu_cost_decisions AS
 SELECT l.decision_id, l.run_id, l.ts, l.rule, l.target_kind, l.target, l.action, l.mode, l.rung, l.episode,
        l.job_id, l.user_name, l.account, l.partition_name, l.host, l.gpus, l.reason, l.protection,
        l.requires_approval,
-       CASE WHEN a.event_id IS NULL THEN l.approval_status ELSE a.approval_status END AS approval_status,
+       COALESCE(a.approval_status, CASE WHEN l.approval_status = 'pending' THEN l.approval_status END)
+           AS approval_status,
        a.approved_by, a.approved_at,
        COALESCE(s.status, l.status) AS status,
        l.gpu_hours_at_risk, l.gpu_hours_saved, l.evidence

@@ -22,12 +22,14 @@ reads the last ``rightsize.lookback`` of them:
 * With ``block``, a request of more than ``block_factor`` x the advised GPUs is refused.
 
 :func:`publish` writes the advice file (:func:`advice_file_text`: tab-separated, read by the shipped
-``include/slurm/cli_filter.lua``) and stores the rows in ``gpu_cost_rightsize``. :func:`followed`
+``include/slurm/cli_filter.lua``; its second line names the data instant, and a file of a newer instant is
+never replaced by an older run's) and stores the rows in ``gpu_cost_rightsize``. :func:`followed`
 counts, for the weekly report, how often the jobs that came later asked for what was advised.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import logging
 import math
@@ -45,12 +47,15 @@ from gpu_cost.baselines import name_stem
 from gpu_cost.errors import GpuCostError
 from gpu_cost.model import KILL_ACTIONS
 from gpu_cost.policy.schema import Policy, RightsizeConfig
-from gpu_cost.timeutil import format_duration, iso
+from gpu_cost.timeutil import epoch, format_duration, iso
 
 logger = logging.getLogger(__name__)
 
 #: first line of the advice file; the Lua script reads nothing from a file without it
 FILE_MAGIC = "# gpu-cost rightsize advice v1"
+#: second line: the data instant the advice was computed at (a comment to the Lua script); :func:`publish`
+#: never replaces a file of a newer instant
+FILE_INSTANT = "# data_ts: "
 #: the advice file's columns, in order (``include/slurm/cli_filter.lua`` reads them by position)
 FILE_COLUMNS = ("scope", "user", "stem", "ask_min", "gpus_advice", "block_above", "time_ask_min_s", "time_advice_s",
                 "head", "gpus_text", "time_text", "block_text")
@@ -324,7 +329,7 @@ def advice_path(policy: Policy, out: str | os.PathLike[str] | None = None) -> Pa
 def advice_file_text(rows: Sequence[Advice], now: float, cfg: RightsizeConfig) -> str:
     """Return the advice file: a magic line, comments, then one tab-separated line per row
     (:data:`FILE_COLUMNS`), classes first; the same rows give the same bytes."""
-    lines = [FILE_MAGIC,
+    lines = [FILE_MAGIC, f"{FILE_INSTANT}{iso(now)}",
              f"# from the GPU jobs that finished in the {format_duration(cfg.lookback)} before {iso(now)}; "
              "written by gpu-cost (gpu_forecast_nightly or `gpu-cost rightsize write`): do not edit",
              "# " + "\t".join(FILE_COLUMNS)]
@@ -336,21 +341,54 @@ def advice_file_text(rows: Sequence[Advice], now: float, cfg: RightsizeConfig) -
     return "\n".join(lines) + "\n"
 
 
-def write_file(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (readers see the old file or the new one), mode 0644."""
+def file_instant(path: Path) -> float | None:
+    """Return the data instant of the advice file at ``path``; None when there is none, it is not an advice
+    file, or an earlier version wrote it (no instant line)."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            head = [fh.readline().rstrip("\n") for _ in range(2)]
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise GpuCostError(f"cannot read the right-sizing advice file {path}: {exc}") from exc
+    if head[0] != FILE_MAGIC or not head[1].startswith(FILE_INSTANT):
+        return None
+    try:
+        return epoch(head[1][len(FILE_INSTANT):].strip())
+    except ValueError:
+        logger.warning("advice file %s: unreadable instant line %r; replaced", path, head[1][:80])
+        return None
+
+
+def write_file(path: Path, text: str, now: float | None = None) -> float | None:
+    """Replace ``path`` with ``text`` atomically (readers see the old file or the new one), mode 0644.
+
+    With ``now`` (the data instant of ``text``), a file of a newer instant is left as it is and its
+    instant returned (None: written). The look and the replacement hold a lock on the folder, so of
+    two writers racing the newer instant wins.
+    """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        folder = os.open(path.parent, os.O_RDONLY)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)  # sbatch runs as each user: everyone reads it (it holds no secret)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            fcntl.flock(folder, fcntl.LOCK_EX)
+            newer = file_instant(path) if now is not None else None
+            if newer is not None and now is not None and newer > now:
+                return newer
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.chmod(tmp, 0o644)  # sbatch runs as each user: everyone reads it (it holds no secret)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            return None
+        finally:
+            os.close(folder)  # releases the lock
     except OSError as exc:
         raise GpuCostError(f"cannot write the right-sizing advice file {path}: {exc}") from exc
 
@@ -359,21 +397,31 @@ def publish(store: AuditStore, policy: Policy, now: float, *, run_id: str | None
             out: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Compute the advice as of ``now``, write the advice file and store the rows; return a summary.
 
-    Idempotent: the same history and instant write the same file and rows.
+    Idempotent: the same history and instant write the same file and rows. A file of a newer instant
+    (a later run's; this one is an older nightly run again) is left as it is: the summary's ``file``
+    is None and ``kept`` names it; the rows are stored under their own instant, as not published.
     """
     cfg = policy.rightsize
     rows = compute(store, policy, now)
     path = advice_path(policy, out)
+    kept: dict[str, str] | None = None
     if path is not None:
-        write_file(path, advice_file_text(rows, now, cfg))
-        logger.info("right-sizing advice written to %s (%d rows)", path, len(rows))
+        newer = write_file(path, advice_file_text(rows, now, cfg), now)
+        if newer is None:
+            logger.info("right-sizing advice written to %s (%d rows)", path, len(rows))
+        else:
+            kept = {"file": str(path), "at": iso(newer)}
+            logger.warning("right-sizing advice as of %s not written: %s holds newer advice (as of %s)", iso(now),
+                           path, iso(newer))
+            path = None
     stored = [{**{k: v for k, v in a.to_dict().items() if k not in ("head", "gpus_text", "time_text", "block_text")},
                "user_name": a.user, "data_ts": now, "advice_file": str(path) if path else None, "run_id": run_id}
               for a in rows]
     for r in stored:
         r.pop("user")
     store.execute("upsert_rightsize", stored)
-    return {**summary(rows), "at": iso(now), "file": str(path) if path else None}
+    out_summary = {**summary(rows), "at": iso(now), "file": str(path) if path else None}
+    return {**out_summary, "kept": kept} if kept else out_summary
 
 
 def summary(rows: Sequence[Advice]) -> dict[str, Any]:

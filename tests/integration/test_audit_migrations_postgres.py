@@ -48,7 +48,7 @@ def _shape(url: str) -> dict[str, Any]:
     finally:
         eng.dispose()
     # names PostgreSQL makes up for a constraint's index differ with history, their definitions do not
-    assert [v for v, _d in views] == ["gpu_cost_actions", "gpu_cost_decisions"]
+    assert [v for v, _d in views] == ["gpu_cost_actions", "gpu_cost_decisions", "gpu_cost_runs"]
     return {"columns": columns, "kinds": kinds, "constraints": constraints, "views": views,
             "indexes": sorted((t, d.split(" ON ", 1)[1]) for t, _n, d in indexes)}
 

@@ -3,8 +3,10 @@
 The tables are created by their owner (``gpu-cost db upgrade``, which applies the grants); the
 agent role (connection ``gpu_cost_db``) then runs every named write of ``include/sql/queries.sql``
 through :class:`AuditStore` and a whole sweep's writes, and fails to DELETE, TRUNCATE, DROP or
-UPDATE anything of the decision and action history (rewriting a failed action as succeeded,
-setting who approved). The reader role (Grafana) only reads.
+UPDATE anything of the run, decision and action history (rewriting a failed action as succeeded,
+setting who approved, changing a run's status), and to write an approval at all: only the
+approver's role (connection ``gpu_cost_db_approver``) does, and nothing else. The reader role
+(Grafana) only reads.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ SQL = ROOT / "include" / "sql"
 TABLES = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", (SQL / "schema.postgresql.sql").read_text()))
 #: the views of the current state
 VIEWS = tuple(re.findall(r"CREATE OR REPLACE VIEW (\w+)", (SQL / "schema.postgresql.sql").read_text()))
-#: decision and action history: the agent may only SELECT and INSERT
-HISTORY = ("gpu_cost_decision_log", "gpu_cost_decision_events", "gpu_cost_action_log", "gpu_cost_action_events")
+#: run, decision and action history: the agent may only SELECT and INSERT (a decision's events: some columns)
+HISTORY = ("gpu_cost_run_log", "gpu_cost_run_events", "gpu_cost_decision_log", "gpu_cost_decision_events",
+           "gpu_cost_action_log", "gpu_cost_action_events")
+#: the writes of the approver's role (the agent's may not run them)
+APPROVER_WRITES = ("set_approval",)
 
 #: text values that must make sense to a statement (a status, a LIKE pattern, JSON columns)
 _TEXT = {"status": "ok", "approval_status": "approved", "track": "dry-run", "kind": "gpu", "mode": "dry-run",
@@ -73,7 +78,7 @@ def gpu_cost_db(*args: str) -> dict[str, Any]:
 def _roles_and_database(port: int, name: str) -> None:
     env = {**os.environ, "PGHOST": "127.0.0.1", "PGPORT": str(port), "POSTGRES_USER": "postgres",
            "GPU_COST_DB_NAME": name, "GPU_COST_OWNER_PASSWORD": "owner-pw", "GPU_COST_AGENT_PASSWORD": "agent'pw",
-           "GPU_COST_READER_PASSWORD": "reader pw"}
+           "GPU_COST_APPROVER_PASSWORD": "approver\"pw", "GPU_COST_READER_PASSWORD": "reader pw"}
     r = subprocess.run(["bash", str(ROOT / "deploy" / "postgres" / "initdb.d" / "00-roles.sh")], env=env,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -104,7 +109,8 @@ def audit_db(postgres_server: dict[str, Any]) -> Iterator[dict[str, Any]]:
     finally:
         eng.dispose()
     yield {"agent": base.format("gpu_cost_agent"), "reader": base.format("gpu_cost_reader"),
-           "owner": base.format("gpu_cost_owner"), "types": types}  # type: ignore[misc]
+           "approver": base.format("gpu_cost_approver"), "owner": base.format("gpu_cost_owner"),
+           "types": types}  # type: ignore[misc]
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +121,13 @@ def agent_store(audit_db: dict[str, str]):  # type: ignore[no-untyped-def]
     # The owner created the schema; the agent runs no DDL (see test_store_as_agent_runs_no_ddl).
     store._ready = True
     return store
+
+
+@pytest.fixture(scope="module")
+def approver_store(audit_db: dict[str, str]):  # type: ignore[no-untyped-def]
+    from gpu_cost.audit.store import AuditStore
+
+    return AuditStore(audit_db["approver"]).ensure_schema()  # at head: no DDL
 
 
 def _denied(url: str, sql: str) -> str:
@@ -128,10 +141,11 @@ def _denied(url: str, sql: str) -> str:
 
 
 @pytest.mark.parametrize("name", sorted(_writes()), ids=str)
-def test_agent_runs_every_named_write(agent_store, audit_db, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_agent_runs_every_named_write(agent_store, approver_store, audit_db, name: str) -> None:  # type: ignore[no-untyped-def]
     params = _params(_writes()[name], audit_db["types"])
-    agent_store.execute(name, params)
-    agent_store.execute(name, params)  # twice: upserts take their conflict (UPDATE) path
+    store = approver_store if name in APPROVER_WRITES else agent_store
+    store.execute(name, params)
+    store.execute(name, params)  # twice: upserts take their conflict (UPDATE) path
 
 
 def test_agent_store_round_trip(agent_store) -> None:  # type: ignore[no-untyped-def]
@@ -188,7 +202,10 @@ def test_agent_cannot_write_the_views(audit_db, table: str) -> None:  # type: ig
     "UPDATE gpu_cost_action_events SET attempt = 1",
     "INSERT INTO gpu_cost_schema_version VALUES ('0001_baseline')",
     "UPDATE gpu_cost_schema_version SET version_num = '0001_baseline'",
-    "UPDATE gpu_cost_runs SET started_at = now(), mode = 'enforce'",
+    "UPDATE gpu_cost_run_log SET started_at = now(), mode = 'enforce'",
+    "UPDATE gpu_cost_run_events SET status = 'ok', problems = '[]'",
+    "INSERT INTO gpu_cost_decision_events (decision_id, approval_status, approved_by) VALUES ('x', 'approved', 'me')",
+    "INSERT INTO gpu_cost_decision_events (decision_id, status, approved_at) VALUES ('x', 'acted', now())",
     "UPDATE gpu_cost_savings SET usd = 1e9",
     "UPDATE gpu_cost_snoozes SET until_ts = now()",
     "UPDATE gpu_cost_usage SET host = 'elsewhere'",
@@ -239,14 +256,130 @@ def test_history_is_select_and_insert_only(audit_db) -> None:  # type: ignore[no
         eng.dispose()
     for table in (*HISTORY, *VIEWS, "gpu_cost_savings", "gpu_cost_snoozes", "gpu_cost_run_policies"):
         agent = {p for g, t, p in tables if g == "gpu_cost_agent" and t == table}
-        assert agent == ({"SELECT"} if table in VIEWS else {"SELECT", "INSERT"}), (table, agent)
+        whole = {"SELECT"} if table in (*VIEWS, "gpu_cost_decision_events") else {"SELECT", "INSERT"}
+        assert agent == whole, (table, agent)
         assert {p for g, t, p in tables if g == "gpu_cost_reader" and t == table} == {"SELECT"}, table
         assert not [c for c in columns if c[1] == table], (table, columns)
     assert {p for g, t, p in tables if t == "gpu_cost_schema_version" and g != "PUBLIC"} == {"SELECT"}
+    # the approver's role reads, and writes nothing but approval events
+    assert {(t, p) for g, t, p in tables if g == "gpu_cost_approver" and p != "SELECT"} == set()
 
 
-def test_agent_writes_history_but_never_rewrites_it(agent_store, audit_db) -> None:  # type: ignore[no-untyped-def]
-    """Decide, approve, act, fail, retry, succeed: all as the agent; then try to rewrite it and fail."""
+def _insert_columns(audit_db, role: str, table: str) -> set[str]:  # type: ignore[no-untyped-def]
+    eng = sa.create_engine(audit_db["owner"])
+    try:
+        with eng.connect() as conn:
+            return {c for (c,) in conn.execute(sa.text(
+                "SELECT column_name FROM information_schema.column_privileges WHERE grantee = :g "
+                "AND table_name = :t AND privilege_type = 'INSERT'"), {"g": role, "t": table}).all()}
+    finally:
+        eng.dispose()
+
+
+def test_only_the_approver_writes_approvals(audit_db) -> None:  # type: ignore[no-untyped-def]
+    """A decision's events: the agent writes status changes, never an approval; the approver the reverse."""
+    approval = {"approval_status", "approved_by", "approved_at"}
+    agent = _insert_columns(audit_db, "gpu_cost_agent", "gpu_cost_decision_events")
+    approver = _insert_columns(audit_db, "gpu_cost_approver", "gpu_cost_decision_events")
+    assert "status" in agent and not agent & approval, agent
+    assert approval <= approver and "status" not in approver, approver
+    eng = sa.create_engine(audit_db["owner"])
+    try:
+        with eng.connect() as conn:
+            others = conn.execute(sa.text(
+                "SELECT DISTINCT table_name FROM information_schema.column_privileges WHERE grantee = 'gpu_cost_approver' "
+                "AND privilege_type <> 'SELECT'")).scalars().all()
+    finally:
+        eng.dispose()
+    assert others == ["gpu_cost_decision_events"]
+
+
+def _decision(run_id: str, suffix: str = "d"):  # type: ignore[no-untyped-def]
+    from gpu_cost.model import Decision
+
+    return Decision(decision_id=f"{run_id}:{suffix}", ts=NOW, rule="idle_allocation", target_kind="job",
+                    target=f"job:{run_id}", action="cancel", mode="enforce", requires_approval=True, gpus=4,
+                    reason="idle")
+
+
+def test_the_agent_cannot_approve(agent_store, audit_db) -> None:  # type: ignore[no-untyped-def]
+    """Neither an approval event (refused, with what to configure) nor a log row that says approved (not an approval)."""
+    from gpu_cost.audit.store import decision_row
+    from gpu_cost.errors import AuditError
+
+    run_id = f"forge:{uuid.uuid4().hex[:6]}"
+    d = _decision(run_id)
+    agent_store.record_decisions([d], run_id)
+    with pytest.raises(AuditError, match=r"permission denied.*approver's role \(connection gpu_cost_db_approver"):
+        agent_store.set_approval(d.decision_id, "approved", "mallory", NOW)
+    message = _denied(audit_db["agent"], "INSERT INTO gpu_cost_decision_events (decision_id, approval_status, "
+                                         f"approved_by, approved_at) VALUES ('{d.decision_id}', 'approved', 'mallory', now())")
+    assert "permission denied" in message
+    forged = {**decision_row(_decision(run_id, "forged"), run_id), "approval_status": "approved"}
+    agent_store.execute("insert_decision", forged)  # the agent decides: it may write the log
+    for did in (d.decision_id, forged["decision_id"]):
+        got = agent_store.get_decision(did)
+        assert got["approval_status"] in ("pending", None) and got["approved_by"] is None, got
+    from gpu_cost.policy.engine import may_act
+
+    assert not may_act(agent_store.get_decision(forged["decision_id"]))
+    assert not may_act(agent_store.get_decision(forged["decision_id"]), approved_only=True)
+
+
+def test_the_approval_path_records_approvals(agent_store, audit_db, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The approval operator's path (its connection resolved as in a worker) records approve and reject."""
+    from gpu_cost.airflow import approval, runtime
+
+    monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_DB", audit_db["agent"].replace("postgresql+psycopg2", "postgresql"))
+    monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_DB_APPROVER",
+                       audit_db["approver"].replace("postgresql+psycopg2", "postgresql"))
+    store = runtime.store()
+    approver = runtime.approver_store(store)
+    assert approver is not store and approver.url.startswith("postgresql+psycopg2://gpu_cost_approver@")
+    run_id = f"approve:{uuid.uuid4().hex[:6]}"
+    yes, no = _decision(run_id, "yes"), _decision(run_id, "no")
+    store.record_decisions([yes, no], run_id)
+    assert [r["decision_id"] for r in approval.pending_approvals(store, run_id)] == [no.decision_id, yes.decision_id]
+    approval.record_answer(store, [yes.decision_id], approval.APPROVED, "lead", NOW + 60, approver=approver)
+    approval.record_answer(store, [no.decision_id], approval.REJECTED, "lead", NOW + 61, approver=approver)
+    got = {r["decision_id"]: r for r in store.decisions_of_run(run_id)}
+    assert (got[yes.decision_id]["approval_status"], got[yes.decision_id]["approved_by"],
+            got[yes.decision_id]["approved_at"], got[yes.decision_id]["status"]) == ("approved", "lead", NOW + 60, "decided")
+    assert (got[no.decision_id]["approval_status"], got[no.decision_id]["status"]) == ("rejected", "rejected")
+    assert approval.pending_approvals(store, run_id) == []
+    # the approver's role writes approvals and nothing else
+    for sql in (f"INSERT INTO gpu_cost_decision_events (decision_id, status) VALUES ('{yes.decision_id}', 'acted')",
+                "INSERT INTO gpu_cost_run_events (run_id, status) VALUES ('x', 'ok')",
+                "INSERT INTO gpu_cost_decision_log (decision_id, ts, rule, target_kind, target, action, mode) "
+                "VALUES ('x', now(), 'r', 'job', 'job:1', 'cancel', 'enforce')",
+                f"UPDATE gpu_cost_decision_events SET approved_by = 'x' WHERE decision_id = '{yes.decision_id}'"):
+        assert "permission denied" in _denied(audit_db["approver"], sql)
+
+
+def test_run_status_is_history_as_the_agent(agent_store, audit_db) -> None:  # type: ignore[no-untyped-def]
+    """Status changes of a run are new rows the view reads; the agent can change no row of a run."""
+    from tests.unit.test_run_history import check_run_story
+
+    run_id = f"runs:{uuid.uuid4().hex[:6]}"
+    check_run_story(agent_store, run_id)
+    for sql in (f"UPDATE gpu_cost_runs SET status = 'ok' WHERE run_id = '{run_id}'",
+                f"UPDATE gpu_cost_run_events SET status = 'ok' WHERE run_id = '{run_id}'",
+                f"UPDATE gpu_cost_run_log SET mode = 'dry-run' WHERE run_id = '{run_id}'",
+                f"DELETE FROM gpu_cost_run_events WHERE run_id = '{run_id}'"):
+        eng = sa.create_engine(audit_db["agent"])
+        try:
+            with pytest.raises(sa.exc.DBAPIError) as err, eng.begin() as conn:
+                conn.exec_driver_sql(sql)
+        finally:
+            eng.dispose()
+        message = str(err.value.orig)
+        assert "permission denied" in message or "cannot update view" in message, (sql, message)
+    assert agent_store.get_run(run_id)["status"] == "failed"
+
+
+def test_agent_writes_history_but_never_rewrites_it(agent_store, approver_store,  # type: ignore[no-untyped-def]
+                                                    audit_db) -> None:
+    """Decide, approve (the approver), act, fail, retry, succeed (the agent); then try to rewrite it and fail."""
     from gpu_cost import locks
     from gpu_cost.model import Decision
 
@@ -255,7 +388,7 @@ def test_agent_writes_history_but_never_rewrites_it(agent_store, audit_db) -> No
                  action="cancel", mode="enforce", requires_approval=True, gpus=2, reason="idle")
     assert agent_store.record_decisions([d], run_id) == 1
     assert agent_store.record_decisions([d], run_id) == 0  # idempotent
-    agent_store.set_approval(d.decision_id, "approved", "oncall@example.org", NOW + 10, run_id=run_id)
+    approver_store.set_approval(d.decision_id, "approved", "oncall@example.org", NOW + 10, run_id=run_id)
     aid = f"{d.decision_id}:cancel"
     row = {"action_id": aid, "decision_id": d.decision_id, "run_id": run_id, "action": "cancel", "target": d.target,
            "executor": "test", "dry_run": 0, "started_at": NOW + 20, "attempt": 1, "command": None}

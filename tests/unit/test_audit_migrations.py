@@ -22,6 +22,12 @@ BASELINE_ROWS: dict[str, list[dict[str, Any]]] = {
     "gpu_cost_runs": [
         {"run_id": "sweep:1", "dag_id": "gpu_zombie_sweep", "started_at": T0, "finished_at": T0 + 60, "data_ts": T0,
          "source": "sim", "mode": "enforce", "status": "ok", "problems": "[]", "counts": "{}"},
+        {"run_id": "sweep:2", "dag_id": "gpu_zombie_sweep", "started_at": T0 + 300, "finished_at": None,
+         "data_ts": T0 + 300, "source": "sim", "mode": "enforce", "status": "awaiting_approval", "problems": None,
+         "counts": None},
+        {"run_id": "sweep:3", "dag_id": "gpu_zombie_sweep", "started_at": T0 + 600, "finished_at": None,
+         "data_ts": T0 + 600, "source": "sim", "mode": "enforce", "status": "running", "problems": None,
+         "counts": None},
     ],
     "gpu_cost_snapshots": [{"run_id": "sweep:1", "ts": T0, "payload": '{"gpus": []}'}],
     "gpu_cost_decisions": [
@@ -136,7 +142,18 @@ def check_migrated(store: AuditStore) -> None:
     assert [(a["action_id"], a["status"], a["attempt"], a["prev_event_id"]) for a in acts] == [
         ("d-approved:cancel", "succeeded", 2, 0), ("d-pending:notify", "failed", 1, 0),
         ("d-pending:hold", "started", 1, 0)]
+    # one first event per run, carrying the state it had (0008: runs are history too)
+    runs = store.query("SELECT * FROM gpu_cost_run_events ORDER BY event_id")
+    assert [(r["run_id"], r["status"], r["finished_at"], r["problems"], r["counts"]) for r in runs] == [
+        ("sweep:1", "ok", T0 + 60, "[]", "{}"), ("sweep:2", "awaiting_approval", None, None, None),
+        ("sweep:3", "running", None, None, None)]
     # and the store works on: the history grows, the views follow
+    store.finish_run("sweep:1", status="failed", finished_at=T0 + 70, problems=["late"])
+    store.execute("mark_run_awaiting", {"run_id": "sweep:3"})
+    store.finish_run("sweep:2", status="ok", finished_at=T0 + 900)
+    assert [(r["run_id"], r["status"]) for r in store.query("SELECT * FROM gpu_cost_runs ORDER BY run_id")] == [
+        ("sweep:1", "failed"), ("sweep:2", "ok"), ("sweep:3", "awaiting_approval")]
+    assert store.query("SELECT COUNT(*) AS n FROM gpu_cost_run_log")[0]["n"] == 3
     store.action_finished("d-pending:hold", "succeeded", T0 + 50, output="held")
     store.action_finished("d-approved:cancel", "failed", T0 + 50, error="must not land")
     store.set_decision_status("d-pending", "acted")

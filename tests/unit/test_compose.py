@@ -133,6 +133,8 @@ def test_audit_db_is_separate_from_the_metadata_db(compose) -> None:  # type: ig
     assert meta.hostname in compose["services"] and audit.hostname in compose["services"]
     assert (meta.hostname, meta.path) != (audit.hostname, audit.path)
     assert audit.username == "gpu_cost_agent"  # least privilege: not the owner, not a superuser
+    approver = urlsplit(_expand(env["AIRFLOW_CONN_GPU_COST_DB_APPROVER"]))  # approvals: their own role, same store
+    assert (approver.username, approver.hostname, approver.path) == ("gpu_cost_approver", audit.hostname, audit.path)
     db = compose["services"]["gpu-cost-db"]
     assert db["volumes"] != compose["services"]["postgres"]["volumes"]
     init = compose["services"]["gpu-cost-db-init"]
@@ -148,7 +150,7 @@ def test_connections_come_from_the_environment(compose) -> None:  # type: ignore
     conns = {k for k in env if k.startswith("AIRFLOW_CONN_")}
     assert {"AIRFLOW_CONN_GPU_COST_DB", "AIRFLOW_CONN_GPU_COST_PROMETHEUS", "AIRFLOW_CONN_GPU_COST_SLURM_SSH",
             "AIRFLOW_CONN_GPU_COST_NODE_SSH", "AIRFLOW_CONN_GPU_COST_SLACK", "AIRFLOW_CONN_GPU_COST_SMTP"} <= conns
-    for key in conns - {"AIRFLOW_CONN_GPU_COST_DB"}:
+    for key in conns - {"AIRFLOW_CONN_GPU_COST_DB", "AIRFLOW_CONN_GPU_COST_DB_APPROVER"}:
         assert env[key].startswith(f"${{{key}:-"), f"{key} must be settable from the environment"
 
 

@@ -236,6 +236,41 @@ def test_the_advice_file_is_one_clean_line_per_row(store: AuditStore, tmp_path: 
     assert store.query("SELECT COUNT(*) AS n, MAX(run_id) AS run FROM gpu_cost_rightsize")[0] == {"n": 4, "run": "r2"}
 
 
+def test_an_older_run_never_replaces_newer_advice(store: AuditStore, tmp_path: Path) -> None:
+    """The file carries its data instant; a re-run of an older nightly leaves the newer file (and says so)."""
+    history(store, 6, start=NOW - 9 * 86400.0)  # finished by the older instant: alice asked 8, needed 1
+    still_running(store, at=NOW - 2 * 86400.0)
+    history(store, 6, first=6, user="bob", needs=[2] * 12, start=NOW - 2 * 86400.0 + H)  # only the newer sees bob
+    still_running(store)
+    out = tmp_path / "gpu-cost-advice.tsv"
+    newer = rightsize.publish(store, policy(), NOW, run_id="newer", out=out)
+    text = out.read_text(encoding="utf-8")
+    assert rightsize.file_instant(out) == NOW and "\tbob\t" in text
+    older = rightsize.publish(store, policy(), NOW - 2 * 86400.0, run_id="older", out=out)
+    assert out.read_text(encoding="utf-8") == text
+    assert older["file"] is None and older["kept"] == {"file": str(out), "at": newer["at"]}
+    # the older run's rows are kept under their own instant, as not published; the newer ones are in force
+    published = {r["run_id"]: r["advice_file"] for r in store.query("SELECT DISTINCT run_id, advice_file FROM gpu_cost_rightsize")}
+    assert published == {"newer": str(out), "older": None}
+    # a re-run of the newer instant writes again; a later one replaces it
+    assert rightsize.publish(store, policy(), NOW, run_id="again", out=out)["file"] == str(out)
+    assert rightsize.publish(store, policy(), NOW + 86400.0, run_id="later", out=out)["file"] == str(out)
+    assert rightsize.file_instant(out) == NOW + 86400.0
+
+
+def test_an_advice_file_without_an_instant_is_replaced(store: AuditStore, tmp_path: Path) -> None:
+    """A file an earlier version wrote (no instant line), or one that is not ours, is no newer advice."""
+    history(store, 6)
+    still_running(store)
+    for old in (rightsize.FILE_MAGIC + "\n# from the GPU jobs ...\nuser\talice\t\t9\t9\t0\t0\t0\tx\ty\tz\tw\n",
+                "something else\n"):
+        out = tmp_path / "advice.tsv"
+        out.write_text(old)
+        assert rightsize.file_instant(out) is None
+        assert rightsize.publish(store, policy(), NOW, out=out)["file"] == str(out)
+        assert rightsize.file_instant(out) == NOW
+
+
 def test_no_file_when_the_policy_names_none(store: AuditStore) -> None:
     history(store, 6)
     still_running(store)

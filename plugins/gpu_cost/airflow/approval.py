@@ -3,8 +3,9 @@
 Any DAG that records decisions under its audit run id (``<dag_id>:<run_id>``, see
 :func:`gpu_cost.airflow.runtime.audit_run_id`) can put :class:`RecordingApprovalOperator` in
 front of its acting task: the request lists the run's decisions awaiting approval (evidence and
-stakes), the answer (who, when, what) is written to ``gpu_cost_decisions.approval_status /
-approved_by / approved_at``, and a *Reject* skips the acting task (the run still succeeds). An
+stakes), the answer (who, when, what) is written as an approval event (``gpu_cost_decisions.approval_status /
+approved_by / approved_at``) through the approver's connection ``gpu_cost_db_approver`` (on PostgreSQL the
+only role that may write one; unset: the audit store's own), and a *Reject* skips the acting task (the run still succeeds). An
 unanswered request takes the default, *Reject*, after ``approval.timeout`` of the policy.
 
 The timeout: Airflow needs one when the DAG is parsed, and the policy is only read at run time,
@@ -124,10 +125,15 @@ def _cell(text: Any) -> str:
     return str(text or "").replace("|", "\\|").replace("\n", " ")
 
 
-def record_answer(store: Any, decision_ids: Sequence[str], status: str, by: str | None, at: float | None) -> int:
-    """Write the answer onto each decision; a rejected or timed-out decision gets status ``rejected``."""
+def record_answer(store: Any, decision_ids: Sequence[str], status: str, by: str | None, at: float | None, *,
+                  approver: Any = None) -> int:
+    """Write the answer onto each decision; a rejected or timed-out decision gets status ``rejected``.
+
+    :param approver: the store the approvals are written through (:func:`gpu_cost.airflow.runtime.approver_store`:
+        on PostgreSQL the approver's role, since the agent's may not write one); None: ``store``
+    """
     for did in decision_ids:
-        store.set_approval(did, status, by, at)
+        (approver or store).set_approval(did, status, by, at)
         if status != APPROVED:
             store.set_decision_status(did, "rejected")
     return len(decision_ids)
@@ -241,7 +247,7 @@ class RecordingApprovalOperator(ApprovalOperator):
                 status = APPROVED
             else:
                 status = TIMED_OUT if timed_out else REJECTED
-            record_answer(store, ids, status, by, at_ts)
+            record_answer(store, ids, status, by, at_ts, approver=runtime.approver_store(store))
             logger.info("approval answer for %s: %s by %s (%d decision(s))", run_id, status, by or "timeout", len(ids))
             context["ti"].xcom_push(key="decision", value={
                 "chosen": chosen, "by": by, "at": iso(at_ts) if at_ts else None, "timed_out": timed_out,

@@ -4,6 +4,9 @@ Order: the ``AIRFLOW_CONN_GPU_COST_DB`` environment variable (URI or JSON, as Ai
 inside an Airflow process, Airflow's own connection lookup (secrets backends); otherwise a SQLite
 file under ``GPU_COST_HOME`` (``~/.gpu_cost/audit.db``). Passwords never reach logs: print a URL
 through :func:`gpu_cost.redact.redact` (re-exported here as ``redact``).
+
+Approvals are written through their own connection, ``gpu_cost_db_approver`` (:func:`approver_url`):
+on PostgreSQL the agent's role may record decisions, actions and run status but no approval.
 """
 
 from __future__ import annotations
@@ -20,8 +23,12 @@ from gpu_cost.redact import redact
 logger = logging.getLogger(__name__)
 
 CONN_ID = "gpu_cost_db"
+#: the approval operator's connection to the same store: on PostgreSQL the role ``gpu_cost_approver``, the
+#: only one that may write an approval (the agent's role may not); unset: the agent's connection
+APPROVER_CONN_ID = "gpu_cost_db_approver"
 
-__all__ = ["CONN_ID", "audit_url", "connection_url", "default_path", "redact", "url_from_conn", "url_from_text"]
+__all__ = ["APPROVER_CONN_ID", "CONN_ID", "approver_url", "audit_url", "connection_url", "default_path", "redact",
+           "url_from_conn", "url_from_text"]
 
 
 def audit_url(conn_id: str = CONN_ID) -> str:
@@ -32,6 +39,11 @@ def audit_url(conn_id: str = CONN_ID) -> str:
     path = default_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
+
+
+def approver_url() -> str | None:
+    """Return the URL approvals are written through (connection ``gpu_cost_db_approver``); None: the audit store's own."""
+    return connection_url(APPROVER_CONN_ID)
 
 
 def connection_url(conn_id: str = CONN_ID) -> str | None:

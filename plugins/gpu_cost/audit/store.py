@@ -6,8 +6,9 @@ CONFLICT``): writing the same decision twice keeps one row, and an action row ex
 effect starts. Decisions and actions are history: what was decided and started is written once
 (``gpu_cost_decision_log``, ``gpu_cost_action_log``), every later status change, approval and
 outcome is a new event row, and ``gpu_cost_decisions`` / ``gpu_cost_actions`` are views of the
-current state. Nothing is deleted or rewritten. Stored results (usage, forecasts, savings) name
-their run and data instant; an older data instant never replaces a newer one.
+current state; so are runs (``gpu_cost_run_log`` + ``gpu_cost_run_events``, view ``gpu_cost_runs``).
+Nothing is deleted or rewritten. Stored results (usage, forecasts, savings, baselines, outcomes,
+snapshots, escalation ladders) name their run or data instant; an older instant never replaces a newer one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from gpu_cost import paths
-from gpu_cost.audit.connection import audit_url, redact
+from gpu_cost.audit.connection import APPROVER_CONN_ID, audit_url, redact
 from gpu_cost.errors import AuditError
 from gpu_cost.model import Decision
 from gpu_cost.timeutil import epoch, iso
@@ -327,9 +328,19 @@ class AuditStore:
 
     def set_approval(self, decision_id: str, status: str, by: str | None, at: float | None, *,
                      run_id: str | None = None, note: str | None = None) -> None:
-        """Append an approval answer (``pending``, ``approved``, ``rejected``, ``timed_out``)."""
-        self.execute("set_approval", {"decision_id": decision_id, "approval_status": status, "approved_by": by,
-                                      "approved_at": at, "run_id": run_id, "note": note})
+        """Append an approval answer (``pending``, ``approved``, ``rejected``, ``timed_out``, ``refused``).
+
+        On PostgreSQL only the approver's role (``gpu_cost_approver``, connection ``gpu_cost_db_approver``)
+        may: the agent's role is refused, and this says so.
+        """
+        try:
+            self.execute("set_approval", {"decision_id": decision_id, "approval_status": status, "approved_by": by,
+                                          "approved_at": at, "run_id": run_id, "note": note})
+        except AuditError as exc:
+            if "permission denied" not in str(exc):
+                raise
+            raise AuditError(f"{exc}: an approval is written by the approver's role (connection {APPROVER_CONN_ID}, "
+                             "PostgreSQL role gpu_cost_approver), never by the agent's") from None
 
     # -- actions ------------------------------------------------------------------------------
     def action_started(self, *, action_id: str, decision_id: str, run_id: str | None, action: str, target: str,

@@ -59,7 +59,7 @@ def _show(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     now = instant_arg(args.at, "--at") if args.at else time.time()
     policy = load_policy(args.policy)
-    rows = rightsize.compute(open_store(args), policy, now)
+    rows = rightsize.compute(open_store(args, writes=False), policy, now)
     if args.user:
         rows = [a for a in rows if a.user == args.user]
     shown = [a.to_dict() for a in rows if args.all or a.status == "advice"]
@@ -74,8 +74,10 @@ def _write(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     now = instant_arg(args.at, "--at") if args.at else time.time()
     policy = load_policy(args.policy)
-    out = rightsize.publish(open_store(args), policy, now, run_id=f"cli__{int(now)}", out=args.out)
-    where = out["file"] or "no file (rightsize.advice_file is empty)"
+    out = rightsize.publish(open_store(args, writes=True), policy, now, run_id=f"cli__{int(now)}", out=args.out)
+    where = "written to " + (out["file"] or "no file (rightsize.advice_file is empty)")
+    if out.get("kept"):
+        where = f"not written: {out['kept']['file']} holds newer advice (as of {out['kept']['at']})"
     text = (f"{out['advice']} row(s) of advice ({out['gpu_advice']} on GPUs, {out['time_advice']} on --time, "
-            f"{out['blocking']} refusing) of {out['rows']} as of {out['at']}; written to {where}")
+            f"{out['blocking']} refusing) of {out['rows']} as of {out['at']}; {where}")
     return out, text

@@ -24,7 +24,8 @@ import sqlalchemy as sa
 logger = logging.getLogger(__name__)
 
 VERSION_TABLE = "gpu_cost_schema_version"
-#: a table every store has had since the first release: present without a version = a pre-migration store
+#: a relation every store has had since the first release (a table, a view since 0008): present without a
+#: version = a pre-migration store
 _LEGACY_MARKER = "gpu_cost_runs"
 #: key of the transaction advisory lock that serialises migrations on PostgreSQL
 _PG_LOCK = "gpu_cost_schema_migration"
@@ -88,7 +89,8 @@ def state(conn: sa.Connection) -> SchemaState:
     """Return where the store behind ``conn`` stands."""
     from alembic.runtime.migration import MigrationContext
 
-    names = set(sa.inspect(conn).get_table_names())
+    inspector = sa.inspect(conn)
+    names = set(inspector.get_table_names()) | set(inspector.get_view_names())
     current = None
     if VERSION_TABLE in names:
         current = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
@@ -101,8 +103,8 @@ def can_migrate(conn: sa.Connection) -> bool:
         return True
     row = conn.exec_driver_sql(
         "SELECT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user), "
-        f"(SELECT pg_has_role(current_user, tableowner, 'MEMBER') FROM pg_tables "
-        f"WHERE schemaname = current_schema() AND tablename = '{_LEGACY_MARKER}'), "
+        f"(SELECT pg_has_role(current_user, c.relowner, 'MEMBER') FROM pg_class c "
+        f"WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = '{_LEGACY_MARKER}'), "
         "has_schema_privilege(current_schema(), 'CREATE')").one()
     superuser, owner, create = row
     return bool(superuser) or (bool(owner) if owner is not None else bool(create))
