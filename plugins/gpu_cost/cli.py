@@ -2,7 +2,8 @@
 
 Every subcommand takes ``--json`` and then prints exactly one JSON object on stdout; logs go to
 stderr. Errors exit non-zero with a message naming what is wrong (and, with ``--json``, an
-``{"error": ...}`` object). A command that opens the audit store says which one it read (``store``).
+``{"error": ...}`` object). A command that opens the audit store says which one it read (``store``),
+errors included; a command that only reads never creates or migrates one (:func:`open_store`).
 
 ``gpu-cost --help`` imports every command module: they import heavy libraries (pandas,
 SQLAlchemy, Airflow) inside their handlers only, so the help answers at once.
@@ -16,6 +17,7 @@ import json
 import logging
 import os
 import pkgutil
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,45 +44,52 @@ def add_policy(p: argparse.ArgumentParser, what: str = "policy file") -> None:
 
 #: environment variable naming the audit store for every command (URL or SQLite file path)
 DB_ENV = "GPU_COST_DB"
-#: where ``gpu-cost demo`` (and ``make demo``) leave their audit store, relative to the working directory
-DEMO_DB = Path(".demo") / "audit.db"
 
 
 def add_db(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="URL_OR_PATH",
                    help=f"audit store: a SQLAlchemy URL (sqlite:///..., postgresql+psycopg2://...) or a SQLite file "
-                        f"path (default: {DB_ENV}, else the gpu_cost_db connection, else ./{DEMO_DB} when it is newer "
-                        f"than ~/.gpu_cost/audit.db, else that file)")
+                        f"path (default: {DB_ENV}, else the gpu_cost_db connection, else [store] db in the nearest "
+                        "gpu-cost.toml here or in a parent folder, else ~/.gpu_cost/audit.db)")
 
 
 class StoreChoice(NamedTuple):
     """The audit store a command reads, and why that one."""
 
     url: str
-    #: ``--db``, ``GPU_COST_DB``, ``connection`` (gpu_cost_db), ``demo`` or ``default``
+    #: ``--db``, ``GPU_COST_DB``, ``connection`` (gpu_cost_db), ``project`` (a gpu-cost.toml) or ``default``
     origin: str
+    #: the project file that named it (origin ``project``)
+    file: str | None = None
 
     def to_dict(self) -> dict[str, str]:
         from gpu_cost.redact import redact
 
-        return {"url": redact(self.url), "origin": self.origin}
+        out = {"url": redact(self.url), "origin": self.origin}
+        return {**out, "file": self.file} if self.file else out
+
+    def why(self) -> str:
+        """Return where the choice came from, as the ``store:`` line says it."""
+        if self.origin == "project":
+            return f"project file {self.file}"
+        return {"connection": "connection gpu_cost_db", "default": "default"}.get(self.origin, f"from {self.origin}")
 
     def label(self) -> str:
         from gpu_cost.redact import redact
 
-        why = {"demo": "the demo's", "connection": "connection gpu_cost_db", "default": "default"}
-        return f"{redact(self.url)} ({why.get(self.origin, 'from ' + self.origin)})"
+        return f"{redact(self.url)} ({self.why()})"
 
 
 def resolve_store(db: str | None = None) -> StoreChoice:
-    """Return the audit store the command line uses.
+    """Return the audit store the command line uses: the first of these that names one.
 
-    Order: ``--db``, ``GPU_COST_DB``, the ``gpu_cost_db`` connection (``AIRFLOW_CONN_GPU_COST_DB``
-    or Airflow's lookup); with none of them set, the demo's store (``./.demo/audit.db``) when it
-    exists and was written after the default SQLite file (or that does not exist): a person who
-    just ran the demo finds its decisions; else the default file. Every command prints which store
-    it read. The DAGs resolve their store themselves (``gpu_cost.airflow.runtime``).
+    ``--db``; ``GPU_COST_DB``; the ``gpu_cost_db`` connection (``AIRFLOW_CONN_GPU_COST_DB`` or
+    Airflow's lookup); ``[store] db`` of the nearest project file (``gpu-cost.toml`` in the working
+    directory or a parent, :mod:`gpu_cost.project`); else the default SQLite file
+    (``GPU_COST_HOME/audit.db``). Never a guess from what exists: every command prints which
+    store it read and why. The DAGs resolve their store themselves (``gpu_cost.airflow.runtime``).
     """
+    from gpu_cost import project
     from gpu_cost.audit import connection
 
     if db:
@@ -91,21 +100,61 @@ def resolve_store(db: str | None = None) -> StoreChoice:
     url = connection.connection_url()
     if url is not None:
         return StoreChoice(url, "connection")
-    default = connection.default_path()
-    demo = DEMO_DB.resolve()
-    if demo.is_file() and (not default.exists() or demo.stat().st_mtime >= default.stat().st_mtime):
-        return StoreChoice(f"sqlite:///{demo}", "demo")
-    return StoreChoice(f"sqlite:///{default}", "default")
+    found = project.find()
+    named = project.store_db(found) if found is not None else None
+    if found is not None and named is not None:
+        return StoreChoice(connection.url_from_text(named), "project", str(found))
+    return StoreChoice(f"sqlite:///{connection.default_path()}", "default")
 
 
-def open_store(args: argparse.Namespace, *, ensure_schema: bool = True) -> AuditStore:
-    """Open the store :func:`resolve_store` picks for ``args.db``; :func:`main` reports which one it was."""
+def open_store(args: argparse.Namespace, *, writes: bool, needs_head: bool = True) -> AuditStore:
+    """Open the store :func:`resolve_store` picks for ``args.db``; :func:`main` reports which one it was.
+
+    :param writes: the command records something: the store is created, or migrated to head, as
+        the DAGs do. A command that only reads changes nothing: a store that does not exist, or is
+        behind this version's schema, is an error naming the way out (``gpu-cost db upgrade``).
+    :param needs_head: False where the schema's revision is what the command shows (``db current``)
+        or brings to head (``db upgrade``): the store is opened as it is.
+    """
     from gpu_cost.audit.store import AuditStore
 
-    choice = resolve_store(getattr(args, "db", None))
-    args.store_choice = choice
+    choice = getattr(args, "store_choice", None)
+    if not isinstance(choice, StoreChoice):
+        choice = args.store_choice = resolve_store(getattr(args, "db", None))
+    if writes:
+        store = AuditStore(choice.url)
+        return store.ensure_schema() if needs_head else store
+    return _open_to_read(choice, needs_head, getattr(args, "db", None))
+
+
+def _open_to_read(choice: StoreChoice, needs_head: bool, db: str | None) -> AuditStore:
+    """Open an existing store without changing it; raise AuditError when there is none, or it is behind."""
+    import sqlalchemy as sa
+
+    from gpu_cost.audit.store import AuditStore
+    from gpu_cost.errors import AuditError
+    from gpu_cost.redact import redact
+
+    upgrade = "`gpu-cost db upgrade`" + (" (with the same --db)" if choice.origin == "--db" and db else "")
+    url = sa.engine.make_url(choice.url)
+    file = url.database if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") else None
+    where = file or redact(choice.url)
+
+    def missing(what: str = "") -> AuditError:
+        return AuditError(f"no audit store at {where} ({choice.why()}){what}: run {upgrade} or `make demo`, "
+                          "or name one with --db")
+
+    if file is not None and not Path(file).is_file():
+        raise missing()  # checked before an engine exists: opening a SQLite file creates it
     store = AuditStore(choice.url)
-    return store.ensure_schema() if ensure_schema else store
+    state = store.schema_state()
+    if state["state"] == "empty" and needs_head:
+        raise missing(", only a database without the audit tables")
+    if state["state"] == "behind" and needs_head:
+        raise AuditError(f"audit store {choice.label()} is at schema {state['current'] or 'before migrations'}, this "
+                         f"version needs {state['head']}: run {upgrade} to migrate it (every row is kept); a command "
+                         "that only reads changes nothing")
+    return store.ensure_schema() if needs_head else store  # at head: ensure_schema runs no DDL
 
 
 def duration_arg(value: str, flag: str) -> float:
@@ -121,13 +170,14 @@ def duration_arg(value: str, flag: str) -> float:
 def instant_arg(value: str, flag: str, *, before: float | None = None) -> float:
     """Return the epoch of an ISO 8601 / epoch ``value``; with ``before``, a duration (``7d``) counts back from it.
 
-    A bare number is epoch seconds, never a duration. Raises GpuCostError naming ``flag`` and the value.
+    A bare number is epoch seconds, never a duration; a duration may carry a minus (``-3d``: the
+    same 3 days ago as ``3d``). Raises GpuCostError naming ``flag`` and the value.
     """
     from gpu_cost.timeutil import epoch, parse_duration_strict
 
     if before is not None:
         try:
-            return before - parse_duration_strict(value)
+            return before - parse_duration_strict(value.strip().removeprefix("-"))
         except ValueError:
             pass
     try:
@@ -152,9 +202,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: flags whose value may start with a minus (``--since -3d``): argparse would take it for an option
+DASH_VALUE_FLAGS = ("--since", "--until")
+
+
+def join_dash_values(argv: Sequence[str]) -> list[str]:
+    """Return ``argv`` with ``--since -3d`` written ``--since=-3d``, which argparse reads as the flag's value.
+
+    Only a value of a minus and a digit is joined: ``--since --json`` stays an error about a missing value.
+    """
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        if items[i] in DASH_VALUE_FLAGS and i + 1 < len(items) and re.match(r"-\d", items[i + 1]):
+            out.append(f"{items[i]}={items[i + 1]}")
+            i += 2
+            continue
+        out.append(items[i])
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_dash_values(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -163,11 +235,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     as_json = bool(getattr(args, "json", False))
     try:
+        if hasattr(args, "db"):  # a command with --db opens a store: its answer, errors included, names it
+            args.store_choice = resolve_store(args.db)
         payload, text = args.handler(args)
     except GpuCostError as exc:
-        return _fail(str(exc), as_json, 2)
+        return _fail(str(exc), as_json, 2, getattr(args, "store_choice", None))
     except KeyboardInterrupt:
-        return _fail("interrupted", as_json, 130)
+        return _fail("interrupted", as_json, 130, getattr(args, "store_choice", None))
     choice = getattr(args, "store_choice", None)
     if isinstance(choice, StoreChoice) and isinstance(payload, dict):
         payload = {**payload, "store": choice.to_dict()}
@@ -179,10 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(payload.get("exit_code", 0)) if isinstance(payload, dict) else 0
 
 
-def _fail(message: str, as_json: bool, code: int) -> int:
-    sys.stderr.write(f"gpu-cost: error: {message}\n")
+def _fail(message: str, as_json: bool, code: int, choice: StoreChoice | None = None) -> int:
+    store = f"\nstore: {choice.label()}" if choice is not None else ""
+    sys.stderr.write(f"gpu-cost: error: {message}{store}\n")
     if as_json:
-        sys.stdout.write(json.dumps({"error": message}) + "\n")
+        sys.stdout.write(json.dumps({"error": message, **({"store": choice.to_dict()} if choice else {})}) + "\n")
     return code
 
 

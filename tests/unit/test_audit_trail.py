@@ -111,11 +111,11 @@ def test_filters_combine_and_the_limit_keeps_the_newest(store, monkeypatch) -> N
 def test_since_as_a_duration_and_bad_input(store, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     fill(store, monkeypatch)
     code, out, _ = _cli(monkeypatch, capsys, store, "--since", "1h", "--json")
-    assert code == 0 and json.loads(out)["count"] == 0  # NOW is in the past of the test's clock
+    assert code == 1 and json.loads(out)["count"] == 0  # NOW is in the past of the test's clock: nothing found
     code, out, err = _cli(monkeypatch, capsys, store, "--since", "last tuesday", "--json")
     assert code == 2 and "--since 'last tuesday'" in json.loads(out)["error"] and "--since" in err
     code, out, _ = _cli(monkeypatch, capsys, store, "--limit", "0", "--json")
     assert code == 2 and "--limit 0" in json.loads(out)["error"]
     code, text, _ = _cli(monkeypatch, capsys, store, "--job", "4242")
-    assert code == 0 and text.splitlines()[0] == "no decision recorded for job 4242"
+    assert code == 1 and text.splitlines()[0] == "no decision recorded for job 4242"
     assert text.splitlines()[-1].startswith("store: sqlite:///")  # every command says which store it read

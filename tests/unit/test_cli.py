@@ -88,6 +88,17 @@ def test_demo_as_a_new_user_runs_it(tmp_path) -> None:  # type: ignore[no-untype
         c = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
         assert c.returncode == 0, (cmd, c.stdout[-2000:], c.stderr[-2000:])
         if " audit --job" in cmd:
-            assert "decision(s) for job" in c.stdout and "the demo's" in c.stdout.splitlines()[-1], c.stdout
+            assert "decision(s) for job" in c.stdout, c.stdout
+            assert c.stdout.splitlines()[-1].endswith(f"(project file {tmp_path / 'gpu-cost.toml'})"), c.stdout
         if "replay" in cmd:
             assert "false kills" in c.stdout, c.stdout
+    # the demo named its store in the folder's project file: a read elsewhere (power plan) creates no
+    # other store, and the job the summary names is still found (issue 39)
+    assert (tmp_path / "gpu-cost.toml").read_text().endswith('[store]\ndb = ".demo/audit.db"\n')
+    exe = Path(sys.executable).with_name("gpu-cost")
+    plan = subprocess.run([str(exe), "power", "plan"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert plan.returncode == 0 and not (tmp_path / "home" / "audit.db").exists(), plan.stderr[-2000:]
+    job = next(cmd for cmd in commands if " audit --job" in cmd).split("--job ")[1].split()[0]
+    eta = subprocess.run([str(exe), "forecast", "eta", "--job", job], cwd=tmp_path, capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert eta.returncode == 0 and f"job {job}" in eta.stdout, eta.stderr[-2000:]

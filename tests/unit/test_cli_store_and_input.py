@@ -1,8 +1,11 @@
 """The command line's store choice and its input checks.
 
 - which audit store a command opens (``--db``, ``GPU_COST_DB``, the ``gpu_cost_db`` connection,
-  the demo's store, the default), that every command that opens one says which, and that a
-  password never shows;
+  the nearest ``gpu-cost.toml``, the default: never a file's timestamp), that every command that
+  opens one says which (errors included), that a command that only reads never creates or migrates
+  one, and that a password never shows;
+- small items: ``audit`` finding nothing exits 1, ``forecast eta`` of a job the store has not seen
+  says so, ``--since -3d`` is ``--since 3d``;
 - durations typed on the command line need a unit (``--for 4`` is refused, ``--for 4h`` works);
 - ``--source prometheus`` with no Prometheus configured fails at once, with one line, recording nothing;
 - a sweep that acts on nothing says why, finding by finding (``no_action``);
@@ -23,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import time_machine
 
-from gpu_cost import cli
+from gpu_cost import cli, project
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.commands.sweep import no_action
+from gpu_cost.errors import GpuCostError
 from gpu_cost.sources import prometheus
 from gpu_cost.timeutil import iso, parse_duration_strict
 from tests.fixtures.core import NOW, ROOT
@@ -71,9 +76,22 @@ def sqlite_conn(path: Path) -> str:
 # -- which store ----------------------------------------------------------------------------------
 
 
-def test_db_flag_beats_env_beats_connection_beats_default(bare_env: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def store_at(path: Path) -> AuditStore:
+    """Return a store created at head at ``path`` (as a command that writes, or `gpu-cost db upgrade`, makes it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return AuditStore(f"sqlite:///{path}").ensure_schema()
+
+
+def project_file(folder: Path, body: str) -> Path:
+    path = folder / project.FILE_NAME
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+def test_db_flag_beats_env_beats_connection_beats_project_file_beats_default(
+        bare_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     flag, env, conn = tmp_path / "flag.db", tmp_path / "env.db", tmp_path / "conn.db"
+    pfile = project_file(bare_env, '[store]\ndb = "stores/audit.db"\n')
     monkeypatch.setenv(cli.DB_ENV, str(env))
     monkeypatch.setenv(CONN_ENV, sqlite_conn(conn))
 
@@ -84,8 +102,27 @@ def test_db_flag_beats_env_beats_connection_beats_default(bare_env: Path, tmp_pa
     monkeypatch.delenv(cli.DB_ENV)
     assert cli.resolve_store("") == cli.StoreChoice(f"sqlite:///{conn}", "connection")  # an empty --db too
     monkeypatch.delenv(CONN_ENV)
+    named = bare_env / "stores" / "audit.db"
+    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{named}", "project", str(pfile))
+    pfile.unlink()
     default = tmp_path / "home" / "audit.db"
     assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{default}", "default")
+
+
+def test_each_origin_is_said_by_name(bare_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pfile = project_file(bare_env, '[store]\ndb = "a.db"\n')
+    choice = cli.resolve_store(None)
+    assert choice.label() == f"sqlite:///{bare_env / 'a.db'} (project file {pfile})"
+    assert choice.to_dict() == {"url": f"sqlite:///{bare_env / 'a.db'}", "origin": "project", "file": str(pfile)}
+    assert cli.resolve_store("x.db").label().endswith("(from --db)")
+    monkeypatch.setenv(CONN_ENV, sqlite_conn(tmp_path / "c.db"))
+    assert cli.resolve_store(None).label().endswith("(connection gpu_cost_db)")
+    monkeypatch.setenv(cli.DB_ENV, str(tmp_path / "e.db"))
+    assert cli.resolve_store(None).label().endswith("(from GPU_COST_DB)")
+    pfile.unlink()
+    monkeypatch.delenv(cli.DB_ENV)
+    monkeypatch.delenv(CONN_ENV)
+    assert cli.resolve_store(None).label().endswith("(default)")
 
 
 def test_a_relative_db_path_is_made_absolute_from_the_working_directory(bare_env: Path) -> None:
@@ -94,26 +131,58 @@ def test_a_relative_db_path_is_made_absolute_from_the_working_directory(bare_env
     assert cli.resolve_store("sqlite:///x.db").url == "sqlite:///x.db"  # a URL is taken as it is
 
 
-def test_the_demo_store_is_chosen_when_the_default_does_not_exist(bare_env: Path, tmp_path: Path) -> None:
-    default = tmp_path / "home" / "audit.db"
-    assert cli.resolve_store(None).origin == "default"  # no demo store yet
-    (bare_env / ".demo").mkdir()
-    assert cli.resolve_store(None).origin == "default"  # a folder is not a store
-    demo = bare_env / ".demo" / "audit.db"
-    demo.write_bytes(b"")
-    choice = cli.resolve_store(None)
-    assert choice == cli.StoreChoice(f"sqlite:///{demo}", "demo")
-    assert choice.label() == f"sqlite:///{demo} (the demo's)"
-    default.write_bytes(b"")  # once the default store exists, written after the demo's, it wins
-    later = demo.stat().st_mtime + 1  # (both written within one tick of the file clock would tie: the demo wins ties)
-    os.utime(default, (later, later))
-    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{default}", "default")
+def test_the_nearest_project_file_counts_and_its_paths_count_from_its_folder(
+        bare_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    outer = project_file(bare_env, '[store]\ndb = ".demo/audit.db"\n')
+    deep = bare_env / "a" / "b"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)  # found in a parent, as git finds .git; relative to the file, not to here
+    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{bare_env / '.demo' / 'audit.db'}", "project",
+                                                      str(outer))
+    inner = project_file(bare_env / "a", '[store]\ndb = "postgresql://agent:pw@db/gpu"\n')
+    near = cli.resolve_store(None)  # the nearest one wins; a URL is taken as it is (driver added)
+    assert near == cli.StoreChoice("postgresql+psycopg2://agent:pw@db/gpu", "project", str(inner))
+    assert "pw" not in near.label()
+    inner.write_text("# no [store] here\n", encoding="utf-8")
+    assert cli.resolve_store(None).origin == "default"  # a file that names no store names none
 
 
-def test_the_demo_store_never_beats_a_configured_one(bare_env: Path, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    (bare_env / ".demo").mkdir()
-    (bare_env / ".demo" / "audit.db").write_bytes(b"")
+def test_no_timestamp_decides_the_store(bare_env: Path, tmp_path: Path) -> None:
+    """The old rule took ./.demo/audit.db when it was newer than the default file: a read elsewhere
+    that created the default file silently switched every later command to an empty store."""
+    default = store_at(tmp_path / "home" / "audit.db")
+    demo = store_at(bare_env / ".demo" / "audit.db")
+    later = Path(default.path or "").stat().st_mtime + 10
+    os.utime(demo.path or "", (later, later))  # the demo's store is the newer one
+    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{default.path}", "default")
+    pfile = project_file(bare_env, '[store]\ndb = ".demo/audit.db"\n')
+    os.utime(default.path or "", (later + 10, later + 10))  # now the default file is the newer one
+    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{demo.path}", "project", str(pfile))
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ('[store\ndb = "x"\n', "not valid TOML"),
+    ("[store]\ndb = 3\n", "store.db: must be a non-empty string"),
+    ('[store]\ndb = ""\n', "store.db: must be a non-empty string"),
+    ('[store]\ndatabase = "x.db"\n', "store.database: unknown key"),
+    ('[stores]\ndb = "x.db"\n', "[stores]: unknown table"),
+    ('store = "x.db"\n', "store: must be a table"),
+], ids=["toml", "type", "empty", "key", "table", "not-a-table"])
+def test_a_malformed_project_file_is_an_error_naming_the_file_and_the_key(
+        bare_env: Path, capsys: pytest.CaptureFixture[str], body: str, says: str) -> None:
+    pfile = project_file(bare_env, body)
+    with pytest.raises(GpuCostError) as exc:
+        cli.resolve_store(None)
+    assert str(exc.value).startswith(f"{pfile}: ") and says in str(exc.value), str(exc.value)
+    code, out, err = run(capsys, "audit", "--job", "1", "--json")
+    assert code == 2 and one_json(out)["error"] == str(exc.value)
+    assert "Traceback" not in err
+    assert cli.resolve_store("elsewhere.db").origin == "--db"  # a named store does not read the file
+
+
+def test_the_project_file_never_beats_a_configured_store(bare_env: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    project_file(bare_env, '[store]\ndb = ".demo/audit.db"\n')
     monkeypatch.setenv(CONN_ENV, sqlite_conn(tmp_path / "conn.db"))
     assert cli.resolve_store(None).origin == "connection"
     monkeypatch.setenv(cli.DB_ENV, str(tmp_path / "env.db"))
@@ -145,49 +214,150 @@ def test_postgres_urls_get_the_driver_and_never_show_the_password(bare_env: Path
             assert secret not in text, text
 
 
-# -- every command that opens the store says which ------------------------------------------------
+# -- reading never creates or migrates a store ------------------------------------------------------
+
+#: every command that only reads the store, with the arguments it needs here
+READERS = {
+    "audit": ["audit", "--job", "1"],
+    "report": ["report", "--since", "2026-11-23T00:00:00Z", "--until", "2026-11-30T00:00:00Z"],
+    "forecast eta": ["forecast", "eta", "--job", "1003", "--source", "sim", "--at", str(NOW)],
+    "power plan": ["power", "plan", "--source", "sim", "--at", str(NOW)],
+    "rightsize show": ["rightsize", "show", "--at", str(NOW)],
+    "verifier show": ["verifier", "show"],
+    "snooze --list": ["snooze", "--list"],
+    "db current": ["db", "current"],
+}
+
+
+@pytest.mark.parametrize("argv", list(READERS.values()), ids=list(READERS))
+def test_a_command_that_only_reads_never_creates_a_store(bare_env: Path, tmp_path: Path, argv: list[str],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "absent" / "audit.db"
+    code, out, err = run(capsys, *argv, "--db", str(db), "--json")
+    payload = one_json(out)
+    assert code == 2, (out, err[-2000:])
+    assert payload["error"] == (f"no audit store at {db} (from --db): run `gpu-cost db upgrade` (with the same --db) "
+                                "or `make demo`, or name one with --db")
+    assert payload["store"] == {"url": f"sqlite:///{db}", "origin": "--db"}
+    assert not db.parent.exists()  # neither the file nor its folder
+    code, out, err = run(capsys, *argv)  # the default store, in text: the error, then the store line
+    default = tmp_path / "home" / "audit.db"
+    assert code == 2 and out == ""
+    assert err.rstrip("\n").splitlines()[-2:] == [
+        f"gpu-cost: error: no audit store at {default} (default): run `gpu-cost db upgrade` or `make demo`, or name "
+        "one with --db", f"store: sqlite:///{default} (default)"]
+    assert list((tmp_path / "home").iterdir()) == []
+
+
+def test_a_read_refuses_a_store_behind_this_version_and_changes_nothing(
+        bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import sqlalchemy as sa
+
+    from gpu_cost.audit import migrations
+    from tests.unit.test_audit_migrations import fill_baseline
+
+    db = tmp_path / "old.db"
+    fill_baseline(sa.create_engine(f"sqlite:///{db}"))
+    for argv in (READERS["audit"], READERS["power plan"], READERS["snooze --list"]):
+        code, out, _ = run(capsys, *argv, "--db", str(db), "--json")
+        assert code == 2
+        assert one_json(out)["error"] == (
+            f"audit store sqlite:///{db} (from --db) is at schema before migrations, this version needs "
+            f"{migrations.head()}: run `gpu-cost db upgrade` (with the same --db) to migrate it (every row is kept); "
+            "a command that only reads changes nothing")
+    assert AuditStore(f"sqlite:///{db}").schema_state()["state"] == "behind"  # not migrated
+    code, out, _ = run(capsys, "db", "current", "--db", str(db), "--json")  # says where it stands
+    assert code == 0 and one_json(out)["state"] == "behind"
+    # a command that writes migrates it, as the DAGs do
+    code, out, _ = run(capsys, "snooze", "--target", "job:1", "--for", "1h", "--reason", "benchmarks until tonight", "--db", str(db), "--json")
+    assert code == 0 and AuditStore(f"sqlite:///{db}").schema_state()["at_head"]
+
+
+def test_a_command_that_writes_creates_the_store_it_names(bare_env: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    pfile = project_file(bare_env, '[store]\ndb = "stores/audit.db"\n')
+    code, out, err = run(capsys, "snooze", "--target", "job:1", "--for", "1h", "--reason", "benchmarks until tonight", "--json")
+    assert code == 0, err[-2000:]
+    db = bare_env / "stores" / "audit.db"
+    assert one_json(out)["store"] == {"url": f"sqlite:///{db}", "origin": "project", "file": str(pfile)}
+    assert AuditStore(f"sqlite:///{db}").schema_state()["at_head"]
+    assert not (tmp_path / "home" / "audit.db").exists()
+
+
+def test_power_plan_after_the_demo_reads_its_store_and_creates_no_other(
+        bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 39: `power plan` created ~/.gpu_cost/audit.db, and `audit --job` then read that empty store."""
+    demo = store_at(bare_env / ".demo" / "audit.db")
+    code, out, err = run(capsys, "sweep", "--source", "sim", "--mode", "dry-run", "--db", str(bare_env / ".demo" /
+                                                                                               "audit.db"),
+                         "--at", str(NOW), "--json")
+    assert code == 0, err[-2000:]
+    pfile = project_file(bare_env, '[store]\ndb = ".demo/audit.db"\n')  # what `gpu-cost demo` writes
+    label = f"store: sqlite:///{demo.path} (project file {pfile})"
+    code, out, err = run(capsys, "power", "plan", "--source", "sim", "--at", str(NOW))
+    assert code == 0, err[-2000:]
+    assert out.rstrip("\n").splitlines()[-1] == label
+    assert not (tmp_path / "home").joinpath("audit.db").exists()
+    code, out, _ = run(capsys, "audit", "--job", "1003")
+    lines = out.rstrip("\n").splitlines()
+    assert code == 0 and lines[0].endswith("decision(s) for job 1003, oldest first:") and lines[-1] == label
+
+
+# -- every command that opens the store says which, errors included ----------------------------------
 
 
 def test_audit_says_which_store(bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "audit-here.db"
+    store_at(db)
     code, out, _ = run(capsys, "audit", "--job", "1", "--db", str(db), "--json")
-    assert code == 0
     payload = one_json(out)
-    assert payload["count"] == 0
+    assert code == 1 and payload["count"] == 0  # nothing found
     assert payload["store"] == {"url": f"sqlite:///{db}", "origin": "--db"}
 
     code, out, _ = run(capsys, "audit", "--job", "1", "--db", str(db))
-    assert code == 0
     lines = out.rstrip("\n").splitlines()
-    assert lines[0] == "no decision recorded for job 1"
+    assert code == 1 and lines[0] == "no decision recorded for job 1"
     assert lines[-1] == f"store: sqlite:///{db} (from --db)"
 
 
-def test_audit_names_the_demo_store_when_it_picked_it(bare_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    demo = bare_env / ".demo" / "audit.db"
-    demo.parent.mkdir()
-    AuditStore(f"sqlite:///{demo}").ensure_schema()
+def test_audit_without_a_decision_exits_1(bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = str(tmp_path / "sweep.db")
+    _sweep(capsys, Path(db), NOW)
+    code, out, _ = run(capsys, "audit", "--job", "999999", "--db", db)
+    assert code == 1
+    assert out.rstrip("\n").splitlines() == ["no decision recorded for job 999999", f"store: sqlite:///{db} (from --db)"]
+    code, out, _ = run(capsys, "audit", "--job", "999999", "--db", db, "--json")
+    assert code == 1 and one_json(out)["count"] == 0
+    code, out, _ = run(capsys, "audit", "--job", "1003", "--db", db)
+    assert code == 0 and "decision(s) for job 1003" in out
+
+
+def test_audit_names_the_project_file_store(bare_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    demo = store_at(bare_env / ".demo" / "audit.db")
+    pfile = project_file(bare_env, '[store]\ndb = ".demo/audit.db"\n')
     code, out, _ = run(capsys, "audit", "--job", "1", "--json")
-    assert code == 0
-    assert one_json(out)["store"] == {"url": f"sqlite:///{demo}", "origin": "demo"}
+    assert one_json(out)["store"] == {"url": f"sqlite:///{demo.path}", "origin": "project", "file": str(pfile)}
     code, out, _ = run(capsys, "audit", "--job", "1")
-    assert out.rstrip("\n").splitlines()[-1] == f"store: sqlite:///{demo} (the demo's)"
+    assert code == 1 and out.rstrip("\n").splitlines()[-1] == f"store: sqlite:///{demo.path} (project file {pfile})"
 
 
 def test_audit_from_env_and_connection_says_so(bare_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     conn = tmp_path / "conn.db"
+    store_at(conn)
     monkeypatch.setenv(CONN_ENV, sqlite_conn(conn))
     code, out, _ = run(capsys, "audit", "--job", "1", "--json")
-    assert code == 0 and one_json(out)["store"] == {"url": f"sqlite:///{conn}", "origin": "connection"}
+    assert one_json(out)["store"] == {"url": f"sqlite:///{conn}", "origin": "connection"}
     env = tmp_path / "env.db"
+    store_at(env)
     monkeypatch.setenv(cli.DB_ENV, str(env))
     code, out, _ = run(capsys, "audit", "--job", "1")
-    assert code == 0 and out.rstrip("\n").splitlines()[-1] == f"store: sqlite:///{env} (from GPU_COST_DB)"
+    assert code == 1 and out.rstrip("\n").splitlines()[-1] == f"store: sqlite:///{env} (from GPU_COST_DB)"
 
 
 def test_snooze_list_says_which_store(bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "snoozes.db"
+    store_at(db)
     code, out, _ = run(capsys, "snooze", "--list", "--db", str(db), "--json")
     assert code == 0
     payload = one_json(out)
@@ -201,7 +371,7 @@ def test_snooze_list_says_which_store(bare_env: Path, tmp_path: Path, capsys: py
 
 def test_db_current_says_which_store(bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "schema.db"
-    AuditStore(f"sqlite:///{db}").ensure_schema()
+    store_at(db)
     code, out, _ = run(capsys, "db", "current", "--db", str(db), "--json")
     assert code == 0
     payload = one_json(out)
@@ -213,6 +383,7 @@ def test_db_current_says_which_store(bare_env: Path, tmp_path: Path, capsys: pyt
 
 def test_report_says_which_store(bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db, out_dir = tmp_path / "report.db", tmp_path / "reports"
+    store_at(db)
     week = ["--since", "2026-11-23T00:00:00Z", "--until", "2026-11-30T00:00:00Z"]
     code, out, err = run(capsys, "report", *week, "--out", str(out_dir), "--db", str(db), "--json")
     assert code == 0, err[-2000:]
@@ -222,6 +393,66 @@ def test_report_says_which_store(bare_env: Path, tmp_path: Path, capsys: pytest.
     code, out, err = run(capsys, "report", *week, "--out", str(out_dir), "--db", str(db))
     assert code == 0, err[-2000:]
     assert out.rstrip("\n").splitlines()[-1] == f"store: sqlite:///{db} (from --db)"
+
+
+def test_an_error_ends_with_the_store_line(bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "e.db"
+    store_at(db)
+    code, out, err = run(capsys, "audit", "--since", "yesterday", "--db", str(db))  # fails before the store opens
+    assert code == 2 and out == ""
+    assert err.rstrip("\n").splitlines()[-2:] == [
+        "gpu-cost: error: --since 'yesterday': not an ISO 8601 date/instant or epoch seconds, nor a duration (e.g. 7d)",
+        f"store: sqlite:///{db} (from --db)"]
+    code, out, err = run(capsys, "forecast", "eta", "--job", "7", "--db", str(db), "--at", str(NOW), "--json")
+    assert code == 2
+    assert one_json(out)["store"] == {"url": f"sqlite:///{db}", "origin": "--db"}
+    assert err.rstrip("\n").splitlines()[-1] == f"store: sqlite:///{db} (from --db)"
+    code, out, err = run(capsys, "policy", "check", str(tmp_path / "none.yaml"), "--json")  # no store: no line
+    assert code == 2 and "store" not in one_json(out) and "store:" not in err
+
+
+# -- small command-line items (issue 39, row 9) ------------------------------------------------------
+
+
+def test_forecast_eta_of_an_unknown_job_says_it_is_not_among_the_jobs_seen(
+        bare_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "eta.db"
+    store_at(db)
+    code, out, _ = run(capsys, "forecast", "eta", "--job", "424242", "--db", str(db), "--at", str(NOW), "--json")
+    assert code == 2
+    assert one_json(out)["error"] == (f"job 424242: the audit store has no job rows up to {iso(NOW)} (no sweep has "
+                                      "recorded a job yet); pass --jobs TRACE or --source sim")
+    swept = _sweep(capsys, db, NOW)
+    code, out, _ = run(capsys, "forecast", "eta", "--job", "424242", "--db", str(db), "--at", str(NOW), "--json")
+    assert code == 2
+    jobs = len({d["job_id"] for d in swept["findings"] if d.get("job_id")})
+    message = one_json(out)["error"]
+    assert message.startswith("job 424242 is not among the ") and f"({iso(NOW)} to {iso(NOW)})" in message, message
+    seen = int(message.split("among the ")[1].split(" ")[0])
+    assert seen >= jobs >= 1
+
+
+def test_join_dash_values() -> None:
+    assert cli.join_dash_values(["audit", "--since", "-3d", "--json"]) == ["audit", "--since=-3d", "--json"]
+    assert cli.join_dash_values(["report", "--until", "-1d", "--since", "-8d"]) == ["report", "--until=-1d",
+                                                                                  "--since=-8d"]
+    assert cli.join_dash_values(["audit", "--since", "--json"]) == ["audit", "--since", "--json"]  # still an error
+    assert cli.join_dash_values(["audit", "--job", "-3d"]) == ["audit", "--job", "-3d"]  # only --since/--until
+
+
+def test_since_takes_a_leading_minus_as_the_same_time_ago(bare_env: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "since.db"
+    store_at(db)
+    with time_machine.travel(NOW, tick=False):
+        code, out, err = run(capsys, "audit", "--since", "-3d", "--db", str(db), "--json")
+        assert code == 1, err[-2000:]  # an empty store: nothing found, but the flag was read
+        assert one_json(out)["filters"] == {"since": iso(NOW - 3 * 86400)}
+        code, out, _ = run(capsys, "audit", "--since", "3d", "--db", str(db), "--json")
+        assert one_json(out)["filters"] == {"since": iso(NOW - 3 * 86400)}
+    assert cli.instant_arg("-7d", "--until", before=NOW) == cli.instant_arg("7d", "--until", before=NOW) == NOW - 7 * 86400
+    with pytest.raises(GpuCostError, match="--since '-3x': not "):
+        cli.instant_arg("-3x", "--since", before=NOW)
 
 
 # -- durations need a unit ------------------------------------------------------------------------

@@ -35,11 +35,14 @@ def _audit(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if args.limit is not None and args.limit < 1:
         raise GpuCostError(f"--limit {args.limit}: must be at least 1")
     since = instant_arg(args.since, "--since", before=time.time()) if args.since else None
-    store = open_store(args)
+    store = open_store(args, writes=False)
     entries = trail(store, job=args.job, target=args.target, user=args.user, rule=args.rule, since=since,
                     limit=args.limit)
     filters = {k: v for k, v in {"job": args.job, "target": args.target, "user": args.user, "rule": args.rule,
                                  "since": iso(since) if since is not None else None}.items() if v}
     what = ", ".join(f"{k} {v}" for k, v in filters.items()) or "the whole cluster"
     currency = load_policy(args.policy).cost.currency
-    return {"filters": filters, "count": len(entries), "decisions": entries}, render(entries, what, currency)
+    out: dict[str, Any] = {"filters": filters, "count": len(entries), "decisions": entries}
+    if not entries:
+        out["exit_code"] = 1  # as grep: nothing found is not success (a script asking about a job learns so)
+    return out, render(entries, what, currency)

@@ -32,15 +32,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     add_json(p)
 
 
-def _store(args: argparse.Namespace) -> Any:
-    # no ensure_schema: reading the revision must change nothing, and upgrade brings the schema itself
-    return open_store(args, ensure_schema=False)
-
-
 def _current(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.audit.connection import redact
 
-    store = _store(args)
+    store = open_store(args, writes=False, needs_head=False)  # reading the revision changes nothing
     st = store.schema_state()
     out = {"url": redact(store.url), **st}
     text = f"{out['url']}: {st['current'] or 'no revision'} (head {st['head']}{', up to date' if st['at_head'] else ''})"
@@ -54,7 +49,7 @@ def _upgrade(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.audit.connection import redact
     from gpu_cost.errors import AuditError
 
-    store = _store(args)
+    store = open_store(args, writes=True, needs_head=False)  # upgrade brings the schema itself
     out: dict[str, Any] = {"url": redact(store.url), **store.upgrade(), "grants": False}
     if store.dialect == "postgresql" and not args.no_grants:
         grants = (paths.include_dir() / "sql" / "grants.postgresql.sql").read_text(encoding="utf-8")

@@ -127,11 +127,16 @@ def _find_job(args: argparse.Namespace, now: float) -> dict[str, Any]:
             if job.job_id == str(args.job):
                 return history._job_dict(job)
         raise GpuCostError(f"job {args.job} is not in the simulated cluster at {iso(now)}")
-    store = open_store(args)
+    store = open_store(args, writes=False)
     rows = store.fetch("job_usage_of", {"job_id": str(args.job), "until": now})
     if not rows:
-        raise GpuCostError(f"job {args.job}: the agent has not seen it (no job rows in the audit store); "
-                           "pass --jobs TRACE or --source sim")
+        known = store.fetch("jobs_seen", {"until": now})[0]
+        if not known["jobs"]:
+            raise GpuCostError(f"job {args.job}: the audit store has no job rows up to {iso(now)} (no sweep has "
+                               "recorded a job yet); pass --jobs TRACE or --source sim")
+        raise GpuCostError(f"job {args.job} is not among the {known['jobs']} jobs the sweeps recorded in the audit "
+                           f"store ({iso(known['first_ts'])} to {iso(known['last_ts'])}); pass --jobs TRACE or "
+                           "--source sim")
     r = rows[0]
     seen: dict[str, Any] = {
         "job_id": str(args.job), "user": r.get("user_name") or "", "account": r.get("account") or "",
@@ -154,7 +159,7 @@ def _eta(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         return out, f"job {args.job} already ended at {iso(job['end_ts'])}"
     if job.get("start_ts") is None or job["start_ts"] != job["start_ts"]:
         raise GpuCostError(f"job {args.job} has not started: no end time to forecast")
-    res = runtime.eta(open_store(args), job, now)
+    res = runtime.eta(open_store(args, writes=False), job, now)
     if res is None:
         raise GpuCostError(f"job {args.job}: no stored forecast for it or its class "
                            "(has gpu_forecast_nightly run in the last 8 days?)")
@@ -174,6 +179,6 @@ def _nightly(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     policy = load_policy(args.policy)
     now = instant_arg(args.at, "--at") if args.at else time.time()
     now = float(now // 3600 * 3600)
-    store = open_store(args)
+    store = open_store(args, writes=True)
     out = nightly.run(policy, now, store, args.source, jobs_path=args.jobs, workers=args.workers)
     return out, f"nightly forecast at {iso(now)}: {nightly.summary_line(out)}"

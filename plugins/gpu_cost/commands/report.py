@@ -12,7 +12,8 @@ from gpu_cost.errors import GpuCostError
 
 def register(sub: Any) -> None:
     p = sub.add_parser("report", help="write the cost report (HTML + Markdown + charts) for a period")
-    p.add_argument("--since", help="start, ISO 8601 or epoch (default: Monday of the previous week)")
+    p.add_argument("--since", help="start: ISO 8601, epoch or a duration ago, e.g. 7d "
+                                   "(default: Monday of the previous week)")
     p.add_argument("--until", help="end, exclusive: ISO 8601, epoch or a duration ago (default: Monday of this week)")
     p.add_argument("--out", help="folder or URL (default: GPU_COST_REPORT_DIR or the policy's report.out_dir)")
     add_policy(p)
@@ -40,7 +41,7 @@ def _report(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         since = until - 7 * 86400
     if until <= since:
         raise GpuCostError(f"--since {iso(since)} is not before --until {iso(until)}")
-    out = build_report(open_store(args), policy, since, until, args.out)
+    out = build_report(open_store(args, writes=False), policy, since, until, args.out)
     h = out["headline"]
     cur = h["currency"]
     lines = [

@@ -46,7 +46,7 @@ def _snooze(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                 until = epoch(args.until)
             except ValueError as exc:
                 raise GpuCostError(f"--until {args.until!r}: {exc}") from None
-    store = open_store(args)
+    store = open_store(args, writes=not args.list)
     if args.list:
         rows = lib.active(store, now)
         items = [{"target": r["target"], "until": iso(r["until_ts"]), "reason": r["reason"], "by": r["created_by"],

@@ -48,7 +48,7 @@ def _train(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.policy import load_policy
 
     now = instant_arg(args.at, "--at") if args.at else time.time()
-    store = open_store(args)
+    store = open_store(args, writes=True)
     row = verifier.train(store, load_policy(args.policy), now, run_id=f"cli__{int(now)}")
     lines = [_line(row)]
     if row.get("note"):
@@ -61,7 +61,7 @@ def _train(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 def _show(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost import verifier
 
-    store = open_store(args)
+    store = open_store(args, writes=False)
     rows = verifier.models(store, max(1, args.limit))
     lines = [_line(m) for m in rows] or ["no verifier model trained yet (gpu-cost verifier train)"]
     return {"models": rows}, "\n".join(lines)

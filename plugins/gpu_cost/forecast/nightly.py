@@ -327,3 +327,4 @@ def demo_forecast(store: AuditStore, home: Any, result: dict[str, Any]) -> None:
     out = {"demand": figs.get("demand") or {}, "runtime": {"classes": classes, "running_jobs": jobs,
                                                            "backtest": figs.get("runtime")}}
     result["forecast"] = summary_line(out)
+    result["forecast_figures"] = out

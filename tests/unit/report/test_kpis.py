@@ -188,10 +188,12 @@ def test_empty_period_is_an_error(store, policy) -> None:  # type: ignore[no-unt
 
 def test_an_empty_week_reads_no_data_not_none(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     from gpu_cost import cli
+    from gpu_cost.audit.store import AuditStore
     from gpu_cost.report.render import fmt_money, fmt_num, fmt_pct
 
     assert fmt_pct(None) == fmt_num(None) == fmt_money(None) == "no data"
     assert fmt_num(12345.678, 1) == "12,345.7" and fmt_pct(0.1234, 1, True) == "12.3 %" and fmt_money(2078.4) == "$2,078"
+    AuditStore(f"sqlite:///{tmp_path / 'empty.db'}").ensure_schema()  # a store with nothing in it (a read creates none)
     code = cli.main(["report", "--db", str(tmp_path / "empty.db"), "--out", str(tmp_path / "r"),
                      "--since", "2026-11-16T00:00:00Z"])
     text = capsys.readouterr().out
