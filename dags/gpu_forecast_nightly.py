@@ -23,7 +23,9 @@ and writes `policy.rightsize.advice_file`, which `include/slurm/cli_filter.lua` 
 time (docs/rightsizing.md); `gpu-cost rightsize show` prints it.
 
 **Knobs.** Params `policy` (a policy of `GPU_COST_POLICY_DIR`, by name), `source` (`sim` / `slurm` / `store` / `trace`) and `jobs`
-(trace file for `trace`); or `GPU_COST_FORECAST_SOURCE` / `GPU_COST_SOURCE`.
+(for `trace`: a jobs trace file of the trace folder `GPU_COST_TRACE_DIR`, default `$GPU_COST_HOME/traces`,
+by name; a path, a URL, `..` or a symlink out of the folder fails `extract`, naming the param); or
+`GPU_COST_FORECAST_SOURCE` / `GPU_COST_SOURCE`.
 `GPU_COST_FORECAST_SCHEDULE` (cron, default `0 2 * * *`; `none`: manual triggers only).
 
 **Owner / triage.** GPU platform team. `extract` failing: the history source is unreachable (see
@@ -59,7 +61,9 @@ DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 2, "retry_delay": dt.timedel
         "policy": runtime.policy_param(),
         "source": Param(None, type=["null", "string"], enum=[None, "sim", "slurm", "store", "trace"],
                         description="Job history source; empty: GPU_COST_FORECAST_SOURCE, GPU_COST_SOURCE or the policy's"),
-        "jobs": Param(None, type=["null", "string"], description="Jobs trace file (source trace)"),
+        "jobs": Param(None, type=["null", "string"], pattern=runtime.NESTED_NAME.pattern, title="Jobs trace",
+                      description="Source trace: a jobs trace file of the deployment's trace folder "
+                                  "(GPU_COST_TRACE_DIR), by name (jobs.csv, 2026/jobs.parquet), never a path or URL"),
     },
 )
 def gpu_forecast_nightly() -> None:

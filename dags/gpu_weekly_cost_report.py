@@ -9,8 +9,10 @@ freed by actions, the part other jobs re-used, which is the headline, kWh and mo
 (PNG) → an HTML report with the charts embedded and a Markdown summary → Slack (summary and main
 chart). The last task returns the report's location (XCom `return_value` of `files`).
 
-**Where.** `policy.report.out_dir`, overridden by `GPU_COST_REPORT_DIR` or the `out_dir` param: a
-folder, or an object-storage URL (`s3://...`) written through `ObjectStoragePath`.
+**Where.** Under the report root: `GPU_COST_REPORT_DIR`, else `policy.report.out_dir` (a folder, or
+an object-storage URL `s3://...` written through `ObjectStoragePath`). The `out_dir` param names a
+folder under that root (`team-a`, `team-a/q4`); a path, a URL, `..` or a symlink leading out of the
+root fails the run at `period`, naming the param.
 
 **Knobs.** Params `since` / `until` (ISO 8601; both or neither), `policy`, `out_dir`, `slack`.
 `GPU_COST_REPORT_SCHEDULE` (cron in `GPU_COST_REPORT_TZ`, default `0 8 * * 1`; `none`: manual
@@ -50,7 +52,10 @@ REPORT_CRON = runtime.schedule("GPU_COST_REPORT_SCHEDULE", "0 8 * * 1")
         "since": Param(None, type=["null", "string"], description="Start (ISO 8601); empty: the previous week"),
         "until": Param(None, type=["null", "string"], description="End, exclusive (ISO 8601); empty: the previous week"),
         "policy": runtime.policy_param(),
-        "out_dir": Param(None, type=["null", "string"], description="Folder or URL; empty: GPU_COST_REPORT_DIR or the policy's"),
+        "out_dir": Param(None, type=["null", "string"], pattern=runtime.NESTED_NAME.pattern, title="Report folder",
+                         description="A folder under the report root (GPU_COST_REPORT_DIR, else the policy's "
+                                     "report.out_dir), by name: team-a or team-a/q4, never a path or URL; "
+                                     "empty: the root itself"),
         "slack": Param(True, type="boolean", description="Post the summary and the main chart to Slack"),
     },
 )
@@ -59,17 +64,18 @@ def gpu_weekly_cost_report() -> None:
     def period(params=None, **context):  # type: ignore[no-untyped-def]
         return report_tasks.period(params or {}, context)
 
+    # each task works the report folder out again from the params: a path in XCom outside it is refused
     @task
-    def kpis(cfg):  # type: ignore[no-untyped-def]
-        return report_tasks.kpis(cfg)
+    def kpis(cfg, params=None, **context):  # type: ignore[no-untyped-def]
+        return report_tasks.kpis(cfg, params or {}, context)
 
     @task
-    def charts(ref):  # type: ignore[no-untyped-def]
-        return report_tasks.charts(ref)
+    def charts(ref, params=None, **context):  # type: ignore[no-untyped-def]
+        return report_tasks.charts(ref, params or {}, context)
 
     @task
-    def files(ref):  # type: ignore[no-untyped-def]
-        return report_tasks.files(ref)
+    def files(ref, params=None, **context):  # type: ignore[no-untyped-def]
+        return report_tasks.files(ref, params or {}, context)
 
     @task
     def slack(result, params=None, **context):  # type: ignore[no-untyped-def]

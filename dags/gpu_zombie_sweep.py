@@ -34,6 +34,9 @@ about a job and did to it, and why.
 - `act` failed with "cap exceeded": the run wanted to act on more than the policy's `caps` allow;
   nothing acted, the decisions are `capped` — check the policy and the data before raising a cap.
 - `finish` failed: read its message (stale, capped, failed actions in `gpu_cost_actions`).
+  "XCom tampering before <task>": someone changed a task's XCom (REST API) and re-ran the tasks
+  after it; only what the audit store holds was carried out, nothing the XCom added (alert row:
+  rule `xcom_tampering` in `gpu_cost_decisions`). Find who in Airflow's audit log.
 - A degraded run (missing or stale GPUs) acts on nothing destructive; see `gpu_cost_runs.problems`.
 """
 
@@ -99,17 +102,19 @@ def gpu_zombie_sweep() -> None:
     def merge(cfg, parts, **context):  # type: ignore[no-untyped-def]
         return sweep_tasks.merge(cfg, parts, context)
 
+    # findings and the plan go through the audit store; XCom carries counts and decision ids, which
+    # the next task compares with the store (a difference is recorded as tampering, never acted on)
     @task
-    def detect(ref, part):  # type: ignore[no-untyped-def]
-        return sweep_tasks.detect(ref, part)
+    def detect(ref, part, **context):  # type: ignore[no-untyped-def]
+        return sweep_tasks.detect(ref, part, context)
 
     @task
-    def decide(ref, found):  # type: ignore[no-untyped-def]
-        return sweep_tasks.decide(ref, found)
+    def decide(ref, found, **context):  # type: ignore[no-untyped-def]
+        return sweep_tasks.decide(ref, found, context)
 
     @task
-    def record(ref, plan):  # type: ignore[no-untyped-def]
-        return sweep_tasks.record(ref, plan)
+    def record(ref, plan, **context):  # type: ignore[no-untyped-def]
+        return sweep_tasks.record(ref, plan, context)
 
     @task.branch
     def route(summary):  # type: ignore[no-untyped-def]

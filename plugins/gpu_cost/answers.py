@@ -3,13 +3,15 @@
 Every notice offers three answers:
 
 - **keep** — "keep it, I am using it", for one of ``answers.keep_durations`` (4 h / 8 h / 24 h),
-  with a reason: a snooze of the target's job (or the target itself) by the person answering,
-  within ``snooze.max_duration``. The next sweep leaves it alone until then.
+  with a reason: a snooze by the person answering, within ``snooze.max_duration``, of everything
+  the notice was about (:func:`gpu_cost.policy.engine.target_keys`: the target, its job or the job
+  a process still names, its GPUs). The next sweep leaves it alone until then.
 - **release** — "release it now": the owner asks the agent to cancel. It triggers the manual
   reclaim DAG (``answers.release_dag``) as the owner, so it passes the same guards and caps as
   any other action (protections, the policy's mode, approvals, the per-run and rolling caps).
-- **wrong** — "this is wrong": the ladder stops for that episode (the engine decides nothing more
-  for the target until its finding closes and a new episode opens) and the answer is a label.
+- **wrong** — "this is wrong": the episode ends and the answer is its label; the engine leaves the
+  target alone for ``snooze.max_duration`` (like the longest snooze), then, if it is still found,
+  decides it again in a new episode from the first rung.
 
 Answers arrive two ways, both verified before anything is read:
 
@@ -23,8 +25,11 @@ Answers arrive two ways, both verified before anything is read:
   its form's POST answers, so a mail scanner following links answers nothing.
 
 Either way the person must own the target or be its manager (``answers.managers_may_answer``);
-only the owner may release. Every answer, accepted or refused (bad signature, expired, replayed,
-not the owner...), is written to ``gpu_cost_answers`` with why. The secrets come from the Airflow
+only the owner may release. Every answer, accepted or refused (expired, replayed, not the
+owner...), is written to ``gpu_cost_answers`` with why; a request whose signature never checked
+out is written at most once per source and minute (:func:`unauthenticated_row`). A one-time id
+is used up only by an answer carried out (or refused for good): a release whose DAG could not be
+triggered is recorded as refused and may be sent again. The secrets come from the Airflow
 connection ``gpu_cost_answers``: ``password`` is the link key, ``extra.slack_signing_secret`` the
 Slack app's signing secret.
 
@@ -112,7 +117,11 @@ def sign(claims: Mapping[str, Any], key: bytes) -> str:
 
 
 def read_token(token: str, key: bytes | None, now: float) -> dict[str, Any]:
-    """Return the claims of a valid, unexpired token; raise :class:`AnswerRefused` saying what is wrong."""
+    """Return the claims of a valid, unexpired token; raise :class:`AnswerRefused` saying what is wrong.
+
+    Its status tells whether the signature checked out: 401, 400 and 503 before it did (nothing in
+    the request can be trusted), 410 after (an expired link of ours).
+    """
     if not key:
         raise AnswerRefused(f"answer links are not configured (connection {CONN_ID} has no password)", 503)
     body, _, mac = (token or "").strip().partition(".")
@@ -124,7 +133,7 @@ def read_token(token: str, key: bytes | None, now: float) -> dict[str, Any]:
     except ValueError:
         raise AnswerRefused("malformed token", 400) from None
     if not hmac.compare_digest(want, got):
-        raise AnswerRefused("bad signature")
+        raise AnswerRefused("bad signature", 401)
     try:
         claims = json.loads(_unb64(body))
     except ValueError:
@@ -192,10 +201,12 @@ def verify_slack(body: bytes, timestamp: str | None, signature: str | None, secr
         raise AnswerRefused(f"stale request: signed {format_duration(abs(now - ts))} ago "
                             f"(answers.slack_max_age={format_duration(max_age)})")
     base = b"v0:" + timestamp.encode() + b":" + body
-    want = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(want, signature.strip()):
-        raise AnswerRefused("bad signature")
-    return "slack:" + hashlib.sha256(signature.strip().encode()).hexdigest()[:32]
+    want = b"v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest().encode()
+    # bytes, not str: compare_digest refuses a str with non-ASCII characters (a header may hold any)
+    got = signature.strip().encode("utf-8", "replace")
+    if not hmac.compare_digest(want, got):
+        raise AnswerRefused("bad signature", 401)
+    return "slack:" + hashlib.sha256(got).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -259,7 +270,26 @@ def answer_id(now: float) -> str:
     return f"{int(now * 1000):013d}-{uuid.uuid4().hex[:12]}"
 
 
-#: who triggers a release: ``(conf, owner) -> run id``; the api-server's is in gpu_cost.airflow.answers_api
+def unauthenticated_row(channel: str, refusal: AnswerRefused, source: str, now: float) -> dict[str, Any]:
+    """Return the ``gpu_cost_answers`` row of a request refused before it could be read.
+
+    Its id is the same for every such request from ``source`` (the peer's address) on ``channel``
+    with the same status within one minute, so a flood of forged requests writes one row a minute,
+    not one each (``insert_answer`` keeps the first).
+    """
+    minute = int(now // 60) * 60
+    key = hashlib.sha256(f"{channel}|{source}|{refusal.status}".encode()).hexdigest()[:12]
+    return {"answer_id": f"{minute * 1000:013d}-{key}", "ts": now, "channel": channel, "choice": "",
+            "status": "refused", "refusal": f"{refusal} (from {source}; refused again within the minute: not "
+                                             "recorded again)"[:MAX_REASON],
+            "decision_id": None, "rule": None, "target": None, "episode": None, "job_id": None,
+            "answered_by": None, "owner": None, "role": None, "duration_s": None, "reason": None, "until_ts": None,
+            "effect": None, "nonce": None}
+
+
+#: who triggers a release: ``(conf, owner) -> run id``; the api-server's is in gpu_cost.airflow.answers_api.
+#: It raises :class:`AnswerRefused` (502) when the run could not be triggered; triggering again with the
+#: same one-time id must not start a second run.
 Release = Callable[[dict[str, Any], str], str]
 
 
@@ -277,7 +307,9 @@ def apply(store: AuditStore, policy: Policy, answer: Answer, *, now: float | Non
     """Check ``answer`` against its decision and the policy, carry it out, and record it.
 
     Returns the ``gpu_cost_answers`` row written. A refused answer is recorded too, and raises
-    :class:`AnswerRefused` after it is written.
+    :class:`AnswerRefused` after it is written. The one-time id is claimed after the answer is
+    carried out, so an answer that could not be carried out (a release whose DAG trigger failed)
+    may be sent again; a second request racing the first is refused as a replay when it claims.
     """
     now = time.time() if now is None else float(now)
     claims = answer.claims
@@ -291,10 +323,13 @@ def apply(store: AuditStore, policy: Policy, answer: Answer, *, now: float | Non
     }
     try:
         decision = _check(store, policy, answer, row)
+        replay = AnswerRefused("already answered: this request was used before (a replay)", 409)
+        if store.fetch("answer_nonce_used", {"nonce": answer.nonce}):
+            raise replay
+        row["effect"] = _carry_out(store, policy, decision, row, now, release)
         claimed = store.execute("claim_answer_nonce", {"nonce": answer.nonce, "answer_id": row["answer_id"], "ts": now})
         if claimed == 0:
-            raise AnswerRefused("already answered: this request was used before (a replay)", 409)
-        row["effect"] = _carry_out(store, policy, decision, row, now, release)
+            raise replay
         row["status"] = "accepted"
     except AnswerRefused as exc:
         row["refusal"] = str(exc)
@@ -343,6 +378,10 @@ def _check(store: AuditStore, policy: Policy, answer: Answer, row: dict[str, Any
         row["until_ts"] = float(row["ts"]) + dur
         if row["reason"] and len(row["reason"]) < policy.snooze.min_reason_chars:
             raise AnswerRefused(f"reason {row['reason']!r}: give at least {policy.snooze.min_reason_chars} characters")
+    elif choice == "wrong":
+        # it holds the target like the longest snooze, then expires (gpu_cost.policy.engine.dispute_until)
+        row["duration_s"] = policy.snooze.max_duration
+        row["until_ts"] = float(row["ts"]) + policy.snooze.max_duration
     elif choice == "release":
         if row["role"] != "owner":
             raise AnswerRefused(f"only the owner ({owner}) may release {decision.get('target')}")
@@ -357,30 +396,65 @@ def _carry_out(store: AuditStore, policy: Policy, decision: Mapping[str, Any], r
 
     choice = row["choice"]
     if choice == "keep":
-        target = f"job:{decision['job_id']}" if decision.get("job_id") else str(decision["target"])
+        keys = keep_keys(decision)
         why = row["reason"] or DEFAULT_KEEP_REASON
         try:
-            s = snooze.snooze(store, target, float(row["until_ts"]), why, str(row["answered_by"]), now=now,
-                              policy=policy)
+            for key in keys:
+                snooze.normalise_target(key)  # all or none: a bad key refuses before anything is written
+            ids = [snooze.snooze(store, key, float(row["until_ts"]), why, str(row["answered_by"]), now=now,
+                                 policy=policy)["snooze_id"] for key in keys]
         except snooze.SnoozeError as exc:
             raise AnswerRefused(str(exc)) from None
-        return f"snooze {s['snooze_id']}: {target} until {iso(float(row['until_ts']))}"
+        return f"snooze {', '.join(ids)}: {', '.join(keys)} until {iso(float(row['until_ts']))}"
     if choice == "release":
         if release is None:
             raise AnswerRefused("release is not available here (it needs the Airflow api-server)")
         run_id = release(release_conf(decision, row["reason"] or ""), str(row["answered_by"]))
         return f"{policy.answers.release_dag} run {run_id}"
-    return f"ladder stopped for {decision['target']} ({decision['rule']}, episode {decision['episode']})"
+    return (f"episode {decision['episode']} of {decision['target']} ({decision['rule']}) ended; left alone until "
+            f"{iso(float(row['until_ts']))}")
 
 
-def disputed(store: AuditStore, targets: list[str]) -> dict[tuple[str, str, int], dict[str, Any]]:
-    """Return ``(rule, target, episode)`` → the accepted "this is wrong" answer, for ``targets``."""
+def keep_keys(decision: Mapping[str, Any]) -> list[str]:
+    """Return what a "keep" on ``decision``'s notice snoozes: everything the decision touches."""
+    from gpu_cost.policy.engine import target_keys
+
+    evidence = decision.get("evidence") or {}
+    if isinstance(evidence, str):
+        try:
+            evidence = json.loads(evidence)
+        except ValueError:
+            evidence = {}
+    gpus = evidence.get("gpu_ids") if isinstance(evidence, Mapping) else None
+    return target_keys(str(decision["target"]), decision.get("job_id"),
+                       [str(g) for g in gpus] if isinstance(gpus, list) else [])
+
+
+def disputed(store: AuditStore, targets: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Return ``(rule, target)`` → the latest accepted "this is wrong" answer, for ``targets``.
+
+    Expired answers are returned too: the engine still needs to know the episode they ended.
+    """
     if not targets:
         return {}
-    rows = store.fetch("disputed_episodes", {"targets": sorted(set(targets))})
-    return {(str(r["rule"]), str(r["target"]), int(r["episode"])): r for r in rows}
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in store.fetch("disputed_episodes", {"targets": sorted(set(targets))}):
+        key = (str(r["rule"]), str(r["target"]))
+        if key not in out or float(r["ts"]) > float(out[key]["ts"]):
+            out[key] = r
+    return out
 
 
 def of_decision(store: AuditStore, decision_id: str) -> list[dict[str, Any]]:
     """Return the answers given to a decision's notice, oldest first."""
     return store.fetch("answers_of_decision", {"decision_id": decision_id})
+
+
+def owner_releases(store: AuditStore, targets: list[str]) -> dict[str, float]:
+    """Return target → when its owner's "release it now" was accepted (the earliest), for ``targets``."""
+    if not targets:
+        return {}
+    out: dict[str, float] = {}
+    for r in store.fetch("owner_releases", {"targets": sorted(set(targets))}):
+        out[str(r["target"])] = min(float(r["ts"]), out.get(str(r["target"]), float("inf")))
+    return out

@@ -3,8 +3,10 @@
 A snooze covers one target (``job:<id>``, ``proc:<host>:<pid>:<start>``, ``gpu:<host>:<i>``) or
 everything of a user (``user:<name>``) or on a node (``node:<name>``). It is written to
 ``gpu_cost_snoozes`` (never deleted; it simply expires) and onto the target's escalation rows.
-While it holds, the engine decides nothing for the target and records, once per snooze and
-episode, a ``none`` decision saying what the snooze held back. When it expires the ladder
+While it holds, the engine decides nothing for any finding that touches it (its target, its job
+or the job a process still names, its GPUs, its owner, its nodes:
+:func:`gpu_cost.policy.engine.snooze_keys`) and records, once per snooze and episode, a ``none``
+decision saying what the snooze held back. When it expires the ladder
 continues where it stood.
 
 The ``gpu-cost snooze`` command and the manual reclaim DAG both call :func:`snooze`.

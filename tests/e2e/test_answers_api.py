@@ -17,6 +17,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -97,12 +98,12 @@ def test_answers_are_verified_recorded_and_change_the_next_sweep(airflow_server:
     # -- refused, each recorded with why -----------------------------------------------------------
     body = _slack_body("UCAROL", keep, "eval tonight")
     forged = _slack_headers(body, secret="not-the-secret")
-    assert _post(slack_url, body, forged)[0] == 403
+    assert _post(slack_url, body, forged)[0] == 401
     assert _post(slack_url, body, _slack_headers(body, ts=time.time() - 3600))[0] == 403
     status, text = _post(slack_url, _slack_body("UERIN", keep), _slack_headers(_slack_body("UERIN", keep)))
     assert status == 403 and "erin is neither the owner of job:1003 (carol) nor their manager" in text
     refused = _refusals(store)
-    assert [r["refusal"] for r in refused][:2] == ["bad signature", refused[1]["refusal"]]
+    assert refused[0]["refusal"].startswith("bad signature (from 127.0.0.1")
     assert refused[1]["refusal"].startswith("stale request: signed 1h")
     assert refused[2]["answered_by"] == "erin"
     assert store.active_snoozes(time.time()) == []
@@ -113,9 +114,10 @@ def test_answers_are_verified_recorded_and_change_the_next_sweep(airflow_server:
     headers = _slack_headers(body)
     status, text = _post(slack_url, body, headers)
     assert status == 200 and json.loads(text)["ok"] is True, text
-    [snooze] = store.active_snoozes(time.time())
-    assert (snooze["target"], snooze["created_by"], snooze["reason"]) == ("job:1003", "carol", "eval runs tonight")
-    assert 8 * 3600 - 120 < float(snooze["until_ts"]) - time.time() <= 8 * 3600
+    snoozes = store.active_snoozes(time.time())
+    assert sorted((s["target"], s["created_by"], s["reason"]) for s in snoozes) == [
+        (t, "carol", "eval runs tonight") for t in ("gpu:gpu01:5", "gpu:gpu01:6", "job:1003")]  # the job, its GPUs
+    assert all(8 * 3600 - 120 < float(s["until_ts"]) - time.time() <= 8 * 3600 for s in snoozes)
     told = [r.body for r in list(_slack_server.requests) if r.path == "/actions/T0/answers/1"]
     assert told and told[-1]["response_type"] == "ephemeral" and "Kept: job:1003" in told[-1]["text"]
     # the same request again is a replay
@@ -147,7 +149,8 @@ def test_answers_are_verified_recorded_and_change_the_next_sweep(airflow_server:
     body = _slack_body("UCAROL", release, "finished, thanks")
     status, text = _post(slack_url, body, _slack_headers(body))
     assert status == 200, text
-    [row] = [a for a in answers.of_decision(store, did) if a["choice"] == "release"]
+    [row] = [a for a in answers.of_decision(store, did) if a["choice"] == "release" and a["status"] == "accepted"
+             and a["reason"] == "finished, thanks"]
     run_id = row["effect"].rsplit(" ", 1)[-1]
     run = server.dag_run(policy.answers.release_dag, run_id)
     assert run["triggering_user_name"] == "carol"
@@ -160,3 +163,92 @@ def test_answers_are_verified_recorded_and_change_the_next_sweep(airflow_server:
     # the deployment reads the simulator: its guards refuse to cancel on simulated data, as for anyone
     [ran] = server.wait_for(refused, "the release's manual reclaim run", timeout=240)
     assert "simulated data never drives a real executor (cancel)" in str(ran["problems"])
+
+
+# -- what an unauthenticated request, a failed release and a foreign response_url do ------------------
+def _carols_notice(server: AirflowServer) -> tuple[Any, AuditStore, str, float]:
+    """Return the policy, the store and a notice about carol's job 1003 (a sweep makes one if none is there)."""
+    policy = load_policy(server.env["GPU_COST_POLICY"])
+    store = AuditStore(server.audit_url).ensure_schema()
+
+    def notice() -> dict[str, Any] | None:
+        rows = store.query("SELECT decision_id, ts FROM gpu_cost_decisions WHERE target = 'job:1003' "
+                           "AND user_name = 'carol' AND action = 'notify' ORDER BY ts DESC")
+        return rows[0] if rows else None
+
+    if notice() is None:
+        sweep.run_once(policy, time.time(), store, source="sim", run_id="answers-sweep-r10")
+    row = notice()
+    assert row is not None
+    return policy, store, str(row["decision_id"]), float(row["ts"])
+
+
+def test_a_non_ascii_signature_is_a_401_not_a_crash(airflow_server: AirflowServer) -> None:
+    policy, store, did, decided_at = _carols_notice(airflow_server)
+    body = _slack_body("UCAROL", _token(policy, did, decided_at, "wrong"), "a non-ASCII signature")
+    headers = {**_slack_headers(body), "X-Slack-Signature": "v0=" + "\u00e9" * 64}
+    status, reply = _post(f"{airflow_server.url}{answers.URL_PREFIX}/slack", body, headers)
+    assert (status, json.loads(reply)["error"]) == (401, "bad signature"), reply
+    assert [r for r in store.query("SELECT refusal FROM gpu_cost_answers WHERE status = 'refused'")
+            if str(r["refusal"]).startswith("bad signature (from 127.0.0.1")]
+
+
+def test_forged_requests_are_recorded_once_per_source_and_minute(airflow_server: AirflowServer) -> None:
+    policy, store, did, decided_at = _carols_notice(airflow_server)
+    if time.time() % 60 > 40:
+        time.sleep(61 - time.time() % 60)  # the burst below within one minute
+    start = time.time()
+    for n in range(6):
+        body = _slack_body("UCAROL", _token(policy, did, decided_at, "wrong"), f"forged {n}")
+        status, _ = _post(f"{airflow_server.url}{answers.URL_PREFIX}/slack", body,
+                          _slack_headers(body, secret="not-the-secret"))
+        assert status == 401
+    minutes = {int(start // 60), int(time.time() // 60)}
+    rows = [r for r in store.query("SELECT ts, refusal FROM gpu_cost_answers WHERE channel = 'slack' "
+                                   "AND status = 'refused'")
+            if float(r["ts"]) >= min(minutes) * 60 and str(r["refusal"]).startswith("bad signature")]
+    assert len(rows) == len(minutes), rows  # one row a minute, not one per request
+
+
+def test_a_release_whose_trigger_fails_can_be_sent_again(airflow_server: AirflowServer) -> None:
+    server = airflow_server
+    policy, store, did, decided_at = _carols_notice(server)
+    slack_url = f"{server.url}{answers.URL_PREFIX}/slack"
+    body = _slack_body("UCAROL", _token(policy, did, decided_at, "release"), "done with it, really")
+    headers = _slack_headers(body)
+    path = Path(server.env["GPU_COST_POLICY"])
+    text = path.read_text()
+    assert text.count("release_dag: gpu_manual_reclaim ") == 1
+    try:  # the release DAG is not there (renamed, not yet deployed): the trigger fails
+        path.write_text(text.replace("release_dag: gpu_manual_reclaim ", "release_dag: gpu_manual_reclaim_gone "))
+        status, reply = _post(slack_url, body, headers)
+    finally:
+        path.write_text(text)
+    assert status == 502 and "can be sent again" in reply, reply
+    mine = [a for a in answers.of_decision(store, did) if a["reason"] == "done with it, really"]
+    assert [(a["status"], "gpu_manual_reclaim_gone could not be triggered" in str(a["refusal"]))
+            for a in mine] == [("refused", True)]
+
+    status, reply = _post(slack_url, body, headers)  # the same request again, now that the DAG is there
+    assert status == 200, reply
+    [row] = [a for a in answers.of_decision(store, did) if a["reason"] == "done with it, really"
+             and a["status"] == "accepted"]
+    run_id = row["effect"].rsplit(" ", 1)[-1]
+    assert server.dag_run(policy.answers.release_dag, run_id)["triggering_user_name"] == "carol"
+    assert _post(slack_url, body, headers)[0] == 409  # carried out, it is used up
+    server.wait_for(lambda: server.dag_run(policy.answers.release_dag, run_id)["state"] in ("success", "failed"),
+                    "the release's manual reclaim run to end", timeout=240)
+
+
+def test_the_confirmation_goes_to_no_host_but_slack_or_the_configured_webhook(airflow_server: AirflowServer,
+                                                                             _slack_server: Any) -> None:
+    policy, _store, did, decided_at = _carols_notice(airflow_server)
+    port = _slack_server.port
+    # the configured webhook is http://127.0.0.1:<port>/...: "localhost" on the same port is another host
+    for host, path in (("localhost", "/actions/T0/elsewhere"), ("127.0.0.1", "/actions/T0/configured")):
+        body = _slack_body("UERIN", _token(policy, did, decided_at, "wrong"), f"not hers ({host})",
+                           response_url=f"http://{host}:{port}{path}")
+        status, reply = _post(f"{airflow_server.url}{answers.URL_PREFIX}/slack", body, _slack_headers(body))
+        assert status == 403, reply  # erin is not carol's manager: refused, and told so
+    told = {r.path for r in list(_slack_server.requests)}
+    assert "/actions/T0/configured" in told and "/actions/T0/elsewhere" not in told

@@ -47,7 +47,8 @@ def slack_sink():  # type: ignore[no-untyped-def]
     server.shutdown()
 
 
-def test_report_dag_writes_the_report_and_posts_to_slack(airflow_db, dagbag, slack_sink, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_report_dag_writes_the_report_and_posts_to_slack(airflow_db, dagbag, slack_sink, tmp_path,  # type: ignore[no-untyped-def]
+                                                         monkeypatch) -> None:
     from gpu_cost.policy import load_policy
     from gpu_cost.report.seed import seed_week
 
@@ -55,8 +56,9 @@ def test_report_dag_writes_the_report_and_posts_to_slack(airflow_db, dagbag, sla
     since, until = NOW - 2 * 86400, NOW
     seed_week(store, load_policy(None), until, nodes=2)
     dag = dagbag.dags["gpu_weekly_cost_report"]
+    monkeypatch.setenv("GPU_COST_REPORT_DIR", str(tmp_path))  # the report root; out_dir names a folder in it
     out_dir = tmp_path / "reports"
-    dr = dag.test(run_conf={"since": iso(since), "until": iso(until), "out_dir": str(out_dir)})
+    dr = dag.test(run_conf={"since": iso(since), "until": iso(until), "out_dir": "reports"})
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     assert dr.state == "success", states
     index = next(out_dir.glob("*/index.html"))

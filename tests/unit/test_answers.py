@@ -127,7 +127,10 @@ def test_keep_snoozes_the_job_and_the_next_sweep_leaves_it_alone(policy, swept) 
                         now=now + 60)
     assert row["status"] == "accepted" and row["role"] == "owner" and row["duration_s"] == 8 * 3600
     snoozes = store.active_snoozes(now + 120)
-    assert [(s["target"], s["created_by"], s["reason"]) for s in snoozes] == [("job:1003", "carol", "eval runs at night")]
+    # the job and its GPUs: everything the notice was about
+    assert sorted((s["target"], s["created_by"], s["reason"]) for s in snoozes) == [
+        ("gpu:gpu01:5", "carol", "eval runs at night"), ("gpu:gpu01:6", "carol", "eval runs at night"),
+        ("job:1003", "carol", "eval runs at night")]
     later = sweep.run_once(policy, now + 3600, store, source="sim", run_id="s2")
     assert [s["target"] for s in later["snoozed"]] == ["job:1003"]
     assert not [d for d in later["decisions"] if d["target"] == "job:1003"]
@@ -140,12 +143,14 @@ def test_keep_snoozes_the_job_and_the_next_sweep_leaves_it_alone(policy, swept) 
 
 
 def test_wrong_stops_the_ladder_for_the_episode(policy, swept) -> None:  # type: ignore[no-untyped-def]
+    from gpu_cost.timeutil import iso
+
     store, now, did = swept
     answers.apply(store, policy, _link(policy, did, now, "wrong", "dave", reason="this is our eval server"), now=now + 60)
     later = sweep.run_once(policy, now + 2 * 3600, store, source="sim", run_id="s2")
     assert not [d for d in later["decisions"] if d["target"] == "job:1003"]
     why = [w["why"] for w in later["waiting"] if w["target"] == "job:1003"]
-    assert why == ["answered 'this is wrong' by dave: the ladder stops for episode 1"]
+    assert why == [f"answered 'this is wrong' by dave: left alone until {iso(now + 60 + policy.snooze.max_duration)}"]
     # without the answer the ladder goes on (the notice was never sent here, so rung 0 is due again)
     fresh = AuditStore("sqlite:///:memory:").ensure_schema()
     sweep.run_once(policy, now, fresh, source="sim", run_id="s1")
@@ -178,7 +183,7 @@ def test_a_link_works_once(policy, swept) -> None:  # type: ignore[no-untyped-de
     with pytest.raises(AnswerRefused, match="a replay") as exc:
         answers.apply(store, policy, _link(policy, did, now, "keep", "carol"), now=now + 120)
     assert exc.value.status == 409
-    assert len(store.active_snoozes(now + 180)) == 1
+    assert len({s["snooze_id"] for s in store.active_snoozes(now + 180)}) == 3  # job:1003 and its 2 GPUs, once
 
 
 def test_release_goes_to_the_manual_reclaim_as_the_owner(policy, swept) -> None:  # type: ignore[no-untyped-def]
@@ -210,3 +215,69 @@ def test_keep_durations_must_fit_the_snooze_limit() -> None:
         parse_policy("snooze: {max_duration: 2h}\n")
     with pytest.raises(PolicyError, match=r"answers\.base_url"):
         parse_policy("answers: {base_url: 'airflow.example.org'}\n")
+
+
+# -- what may not go wrong: a signature Python cannot compare, a release that failed, a foreign host -----
+def test_a_signature_with_non_ascii_characters_is_a_bad_signature() -> None:
+    now = 1_800_000_000.0
+    body, ts = b"payload=%7B%7D", str(int(now))
+    with pytest.raises(AnswerRefused, match="bad signature") as exc:
+        answers.verify_slack(body, ts, "v0=" + "\u00e9" * 64, SLACK_SECRET, now=now, max_age=300)
+    assert exc.value.status == 401
+
+
+def test_a_release_that_could_not_be_triggered_can_be_sent_again(policy, swept) -> None:  # type: ignore[no-untyped-def]
+    store, now, did = swept
+    release = _link(policy, did, now, "release", "carol", reason="done with it")
+
+    def down(conf, owner):  # type: ignore[no-untyped-def]
+        raise AnswerRefused("release failed: gpu_manual_reclaim could not be triggered", 502)
+
+    with pytest.raises(AnswerRefused, match="release failed") as exc:
+        answers.apply(store, policy, release, now=now + 60, release=down)
+    assert exc.value.status == 502
+    started: list[str] = []
+
+    def up(conf, owner):  # type: ignore[no-untyped-def]
+        started.append(owner)
+        return "run-1"
+
+    row = answers.apply(store, policy, release, now=now + 120, release=up)
+    assert row["status"] == "accepted" and started == ["carol"]
+    assert [(a["status"], a["refusal"]) for a in answers.of_decision(store, did)] == [
+        ("refused", "release failed: gpu_manual_reclaim could not be triggered"), ("accepted", None)]
+    with pytest.raises(AnswerRefused, match="a replay"):
+        answers.apply(store, policy, release, now=now + 180, release=up)
+    assert started == ["carol"]
+
+
+WEBHOOK = "http://127.0.0.1:8765/services/T0/B0/SECRET"
+
+
+@pytest.mark.parametrize(("url", "allowed"), [
+    ("https://hooks.slack.com/actions/T0/1/abc", True),
+    ("https://HOOKS.slack.com:443/actions/T0/1/abc", True),
+    ("http://127.0.0.1:8765/actions/T0/1/abc", True),
+    ("http://localhost.evil/actions", False),
+    ("http://localhost:8765/actions", False),
+    ("http://127.0.0.1:8766/actions", False),
+    ("http://127.0.0.1/actions", False),
+    ("http://127.0.0.1.evil.example:8765/actions", False),
+    ("https://hooks.slack.com.evil.example/actions", False),
+    ("https://hooks.slack.com@evil.example/actions", False),
+    ("https://user@hooks.slack.com/actions", False),
+    ("https://evil.example/?to=https://hooks.slack.com/", False),
+    ("http://hooks.slack.com/actions", False),
+    ("https://hooks.slack.com:8443/actions", False),
+    ("https://[::1/actions", False),
+    ("file:///etc/passwd", False),
+    ("", False),
+    (None, False),
+], ids=["slack", "slack-case-port", "configured-webhook", "localhost-prefix", "localhost-not-configured",
+        "other-port", "default-port", "ip-prefix", "slack-prefix", "userinfo-host", "userinfo-on-slack", "in-query",
+        "slack-over-http", "slack-other-port", "malformed", "file", "empty", "none"])
+def test_a_confirmation_goes_only_to_slack_or_the_configured_webhook(url, allowed, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from gpu_cost.airflow.answers_api import response_url_allowed
+
+    monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_SLACK", json.dumps({"conn_type": "slackwebhook", "password": WEBHOOK}))
+    assert response_url_allowed(url) is allowed

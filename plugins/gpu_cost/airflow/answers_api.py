@@ -11,7 +11,11 @@ Routes, under ``/gpu-cost/answers``:
 - ``GET /health`` — ``{"ok": true}`` and whether each secret is configured (never the secrets).
 
 Airflow's own authentication does not cover plugin apps; the signatures are the authentication
-here. Every answer, accepted or refused, is recorded (:func:`gpu_cost.answers.apply`).
+here. Every answer, accepted or refused, is recorded (:func:`gpu_cost.answers.apply`); a request
+refused before its signature checked out is a 401 (or 400, 403 stale, 413, 503) recorded at most
+once per source address, status and minute (:func:`gpu_cost.answers.unauthenticated_row`). The
+confirmation goes only to Slack's own response host or the configured Slack webhook's host
+(:func:`response_url_allowed`).
 """
 
 from __future__ import annotations
@@ -23,21 +27,23 @@ import logging
 import time
 import urllib.request
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from gpu_cost import answers
+from gpu_cost import answers, connections
 from gpu_cost.answers import Answer, AnswerRefused
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.policy.schema import Policy
-from gpu_cost.timeutil import format_duration
+from gpu_cost.timeutil import format_duration, iso
 
 logger = logging.getLogger(__name__)
 
 #: the largest request body read (a Slack interaction is a few KiB)
 MAX_BODY = 64 * 1024
+#: where Slack's interaction ``response_url`` points (https, its default port)
+SLACK_RESPONSE_HOST = "hooks.slack.com"
 
 app = FastAPI(title="GPU Cost Agent answers", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -56,13 +62,25 @@ def trigger_release(conf: dict[str, Any], owner: str, *, dag_id: str, run_id: st
     """Trigger ``dag_id`` (the manual reclaim) as ``owner`` with ``conf``; return the run id.
 
     Runs inside the api-server, which holds the metadata database; the run is Airflow's own,
-    with the owner as its triggering user, so the DAG's guards see who asked.
+    with the owner as its triggering user, so the DAG's guards see who asked. ``run_id`` comes
+    from the answer's one-time id: a run that exists already is this answer's, triggered by an
+    earlier try. Any other failure raises :class:`AnswerRefused` (502): nothing was started,
+    and the answer may be sent again.
     """
     from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.exceptions import DagRunAlreadyExists
     from airflow.utils.types import DagRunTriggeredByType
 
-    run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.REST_API, triggering_user_name=owner,
-                      run_id=run_id, conf=conf, note=f"released by {owner} from a notice")
+    try:
+        run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.REST_API, triggering_user_name=owner,
+                          run_id=run_id, conf=conf, note=f"released by {owner} from a notice")
+    except DagRunAlreadyExists:
+        logger.info("release run %s of %s exists already (an earlier try of the same answer)", run_id, dag_id)
+        return run_id
+    except Exception as exc:  # whatever Airflow refuses (no such DAG, bad params, database): not started
+        logger.warning("release of %s by %s: triggering %s failed: %s", conf.get("target_ids"), owner, dag_id, exc)
+        raise AnswerRefused(f"release failed: {dag_id} could not be triggered ({type(exc).__name__}: "
+                            f"{str(exc)[:200]}); nothing was started, and this answer can be sent again", 502) from None
     return str(run.run_id if run is not None else run_id)
 
 
@@ -84,7 +102,7 @@ def _done_text(row: dict[str, Any]) -> str:
         return f"Kept: {target} is left alone for {format_duration(float(row['duration_s']))} ({row['effect']})."
     if choice == "release":
         return f"Release requested: {target} ({row['effect']})."
-    return f"Thanks: {target} is marked wrong, and nothing more happens to it in this episode."
+    return f"Thanks: {target} is marked wrong and left alone until {iso(float(row['until_ts']))}."
 
 
 @app.get("/health")
@@ -104,6 +122,10 @@ async def slack(request: Request) -> JSONResponse:
         nonce = answers.verify_slack(body, request.headers.get("X-Slack-Request-Timestamp"),
                                      request.headers.get("X-Slack-Signature"), k.slack_signing_secret, now=now,
                                      max_age=policy.answers.slack_max_age)
+    except AnswerRefused as exc:
+        _record_unauthenticated(store, "slack", exc, request, now)
+        return JSONResponse({"ok": False, "error": str(exc)}, status_code=exc.status)
+    try:
         pressed = answers.parse_slack(body)
         row_user = pressed.user_id
         claims = answers.read_token(pressed.token, k.link_key, now)
@@ -122,8 +144,17 @@ async def slack(request: Request) -> JSONResponse:
     return JSONResponse({"ok": True, "text": text, "answer_id": row["answer_id"]})
 
 
+def _record_unauthenticated(store: AuditStore, channel: str, refusal: AnswerRefused, request: Request,
+                            now: float) -> None:
+    """Record a request refused before its signature checked out: once per source, status and minute."""
+    source = request.client.host if request.client is not None else "unknown"
+    written = store.execute("insert_answer", answers.unauthenticated_row(channel, refusal, source, now))
+    if written:
+        logger.warning("answer refused (%s, from %s): %s", channel, source, refusal)
+
+
 def _record_unread(store: AuditStore, channel: str, why: str, given_as: str | None) -> None:
-    """Record a request refused before its answer could be read (bad signature, stale, malformed)."""
+    """Record a signed request refused before its answer could be read (malformed, an expired link)."""
     now = time.time()
     store.execute("insert_answer", {
         "answer_id": answers.answer_id(now), "ts": now, "channel": channel, "choice": "", "status": "refused",
@@ -133,15 +164,50 @@ def _record_unread(store: AuditStore, channel: str, why: str, given_as: str | No
     logger.warning("answer refused (%s): %s", channel, why)
 
 
+def _origin(url: str | None) -> tuple[str, str, int] | None:
+    """Return ``(scheme, host, port)`` of an http(s) URL without credentials, or None."""
+    try:
+        parts = urlsplit(url or "")
+        port = parts.port
+    except ValueError:
+        return None
+    host = (parts.hostname or "").lower()
+    if parts.scheme not in ("https", "http") or not host or parts.username is not None or parts.password is not None:
+        return None
+    return parts.scheme, host, port or (443 if parts.scheme == "https" else 80)
+
+
+def _configured_slack_origin() -> tuple[str, str, int] | None:
+    """Return the origin of the configured Slack webhook (connection ``gpu_cost_slack``), if it is a URL."""
+    conn = connections.lookup(connections.SLACK_CONN_ID, AnswerRefused) or {}
+    for value in (conn.get("password"), conn.get("host")):
+        if value and "://" in str(value):
+            return _origin(str(value))
+    return None
+
+
+def response_url_allowed(url: str | None) -> bool:
+    """Return whether the api-server may post to ``url``: Slack's own response host over https, or the
+    host the configured Slack webhook points at (a self-hosted Slack-compatible server) — scheme, host
+    and port compared exactly after parsing, never a prefix of the text."""
+    origin = _origin(url)
+    if origin is None:
+        return False
+    return origin == ("https", SLACK_RESPONSE_HOST, 443) or origin == _configured_slack_origin()
+
+
 def _respond(response_url: str | None, text: str) -> None:
     """Tell the person in Slack what happened (best effort: the answer is recorded either way)."""
-    if not response_url or not response_url.startswith(("https://", "http://127.0.0.1", "http://localhost")):
+    if not response_url_allowed(response_url):
+        if response_url:
+            logger.warning("not posting to the interaction's response_url: its host is neither %s nor the "
+                           "configured Slack webhook's", SLACK_RESPONSE_HOST)
         return
     data = json.dumps({"response_type": "ephemeral", "replace_original": False, "text": text}).encode()
-    req = urllib.request.Request(response_url, data=data, method="POST",  # noqa: S310 - checked above
+    req = urllib.request.Request(str(response_url), data=data, method="POST",  # noqa: S310 - checked above
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=3):  # noqa: S310 - a Slack response_url (https, or loopback)
+        with urllib.request.urlopen(req, timeout=3):  # noqa: S310 - Slack's host or the configured webhook's
             pass
     except OSError as exc:
         logger.warning("could not post to the Slack response_url: %s", type(exc).__name__)
@@ -184,7 +250,10 @@ async def link_answer(request: Request) -> HTMLResponse:
         token = (form.get("t") or [""])[0]
         claims = answers.read_token(token, answers.keys().link_key, now)
     except AnswerRefused as exc:
-        _record_unread(store, "link", str(exc), None)
+        if exc.status == 410:  # a link of ours, expired: its signature checked out
+            _record_unread(store, "link", str(exc), None)
+        else:
+            _record_unauthenticated(store, "link", exc, request, now)
         return _page(f"<h1>Not done</h1><p>{html.escape(str(exc))}</p>", exc.status)
     recipient = str(claims.get("u") or "")
     answer = Answer("link", claims, f"link:{claims.get('n') or ''}", recipient or None, recipient or "(no recipient)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from gpu_cost.airflow import runtime
@@ -22,20 +23,56 @@ def _instant(context: Mapping[str, Any], policy: Any) -> float:
     return float(t // 3600 * 3600)
 
 
+#: the folder a run's ``jobs`` param names a trace of (``GPU_COST_TRACE_DIR``; default ``<GPU_COST_HOME>/traces``)
+TRACE_DIR_ENV = "GPU_COST_TRACE_DIR"
+
+
+def trace_dir() -> Path:
+    """Return the deployment's trace folder: the only place a run's ``jobs`` param may name a file of."""
+    from gpu_cost import paths
+
+    override = os.environ.get(TRACE_DIR_ENV)
+    return Path(override) if override else paths.state_dir() / "traces"
+
+
+def jobs_trace(name: str | None) -> str | None:
+    """Return the jobs trace file the run's ``jobs`` param names under :func:`trace_dir` (None: none given).
+
+    Raises :class:`~gpu_cost.airflow.runtime.RunParamError` for a path, a URL, ``..``, a symlink
+    out of the folder, or a name the folder does not hold.
+    """
+    if not name:
+        return None
+    root = trace_dir()
+    found = Path(runtime.under_root(root, name, param="jobs", nested=True))
+    if not found.is_file():
+        raise runtime.RunParamError("jobs", name, f"no such trace file under {root} ({TRACE_DIR_ENV})")
+    return str(found)
+
+
 def extract(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
-    """Read the job history, store it and the hourly demand series; return the series keys."""
+    """Read the job history, store it and the hourly demand series; return the series keys.
+
+    A bad ``jobs`` param fails the run here, before anything is read, with no retry.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
     from gpu_cost.forecast import nightly
 
     store = runtime.store()
     run_id = runtime.audit_run_id(context)
     policy = runtime.pin_policy(store, run_id, params)  # every later task of the run reads this one
+    try:
+        jobs_path = jobs_trace(params.get("jobs"))
+    except runtime.RunParamError as exc:  # a bad param does not fix itself in a retry delay
+        raise AirflowFailException(str(exc)) from exc
     if not policy.forecast.enabled:
         logger.info("forecast disabled in %s: nothing to do", policy.source)
         return {"now": _instant(context, policy), "keys": [], "disabled": True, "run_id": run_id}
     source = params.get("source") or os.environ.get("GPU_COST_FORECAST_SOURCE") or os.environ.get("GPU_COST_SOURCE") \
         or policy.sweep.source
     now = _instant(context, policy)
-    ref = nightly.extract(policy, now, str(source), store, jobs_path=params.get("jobs") or None, run_id=run_id)
+    ref = nightly.extract(policy, now, str(source), store, jobs_path=jobs_path, run_id=run_id)
     ref["run_id"] = run_id
     return ref
 

@@ -63,6 +63,8 @@ def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
         store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode="refused")
         store.finish_run(run_id, status="refused", finished_at=time.time(), problems=[str(exc)])
         raise
+    # the act steps read the cluster's size (the rolling GPU-share caps) from here, never from XCom
+    store.save_snapshot(run_id, now, snap.to_json())
     # recorded as the sweep records them: what acts is "decided", what only records is "recorded"
     store.record_decisions([d for d in p.decisions if not d.acts], run_id, status="recorded")
     store.record_decisions([d for d in p.decisions if d.acts], run_id, status="decided")
@@ -81,15 +83,21 @@ def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
 def act(prep: Mapping[str, Any] | None, branch: str, context: Mapping[str, Any]) -> dict[str, Any]:
     """Dispatch one branch's decisions with the audit trail around each.
 
-    What acts is read from the audit store by the run's id (XCom only names it): the run's
-    decisions, the approval answers recorded on them, and the policy pinned by ``prepare``.
+    What acts is read from the audit store by the run's id, never from XCom: the run's decisions,
+    the approval answers recorded on them, the policy pinned by ``prepare``, its data instant and
+    the cluster's size (its snapshot). The branch's decisions pass the caps again on that size (a
+    run whose size is unknown acts on nothing that touches work).
     ``automatic``: the decisions that need no human (run at once, whatever the approver answers);
     ``approved``: the ones that do, when a permitted approver approved them. A decision is in
     exactly one branch, so a *Reject* holds back only what the approval request listed.
     """
+    from airflow.sdk.exceptions import AirflowFailException
+
     from gpu_cost.actions.dispatch import execute
     from gpu_cost.airflow.sweep_tasks import action_context, stored_decisions
-    from gpu_cost.policy.engine import may_act
+    from gpu_cost.errors import AuditError
+    from gpu_cost.model import Snapshot
+    from gpu_cost.policy.engine import check_caps, may_act
 
     if branch not in ("automatic", "approved"):
         raise ValueError(f"act: unknown branch {branch!r} (automatic or approved)")
@@ -100,9 +108,19 @@ def act(prep: Mapping[str, Any] | None, branch: str, context: Mapping[str, Any])
     stored = [(d, r) for d, r in stored_decisions(store, run_id) if d.requires_approval == (branch == "approved")]
     runnable = [d for d, r in stored if may_act(r, approved_only=branch == "approved")]
     held = [d.decision_id for d, _ in stored if d not in runnable]
-    now = float(run.get("data_ts") or (prep or {}).get("now") or time.time())
-    ctx = action_context(policy, now, run_id, store=store, source=run.get("source"),
-                         cluster_gpus=int((prep or {}).get("cluster_gpus") or 0))
+    if run.get("data_ts") is None:
+        raise AirflowFailException(f"run {run_id} has no data instant in the audit store: nothing acts")
+    now = float(run["data_ts"])
+    try:
+        total = Snapshot.from_json(store.load_snapshot(run_id)).gpu_count()
+    except AuditError:
+        total = 0  # unknown: check_caps refuses destructive actions on running work
+    violation = check_caps(runnable, policy, total)
+    if violation:
+        for d in runnable:
+            store.set_decision_status(d.decision_id, "capped")
+        raise AirflowFailException(f"manual reclaim {branch}: cap exceeded, nothing acted: {violation}")
+    ctx = action_context(policy, now, run_id, store=store, source=run.get("source"), cluster_gpus=total)
     results = execute(runnable, ctx, store) if runnable else []
     for r in results:
         logger.info("%s action %s → %s%s", branch, r.get("action_id") or r.get("decision_id"), r["status"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import itertools
 import logging
 import os
 import re
@@ -11,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_cost import paths
-from gpu_cost.errors import PolicyError
+from gpu_cost.errors import GpuCostError, PolicyError
 from gpu_cost.timeutil import epoch
 
 if TYPE_CHECKING:  # the store (SQLAlchemy) and the policy schema are imported where used: DAG files import
@@ -32,9 +34,83 @@ def schedule(var: str, default: str) -> str | None:
     return None if chosen.lower() in ("", "none") else chosen
 
 
+def schedule_period(context: Mapping[str, Any], at: float) -> float | None:
+    """Return the seconds between the runs the task's DAG is scheduled to make after ``at``; None: manual only.
+
+    A cron schedule's typical (median) gap over its next 24 runs, a timedelta schedule's delta.
+    """
+    timetable = getattr(context.get("dag"), "timetable", None)
+    delta = getattr(timetable, "delta", None)
+    if isinstance(delta, dt.timedelta):
+        return delta.total_seconds()
+    expression = getattr(timetable, "expression", None)
+    if not isinstance(expression, str):
+        return None
+    try:
+        from croniter import croniter  # Airflow's own cron parser
+    except ImportError:
+        logger.debug("croniter is not installed: the period of %r is unknown", expression)
+        return None
+    it = croniter(expression, dt.datetime.fromtimestamp(at, dt.UTC))
+    fires = [float(it.get_next(float)) for _ in range(25)]
+    gaps = sorted(b - a for a, b in itertools.pairwise(fires))
+    return gaps[len(gaps) // 2]
+
+
+#: one part of a name a run may give: a file or folder of a configured root, never a path of its own
+NAME_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 #: a policy's name: a file of the policy directory, never a path
-POLICY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+POLICY_NAME = re.compile(rf"^{NAME_PART}$")
+#: a name under a configured root that may go down into folders (``team-a/2026``), never up or out
+NESTED_NAME = re.compile(rf"^{NAME_PART}(/{NAME_PART}){{0,7}}$")
 POLICY_SUFFIXES = (".yaml", ".yml")
+
+
+class RunParamError(GpuCostError):
+    """A run's param names something outside the root the deployment configured for it.
+
+    :param param: the param's name; :param value: what the run gave; :param reason: why it is refused.
+    """
+
+    def __init__(self, param: str, value: object, reason: str) -> None:
+        self.param = param
+        self.value = value
+        self.reason = reason
+        super().__init__(f"param {param!r} = {value!r} refused: {reason}")
+
+
+def under_root(root: Path | str, name: object, *, param: str, nested: bool = False) -> Path | str:
+    """Return where the run's ``param`` value ``name`` lies under the configured ``root``.
+
+    The one check for "a name under a configured root" (policies, report folders, traces): a name
+    of ``[A-Za-z0-9_.-]`` parts (``nested``: up to 8 of them, joined by ``/``), never an absolute
+    path, a URL, ``..``, or a symlink that leads out of the root. A URL ``root`` (object storage,
+    chosen by the deployment) gets the name appended. Raises :class:`RunParamError` naming ``param``.
+    """
+    text = str(name) if name is not None else ""
+    shape = NESTED_NAME if nested else POLICY_NAME
+    if "://" in text:
+        why = "a URL; give a name"
+    elif text.startswith(("/", "\\", "~")):
+        why = "an absolute path; give a name"
+    elif ".." in text:
+        why = "'..' is not allowed"
+    elif not shape.fullmatch(text):
+        why = ("not a name: use letters, digits, '_', '.', '-'" + (" and '/' between folders" if nested else "")
+               + ", starting with a letter or digit")
+    else:
+        why = ""
+    if why:
+        raise RunParamError(param, name, f"{why} (a run names something under {root}, never a path)")
+    if isinstance(root, str) and "://" in root:
+        return f"{root.rstrip('/')}/{text}"
+    base = Path(root)
+    found = base / text
+    real_root, real = base.resolve(), found.resolve()
+    inside = real.parent == real_root if not nested else real_root in real.parents
+    if not inside:
+        raise RunParamError(param, name, f"it leads out of {base} (to {real}): a symlink out of the root is refused")
+    return found
 
 
 def policy_dir() -> Path:
@@ -50,10 +126,30 @@ def policy_dir() -> Path:
 
 def policy_names() -> list[str]:
     """Return the names of the policies a run may ask for (file stems in :func:`policy_dir`)."""
+    return named_files(policy_dir())
+
+
+def named_files(folder: Path) -> list[str]:
+    """Return the names a run may give for the YAML files of a configured ``folder`` (their stems)."""
     try:
-        return sorted({p.stem for p in policy_dir().iterdir() if p.suffix in POLICY_SUFFIXES and p.is_file()})
+        return sorted({p.stem for p in folder.iterdir() if p.suffix in POLICY_SUFFIXES and p.is_file()})
     except OSError:
         return []
+
+
+def named_file(folder: Path, name: object, *, param: str) -> Path | None:
+    """Return the YAML file of ``folder`` a run names (``default`` or ``default.yaml``, :func:`under_root`);
+    None when the name is not one, or the folder holds no such file."""
+    text = str(name)
+    stem = text[: -len(next(s for s in POLICY_SUFFIXES if text.endswith(s)))] if text.endswith(POLICY_SUFFIXES) else text
+    try:
+        for suffix in POLICY_SUFFIXES:
+            candidate = Path(under_root(folder, f"{stem}{suffix}", param=param))
+            if candidate.is_file():
+                return candidate
+    except RunParamError:
+        pass
+    return None
 
 
 def policy_param() -> Any:
@@ -73,19 +169,17 @@ def policy_param() -> Any:
 def resolve_policy(name: str | None) -> Path:
     """Return the file of the policy ``name`` (None: the deployment's default, ``GPU_COST_POLICY``).
 
-    A run names a policy of the policy directory; a path, or a name the directory does not hold,
-    is refused: the form must not be able to lower the bar by pointing at another file.
+    A run names a policy of the policy directory (:func:`under_root`); a path, or a name the
+    directory does not hold, is refused: the form must not be able to lower the bar by pointing
+    at another file.
     """
     if not name:
         return paths.default_policy()
     text = str(name)
     folder = policy_dir()
-    stem = text[: -len(next(s for s in POLICY_SUFFIXES if text.endswith(s)))] if text.endswith(POLICY_SUFFIXES) else text
-    if POLICY_NAME.match(stem) and ".." not in stem:
-        for suffix in POLICY_SUFFIXES:
-            candidate = folder / f"{stem}{suffix}"
-            if candidate.is_file() and candidate.resolve().parent == folder.resolve():
-                return candidate
+    found = named_file(folder, text, param="policy")
+    if found is not None:
+        return found
     offered = ", ".join(policy_names()) or "none"
     raise PolicyError(text, "policy", f"not a policy of the deployment's policy directory {folder} "
                                       f"(a run names a policy, never a path; available: {offered})")
@@ -175,3 +269,56 @@ def store() -> AuditStore:
     from gpu_cost.audit.store import AuditStore
 
     return AuditStore().ensure_schema()
+
+
+def approver_store(agent: AuditStore) -> AuditStore:
+    """Return the store an approval is written through: connection ``gpu_cost_db_approver`` (on PostgreSQL
+    the role ``gpu_cost_approver``, the only one that may write approvals), else ``agent`` itself (SQLite)."""
+    from gpu_cost.audit.connection import approver_url
+    from gpu_cost.audit.store import AuditStore
+
+    url = approver_url()
+    return agent if url is None or url == agent.url else AuditStore(url).ensure_schema()
+
+
+#: the rule of the alert row a run records when a task's XCom input disagrees with the audit store
+TAMPERING_RULE = "xcom_tampering"
+
+
+def record_tampering(store: AuditStore, run_id: str, *, task: str, problems: list[str], now: float) -> str:
+    """Record that ``task``'s XCom input disagrees with the audit store: one alert row in the run.
+
+    Tasks carry out what the store holds, never what XCom says; this row says that someone changed
+    XCom (Airflow's REST API lets anyone with XCom write access do it), and the run's ``finish``
+    fails the run with these problems, so Airflow's failure alerting tells the operators. The row's
+    id comes from the run and the task: a retried task records it once. Returns the id.
+    """
+    import hashlib
+
+    from gpu_cost.model import Decision
+    from gpu_cost.redact import redact_all
+
+    problems = redact_all(problems)
+    dag_id = run_id.split(":", 1)[0]
+    did = hashlib.sha256(f"{TAMPERING_RULE}|{run_id}|{task}".encode()).hexdigest()[:20]
+    d = Decision(decision_id=did, ts=now, rule=TAMPERING_RULE, target_kind="agent", target=f"agent:{dag_id}",
+                 action="none", mode="notify", reason=f"XCom tampering before {task}: {'; '.join(problems)}"[:2000],
+                 evidence={"task": task, "problems": list(problems)})
+    store.record_decisions([d], run_id, status="recorded")
+    logger.error("run %s: XCom tampering before %s, only what the audit store holds is used: %s", run_id, task,
+                 "; ".join(problems))
+    return did
+
+
+def tampering_problems(store: AuditStore, run_id: str) -> list[str]:
+    """Return the problems of the run's XCom tampering alerts (:func:`record_tampering`), oldest first."""
+    import json
+
+    out: list[str] = []
+    for row in store.decisions_of_run(run_id):
+        if row["rule"] != TAMPERING_RULE:
+            continue
+        ev = row.get("evidence")
+        ev = json.loads(ev) if isinstance(ev, str) and ev else (ev or {})
+        out += [f"XCom tampering before {ev.get('task')}: {p}" for p in ev.get("problems") or []]
+    return out

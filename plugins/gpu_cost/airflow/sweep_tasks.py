@@ -2,6 +2,14 @@
 
 The acting building blocks (:func:`action_context`, :func:`act_on`) are shared with the manual
 reclaim DAG, which records its own decisions and then acts on them the same way.
+
+What the run found and decided travels through the audit store, never XCom: each group's
+findings and the engine's plan are parked beside the run's snapshot (``gpu_cost_snapshots``,
+keys :func:`findings_key` and :func:`plan_key`), and each task reads its run id from its own
+context and the data instant from the run's row. XCom carries counts and decision ids, which the
+next task compares with the store: a difference is someone editing XCom (Airflow's REST API
+allows it to anyone with XCom write access), recorded as an alert row in the run
+(:func:`gpu_cost.airflow.runtime.record_tampering`) and never acted on.
 """
 
 from __future__ import annotations
@@ -13,12 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpu_cost.airflow import runtime
-from gpu_cost.errors import GpuCostError
+from gpu_cost.errors import AuditError, GpuCostError
 
 if TYPE_CHECKING:  # the model, the engine, the policy, the sweep (numpy) and the store are imported where
     # used: DAG files import this module at parse time
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.model import Decision, Finding, Snapshot
+    from gpu_cost.model import Decision, Finding
     from gpu_cost.policy.engine import Plan
     from gpu_cost.policy.schema import Policy
 
@@ -53,7 +61,7 @@ def metrics_fresh(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> tuple[b
 
     policy = runtime.run_policy(runtime.store(), runtime.audit_run_id(context))
     now = runtime.data_instant(context, policy)
-    fresh, why = sweep.check_fresh(policy, now, cfg["source"])
+    fresh, why = sweep.check_fresh(policy, now, _source(policy, context))
     (logger.info if fresh else logger.warning)("metrics %s at %s: %s", "fresh" if fresh else "stale", now, why)
     return fresh, why
 
@@ -68,7 +76,7 @@ def shards(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> list[dict[str,
     policy = runtime.run_policy(store, run_id)
     now = runtime.data_instant(context, policy)
     store.begin_run(run_id, dag_id=run_id.split(":", 1)[0], started_at=time.time(), data_ts=now,
-                    source=cfg["source"], mode=policy.mode)
+                    source=_source(policy, context), mode=policy.mode)
     of = policy.sweep.shards
     return [{"shard": i, "of": of} for i in range(of)]
 
@@ -79,26 +87,28 @@ def collect(cfg: Mapping[str, Any], part: Mapping[str, Any], context: Mapping[st
     The group records the class baselines of the jobs it judges; unsharded it also records the
     run's usage (sharded, :func:`merge` does, once, on the whole snapshot).
     """
-    from gpu_cost import baselines, shards, sweep
+    from gpu_cost import baselines, reservations, shards, sweep
 
     run_id = runtime.audit_run_id(context)
     store = runtime.store()
     policy = runtime.run_policy(store, run_id)
     now = runtime.data_instant(context, policy)
-    shard, of = int(part["shard"]), int(part["of"])
-    snap = sweep.collect_shard(policy, now, shard, of, cfg["source"])
+    shard, of = _part(part, policy)
+    snap = sweep.collect_shard(policy, now, shard, of, _source(policy, context))
+    reservations.mark_own(store, snap, policy)  # the rules tell the agent's reservations from anyone else's
     only = None if of == 1 else shards.of_view(snap, shard, of).owned_jobs
     baselines.observe(store, snap, policy, run_id=run_id, only=only)  # the rules read snapshot.classes
     store.save_snapshot(shards.snapshot_key(run_id, shard, of), now, snap.to_json())
+    warnings: list[str] = []
     if of == 1:
         from gpu_cost.report.usage import record_usage
 
-        record_usage(store, snap, policy, run_id=run_id)
+        warnings = record_usage(store, snap, policy, run_id=run_id, **_cadence(context, now))["warnings"]
     logger.info("snapshot %d/%d at %s: %d GPUs, %d running jobs, %d processes, problems=%s", shard + 1, of, now,
                 len(snap.gpus), len(snap.running_jobs()), len(snap.processes), list(snap.problems))
     return {"run_id": run_id, "now": now, "policy": cfg["policy"], "source": snap.source, "shard": shard, "of": of,
             "gpus": len(snap.gpus), "jobs": len(snap.running_jobs()), "degraded": snap.degraded,
-            "problems": list(snap.problems)}
+            "problems": [*snap.problems, *warnings]}
 
 
 def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,7 +120,6 @@ def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: M
     parts = sorted((dict(p) for p in parts), key=lambda p: int(p["shard"]))
     if not parts:
         raise GpuCostError("no shard of the sweep reported a snapshot")
-    run_id = runtime.audit_run_id(context)
     if len(parts) == 1:
         one = parts[0]
         return {**{k: one[k] for k in ("run_id", "now", "policy", "source", "gpus", "jobs", "degraded", "problems")},
@@ -119,72 +128,193 @@ def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: M
     from gpu_cost.model import Snapshot
     from gpu_cost.report.usage import record_usage
 
-    store = runtime.store()
-    policy = runtime.run_policy(store, run_id)
-    of, now = len(parts), float(parts[0]["now"])
+    run_id, store, policy, now = _run(context)
+    of = policy.sweep.shards
     views = [Snapshot.from_json(store.load_snapshot(shards.snapshot_key(run_id, i, of))) for i in range(of)]
     snap = sweep.merge_shards(views, policy, store)
     store.save_snapshot(run_id, now, snap.to_json())
-    record_usage(store, snap, policy, run_id=run_id)
+    warnings = record_usage(store, snap, policy, run_id=run_id, **_cadence(context, now))["warnings"]
     logger.info("snapshot of %d shards at %s: %d GPUs, %d running jobs, %d processes, problems=%s", of, now,
                 len(snap.gpus), len(snap.running_jobs()), len(snap.processes), list(snap.problems))
     return {"run_id": run_id, "now": now, "policy": cfg["policy"], "source": snap.source, "gpus": len(snap.gpus),
-            "jobs": len(snap.running_jobs()), "degraded": snap.degraded, "problems": list(snap.problems),
+            "jobs": len(snap.running_jobs()), "degraded": snap.degraded, "problems": [*snap.problems, *warnings],
             "shards": of, "log_jobs": sorted(snap.job_logs)}
 
 
-def _load(ref: Mapping[str, Any]) -> tuple[Any, Snapshot, Any]:
-    from gpu_cost.model import Snapshot
+def _cadence(context: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """Return how the run's usage checks its schedule: the DAG's period; measured gaps unless manual only.
 
+    A schedule that disagrees with ``sweep.interval`` is a warning in the run's problems, not a
+    degradation (:func:`gpu_cost.report.usage.coverage`).
+    """
+    period = runtime.schedule_period(context, now)
+    return {"schedule_s": period, "measured": period is not None}
+
+
+def _source(policy: Policy, context: Mapping[str, Any]) -> str:
+    """Return the run's data source from its params and pinned policy (never from XCom)."""
+    return runtime.source_from(policy, context.get("params") or {})
+
+
+def _part(part: Mapping[str, Any], policy: Policy) -> tuple[int, int]:
+    """Return (shard, of) of a mapped task's node group, checked against the run's pinned policy."""
+    from gpu_cost import shards
+
+    shard, of = int(part["shard"]), int(part["of"])
+    shards.check(shard, of)
+    if of != policy.sweep.shards:
+        raise GpuCostError(f"node group {shard} of {of}: the run's pinned policy has sweep.shards="
+                           f"{policy.sweep.shards}; XCom was changed")
+    return shard, of
+
+
+def _run(context: Mapping[str, Any]) -> tuple[str, AuditStore, Policy, float]:
+    """Return the run's audit id, the store, the pinned policy and the data instant: from the store, never XCom."""
+    run_id = runtime.audit_run_id(context)
     store = runtime.store()
-    policy = runtime.run_policy(store, ref["run_id"])
-    return policy, Snapshot.from_json(store.load_snapshot(ref["run_id"])), store
+    policy = runtime.run_policy(store, run_id)
+    run = store.get_run(run_id) or {}
+    if run.get("data_ts") is None:
+        raise GpuCostError(f"run {run_id} has no data instant in the audit store (its shards task did not run)")
+    return run_id, store, policy, float(run["data_ts"])
 
 
-def detect(ref: Mapping[str, Any], part: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Run the rules on node group ``part``'s stored snapshot; return the findings it answers for."""
+def findings_key(run_id: str, shard: int, of: int) -> str:
+    """Return the key node group ``shard``'s findings are parked under in ``gpu_cost_snapshots``."""
+    return f"{run_id}#findings-{shard}-of-{of}"
+
+
+def plan_key(run_id: str) -> str:
+    """Return the key the run's plan (the engine's decisions) is parked under in ``gpu_cost_snapshots``."""
+    return f"{run_id}#plan"
+
+
+def _dumps(value: Any) -> str:
+    import json
+
+    # keys sorted: XCom on PostgreSQL (JSONB) gives a dict back with its keys in another order
+    return json.dumps(value, sort_keys=True, default=lambda v: v.item() if hasattr(v, "item") else str(v))
+
+
+def detect(ref: Mapping[str, Any], part: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+    """Run the rules on node group ``part``'s stored snapshot; park the findings it answers for.
+
+    Returns the group and its number of findings (XCom); ``decide`` reads the findings from the store.
+    """
     from gpu_cost import shards, sweep
     from gpu_cost.model import Snapshot
 
-    store = runtime.store()
-    policy = runtime.run_policy(store, ref["run_id"])
-    shard, of = int(part["shard"]), int(part["of"])
-    view = Snapshot.from_json(store.load_snapshot(shards.snapshot_key(ref["run_id"], shard, of)))
+    run_id, store, policy, now = _run(context)
+    shard, of = _part(part, policy)
+    view = Snapshot.from_json(store.load_snapshot(shards.snapshot_key(run_id, shard, of)))
     findings = sweep.detect_shard(view, policy, shard, of, store, log_jobs=ref.get("log_jobs"))
     for f in findings:
         logger.info("finding %s %s (%s, %d GPU) suggested %s", f.rule, f.target, f.user, f.gpus, f.action)
-    return [f.to_dict() for f in findings]
+    store.save_snapshot(findings_key(run_id, shard, of), now, _dumps([f.to_dict() for f in findings]))
+    return {"shard": shard, "of": of, "findings": len(findings)}
 
 
-def decide(ref: Mapping[str, Any], found: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
-    """Turn every node group's findings into decisions under the policy and the escalation state (caps once)."""
+def decide(ref: Mapping[str, Any], found: Sequence[Mapping[str, Any]], context: Mapping[str, Any]) -> dict[str, Any]:
+    """Turn every node group's stored findings into decisions under the policy and the escalation state (caps once).
+
+    The plan is parked in the audit store (:func:`plan_key`) for ``record``; XCom carries the
+    decision ids. ``found`` (the groups' XCom) is only compared with what the groups stored.
+    """
+    import json
+
     from gpu_cost import shards, sweep
-    from gpu_cost.model import as_findings
+    from gpu_cost.model import Snapshot, as_findings
 
-    policy, snap, store = _load(ref)
-    findings = shards.merge_findings(as_findings(list(part)) for part in found)
-    p = sweep.plan(findings, snap, policy, store, float(ref["now"]))
+    run_id, store, policy, now = _run(context)
+    of = policy.sweep.shards
+    parked = [as_findings(json.loads(store.load_snapshot(findings_key(run_id, i, of)))) for i in range(of)]
+    stored = [{"shard": i, "of": of, "findings": len(part)} for i, part in enumerate(parked)]
+    claimed = [dict(f) if isinstance(f, Mapping) else {"entry": f} for f in found or []]
+    if sorted(map(_dumps, claimed)) != sorted(map(_dumps, stored)):
+        runtime.record_tampering(store, run_id, task="decide", now=now, problems=[
+            f"detect's XCom ({_dumps(claimed)[:300]}) differs from what the node groups stored "
+            f"({sum(len(part) for part in parked)} finding(s) in {of} group(s)): deciding on the stored findings"])
+    snap = Snapshot.from_json(store.load_snapshot(run_id))
+    p = sweep.plan(shards.merge_findings(parked), snap, policy, store, now)
     for d in p.decisions:
         logger.info("decision %s %s → %s [%s]%s %s", d.rule, d.target, d.action, d.mode,
                     " (needs approval)" if d.requires_approval and d.acts else "", d.reason)
     if p.cap_violation:
         logger.error("cap exceeded: %s", p.cap_violation)
-    return plan_to_xcom(p)
+    store.save_snapshot(plan_key(run_id), now, _dumps(plan_to_json(p)))
+    return plan_ref(p)
 
 
-def record(ref: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
-    """Write decisions and escalation changes. Returns what the branch needs to route the run."""
+def plan_ref(p: Plan) -> dict[str, Any]:
+    """Return what XCom carries of a plan: its decision ids (the plan itself is in the audit store)."""
+    return {"decision_ids": [d.decision_id for d in p.decisions],
+            "snoozed_ids": [d.decision_id for d in p.snooze_records], "capped": bool(p.cap_violation)}
+
+
+def plan_tampering(claimed: Any, p: Plan) -> list[str]:
+    """Return how decide's XCom ``claimed`` differs from the plan the engine stored (empty: it does not).
+
+    A decision XCom names that the engine did not make is refused (never recorded, never acted
+    on); one the engine made that XCom leaves out is carried out all the same: the store is the truth.
+    """
+    expected = plan_ref(p)
+    if claimed == expected:
+        return []
+    if not isinstance(claimed, Mapping):
+        return [f"decide's XCom is not the plan's reference (got {type(claimed).__name__}): "
+                f"carrying out the {len(p.decisions)} stored decision(s) only"]
+    decided = {d.decision_id for d in [*p.decisions, *p.snooze_records]}
+    named: dict[str, str] = {}
+    for value in claimed.values():
+        for item in value if isinstance(value, list) else []:
+            if isinstance(item, Mapping):
+                did = str(item.get("decision_id") or "?")
+                named[did] = f"{item.get('action')} {item.get('target')} ({did})"
+            elif isinstance(item, str):
+                named.setdefault(item, item)
+    out = [f"decision {what} named in decide's XCom was not decided by the engine: refused, not recorded, "
+           f"not acted on" for did, what in named.items() if did not in decided]
+    missing = sorted(set(expected["decision_ids"]) - set(claimed.get("decision_ids") or []))
+    if missing:
+        out.append(f"{len(missing)} decision(s) of the engine missing from decide's XCom ({', '.join(missing)}): "
+                   "carried out from the store")
+    other = sorted(k for k in set(claimed) | set(expected) if k != "decision_ids" and claimed.get(k) != expected.get(k))
+    if other and not out:
+        out.append(f"decide's XCom differs from the stored plan in {', '.join(map(str, other))}: the stored plan holds")
+    elif other:
+        out.append(f"decide's XCom also differs in {', '.join(map(str, other))}")
+    return out
+
+
+def record(ref: Mapping[str, Any], plan: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+    """Write the plan the engine stored: decisions and escalation changes. Returns what the branch needs.
+
+    The plan comes from the audit store; decide's XCom ``plan`` (decision ids) is only compared
+    with it, and a difference is recorded as tampering (:func:`plan_tampering`).
+    """
+    import json
+
     from gpu_cost import sweep
+    from gpu_cost.model import Snapshot
 
-    p = plan_from_xcom(plan)
-    policy, snap, store = _load(ref)
-    counts = sweep.record(p, store, ref["run_id"], float(ref["now"]))
+    run_id, store, policy, now = _run(context)
+    try:
+        p = plan_from_json(json.loads(store.load_snapshot(plan_key(run_id))))
+    except AuditError as exc:
+        raise GpuCostError(f"run {run_id}: decide stored no plan; nothing is recorded from XCom ({exc})") from exc
+    tampered = plan_tampering(plan, p)
+    if tampered:
+        runtime.record_tampering(store, run_id, task="record", problems=tampered, now=now)
+    snap = Snapshot.from_json(store.load_snapshot(run_id))
+    counts = sweep.record(p, store, run_id, now)
     return {
-        "run_id": ref["run_id"],
+        "run_id": run_id,
         "status": sweep.run_status(snap, p),
         "mode": policy.mode,
         "decisions": [sweep.decision_summary(d) for d in p.decisions],
         "cap_violation": p.cap_violation,
+        "tampering": len(tampered),
+        "problems": list(p.problems),
         **counts,
     }
 
@@ -415,12 +545,17 @@ def finish(context: Mapping[str, Any]) -> dict[str, Any]:
     else:
         failed = [f for a in acted for f in a.get("failed", [])]
         status = summary["status"]
-        problems = list(ref.get("problems", []))
+        problems = [*ref.get("problems", []), *summary.get("problems", [])]
         problems += [f"approved decision {did} expired: {why}" for a in acted for did, why in
                      (a.get("expired") or {}).items()]
         if failed:
             status = "failed"
             problems.append(f"{len(failed)} action(s) failed: see gpu_cost_actions")
+    tampered = runtime.tampering_problems(store, run_id)
+    if tampered:
+        # someone changed XCom: nothing it added was done; the run fails, so Airflow's alerting tells someone
+        problems += [t for t in tampered if t not in problems]
+        status = "capped" if status == "capped" else "failed"
     from gpu_cost.redact import redact_all
 
     problems = redact_all(problems)  # stored, alerted on, returned to XCom, raised: no credentials
@@ -430,9 +565,11 @@ def finish(context: Mapping[str, Any]) -> dict[str, Any]:
     if decision:
         counts["approval"] = decision.get("status")
     if status == "capped":
-        # keep the row act wrote (problems = the cap's reason); only the end time moves
+        import json
+
+        # keep the row act wrote (problems = the cap's reason, and any tampering); only the end time moves
         store.execute("finish_run", {"run_id": run_id, "status": status, "finished_at": time.time(),
-                                     "problems": run.get("problems") if run else "[]",
+                                     "problems": json.dumps(problems),
                                      "counts": run.get("counts") if run else "{}"})
     else:
         store.finish_run(run_id, status=status, finished_at=time.time(), problems=problems, counts=counts)
@@ -465,7 +602,8 @@ def _json_list(raw: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
-def plan_to_xcom(p: Plan) -> dict[str, Any]:
+def plan_to_json(p: Plan) -> dict[str, Any]:
+    """Return the plan as JSON-able data (parked in the audit store by ``decide``)."""
     return {
         "decisions": [d.to_dict() for d in p.decisions],
         "openings": [o.__dict__ for o in p.openings],
@@ -475,10 +613,12 @@ def plan_to_xcom(p: Plan) -> dict[str, Any]:
         "snoozed": p.snoozed,
         "snooze_records": [d.to_dict() for d in p.snooze_records],
         "cap_violation": p.cap_violation,
+        "problems": p.problems,
     }
 
 
-def plan_from_xcom(d: Mapping[str, Any]) -> Plan:
+def plan_from_json(d: Mapping[str, Any]) -> Plan:
+    """Return the plan :func:`plan_to_json` gave."""
     from gpu_cost.model import as_decisions
     from gpu_cost.policy.engine import Opening, Plan
 
@@ -491,6 +631,7 @@ def plan_from_xcom(d: Mapping[str, Any]) -> Plan:
         snoozed=list(d.get("snoozed", [])),
         snooze_records=as_decisions(d.get("snooze_records", [])),
         cap_violation=d.get("cap_violation"),
+        problems=list(d.get("problems", [])),
     )
 
 
