@@ -19,6 +19,15 @@ keeps it up) nor one a protected job runs on or holds, always leaving a warm res
 per partition, most power-hungry first, at most ``max_nodes_per_run``; more than
 ``approval_over_nodes`` need a human. Why a node stays up is in :attr:`PowerPlan.skipped`.
 
+*Floor.* The last ``offhours.min_up`` healthy nodes of a partition (up and serving: not powered
+down, booting, down, drained or failed) are never powered down, by the plan or by hand.
+
+*Not back.* A node Slurm could not bring back from power saving (DOWN once ``ResumeTimeout``
+passed) or that booted with GPUs missing (drained for a GRES count below its configuration) is
+found from Slurm's own verdict (:func:`resume_failures`), reported in :attr:`PowerPlan.problems`,
+never powered down or woken by the plan, and, passed in as ``failed`` by the caller from earlier
+runs' records, left alone for ``offhours.failed_hold`` even once it is back.
+
 *By hand.* :func:`vet_power_down` puts an operator's power-down request through the same
 selection (idle, exclusions, protections, reserve, cap) without the window, utilisation and
 demand conditions; a node an ``approval`` protection names goes through marked for a human.
@@ -28,9 +37,9 @@ demand conditions; a node an ``approval`` protection names goes through marked f
 and for forecast demand within ``wake_lead``. Slurm also wakes nodes itself when a job needs them.
 
 *Sized by the forecast.* With ``offhours.forecast_lulls`` and a forecast of the next
-``lull_min`` (``lull_gpus``: the upper bound of its 80 % interval, the demand it would take to
-be caught short), every hour is planned as if inside a window, and the forecast takes the place
-of ``util_max``: idle nodes go down as long as the nodes left up hold ``lull_gpus``, and nodes
+``lull_min`` (``lull_gpus``: its upper bound, the forecast plus the ``offhours.forecast_quantile``
+of its own recent errors at that hour of the day, the demand it would take to be caught short),
+every hour is planned as if inside a window, and the forecast takes the place of ``util_max``: idle nodes go down as long as the nodes left up hold ``lull_gpus``, and nodes
 come back only as far as pending work or the forecast within ``wake_lead`` needs them. Without
 a forecast the windows alone decide, as before.
 
@@ -42,8 +51,10 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
+import functools
 import logging
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,6 +159,8 @@ class PowerPlan:
     lull_gpus: float | None = None
     powered_by_agent: list[str] = field(default_factory=list)
     capped: int = 0
+    #: nodes that did not come back from power saving (now, or within ``offhours.failed_hold``), and why
+    failed: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -159,11 +172,50 @@ class PowerPlan:
             "forecast_gpus": self.forecast_gpus, "lull_gpus": self.lull_gpus,
             "powered_by_agent": list(self.powered_by_agent),
             "capped": self.capped, "idle_kw": round(sum(c.power_w for c in self.down) / 1000.0, 3),
+            "failed": dict(self.failed), "problems": self.problems,
         }
+
+    @property
+    def problems(self) -> list[str]:
+        """Return one line per node that did not come back from power saving (the run reports them)."""
+        return [f"node {name} did not come back from power saving: {why}" for name, why in sorted(self.failed.items())]
 
 
 def _powered_down(n: Node) -> bool:
     return n.state.endswith(("~", "%", "!"))
+
+
+#: base states of a node that is up and can run jobs
+_SERVING = ("idle", "mixed", "allocated", "completing")
+_RESUME_FAILED = re.compile(r"resumetimeout|resume ?fail|boot ?fail", re.IGNORECASE)
+_GPUS_MISSING = re.compile(r"gres/gpu\b.*\b(lower|count|missing|mismatch)", re.IGNORECASE)
+
+
+def _healthy_up(n: Node) -> bool:
+    """True when the node is up and serving: not powered down or booting, not down, drained or unresponsive."""
+    base = n.state.rstrip("*~#%!@$-")
+    return base in _SERVING and n.state == base
+
+
+def resume_failures(nodes: Iterable[Node]) -> dict[str, str]:
+    """Return the nodes that did not come back from power saving, with Slurm's word for why.
+
+    Slurm marks a node whose ``ResumeProgram`` did not bring it back within ``ResumeTimeout``
+    DOWN (reason ``ResumeTimeout reached``; a node still powering up shows ``#``, one powered down
+    ``~``), and drains a node that boots with fewer GPUs than configured (reason ``gres/gpu count
+    reported lower than configured``). Either is a node the next power-down must leave alone.
+    """
+    out: dict[str, str] = {}
+    for n in nodes:
+        if _healthy_up(n):
+            continue
+        base = n.state.rstrip("*~#%!@$-")
+        reason = n.reason.strip()
+        if _GPUS_MISSING.search(reason):
+            out[n.name] = f"GPUs missing after boot: {n.state} ({reason})"
+        elif _RESUME_FAILED.search(reason) or (base in ("down", "fail", "failing") and n.state.endswith(("~", "#"))):
+            out[n.name] = f"failed to resume: {n.state} ({reason or 'no reason given'})"
+    return out
 
 
 def _powering_up(n: Node) -> bool:
@@ -201,15 +253,57 @@ def cluster_utilisation(snapshot: Snapshot, window_s: float) -> float | None:
     return float(fresh["util_mean"].fillna(0.0).mean())
 
 
+@dataclass(frozen=True)
+class _GpuFacts:
+    """What the GPU metrics say about one node (its rows of the snapshot's GPU frame, summarised)."""
+
+    rows: int
+    stale: bool
+    util_max: float
+    mem_max_mib: float
+    power_w: float | None
+
+
+def _gpu_facts(gpus: Any) -> dict[str, _GpuFacts]:
+    """Return the GPU frame summarised per host, in one pass over its rows (a plan looks at every node)."""
+    if gpus.empty:
+        return {}
+    n = len(gpus)
+
+    def col(name: str, fill: float) -> list[float]:
+        return gpus[name].to_numpy(dtype=float, na_value=fill).tolist() if name in gpus.columns else [fill] * n
+
+    stale = gpus["stale"].astype(bool).tolist() if "stale" in gpus.columns else [False] * n
+    util, mem, power = col("util_max", 100.0), col("mem_max_mib", 0.0), col("power_w", math.nan)
+    acc: dict[str, list[Any]] = {}
+    for host, st, u, m, pw in zip(gpus["host"].astype(str).tolist(), stale, util, mem, power, strict=True):
+        a = acc.get(host)
+        if a is None:
+            acc[host] = [1, st, u, m, None if math.isnan(pw) else pw]
+            continue
+        a[0] += 1
+        a[1] = a[1] or st
+        a[2] = max(a[2], u)
+        a[3] = max(a[3], m)
+        if not math.isnan(pw):
+            a[4] = pw if a[4] is None else a[4] + pw
+    return {h: _GpuFacts(int(a[0]), bool(a[1]), float(a[2]), float(a[3]), a[4]) for h, a in acc.items()}
+
+
 def node_power(snapshot: Snapshot, node: Node, cfg: OffhoursConfig) -> tuple[float, str]:
-    """Return (idle watts, basis): DCGM power of the node's GPUs, else the node's, else the policy default."""
-    g = snapshot.gpus
-    if not g.empty and "power_w" in g.columns:
-        rows = g[g["host"] == node.name]
-        if len(rows) and rows["power_w"].notna().any():
-            return float(rows["power_w"].fillna(0.0).sum()), "measured (DCGM GPU power)"
+    """Return (idle watts, basis): DCGM power of the node's GPUs, else the node's, else the policy's
+    figure for its node type (``offhours.node_types``), else the policy default."""
+    return _node_power(_gpu_facts(snapshot.gpus).get(node.name), node, cfg)
+
+
+def _node_power(facts: _GpuFacts | None, node: Node, cfg: OffhoursConfig) -> tuple[float, str]:
+    if facts is not None and facts.power_w is not None:
+        return facts.power_w, "measured (DCGM GPU power)"
     if node.power_w is not None and node.power_w > 0:
         return float(node.power_w), "node power"
+    model = node.gpu_model.lower()
+    if model in cfg.node_types and cfg.node_types[model].idle_power_w is not None:
+        return cfg.node_power(model)[0], f"policy offhours.node_types.{model}"
     return float(cfg.idle_power_w), "policy offhours.idle_power_w"
 
 
@@ -228,11 +322,15 @@ def lull_horizon(cfg: OffhoursConfig) -> float:
 
 
 def plan_power(snapshot: Snapshot, policy: Policy, now: float, *, forecast_gpus: float | None = None,
-               lull_gpus: float | None = None) -> PowerPlan:
+               lull_gpus: float | None = None, failed: Mapping[str, str] | None = None) -> PowerPlan:
     """Return the power plan for ``now`` (see the module docstring).
 
     ``forecast_gpus`` is the most GPUs the demand forecast expects within :func:`wake_horizon`,
     ``lull_gpus`` within :func:`lull_horizon` (both the interval's upper bound; None: no forecast).
+    ``failed`` names nodes seen failing to come back from power saving in earlier runs (within
+    ``offhours.failed_hold``); with the ones failing now (:func:`resume_failures`) they are
+    reported (:attr:`PowerPlan.problems`), never powered down or woken by the plan, and not
+    counted among the healthy nodes ``offhours.min_up`` keeps.
     """
     cfg = policy.offhours
     by_forecast = cfg.enabled and cfg.forecast_lulls and lull_gpus is not None
@@ -243,7 +341,8 @@ def plan_power(snapshot: Snapshot, policy: Policy, now: float, *, forecast_gpus:
     nodes = list(snapshot.nodes)
     plan = PowerPlan(now=now, in_window=window, local_time=local.isoformat(timespec="minutes"), cluster_util=util,
                      forecast_gpus=forecast_gpus, lull_gpus=lull_gpus if by_forecast else None)
-    mine = [n for n in nodes if by_agent(n, cfg)]
+    plan.failed = {**dict(failed or {}), **resume_failures(nodes)}
+    mine = [n for n in nodes if by_agent(n, cfg) and n.name not in plan.failed]
     plan.powered_by_agent = [n.name for n in mine]
     pending = snapshot.pending_jobs()
     plan.pending_gpus = sum(max(j.gpus_requested, 0) for j in pending)
@@ -298,7 +397,8 @@ def plan_power(snapshot: Snapshot, policy: Policy, now: float, *, forecast_gpus:
     else:
         reason = (f"idle in a predicted lull (forecast at most {keep_for:g} GPUs over the next "
                   f"{lull_horizon(cfg) / 3600:g} h)")
-    sel = _select(snapshot, policy, None, cap_gpus=(free_up - plan.pending_gpus, total_up - keep_for), reason=reason)
+    sel = _select(snapshot, policy, None, cap_gpus=(free_up - plan.pending_gpus, total_up - keep_for), reason=reason,
+                  failed=plan.failed)
     plan.down, plan.reserve, plan.skipped, plan.capped = sel.chosen, sel.reserve, sel.skipped, sel.capped
     plan.needs_approval = len(sel.chosen) > cfg.approval_over_nodes
     return plan
@@ -334,7 +434,8 @@ def vet_power_down(snapshot: Snapshot, policy: Policy, now: float, names: Iterab
         return [], dict.fromkeys(wanted, why)
     known = {n.name for n in snapshot.nodes}
     sel = _select(snapshot, policy, set(wanted) & known, cap_gpus=None, override_protections=override_protections,
-                  reason="manual power-down: idle, passes the off-hours checks")
+                  reason="manual power-down: idle, passes the off-hours checks",
+                  failed=resume_failures(snapshot.nodes))
     refused = {name: "not in the current snapshot" for name in wanted if name not in known}
     chosen = {c.node for c in sel.chosen}
     for name in wanted:
@@ -354,30 +455,41 @@ class _Selection:
 
 
 def _select(snapshot: Snapshot, policy: Policy, wanted: set[str] | None, *, cap_gpus: tuple[float, float] | None,
-            reason: str, override_protections: bool = False) -> _Selection:
+            reason: str, override_protections: bool = False,
+            failed: Mapping[str, str] | None = None) -> _Selection:
     """Choose nodes to power down among ``wanted`` (None: every node): idle, allowed, reserve kept, capped.
 
     ``cap_gpus`` is (free GPUs left for pending work, GPUs left for forecast demand); None checks
     no demand. Without ``wanted`` (the hourly plan) a protection of any level keeps a node up;
     with it (a manual request) ``approval`` and overridden protections go through, marked.
+    ``failed`` names nodes that did not come back from power saving (:func:`resume_failures`):
+    never chosen, and not counted among a partition's healthy nodes (``offhours.min_up``).
     """
     cfg = policy.offhours
+    failed = failed or {}
     nodes = list(snapshot.nodes)
     running = snapshot.running_jobs()
     busy_hosts = {h for j in running for h in j.nodes} | {h for j in running for h, _ in j.gpu_alloc}
     proc_hosts = {p.host for p in snapshot.processes}
     held = _jobs_by_host(snapshot)
-    gpus = snapshot.gpus
+    facts = _gpu_facts(snapshot.gpus)
     out = _Selection()
     candidates: list[tuple[Node, float, str, Protection | None]] = []
     idle_up: dict[str, list[str]] = {}
+    healthy: dict[str, int] = {}
     for n in nodes:
-        why_not = _why_not_idle(n, cfg, busy_hosts, proc_hosts, gpus, policy)
+        if n.name not in failed and _healthy_up(n):
+            for p in n.partitions or ("",):
+                healthy[p] = healthy.get(p, 0) + 1
+        why_not = _why_not_idle(n, cfg, busy_hosts, proc_hosts, facts.get(n.name), policy)
         if why_not is None:
             # every idle node counts toward the reserve, excluded and protected ones too: they stay up
             for p in n.partitions or ("",):
                 idle_up.setdefault(p, []).append(n.name)
         if wanted is not None and n.name not in wanted:
+            continue
+        if n.name in failed:
+            out.skipped[n.name] = f"did not come back from power saving ({failed[n.name]}): not powered down again"
             continue
         blocked, mark = _protected(n, held.get(n.name, ()), policy, manual=wanted is not None,
                                    override=override_protections)
@@ -393,7 +505,7 @@ def _select(snapshot: Snapshot, policy: Policy, wanted: set[str] | None, *, cap_
         if excl:
             out.skipped[n.name] = excl
             continue
-        watts, basis = node_power(snapshot, n, cfg)
+        watts, basis = _node_power(facts.get(n.name), n, cfg)
         candidates.append((n, watts, basis, mark))
     # most power-hungry first; the frugal ones stay up as the reserve
     candidates.sort(key=lambda c: (-c[1], c[0].name))
@@ -407,6 +519,12 @@ def _select(snapshot: Snapshot, policy: Policy, wanted: set[str] | None, *, cap_
     cap_free, cap_total = cap_gpus if cap_gpus is not None else (math.inf, math.inf)
     for n, watts, basis, mark in candidates:
         parts = n.partitions or ("",)
+        last = [p for p in parts if healthy.get(p, 0) - 1 < cfg.min_up]
+        if last:
+            out.reserve.append(n.name)
+            out.skipped[n.name] = (f"kept up: one of the last {cfg.min_up} healthy node(s) of partition "
+                                   f"{last[0] or '(none)'} (offhours.min_up)")
+            continue
         short = [p for p in parts if remaining_idle.get(p, 0) - 1 < reserve_need.get(p, 0)]
         if short:
             out.reserve.append(n.name)
@@ -423,6 +541,7 @@ def _select(snapshot: Snapshot, policy: Policy, wanted: set[str] | None, *, cap_
             continue
         for p in parts:
             remaining_idle[p] = remaining_idle.get(p, 0) - 1
+            healthy[p] = healthy.get(p, 0) - 1
         cap_free -= n.gpus_total
         cap_total -= n.gpus_total
         why = reason
@@ -444,6 +563,19 @@ def _jobs_by_host(snapshot: Snapshot) -> dict[str, list[Job]]:
     return out
 
 
+def _node_protection(name: str, protections: tuple[Protection, ...]) -> Protection | None:
+    """:func:`node_protection`, remembered: the hourly plan asks it for every node, every run."""
+    try:
+        return _node_protection_cached(name, protections)
+    except TypeError:  # a protection that cannot be hashed (built in code, not from a policy file)
+        return node_protection(name, protections)
+
+
+@functools.lru_cache(maxsize=4096)
+def _node_protection_cached(name: str, protections: tuple[Protection, ...]) -> Protection | None:
+    return node_protection(name, protections)
+
+
 def _protected(n: Node, jobs: Iterable[Job], policy: Policy, *, manual: bool,
                override: bool) -> tuple[str | None, Protection | None]:
     """Return (why the node may not go down, the protection that lets it go only with a human).
@@ -454,7 +586,7 @@ def _protected(n: Node, jobs: Iterable[Job], policy: Policy, *, manual: bool,
         prot = job_protection(j, policy.protections)
         if prot is not None:
             return f"protected by {prot.name!r} ({prot.level}): job {j.job_id} runs there or holds it", None
-    prot = node_protection(n.name, policy.protections)
+    prot = _node_protection(n.name, policy.protections)
     if prot is None:
         return None, None
     if not manual:
@@ -465,8 +597,8 @@ def _protected(n: Node, jobs: Iterable[Job], policy: Policy, *, manual: bool,
     return f"protected by {prot.name!r} ({prot.level}): the policy names this node", None
 
 
-def _why_not_idle(n: Node, cfg: OffhoursConfig, busy_hosts: set[str], proc_hosts: set[str], gpus: Any,
-                  policy: Policy) -> str | None:
+def _why_not_idle(n: Node, cfg: OffhoursConfig, busy_hosts: set[str], proc_hosts: set[str],
+                  facts: _GpuFacts | None, policy: Policy) -> str | None:
     if n.state != "idle":
         return f"state {n.state}"
     if n.gpus_alloc:
@@ -475,15 +607,13 @@ def _why_not_idle(n: Node, cfg: OffhoursConfig, busy_hosts: set[str], proc_hosts
         return "a job runs there"
     if n.name in proc_hosts:
         return "a GPU process runs there"
-    rows = gpus[gpus["host"] == n.name] if not gpus.empty else gpus
-    if len(rows) == 0:
+    if facts is None or facts.rows == 0:
         return "no GPU metrics for the node" if cfg.require_gpu_metrics else None
-    if rows["stale"].astype(bool).any():
+    if facts.stale:
         return "stale GPU metrics"
-    idle_max = policy.rules.idle_allocation.util_max
-    if (rows["util_max"].fillna(100.0) >= idle_max).any():
+    if facts.util_max >= policy.rules.idle_allocation.util_max:
         return "a GPU was busy in the window"
-    if (rows["mem_max_mib"].fillna(0.0) > policy.rules.zombie.mem_min_mib).any():
+    if facts.mem_max_mib > policy.rules.zombie.mem_min_mib:
         return "GPU memory in use"
     return None
 

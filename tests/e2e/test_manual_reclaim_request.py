@@ -140,9 +140,10 @@ def test_zombie_process_and_idle_node(policy, snap) -> None:  # type: ignore[no-
     with pytest.raises(reclaim.ReclaimRequestError, match="node gpu04: no GPU metrics for the node"):
         reclaim.plan(req(target_kind="node", target_ids=["gpu04"], action="power_down"), policy, idle, now=NOW,
                      run_key="r")
-    # ...unless the deployment trusts Slurm's allocation state alone (and keeps no warm reserve)
+    # ...unless the deployment trusts Slurm's allocation state alone (and keeps no warm reserve, nor
+    # a last healthy node up: gpu04 is the only node of no partition)
     slurm_only = dataclasses.replace(policy, offhours=dataclasses.replace(policy.offhours, require_gpu_metrics=False,
-                                                                          warm_reserve_nodes=0))
+                                                                          warm_reserve_nodes=0, min_up=0))
     (n,) = reclaim.plan(req(target_kind="node", target_ids=["gpu04"], action="power_down"), slurm_only, idle,
                         now=NOW, run_key="r").decisions
     assert n.target == "node:gpu04" and n.action == "power_down"

@@ -83,7 +83,7 @@ def test_dry_run_on_the_simulator_records_and_powers_nothing(dag, audit, monkeyp
 ENFORCE = """
 mode: enforce
 approval: {timeout: 10m}
-offhours: {warm_reserve_nodes: 0, approval_over_nodes: 1, require_gpu_metrics: false}
+offhours: {warm_reserve_nodes: 0, min_up: 0, approval_over_nodes: 1, require_gpu_metrics: false}
 """
 
 

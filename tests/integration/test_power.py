@@ -75,10 +75,68 @@ def test_dry_run_powers_nothing(slurm_cluster, store, monkeypatch) -> None:
     c = slurm_cluster
     monkeypatch.setenv("SLURM_CONF", str(c.conf))
     before = c.suspend_log()
-    p = policy(warm_reserve_nodes=0)
+    p = policy(warm_reserve_nodes=0, min_up=0)
     plan, _ = make_plan(p, NIGHT, "slurm")
     assert {ch.node for ch in plan.down} == set(c.nodes)
     results = execute(decisions_of(plan, p, NIGHT, "dry-run"), ActionContext(policy=p, dry_run=True, now=NIGHT), store)
     assert {r["status"] for r in results} == {"skipped"}
     assert all("state=POWER_DOWN" in r["command"] for r in results)
     assert c.suspend_log() == before and all(c.node_state(n) == "IDLE" for n in c.nodes)
+
+
+@pytest.mark.slow
+def test_a_node_that_does_not_come_back_is_reported_left_alone_and_the_last_healthy_node_stays_up(
+        slurm_cluster, store, monkeypatch) -> None:
+    """A ResumeProgram that fails: Slurm marks the node DOWN after ResumeTimeout; the agent finds it,
+    records it, never powers it down again within offhours.failed_hold, and keeps the partition's
+    last healthy node up (offhours.min_up)."""
+    c = slurm_cluster
+    monkeypatch.setenv("SLURM_CONF", str(c.conf))
+    p = policy(warm_reserve_nodes=0, min_up=1)
+    failing = None
+    try:
+        # two idle nodes, min_up 1: one goes down, the other is the partition's last healthy node
+        plan, _ = make_plan(p, NIGHT, "slurm", store)
+        assert len(plan.down) == 1 and plan.failed == {}
+        failing = plan.down[0].node
+        other = next(n for n in c.nodes if n != failing)
+        assert "offhours.min_up" in plan.skipped[other]
+        results = execute(decisions_of(plan, p, NIGHT, "enforce"), ActionContext(policy=p, dry_run=False, now=NIGHT),
+                          store)
+        assert [r["status"] for r in results] == ["succeeded"], results
+        c.wait_node(failing, lambda s: "POWERED_DOWN" in s, 40)
+        # its boot fails: the agent's power-up goes through, the node never registers again
+        c.fail_resume(failing)
+        plan, _ = make_plan(p, DAY, "slurm", store)
+        assert [ch.node for ch in plan.up] == [failing]
+        results = execute(decisions_of(plan, p, DAY, "enforce"), ActionContext(policy=p, dry_run=False, now=DAY), store)
+        assert [r["status"] for r in results] == ["succeeded"], results
+        c.wait_node(failing, lambda s: s.startswith("DOWN"), 90)  # ResumeTimeout (30 s) passed
+        # the next run finds it, reports it and records it; the other node is still the last healthy one
+        later = NIGHT + 86400.0
+        plan, _ = make_plan(p, later, "slurm", store)
+        assert set(plan.failed) == {failing} and "ResumeTimeout" in plan.failed[failing]
+        assert plan.problems == [f"node {failing} did not come back from power saving: {plan.failed[failing]}"]
+        assert plan.down == [] and "offhours.min_up" in plan.skipped[other]
+        decisions = decisions_of(plan, p, later, "enforce")
+        assert [(d.target, d.action) for d in decisions] == [(f"node:{failing}", "none")]
+        store.begin_run("power-failed-1", dag_id="gpu_offhours_power", started_at=later, data_ts=later, source="slurm",
+                        mode="enforce")
+        store.record_decisions(decisions, "power-failed-1")
+        # an operator repairs it: it is idle and healthy again, yet the agent leaves it up within failed_hold
+        c.fail_resume(failing, False)
+        c.resume_all(90)
+        assert c.node_state(failing) == "IDLE"
+        free = dataclasses.replace(p, offhours=dataclasses.replace(p.offhours, min_up=0))
+        plan, _ = make_plan(free, later + 3600.0, "slurm", store)
+        assert set(plan.failed) == {failing} and [ch.node for ch in plan.down] == [other]
+        assert "did not come back from power saving" in plan.skipped[failing]
+        # past offhours.failed_hold it is an ordinary node again
+        short = dataclasses.replace(free, offhours=dataclasses.replace(free.offhours, failed_hold=1800.0))
+        plan, _ = make_plan(short, later + 3600.0, "slurm", store)
+        assert plan.failed == {} and {ch.node for ch in plan.down} == set(c.nodes)
+    finally:
+        if failing is not None:
+            c.fail_resume(failing, False)
+        c.cancel_all()
+        c.resume_all(90)

@@ -225,7 +225,7 @@ def test_a_node_a_protection_names_is_never_powered_down_by_the_plan(level) -> N
 def test_a_protection_naming_nodes_and_users_covers_jobs_there_not_the_idle_node() -> None:
     nodes, gpus = cluster(3)
     pol = protected(Protection(name="alice on a", level="never", match=Match(nodes=("gpu*",), users=("alice",))),
-                    warm_reserve_nodes=0)
+                    warm_reserve_nodes=0, min_up=0)
     assert {c.node for c in plan_power(snap(nodes, gpus), pol, NIGHT).down} == {"gpu01", "gpu02", "gpu03"}
 
 
@@ -344,3 +344,88 @@ def test_outside_the_windows_a_forecast_wakes_only_what_it_needs() -> None:
     assert [c.node for c in both.up] == ["gpu03", "gpu04"]  # the windows alone: every node comes back by day
     sized = plan_power(snap(asleep, gpus), policy(forecast_lulls=True), DAY, forecast_gpus=10.0, lull_gpus=10.0)
     assert [c.node for c in sized.up] == ["gpu03"] and "forecast demand 10 GPUs within 90 min" in sized.up[0].reason
+
+
+# -- nodes that do not come back, and the last healthy nodes of a partition ------------------------
+def test_the_last_healthy_nodes_of_a_partition_stay_up_busy_ones_count_failed_ones_do_not() -> None:
+    nodes, gpus = cluster(4, states={"gpu01": "allocated"})
+    # gpu01 busy, gpu02-04 idle; no warm reserve: min_up 2 lets two of the idle ones go
+    pol = policy(warm_reserve_nodes=0, min_up=2, max_nodes_per_run=10, util_max=50.0)
+    p = plan_power(snap(nodes, gpus), pol, NIGHT)
+    assert len(p.down) == 2 and len(p.reserve) == 1
+    kept = p.reserve[0]
+    assert p.skipped[kept] == "kept up: one of the last 2 healthy node(s) of partition batch (offhours.min_up)"
+    # a node that did not come back is not healthy: it holds no place among the last ones
+    nodes[0] = dataclasses.replace(nodes[0], state="down*", reason="ResumeTimeout reached", gpus_alloc=0)
+    p = plan_power(snap(nodes, gpus), pol, NIGHT)
+    assert len(p.down) == 1 and set(p.failed) == {"gpu01"}
+    # a manual power-down passes the same floor
+    chosen, refused = vet_power_down(snap(nodes, gpus), policy(warm_reserve_nodes=0, min_up=3), NIGHT,
+                                     ["gpu02", "gpu03", "gpu04"])
+    assert chosen == [] and all("offhours.min_up" in why for why in refused.values())
+
+
+@pytest.mark.parametrize(("state", "reason", "why"), [
+    ("down*", "ResumeTimeout reached", "failed to resume: down* (ResumeTimeout reached)"),
+    ("down~", "", "failed to resume: down~ (no reason given)"),
+    ("drained", "gres/gpu count reported lower than configured (2 < 4)",
+     "GPUs missing after boot: drained (gres/gpu count reported lower than configured (2 < 4))"),
+    ("idle", "ResumeTimeout reached", None),      # back and serving: Slurm keeps the old reason text
+    ("down*", "Not responding", None),            # down for a reason of its own, not power saving
+    ("idle~", "gpu-cost: off-hours", None),       # powered down as planned
+], ids=["resume-timeout", "down-powered-off", "gpus-missing", "recovered", "down-other", "asleep"])
+def test_a_node_that_did_not_come_back_is_found_by_slurms_own_verdict(state, reason, why) -> None:
+    from gpu_cost.offhours import resume_failures
+
+    node = Node(name="gpu07", state=state, gpus_total=4, partitions=("batch",), reason=reason)
+    assert resume_failures([node]) == ({} if why is None else {"gpu07": why})
+
+
+def test_failed_nodes_are_reported_never_woken_or_powered_down_and_earlier_failures_count() -> None:
+    nodes, gpus = cluster(3)
+    nodes[2] = dataclasses.replace(nodes[2], state="down*", reason="ResumeTimeout reached")
+    # gpu01 came back by the operator's hand, but an earlier run saw it fail: it stays up
+    p = plan_power(snap(nodes, gpus), policy(warm_reserve_nodes=0, min_up=0), NIGHT,
+                   failed={"gpu01": "failed to resume: down* (ResumeTimeout reached), seen 2026-11-24T21:00Z"})
+    assert [c.node for c in p.down] == ["gpu02"]
+    assert p.skipped["gpu01"].startswith("did not come back from power saving (failed to resume")
+    assert p.problems == [
+        "node gpu01 did not come back from power saving: failed to resume: down* (ResumeTimeout reached), "
+        "seen 2026-11-24T21:00Z",
+        "node gpu03 did not come back from power saving: failed to resume: down* (ResumeTimeout reached)"]
+    assert p.to_dict()["failed"] == p.failed
+    # outside the window the agent wakes what it powered down, never a node that failed to come back
+    asleep = dataclasses.replace(nodes[1], state="idle~", reason="gpu-cost: off-hours")
+    failed = dataclasses.replace(nodes[2], state="down~", reason="gpu-cost: off-hours")
+    p = plan_power(snap([nodes[0], asleep, failed], gpus), policy(), at(2026, 11, 25, 14, tz=dt.UTC))
+    assert [c.node for c in p.up] == ["gpu02"] and "gpu03" in p.failed
+
+
+def test_node_types_give_idle_draw_and_boot_energy_where_dcgm_is_silent() -> None:
+    from gpu_cost.offhours import node_power
+    from gpu_cost.policy.schema import NodePower
+
+    c = cfg(node_types={"h100": NodePower(idle_power_w=900.0, boot_kwh=0.4), "a100": NodePower(boot_kwh=0.2)})
+    h100 = Node(name="h1", gpu_model="H100", gpus_total=8)
+    a100 = Node(name="a1", gpu_model="a100", gpus_total=8)
+    empty = Snapshot(ts=NIGHT, window_s=3600, lookback_s=3600, source="test", gpus=pd.DataFrame(columns=GPU_COLUMNS))
+    assert node_power(empty, h100, c) == (900.0, "policy offhours.node_types.h100")
+    assert node_power(empty, a100, c) == (400.0, "policy offhours.idle_power_w")
+    assert c.node_power("h100") == (900.0, 0.4) and c.node_power("a100") == (400.0, 0.2)
+    assert c.node_power("") == (400.0, 0.15)
+    # measured GPU power wins
+    assert node_power(snap([h100], gpu_rows("h1", power=100.0)), h100, c) == (400.0, "measured (DCGM GPU power)")
+
+
+def test_bad_offhours_keys_name_the_file_and_path(tmp_path) -> None:
+    from gpu_cost.policy import load_policy
+
+    for text, where in (("offhours:\n  min_up: -1\n", "offhours.min_up"),
+                        ("offhours:\n  forecast_quantile: 0.2\n", "offhours.forecast_quantile"),
+                        ("offhours:\n  node_types: {h100: {idle_watts: 900}}\n", "offhours.node_types.h100"),
+                        ("offhours:\n  failed_hold: 400d\n", "offhours.failed_hold")):
+        path = tmp_path / "p.yaml"
+        path.write_text(text)
+        with pytest.raises(PolicyError, match=where.replace(".", r"\.")) as exc:
+            load_policy(str(path))
+        assert "p.yaml" in str(exc.value)

@@ -16,7 +16,7 @@ import pytest
 from gpu_cost.errors import GpuCostError, TraceError
 from gpu_cost.forecast import history
 from gpu_cost.policy import load_policy
-from gpu_cost.power_replay import STRATEGIES, ReplaySettings, replay
+from gpu_cost.power_replay import STRATEGIES, SUSPEND_TIMES, ReplaySettings, at_waiting, replay
 from gpu_cost.timeutil import epoch
 
 START = epoch("2026-11-02T00:00:00Z")  # a Monday
@@ -43,7 +43,10 @@ def test_reactive_saving_makes_every_morning_wait_for_boots(daily: dict) -> None
     # each morning 56 GPUs (7 nodes) find their nodes down and wait the 10-minute boot: 9.3 GPU-hours a day
     assert r["gpu_hours_waited"] == pytest.approx(21 * 56 * 600 / 3600, rel=0.01)
     assert r["max_wait_s"] == 600 and r["boots"] == 7 * 21
-    assert r["kwh_saved"] == pytest.approx(r["node_hours_off"] * 0.4, abs=0.1)
+    # energy is the idle draw of the node-hours off less what the boots cost (offhours.boot_kwh each)
+    assert r["kwh_idle_avoided"] == pytest.approx(r["node_hours_off"] * 0.4, abs=0.1)
+    assert r["kwh_boots"] == pytest.approx(r["boots"] * 0.15, abs=0.1)
+    assert r["kwh_saved"] == pytest.approx(r["kwh_idle_avoided"] - r["kwh_boots"], abs=0.1)
     assert r["usd_saved"] == pytest.approx(r["kwh_saved"] * 0.15, abs=0.01)
 
 
@@ -99,7 +102,8 @@ def test_the_command_prints_one_json_object_with_the_contract_keys(tmp_path: Pat
     path = tmp_path / "series.csv"
     s = pd.concat([working_day_series(days=4), working_day_series(days=4, day_gpus=20.0, key="small")])
     s.assign(ts=pd.to_datetime(s["ts"], unit="s", utc=True).dt.strftime("%Y-%m-%dT%H:%M:%SZ")).to_csv(path, index=False)
-    proc = _cli("--series", str(path), "--gpus-per-node", "4", "--json")
+    proc = _cli("--series", str(path), "--gpus-per-node", "4", "--json", "--suspend-times", "30m,2h",
+                "--quantiles", "0.8", "--plot", str(tmp_path / "frontiers.png"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     assert len(lines) == 1
@@ -108,6 +112,10 @@ def test_the_command_prints_one_json_object_with_the_contract_keys(tmp_path: Pat
     for fig in out["strategies"].values():
         for key in ("node_hours_off", "kwh_saved", "gpu_hours_waited", "max_wait_s"):
             assert isinstance(fig[key], (int, float)), key
+    assert [p["suspend_time_s"] for p in out["frontiers"]["slurm_reactive"]] == [1800.0, 7200.0]
+    assert [p["forecast_quantile"] for p in out["frontiers"]["forecast"]] == [0.8, 0.9]
+    assert out["oracle"]["points"][0]["gpu_hours_waited"] == 0
+    assert Path(out["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # summed over the keys
     total = sum(out["keys"][k]["slurm_reactive"]["node_hours_off"] for k in ("team", "small"))
     assert out["strategies"]["slurm_reactive"]["node_hours_off"] == pytest.approx(total, abs=0.05)
@@ -116,6 +124,8 @@ def test_the_command_prints_one_json_object_with_the_contract_keys(tmp_path: Pat
     assert text.returncode == 0 and "slurm_reactive" in text.stdout and "forecast" in text.stdout
     bare = _cli("--series", str(path), "--boot", "10")
     assert bare.returncode != 0 and "--boot" in bare.stderr
+    bad = _cli("--series", str(path), "--quantiles", "0.9,lots")
+    assert bad.returncode != 0 and "--quantiles: 'lots' is not a number" in bad.stderr
 
 
 @pytest.mark.slow
@@ -135,3 +145,77 @@ def test_a_different_policy_changes_the_agents_strategies_not_slurms() -> None:
     a, b = replay(working_day_series(days=4), pol), replay(working_day_series(days=4), off)
     assert a["strategies"]["slurm_reactive"] == b["strategies"]["slurm_reactive"]
     assert b["strategies"]["offhours"]["node_hours_off"] == 0 < a["strategies"]["offhours"]["node_hours_off"]
+
+
+# -- frontiers, the oracle, and comparing at equal waiting -----------------------------------------
+def test_the_oracle_knows_every_gap_and_bounds_every_strategy(daily: dict) -> None:  # type: ignore[type-arg]
+    # 7 of the 8 nodes idle 18:00-09:00: the first night from the start (9 h), 20 nights of 15 h, the
+    # last evening to the end (6 h, no boot needed); each gap but the last gives a 10-minute boot back
+    assert daily["oracle"]["zero_wait_node_hours"] == pytest.approx(7 * ((9 - 1 / 6) + 20 * (15 - 1 / 6) + 6), abs=0.01)
+    oracle = daily["oracle"]["points"]
+    for name in ("slurm_reactive", "forecast"):
+        for p in daily["frontiers"][name]:
+            assert p["node_hours_off"] <= at_waiting(oracle, p["gpu_hours_waited"]) + 0.01, (name, p)
+            assert 0 <= p["share_of_oracle"] <= 1.0
+
+
+def test_slurms_frontier_sweeps_suspend_time_and_the_verdict_compares_at_equal_waiting(daily: dict) -> None:  # type: ignore[type-arg]
+    curve = daily["frontiers"]["slurm_reactive"]
+    assert [p["suspend_time_s"] for p in curve] == sorted(SUSPEND_TIMES)
+    offs = [p["node_hours_off"] for p in curve]
+    assert offs == sorted(offs, reverse=True)  # a longer SuspendTime never powers down more
+    # every morning waits at SuspendTime below the night's 15 h; at a day and more nothing goes down
+    assert curve[0]["gpu_hours_waited"] > 0 and curve[-1]["node_hours_off"] == 0
+    key = daily["keys"]["team"]
+    fc = key["forecast"]
+    eq = key["at_equal_waiting"]
+    assert eq["slurm_frontier_node_hours"] == pytest.approx(at_waiting(key["frontiers"]["slurm_reactive"],
+                                                                       fc["gpu_hours_waited"]), abs=0.01)
+    c = daily["comparison"]
+    assert c["forecast_over_frontier"] is None or c["forecast_over_frontier"] > 1.15
+    assert c["keys_below_frontier"] == [] and c["reactive_2h_gpu_hours_waited"] > fc["gpu_hours_waited"]
+    assert daily["verdict"].startswith("forecast beats Slurm's frontier")
+    assert "at or above it on every key" in daily["verdict"]
+
+
+@pytest.mark.parametrize(("points", "waited", "expected"), [
+    ([{"gpu_hours_waited": 10, "node_hours_off": 100}], 5, 50.0),          # from (0, 0): power saving off
+    ([{"gpu_hours_waited": 10, "node_hours_off": 100}], 30, 100.0),        # flat past the last point
+    ([{"gpu_hours_waited": 10, "node_hours_off": 100}, {"gpu_hours_waited": 20, "node_hours_off": 90},
+      {"gpu_hours_waited": 30, "node_hours_off": 160}], 20, 130.0),       # a worse setting is passed over
+    ([{"gpu_hours_waited": 0, "node_hours_off": 40}, {"gpu_hours_waited": 10, "node_hours_off": 100}], 0, 40.0),
+], ids=["first-segment", "flat", "dominated", "zero-wait"])
+def test_a_frontier_is_read_at_a_waiting_level(points, waited, expected) -> None:
+    assert at_waiting(points, waited) == pytest.approx(expected)
+
+
+def synthetic(seed: int, days: int = 21) -> pd.DataFrame:
+    """A team with a working day and quieter nights and weekends: its level, hours, night and weekend
+    shares, the day's start drifting by an hour and the noise, all drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    ts = START + 3600.0 * np.arange(days * 24)
+    level = rng.uniform(24, 160)
+    start = int(rng.integers(7, 11))
+    end = start + int(rng.integers(7, 11))
+    night, weekend = rng.uniform(0.0, 0.2), rng.uniform(0.05, 0.4)
+    drift = rng.integers(-1, 2, size=days)
+    shape = np.zeros(len(ts))
+    h = np.arange(24)
+    for d in range(days):
+        base = np.where((h >= start + drift[d]) & (h < end + drift[d]), 1.0, night)
+        shape[d * 24:(d + 1) * 24] = base * (weekend if d % 7 >= 5 else 1.0)
+    v = np.clip(level * shape * rng.normal(1.0, rng.uniform(0.05, 0.25), len(ts)), 0, None)
+    return pd.DataFrame({"ts": ts, "key": f"team{seed}", "value": np.round(v, 1)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(16), ids=[f"seed{s}" for s in range(16)])
+def test_on_seasonal_demand_the_forecast_stays_above_slurms_frontier_at_equal_waiting(seed: int) -> None:
+    out = replay(synthetic(seed), load_policy(None), ReplaySettings(quantiles=()))
+    row = out["keys"][f"team{seed}"]
+    fc, eq = row["forecast"], row["at_equal_waiting"]
+    assert fc["node_hours_off"] >= eq["slurm_frontier_node_hours"], (fc, eq)
+    assert fc["node_hours_off"] <= eq["oracle_node_hours"] + 0.01
+    # and it waits less than Slurm's own setting of two hours
+    two_h = next(p for p in row["frontiers"]["slurm_reactive"] if p["suspend_time_s"] == 7200.0)
+    assert fc["gpu_hours_waited"] <= two_h["gpu_hours_waited"]

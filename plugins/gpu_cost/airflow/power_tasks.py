@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where used: the power DAG imports this module at parse time
@@ -60,17 +60,19 @@ def snapshot_for(policy: Policy, now: float, source: str) -> Snapshot:
 
 
 
-def forecast_demand(store: Any, now: float, horizon_s: float) -> float | None:
-    """Return the peak of the forecast's 80 % upper bound within ``horizon_s``; None when no forecast exists.
+def forecast_demand(store: Any, now: float, horizon_s: float, quantile: float | None = None) -> float | None:
+    """Return the peak of the forecast's upper bound within ``horizon_s``; None when no forecast exists.
 
-    Capacity is kept for the band, not the median: the median is short half the time.
+    Capacity is kept for the band, not the median: the median is short half the time. With
+    ``quantile`` (``offhours.forecast_quantile``) the bound is the forecast plus that quantile of
+    its own errors at the same hour of the day over the last week (its 80 % band until then).
     """
     try:
         from gpu_cost.forecast.demand import expected_demand
     except ImportError:
         return None
     try:
-        return expected_demand(store, now, horizon_s, bound="upper")
+        return expected_demand(store, now, horizon_s, bound="upper", quantile=quantile)
     except Exception as exc:
         logger.warning("demand forecast unavailable: %s", exc)
         return None
@@ -88,9 +90,38 @@ def make_plan(policy: Policy, now: float, source: str, store: Any | None = None)
 
     snap = snapshot_for(policy, now, source)
     cfg = policy.offhours
-    forecast = forecast_demand(store, now, wake_horizon(cfg)) if store is not None else None
-    lull = forecast_demand(store, now, lull_horizon(cfg)) if store is not None and cfg.forecast_lulls else None
-    return plan_power(snap, policy, now, forecast_gpus=forecast, lull_gpus=lull), snap
+    forecast = forecast_demand(store, now, wake_horizon(cfg), cfg.forecast_quantile) if store is not None else None
+    lull = (forecast_demand(store, now, lull_horizon(cfg), cfg.forecast_quantile)
+            if store is not None and cfg.forecast_lulls else None)
+    failed = recent_failures(store, now, cfg.failed_hold) if store is not None else {}
+    return plan_power(snap, policy, now, forecast_gpus=forecast, lull_gpus=lull, failed=failed), snap
+
+
+def recent_failures(store: Any, now: float, hold_s: float) -> dict[str, str]:
+    """Return the nodes earlier runs saw fail to come back from power saving within ``hold_s`` before
+    ``now`` (their ``none`` decisions with ``resume_failure`` evidence), with why."""
+    from gpu_cost.timeutil import iso
+
+    out: dict[str, str] = {}
+    if hold_s <= 0:
+        return out
+    try:
+        rows = store.fetch("decisions_between", {"since": now - hold_s, "until": now})
+    except Exception as exc:
+        logger.warning("earlier power-saving failures unavailable: %s", exc)
+        return out
+    for r in rows:
+        if r.get("rule") != RULE or r.get("action") != "none":
+            continue
+        ev = r.get("evidence")
+        try:
+            ev = json.loads(ev) if isinstance(ev, str) else dict(ev or {})
+        except (TypeError, ValueError):
+            continue
+        why = ev.get("resume_failure")
+        if why and r.get("host"):
+            out[str(r["host"])] = f"{why}, seen {iso(float(r['ts']))}"
+    return out
 
 
 def reservation_decisions(snap: Snapshot, policy: Policy, now: float, mode: str,
@@ -111,24 +142,41 @@ def reservation_decisions(snap: Snapshot, policy: Policy, now: float, mode: str,
     return decisions_for(proposals, policy, now, mode, degraded=snap.degraded, problems=snap.problems), notes
 
 
-def decisions_of(plan: Any, policy: Policy, now: float, mode: str) -> list[Decision]:
-    """Return one decision per node of the plan (ids deterministic per node and hour)."""
-    from gpu_cost.model import Decision, decision_id
+def decisions_of(plan: Any, policy: Policy, now: float, mode: str, *, degraded: bool = False,
+                 problems: Sequence[str] = ()) -> list[Decision]:
+    """Return one decision per node of the plan, each through the engine's guards (ids deterministic
+    per node and hour): ``power_down`` / ``power_up`` for the nodes it moves, and a ``none``
+    (recorded only) for each node that did not come back from power saving, which later runs
+    read back to leave it alone (:func:`recent_failures`)."""
+    from gpu_cost.model import Decision, Finding, decision_id
+    from gpu_cost.policy.engine import Ask, guard
 
-    track = "live" if mode != "dry-run" else "dry-run"
     episode = int(now // 3600)
+    ask = Ask(entry="power", mode=mode)
+    items = [("power_down", c.node, c) for c in plan.down] + [("power_up", c.node, c) for c in plan.up]
+    items += [("none", name, None) for name in sorted(plan.failed)]
     out = []
-    for action, choices in (("power_down", plan.down), ("power_up", plan.up)):
-        for c in choices:
-            target = f"node:{c.node}"
-            out.append(Decision(
-                decision_id=decision_id(RULE, f"{target}:{action}", episode, 0, track), ts=now, rule=RULE,
-                target_kind="node", target=target, action=action, mode=mode, host=c.node, gpus=c.gpus,
-                reason=c.reason, protection=c.protection,
-                requires_approval=action == "power_down" and (plan.needs_approval or c.protection is not None),
-                evidence={"power_w": c.power_w, "power_basis": c.power_basis, "partitions": list(c.partitions),
-                          "cluster_util": plan.cluster_util, "local_time": plan.local_time},
-            ))
+    for action, node, c in items:
+        target = f"node:{node}"
+        evidence: dict[str, Any] = {"cluster_util": plan.cluster_util, "local_time": plan.local_time}
+        if c is not None:
+            evidence.update({"power_w": c.power_w, "power_basis": c.power_basis, "partitions": list(c.partitions)})
+        else:
+            evidence["resume_failure"] = plan.failed[node]
+        f = Finding(rule=RULE, target_kind="node", target=target, action=action, gpus=c.gpus if c else 0,
+                    host=node, nodes=(node,), partition=(c.partitions[0] if c is not None and c.partitions else None),
+                    evidence=evidence)
+        v = guard(f, action, policy, now=now, ask=ask, degraded=degraded, problems=problems)
+        reason = c.reason if c is not None else f"did not come back from power saving: {plan.failed[node]}"
+        approval = v.requires_approval or (v.action == "power_down" and v.mode != "dry-run"
+                                           and (plan.needs_approval or (c is not None and c.protection is not None)))
+        out.append(Decision(
+            decision_id=decision_id(RULE, f"{target}:{action if c is not None else 'failed'}", episode, 0, v.track),
+            ts=now, rule=RULE, target_kind="node", target=target, action=v.action, mode=v.mode, host=node,
+            gpus=f.gpus, reason="; ".join([reason, *v.reasons]),
+            protection=(c.protection if c is not None else None) or v.protection, requires_approval=approval,
+            evidence={**evidence, **v.evidence, "track": v.track},
+        ))
     return out
 
 
@@ -149,7 +197,7 @@ def plan_task(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str
     store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode=mode)
     plan, snap = make_plan(policy, now, source, store)
     resv, resv_notes = reservation_decisions(snap, policy, now, mode, store)
-    decisions = decisions_of(plan, policy, now, mode) + resv
+    decisions = decisions_of(plan, policy, now, mode, degraded=snap.degraded, problems=snap.problems) + resv
     store.record_decisions(decisions, run_id, status="decided" if mode != "dry-run" else "recorded")
     store.save_snapshot(run_id, now, snap.to_json())  # the record step's nodes and power come from here
     full = plan.to_dict()
@@ -157,8 +205,12 @@ def plan_task(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str
                "in_window": plan.in_window, "local_time": plan.local_time, "held": list(plan.held),
                "needs_approval": plan.needs_approval or any(d.requires_approval for d in resv),
                "idle_kw": full["idle_kw"], "skipped": dict(plan.skipped), "reservation_notes": resv_notes,
+               "problems": plan.problems,
                "counts": {"down": len(plan.down), "up": len(plan.up), "reserve": len(plan.reserve),
-                          "reservations": len(resv), "capped": plan.capped, "decisions": len(decisions)}}
+                          "reservations": len(resv), "capped": plan.capped, "decisions": len(decisions),
+                          "failed_to_resume": len(plan.failed)}}
+    for line in plan.problems:
+        logger.warning("power run %s: %s", run_id, line)
     logger.info("power plan at %s (%s, in window: %s): down %s, up %s, held %s, kept up %s; reservations %s %s",
                 plan.local_time, mode, plan.in_window, [c.node for c in plan.down], [c.node for c in plan.up], plan.held,
                 plan.skipped, [d.target for d in resv], resv_notes)
@@ -247,21 +299,25 @@ def record_task(plan: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str
               "savings_rows": saved, "kwh": round(sum(r["kwh"] for r in rows), 3),
               "approval": (answer or {}).get("status"), "in_window": plan.get("in_window"),
               "held": plan.get("held", []), "idle_kw": plan.get("idle_kw"), "reserve": planned.get("reserve", 0),
-              "skipped": plan.get("skipped", {})}
-    store.finish_run(run_id, status="ok", finished_at=time.time(), counts=counts)
+              "skipped": plan.get("skipped", {}), "failed_to_resume": planned.get("failed_to_resume", 0),
+              "problems": plan.get("problems", [])}
+    store.finish_run(run_id, status="ok", finished_at=time.time(), problems=plan.get("problems") or [], counts=counts)
     logger.info("power run %s: %s", run_id, json.dumps(counts, default=str))
     return {"run_id": run_id, "mode": mode, **counts}
 
 
-def summary_text(counts: Mapping[str, Any], mode: str | None) -> str:
-    """One line for the demo / CLI: what the power run did or would do."""
+def summary_text(counts: Mapping[str, Any], mode: str | None, nodes: list[str] | None = None) -> str:
+    """One line for the demo / CLI: what the power run did or would do (``nodes``: the ones it powers down)."""
+    failed = counts.get("failed_to_resume") or 0
+    lost = f"; {failed} node(s) did not come back from power saving" if failed else ""
     if not counts.get("in_window"):
         held = "; ".join(counts.get("held") or []) or "outside the window"
-        return f"{mode}: {held}; {counts.get('up', 0)} node(s) to power up"
+        return f"{mode}: {held}; {counts.get('up', 0)} node(s) to power up{lost}"
     verb = "would power down" if mode == "dry-run" else "powered down"
     extra = f"; held: {'; '.join(counts['held'])}" if counts.get("held") else ""
-    return (f"{mode}: {verb} {counts.get('down', 0)} node(s) ({counts.get('idle_kw') or 0:g} kW idle), "
-            f"{counts.get('up', 0)} to power up{extra}")
+    named = f"{', '.join(nodes)}; " if nodes else ""
+    return (f"{mode}: {verb} {counts.get('down', 0)} node(s) ({named}{counts.get('idle_kw') or 0:g} kW idle), "
+            f"{counts.get('up', 0)} to power up{extra}{lost}")
 
 
 def demo_result(store: Any, home: Any, result: dict[str, Any]) -> None:
@@ -272,7 +328,9 @@ def demo_result(store: Any, home: Any, result: dict[str, Any]) -> None:
         return
     counts = runs[0].get("counts")
     counts = json.loads(counts) if isinstance(counts, str) and counts else (counts or {})
-    result["power"] = summary_text(counts, runs[0].get("mode"))
+    down = sorted(str(d["host"]) for d in store.decisions_of_run(runs[0]["run_id"])
+                  if d["action"] == "power_down" and d.get("host"))
+    result["power"] = summary_text(counts, runs[0].get("mode"), down)
 
 
 def simulate_week(policy: Policy, *, nodes: int = 16, days: float = 7.0, seed: int = 0, jobs_per_node: float = 2.0,

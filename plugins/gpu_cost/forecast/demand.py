@@ -217,7 +217,7 @@ def _prophet(ts: np.ndarray, v: np.ndarray, horizon: int, stats: prophet_util.Fi
     if m is None:
         return None
     fut = ts[-1] + HOUR * np.arange(1, horizon + 1)
-    return np.asarray(m.predict(pd.DataFrame({"ds": pd.to_datetime(fut, unit="s")}))["yhat"].to_numpy())
+    return np.asarray(prophet_util.predict(m, pd.DataFrame({"ds": pd.to_datetime(fut, unit="s")}))["yhat"].to_numpy())
 
 
 def candidates(ts: np.ndarray, v: np.ndarray, horizon: int, stats: prophet_util.FitStats,
@@ -423,15 +423,45 @@ def demand_rows(store: AuditStore, now: float, horizon_s: float) -> dict[str, di
     return out
 
 
+def forecast_errors(store: AuditStore, key: str, now: float, days: float) -> tuple[np.ndarray, np.ndarray]:
+    """Return (hours, demand minus the forecast in force) of series ``key`` over the ``days`` before ``now``.
+
+    The demand is the newest series the nightly stored (``history:<key>``), the forecast each
+    hour's stored row (the newest run covering it, so the one in force then). Hours missing either
+    are left out; nothing stored gives empty arrays.
+    """
+    import numpy as np
+
+    since = now - days * 86400.0
+    hist = store.fetch("newest_history", {"series": f"history:{key}", "until": now})
+    rows = store.fetch("forecast_hours_between", {"pattern": f"demand:{key}", "since": since, "until": now})
+    if not hist or not rows:
+        return np.zeros(0), np.zeros(0)
+    p = json.loads(hist[0]["extra"])
+    values = np.asarray(p["values"], dtype=float)
+    t0, step = float(p["t0"]), float(p["step"])
+    ts, err = [], []
+    for r in rows:
+        if r["series"] != f"demand:{key}" or r.get("yhat") is None:
+            continue
+        i = round((float(r["horizon_ts"]) - t0) / step)
+        if 0 <= i < len(values) and not math.isnan(values[i]):
+            ts.append(float(r["horizon_ts"]))
+            err.append(float(values[i]) - float(r["yhat"]))
+    return np.asarray(ts), np.asarray(err)
+
+
 def expected_demand(store: AuditStore, now: float, horizon_s: float, key_prefix: str | None = None, *,
-                    bound: str = "yhat") -> float | None:
+                    bound: str = "yhat", quantile: float | None = None) -> float | None:
     """Return the most GPUs expected at any hour of ``[now, now + horizon_s]``; None without forecasts.
 
     ``key_prefix`` selects series by key (``partition:batch``, ``account:``...; series within one
     dimension are summed per hour). Without it the cluster total (``cluster:all``) is used, or the
     sum of the partition series when there is no total. The hour containing ``now`` counts.
     ``bound="upper"`` reads the 80 % band's upper bound instead of the forecast (what capacity
-    decisions keep room for; a row without a band counts its forecast).
+    decisions keep room for; a row without a band counts its forecast). With ``quantile`` the upper
+    bound is calibrated on the forecast's own errors at the same hour of the day over the last
+    week (:func:`gpu_cost.forecast.calibration.calibrated_upper`; the band where too few exist).
     """
     if bound not in ("yhat", "upper"):
         raise ValueError(f"expected_demand: bound must be 'yhat' or 'upper', not {bound!r}")
@@ -439,8 +469,8 @@ def expected_demand(store: AuditStore, now: float, horizon_s: float, key_prefix:
     if not series:
         return None
 
-    def pick(pred: Any) -> list[dict[float, tuple[float, float]]]:
-        return [v for k, v in series.items() if pred(k)]
+    def pick(pred: Any) -> list[tuple[str, dict[float, tuple[float, float]]]]:
+        return [(k, v) for k, v in series.items() if pred(k)]
 
     if key_prefix is not None:
         chosen = pick(lambda k: k.startswith(key_prefix))
@@ -449,7 +479,18 @@ def expected_demand(store: AuditStore, now: float, horizon_s: float, key_prefix:
     if not chosen:
         return None
     per_hour: dict[float, float] = {}
-    for hours in chosen:
-        for t, (y, hi) in hours.items():
-            per_hour[t] = per_hour.get(t, 0.0) + (hi if bound == "upper" else y)
+    for key, hours in chosen:
+        uppers = {t: hi for t, (_, hi) in hours.items()}
+        if bound == "upper" and quantile is not None and hours:
+            import numpy as np
+
+            from gpu_cost.forecast.calibration import DAYS, calibrated_upper, error_quantiles
+
+            past_ts, past_err = forecast_errors(store, key, now, DAYS)
+            ts = np.asarray(sorted(hours))
+            cal = calibrated_upper(ts, np.asarray([hours[t][0] for t in ts]), np.asarray([hours[t][1] for t in ts]),
+                                   error_quantiles(past_ts, past_err, q=quantile, now=now))
+            uppers = dict(zip(ts.tolist(), cal.tolist(), strict=True))
+        for t, (y, _) in hours.items():
+            per_hour[t] = per_hour.get(t, 0.0) + (uppers[t] if bound == "upper" else y)
     return round(max(per_hour.values()), 3)
