@@ -12,10 +12,12 @@ from gpu_cost.errors import GpuCostError
 
 def register(sub: Any) -> None:
     p = sub.add_parser("report", help="write the cost report (HTML + Markdown + charts) for a period")
-    p.add_argument("--since", help="start: ISO 8601, epoch or a duration ago, e.g. 7d "
-                                   "(default: Monday of the previous week)")
-    p.add_argument("--until", help="end, exclusive: ISO 8601, epoch or a duration ago (default: Monday of this week)")
-    p.add_argument("--out", help="folder or URL (default: GPU_COST_REPORT_DIR or the policy's report.out_dir)")
+    p.add_argument("--since", help="start: ISO 8601, epoch or a duration, e.g. 7d, counted back from the store's "
+                                   "newest sweep (default: Monday of the previous week)")
+    p.add_argument("--until", help="end, exclusive: ISO 8601, epoch or a duration before the store's newest sweep "
+                                   "(default: Monday of this week)")
+    p.add_argument("--out", help="folder or URL (default: GPU_COST_REPORT_DIR or the policy's report.out_dir, "
+                                 "beside a SQLite store)")
     add_policy(p)
     add_db(p)
     add_json(p)
@@ -24,24 +26,30 @@ def register(sub: Any) -> None:
 
 def _report(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.policy import load_policy
-    from gpu_cost.report.kpis import week_bounds
+    from gpu_cost.report.kpis import data_end, week_bounds
     from gpu_cost.report.render import build_report, fmt_money, fmt_num, fmt_pct
     from gpu_cost.timeutil import iso
 
     policy = load_policy(args.policy)
     now = time.time()
+    for flag, value in (("--since", args.since), ("--until", args.until)):
+        if value:
+            instant_arg(value, flag, before=now)  # a bad value is named before any store is opened
+    store = open_store(args, writes=False)
+    # a duration counts back from the newest data (kpis.recent_period), not from the clock
+    ref = data_end(store, now) if args.since or args.until else now
     since, until = week_bounds(now, policy.report.timezone, weeks_back=1)
     if args.since:
-        since = instant_arg(args.since, "--since", before=now)
+        since = instant_arg(args.since, "--since", before=ref)
     if args.until:
-        until = instant_arg(args.until, "--until", before=now)
+        until = instant_arg(args.until, "--until", before=ref)
     if args.since and not args.until:
-        until = min(since + 7 * 86400, now) if since > now - 7 * 86400 else since + 7 * 86400
+        until = min(since + 7 * 86400, ref) if since > ref - 7 * 86400 else since + 7 * 86400
     if args.until and not args.since:
         since = until - 7 * 86400
     if until <= since:
         raise GpuCostError(f"--since {iso(since)} is not before --until {iso(until)}")
-    out = build_report(open_store(args, writes=False), policy, since, until, args.out)
+    out = build_report(store, policy, since, until, args.out)
     h = out["headline"]
     cur = h["currency"]
     lines = [

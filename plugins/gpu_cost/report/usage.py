@@ -5,8 +5,11 @@ Two tables, both upserted (a retried sweep rewrites the same rows):
 ``gpu_cost_usage``       one row per sweep x host x GPU model x user x account x partition
 ``gpu_cost_jobs_usage``  one row per sweep x running job (GPUs held, busy, work done)
 
-Each row stands for ``interval_s`` seconds of wall time (the sweep interval), described by the
-snapshot's rule window ending at ``ts``. GPU-second columns, per GPU of the group:
+Each row stands for ``interval_s`` seconds of wall time: the time the sweep really covers, from the
+previous sweep's data instant (the newest usage ``ts`` before it) to its own, at most
+:data:`MAX_COVER` x ``sweep.interval`` (a long outage does not count hours from one snapshot); the
+first sweep covers ``sweep.interval`` (:func:`coverage`). It is described by the snapshot's rule
+window ending at ``ts``. GPU-second columns, per GPU of the group:
 
 ``total_gpu_s``       every GPU seen
 ``allocated_gpu_s``   attributed to a running job
@@ -26,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +37,7 @@ import numpy as np
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.model import Snapshot
 from gpu_cost.policy.schema import Policy
+from gpu_cost.timeutil import format_duration
 
 logger = logging.getLogger(__name__)
 
@@ -184,17 +189,96 @@ def _finite_min(values: np.ndarray) -> float | None:
     return round(float(v.min()), 1) if v.size else None
 
 
+#: the most one sweep's rows stand for, in sweep intervals: after an outage the first snapshot
+#: does not speak for the hours nobody looked
+MAX_COVER = 2.0
+#: how far the time between sweeps may stray from ``sweep.interval`` before it is a warning
+TOLERANCE = 0.2
+#: gaps in a row that must all stray, the same way, before the measured cadence is a warning (one
+#: late or missed run is not a schedule)
+CONSISTENT_GAPS = 3
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """The wall time one sweep's usage rows stand for, and why it may be wrong.
+
+    :param interval_s: seconds each row stands for.
+    :param gap_s: seconds since the previous sweep's data instant (None: the first sweep).
+    :param warnings: the schedule disagrees with ``sweep.interval`` (the run's problems; not a degradation).
+    """
+
+    interval_s: float
+    gap_s: float | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def coverage(store: AuditStore, ts: float, policy: Policy, *, schedule_s: float | None = None,
+             measured: bool = True) -> Coverage:
+    """Return what the sweep at data instant ``ts`` covers: since the previous sweep, capped.
+
+    :param schedule_s: the period of the schedule that runs the sweep (the DAG's cron), when known.
+    :param measured: also warn when the measured gaps between sweeps stray from ``sweep.interval``
+        (off for runs only ever triggered by hand: they keep no cadence).
+    """
+    interval = float(policy.sweep.interval)
+    before = [float(r["ts"]) for r in store.fetch("usage_instants_before", {"ts": ts, "limit": CONSISTENT_GAPS})]
+    gap = ts - before[0] if before else None
+    covered = interval if gap is None else min(gap, MAX_COVER * interval)
+    warnings: list[str] = []
+    if schedule_s and abs(schedule_s - interval) > TOLERANCE * interval:
+        warnings.append(_cadence_warning(f"the sweep's schedule fires every {format_duration(schedule_s)}",
+                                         interval))
+    elif measured and len(before) == CONSISTENT_GAPS:
+        gaps = [a - b for a, b in zip([ts, *before], before, strict=False)]
+        if all(g > (1 + TOLERANCE) * interval for g in gaps) or all(g < (1 - TOLERANCE) * interval for g in gaps):
+            warnings.append(_cadence_warning(
+                f"the last {len(gaps) + 1} sweeps came {', '.join(format_duration(g) for g in reversed(gaps))} "
+                "apart", interval))
+    return Coverage(interval_s=covered, gap_s=gap, warnings=tuple(warnings))
+
+
+def _cadence_warning(what: str, interval: float) -> str:
+    return (f"{what} but the policy's sweep.interval is {format_duration(interval)}: usage counts the time "
+            f"between sweeps (at most {format_duration(MAX_COVER * interval)} each); make the schedule "
+            "(GPU_COST_SWEEP_SCHEDULE) and sweep.interval agree")
+
+
 def record_usage(store: AuditStore, snapshot: Snapshot, policy: Policy, interval_s: float | None = None, *,
-                 run_id: str | None = None) -> dict[str, int]:
-    """Write both usage tables for one sweep (idempotent); return the row counts.
+                 run_id: str | None = None, schedule_s: float | None = None,
+                 measured: bool = True) -> dict[str, Any]:
+    """Write both usage tables for one sweep (idempotent); return the row counts and any ``warnings``.
 
     Rows name ``run_id`` (default ``sweep__<epoch of the snapshot>``, for a write outside a run) and the
     snapshot's instant as their data instant: an older snapshot never replaces a newer one's rows.
+    Without ``interval_s`` the rows stand for the time the sweep covers (:func:`coverage`, which
+    ``schedule_s`` and ``measured`` go to); a sweep recorded after a later one (runs overlap) takes
+    its share back from that later sweep's rows, so no stretch of time is counted twice.
     """
+    cover = coverage(store, snapshot.ts, policy, schedule_s=schedule_s, measured=measured) \
+        if interval_s is None else Coverage(float(interval_s))
     origin = {"run_id": run_id or f"sweep__{int(snapshot.ts)}", "data_ts": snapshot.ts}
-    rows = [{**r, **origin} for r in usage_rows(snapshot, policy, interval_s)]
-    jobs = [{**r, **origin} for r in job_usage_rows(snapshot, policy, interval_s)]
+    rows = [{**r, **origin} for r in usage_rows(snapshot, policy, cover.interval_s)]
+    jobs = [{**r, **origin} for r in job_usage_rows(snapshot, policy, cover.interval_s)]
     store.execute("upsert_usage", rows)
     store.execute("upsert_job_usage", jobs)
-    logger.debug("usage at %s: %d group rows, %d job rows", snapshot.ts, len(rows), len(jobs))
-    return {"usage_rows": len(rows), "job_rows": len(jobs)}
+    if interval_s is None and rows:
+        _share_with_next(store, snapshot.ts, policy)
+    for w in cover.warnings:
+        logger.warning("usage at %s: %s", snapshot.ts, w)
+    logger.debug("usage at %s: %d group rows, %d job rows, %.0f s each", snapshot.ts, len(rows), len(jobs),
+                 cover.interval_s)
+    return {"usage_rows": len(rows), "job_rows": len(jobs), "interval_s": cover.interval_s,
+            "warnings": list(cover.warnings)}
+
+
+def _share_with_next(store: AuditStore, ts: float, policy: Policy) -> None:
+    """Shrink the next sweep's rows to the time after ``ts``, when they were written before this sweep's."""
+    for nxt in store.fetch("usage_instant_after", {"ts": ts}):
+        if nxt["ts"] is None:
+            continue
+        covered = min(float(nxt["ts"]) - ts, MAX_COVER * float(policy.sweep.interval))
+        if store.execute("rescale_usage", {"ts": nxt["ts"], "interval_s": covered}):
+            store.execute("rescale_job_usage", {"ts": nxt["ts"], "interval_s": covered})
+            logger.info("usage at %s was recorded before the sweep at %s: it now covers %.0f s", nxt["ts"], ts,
+                        covered)
