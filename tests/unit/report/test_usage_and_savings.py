@@ -139,6 +139,10 @@ def test_dispatcher_loads_the_ledger() -> None:
 def test_report_command_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = dict(os.environ)
     env["AIRFLOW_CONN_GPU_COST_DB"] = json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "a.db")})
+    # a report only reads: the store is made first, as an operator's `gpu-cost db upgrade` makes it
+    made = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "db", "upgrade", "--json"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert made.returncode == 0, made.stderr
     r = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "report", "--since", "2026-11-16T00:00:00Z",
                         "--until", "2026-11-23T00:00:00Z", "--out", str(tmp_path / "out"), "--json"],
                        capture_output=True, text=True, env=env, timeout=300)
