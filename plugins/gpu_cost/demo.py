@@ -1,10 +1,15 @@
 """The main job on the embedded default: a throwaway Airflow home, one simulated cluster, SQLite.
 
-``gpu-cost demo`` builds one simulated cluster — the week before now and the shipped default
-cluster running now (:func:`gpu_cost.report.seed.demo_scenario`) — writes it to a scenario file
-that every DAG reads (``GPU_COST_SCENARIO``), replays the week's hourly sweeps into the demo's
-audit store in the policy's mode, then runs the DAGs below through Airflow (``airflow dags test``,
-i.e. ``dag.test()``) one after the other on the same cluster, and writes the week's report.
+``gpu-cost demo`` builds one simulated cluster — two weeks of a generated cluster ending at the
+demo's instant (:func:`gpu_cost.report.seed.demo_instant`: the latest Sunday 03:00 UTC, a night
+inside the off-hours windows) and the shipped default cluster running then
+(:func:`gpu_cost.report.seed.demo_scenario`) — writes it to a scenario file that every DAG reads
+(``GPU_COST_SCENARIO``), replays the two weeks' hourly sweeps into the demo's audit store in the
+policy's mode (without the shipped cluster's jobs: the DAGs' sweep is the agent's first look at
+them), then runs the DAGs below through Airflow (``airflow dags test`` with the demo's instant as
+the logical date) one after the other on the same cluster, and writes the report of the last 7
+days of data (:func:`gpu_cost.report.kpis.recent_period`, as ``gpu-cost report --since 7d``).
+The same figures on every run: no wall clock, no unseeded random draw decides anything.
 Airflow's output and the package's own log go to ``demo.log`` in the demo's home (the terminal
 shows warnings only); the summary names the file.
 """
@@ -31,12 +36,17 @@ from gpu_cost.errors import GpuCostError
 
 logger = logging.getLogger(__name__)
 
-#: DAGs the demo runs, in order, with the run conf each gets.
+#: DAGs the demo runs, in order, with the run conf each gets: the sweep first (its job rows end the
+#: history), the nightly forecast from the agent's own job rows in the store (the demo's cluster and
+#: nothing else: its running jobs get ETAs, the power plan its demand), then the power plan.
 DEMO_DAGS: list[tuple[str, dict[str, Any]]] = [
-    ("gpu_forecast_nightly", {}),
     ("gpu_zombie_sweep", {}),
+    ("gpu_forecast_nightly", {"source": "store"}),
     ("gpu_offhours_power", {}),
 ]
+#: days of history the demo replays: two weeks, so the forecast has a week to learn from and one to
+#: be scored on, and the report a week before its own to compare with
+DEMO_DAYS = 14.0
 
 
 #: how many lines of Airflow's log a failed step shows
@@ -71,15 +81,22 @@ def _airflow() -> str:
 
 
 def run_demo(home: Path, dags: list[tuple[str, dict[str, Any]]] | None = None,
-             now: float | None = None) -> dict[str, Any]:
-    """Run the demo in a fresh home: the simulated week, the DAGs on the same cluster, the report."""
+             now: float | None = None, days: float = DEMO_DAYS) -> dict[str, Any]:
+    """Run the demo in a fresh home: the simulated week, the DAGs on the same cluster, the report.
+
+    Deterministic: the week ends at :func:`gpu_cost.report.seed.demo_instant` of ``now`` (default:
+    the clock), every DAG runs with that instant as its logical date, and the simulator, the seeded
+    week and the forecasts are seeded; two runs in the same week print the same summary.
+
+    :param days: the length of the replayed history (:data:`DEMO_DAYS`; fewer run quicker).
+    """
     if home.exists():
         shutil.rmtree(home)
     (home / "airflow").mkdir(parents=True)
     env = demo_env(home)
     log = home / "demo.log"
     with _logging_to(log):
-        return _run(home, env, log, dags, now)
+        return _run(home, env, log, dags, now, days)
 
 
 @contextlib.contextmanager
@@ -103,26 +120,29 @@ def _logging_to(log: Path) -> Iterator[None]:
 
 
 def _run(home: Path, env: dict[str, str], log: Path, dags: list[tuple[str, dict[str, Any]]] | None,
-         now: float | None) -> dict[str, Any]:
+         now: float | None, days: float) -> dict[str, Any]:
     from gpu_cost.policy import load_policy
-    from gpu_cost.report.seed import demo_scenario, seed_week
+    from gpu_cost.report.seed import demo_instant, demo_scenario, seed_week, without_shipped_jobs
     from gpu_cost.sources.sim import scenario_to_dict
+    from gpu_cost.timeutil import iso
 
     started = time.time()
-    end = float(((now if now is not None else started) // 3600) * 3600)
-    cluster = demo_scenario(end)
+    end = demo_instant(now if now is not None else started)
+    cluster = demo_scenario(end, days=days)
     (home / "cluster.yaml").write_text(
         "# The demo's simulated cluster (gpu-cost demo): every DAG of the demo reads it (GPU_COST_SCENARIO).\n"
         + yaml.safe_dump(scenario_to_dict(cluster), sort_keys=False), encoding="utf-8")
     store = AuditStore(f"sqlite:///{home / 'audit.db'}").ensure_schema()
     policy = load_policy(None)
-    # hourly sweeps over [end - 7 d, end - 1 h]; the DAGs' sweep follows an hour or so after the last
-    seeded = seed_week(store, policy, end - 3600.0, mode=policy.mode, scenario=cluster)
+    # hourly sweeps over [end - days, end - 1 h], without the shipped cluster's jobs; the DAGs run at
+    # ``end`` (their logical date), where the sweep sees those jobs for the first time
+    seeded = seed_week(store, policy, end - 3600.0, mode=policy.mode, scenario=without_shipped_jobs(cluster),
+                       days=days)
     _call([_airflow(), "db", "migrate"], env, "airflow db migrate", log)
     runs = []
     for dag_id, conf in dags or DEMO_DAGS:
         t0 = time.time()
-        cmd = [_airflow(), "dags", "test", dag_id]
+        cmd = [_airflow(), "dags", "test", dag_id, iso(end)]
         if conf:
             cmd += ["--conf", json.dumps(conf)]
         _call(cmd, env, f"airflow dags test {dag_id}", log)
@@ -131,7 +151,7 @@ def _run(home: Path, env: dict[str, str], log: Path, dags: list[tuple[str, dict[
     result.update({"airflow_home": str(home / "airflow"), "audit_db": str(home / "audit.db"), "dag_runs": runs,
                    "log": str(log), "cluster": {"file": str(home / "cluster.yaml"),
                                                         "nodes": len(cluster.nodes), "gpus": cluster.gpu_count},
-                   "week_end": end, "week_seed": seeded, "policy_mode": policy.mode})
+                   "week_end": end, "days": days, "week_seed": seeded, "policy_mode": policy.mode})
     flagged = store.query("SELECT job_id FROM gpu_cost_decisions WHERE rule = 'idle_allocation' AND job_id IS NOT NULL "
                           "AND action NOT IN ('none', 'advise') ORDER BY ts DESC LIMIT 1")
     result["audit_job"] = flagged[0]["job_id"] if flagged else None

@@ -167,3 +167,20 @@ def test_the_readme_names_the_two_commands() -> None:
     for command in ("make demo", "make test"):
         assert command in readme, f"README.md no longer names `{command}`"
     assert "docs/sample-weekly-report.png" in readme
+
+
+def test_the_operator_guides_sample_table_shows_the_report_in_the_picture() -> None:
+    """The sample table beside docs/sample-weekly-report.png shows that picture's report (issue 39 row 4):
+    scripts/report-screenshot.py keeps the report's headline in the PNG and writes the table from it."""
+    import json
+
+    from PIL import Image
+
+    from gpu_cost.report.render import FIGURES_CHUNK, sample_table
+
+    with Image.open(DOCS / "sample-weekly-report.png") as img:
+        chunk = img.info.get(FIGURES_CHUNK)
+    assert chunk, "docs/sample-weekly-report.png has no figures: regenerate it with `make report-picture`"
+    guide = (DOCS / "operator-guide.md").read_text(encoding="utf-8")
+    table = guide.split("<!-- sample-table:", 1)[1].split("-->", 1)[1].split("<!-- /sample-table -->", 1)[0]
+    assert table.strip() == sample_table(json.loads(chunk)).strip()

@@ -371,3 +371,32 @@ def test_the_weekly_report_counts_how_often_the_advice_was_followed(tmp_path: Pa
     assert "alice: asked for more than advised" in html
     md = next(Path(out["index"]).parent.glob("*.md")).read_text(encoding="utf-8")
     assert "**Advice at sbatch:** 1 of 2 jobs it applied to followed it (50 %" in md
+
+
+def test_the_report_lists_the_same_advice_as_rightsize_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One definition of what a job needed and of the advice (issue 39, row 4): the weekly report's
+    right-sizing rows are the rows `gpu-cost rightsize show --all` prints for the same store and instant,
+    never a second reckoning (a memory-bound job needed 4 GPUs even where one was busy)."""
+    from gpu_cost.cli import main
+    from gpu_cost.report import kpis
+    from gpu_cost.timeutil import iso
+
+    db = tmp_path / "audit.db"
+    s = AuditStore(f"sqlite:///{db}").ensure_schema()
+    # alice asks 8; one GPU busy, but her model fills 4 GPUs' memory: she needed 4
+    history(s, 6, needs=[4] * 12)
+    rows = []
+    for r in s.query("SELECT * FROM gpu_cost_jobs_usage"):
+        rows.append({**r, "gpus_busy": 1, "work_gpus": 0.9})
+    s.execute("upsert_job_usage", rows)
+    still_running(s)
+    pol = policy()
+    report = kpis.compute(s, pol, NOW - 7 * 86400.0, NOW + 1.0)["right_sizing"]
+    assert main(["rightsize", "show", "--all", "--user", "alice", "--db", str(db), "--at", iso(NOW + 1.0),
+                 "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["advice_rows"]
+    advice = [r for r in shown if r["status"] == "advice"]
+    assert advice, shown
+    assert sorted((r["user"], r["stem"], r["text"]) for r in report) == sorted(
+        (r["user"], r["stem"], r["text"]) for r in advice)
+    assert all(r["need"] == 4 and r["suggest"] == 4 and r["requested"] == 8 for r in report), report

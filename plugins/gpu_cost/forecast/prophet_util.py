@@ -49,6 +49,27 @@ def prophet_class() -> Any:
     return Prophet
 
 
+#: the seed of Prophet's uncertainty sampling (:func:`predict`): the same fit gives the same bounds
+PREDICT_SEED = 0
+
+
+def predict(model: Any, df: Any, seed: int = PREDICT_SEED) -> Any:
+    """Return ``model.predict(df)`` with its uncertainty sampling seeded.
+
+    Prophet draws the samples behind ``yhat_lower``/``yhat_upper`` from NumPy's global generator: unseeded,
+    the same fit gives other bounds on every run (and the power plan, which reads the upper bound, other
+    decisions). The global generator's state is put back afterwards.
+    """
+    import numpy as np
+
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        return model.predict(df)
+    finally:
+        np.random.set_state(state)
+
+
 def fit(df: Any, stats: FitStats, **kwargs: Any) -> Any | None:
     """Fit a Prophet model on ``df`` (``ds`` tz-naive, ``y``); None (counted) when the fit fails."""
     cls = prophet_class()

@@ -367,7 +367,7 @@ def _prophet_quantiles(m: Any, ts: np.ndarray) -> np.ndarray:
     import numpy as np
     import pandas as pd
 
-    fc = m.predict(pd.DataFrame({"ds": pd.to_datetime(ts, unit="s")}))
+    fc = prophet_util.predict(m, pd.DataFrame({"ds": pd.to_datetime(ts, unit="s")}))
     return np.column_stack([fc["yhat"].to_numpy(), fc["yhat_upper"].to_numpy()])
 
 

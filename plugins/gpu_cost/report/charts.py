@@ -202,6 +202,13 @@ def cumulative_savings(k: Mapping[str, Any]) -> bytes:
 
 def actions_over_time(k: Mapping[str, Any]) -> bytes:
     """Automated events per day, stacked by kind; dry-run "would have" decisions as a line."""
+    plt, fig, _ = actions_axes(k)
+    return _png(plt, fig)
+
+
+def actions_axes(k: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """Draw :func:`actions_over_time` and return ``(plt, figure, axes)``: counts start at zero (a line of
+    dry-run decisions alone would otherwise start the axis at its lowest day)."""
     import numpy as np
 
     from gpu_cost.report.kpis import CATEGORIES
@@ -213,7 +220,7 @@ def actions_over_time(k: Mapping[str, Any]) -> bytes:
     total_live = sum(sum(v) for v in daily["live"].values())
     if not days or (total_live == 0 and not any(daily["would_have"])):
         _empty(ax, "no actions or decisions in this period")
-        return _png(plt, fig)
+        return plt, fig, ax
     import datetime as dt
 
     labels = [dt.date.fromisoformat(d).strftime("%a %d") for d in days]
@@ -230,8 +237,9 @@ def actions_over_time(k: Mapping[str, Any]) -> bytes:
                 label="would have (dry-run)")
     ax.set_xticks(x, labels)
     ax.set_ylabel("events")
+    ax.set_ylim(bottom=0)
     _frame(ax, "y", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _png(plt, fig)
+    return plt, fig, ax
 
 
 CHARTS: dict[str, Callable[[Mapping[str, Any]], bytes]] = {

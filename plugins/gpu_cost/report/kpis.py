@@ -8,8 +8,9 @@
   action counts in the week its decision was taken, once (actions are keyed by decision);
 - dry-run decisions are counted apart as "would have", and so is the GPU time they would have
   freed ("potential"): the report never claims what was only observed;
-- right-sizing advice (``gpu_cost_rightsize``): how many GPU jobs started in the period followed the
-  advice ``sbatch`` showed (:func:`gpu_cost.rightsize.followed`);
+- right-sizing: the advice in force at the period's end (:func:`gpu_cost.rightsize.compute`, what
+  ``gpu-cost rightsize show`` prints), and how many GPU jobs started in the period followed the advice
+  ``sbatch`` showed (``gpu_cost_rightsize``, :func:`gpu_cost.rightsize.followed`);
 - savings come from the savings ledger ``gpu_cost_savings`` only: *freed* (what the agent's actions,
   and owners' own releases after a notice, gave back, bounded by the waste seen on each target) and
   *re-used* (what other jobs were then given, measured from later sweeps); the headline is re-used
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -69,6 +69,24 @@ WHERE data_ts > :since AND data_ts <= :until GROUP BY dag_id, mode, source, stat
 
 
 # -- periods ------------------------------------------------------------------------------------
+def data_end(store: AuditStore, now: float) -> float:
+    """Return the instant a period counted back from ``now`` ends at: the store's newest sweep at or
+    before ``now`` (a report is of the data, not of the clock), ``now`` when the store has none."""
+    rows = store.fetch("latest_usage_instant", {"until": now})
+    latest = rows[0].get("ts") if rows else None
+    return float(latest) if latest is not None else float(now)
+
+
+def recent_period(store: AuditStore, length_s: float, now: float) -> tuple[float, float]:
+    """Return ``(since, until)``: the ``length_s`` of data ending at :func:`data_end` of ``now``.
+
+    The one definition of "the last 7 days" of a store: the demo's report and ``gpu-cost report
+    --since 7d`` read the same period of the same store, so they print the same figures.
+    """
+    until = data_end(store, now)
+    return until - length_s, until
+
+
 def week_bounds(at: float, timezone: str = "UTC", weeks_back: int = 1) -> tuple[float, float]:
     """Return the ISO week ``weeks_back`` weeks before the one holding ``at``
     (:func:`gpu_cost.timeutil.week_bounds`); an unknown time zone is named as ``report.timezone``."""
@@ -275,6 +293,14 @@ def answer_kpis(answers: Iterable[Mapping[str, Any]], actions: Iterable[Mapping[
             "p90_answer_h": round(p90 / 3600, 2) if p90 is not None else None}
 
 
+#: a verifier model's status (:data:`gpu_cost.verifier.STATUSES`) as the report says it to a manager
+VERIFIER_STATUS_TEXT = {
+    "active": "In use: it is asked before every destructive action",
+    "too_few_labels": "Not in use yet: too few decisions with a known outcome to learn from",
+    "one_class": "Not in use yet: every decision with a known outcome went the same way, nothing to learn from",
+}
+
+
 def verifier_kpis(store: AuditStore, decisions: Sequence[Mapping[str, Any]], until: float) -> dict[str, Any] | None:
     """The verifier in use at the period's end (its training window, labels and backtest), and how many
     of the period's destructive rungs it held back; None when no model was ever trained."""
@@ -283,7 +309,8 @@ def verifier_kpis(store: AuditStore, decisions: Sequence[Mapping[str, Any]], unt
         return None
     m = rows[0]
     held = sum(1 for d in decisions if "verifier.min_probability" in str(d.get("reason") or ""))
-    return {"model_id": m["model_id"], "status": m["status"], "trained_at": iso(float(m["trained_at"])),
+    return {"model_id": m["model_id"], "status": m["status"], "status_text": VERIFIER_STATUS_TEXT.get(
+                str(m["status"]).lower(), f"not in use ({m['status']})"), "trained_at": iso(float(m["trained_at"])),
             "since": iso(float(m["since_ts"])) if m.get("since_ts") is not None else None,
             "until": iso(float(m["until_ts"])) if m.get("until_ts") is not None else None,
             "labels": int(m["labels"] or 0), "false_positives": int(m["false_positives"] or 0),
@@ -339,49 +366,21 @@ def savings_totals(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             "points": sorted(points)}
 
 
-def right_sizing(rows: Sequence[Mapping[str, Any]], quantile: float = 0.9, min_samples: int = 3,
-                 top: int = 10) -> list[dict[str, Any]]:
-    """Return users whose multi-GPU jobs request many GPUs and use few, with a concrete suggestion.
+def right_sizing(advice: Iterable[rightsize.Advice], top: int = 10) -> list[dict[str, Any]]:
+    """Return the right-sizing advice in force at the period's end, as the report lists it: the rows of
+    :func:`gpu_cost.rightsize.compute` with something to advise (what ``gpu-cost rightsize show`` prints
+    and ``sbatch`` shows), most GPU time held beyond need first.
 
-    Per job and sample, the GPUs it *needs* = max(GPUs busy, ⌈work in GPU-equivalents⌉). A job
-    is a candidate when it held ≥ 2 GPUs, has ``min_samples`` samples and its ``quantile`` need
-    is at most half of what it holds. Per user, the most common request and the largest p90 need
-    of those jobs give the suggestion, and the freeable GPU-hours are summed over the samples.
+    One definition of what a job needed (:func:`gpu_cost.report.usage.gpus_needed`: its busy GPUs,
+    those without fresh data, its work and its memory) and of the advice, for the report, the CLI and
+    ``sbatch``.
     """
-    per_job: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for r in rows:
-        if int(r.get("gpus") or 0) >= 2:
-            per_job[str(r["job_id"])].append(r)
-    by_user: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for job_id, samples in per_job.items():
-        if len(samples) < min_samples:
-            continue
-        held = max(int(s["gpus"]) for s in samples)
-        needs = sorted(max(int(s.get("gpus_busy") or 0), math.ceil(float(s.get("work_gpus") or 0.0) - 1e-9))
-                       for s in samples)
-        k = min(len(needs) - 1, max(0, math.ceil(quantile * len(needs)) - 1))
-        need = needs[k]
-        suggest = max(1, need)
-        if suggest * 2 > held:
-            continue
-        freeable = sum((int(s["gpus"]) - suggest) * float(s.get("interval_s") or 0.0) for s in samples) / 3600.0
-        by_user[(str(samples[0].get("user_name") or "?"), str(samples[0].get("account") or ""))].append(
-            {"job_id": job_id, "held": held, "need": need, "suggest": suggest, "freeable": freeable,
-             "name": samples[0].get("job_name") or ""}
-        )
-    out = []
-    for (user, account), jobs in by_user.items():
-        held = max(set(j["held"] for j in jobs), key=lambda h: (sum(1 for j in jobs if j["held"] == h), h))
-        need = max(j["need"] for j in jobs if j["held"] == held)
-        suggest = max(1, need)
-        share = round(quantile * 100)
-        text = (f"requests {held}, busy on {need} in {share} % of samples: request {suggest}" if need
-                else f"requests {held}, busy on none in {share} % of samples: request {suggest} (or release the allocation)")
-        out.append({"user": user, "account": account, "jobs": len(jobs), "requested": held, "busy_p90": need,
-                    "suggest": suggest, "freeable_gpu_hours": round(sum(j["freeable"] for j in jobs), 1),
-                    "example_jobs": sorted(j["job_id"] for j in jobs)[:3], "text": text})
-    out.sort(key=lambda x: (-x["freeable_gpu_hours"], x["user"]))
-    return out[:top]
+    rows = [a for a in advice if a.status == "advice"]
+    rows.sort(key=lambda a: (-a.idle_gpu_hours, a.user, a.scope != "user", a.stem))
+    return [{"user": a.user, "stem": a.stem, "scope": a.scope, "jobs": a.jobs, "requested": a.gpus_asked,
+             "need": a.gpus_need, "suggest": a.gpus_advice, "time_advice_s": a.time_advice_s,
+             "who": a.user if a.scope == "user" else f"{a.user} / {a.stem}", "text": a.text,
+             "held_beyond_need_gpu_hours": round(a.idle_gpu_hours, 1)} for a in rows[:top]]
 
 
 def heatmap(by_ts: Iterable[Mapping[str, Any]], timezone: str) -> list[list[float | None]]:
@@ -510,7 +509,7 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
     savings = ledger_savings(store, policy, decisions, since, until)
     freed, reused = savings["freed"], savings["reused"]
     potential = potential_savings(store, decisions, policy, until)
-    sizing = right_sizing(store.fetch("job_usage_between", {"since": since, "until": until, "min_gpus": 2}))
+    sizing = right_sizing(rightsize.compute(store, policy, until))
     advice = rightsize.followed(store, since, until)
     runs = store.query(_RUNS, {"since": since, "until": until})
     rate = policy.cost.gpu_hour("default")

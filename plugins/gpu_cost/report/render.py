@@ -1,7 +1,8 @@
 """Write the weekly report: HTML with embedded PNG charts, a Markdown summary, the KPIs as JSON.
 
 Output location: ``policy.report.out_dir``, overridden by ``GPU_COST_REPORT_DIR``, overridden by
-an explicit ``out``. A plain folder (relative ones are resolved against ``GPU_COST_HOME``), or a
+an explicit ``out``. A plain folder (a relative ``out_dir`` is resolved beside the SQLite store the
+report is read from — the demo's reports go to ``.demo/reports`` — else against ``GPU_COST_HOME``), or a
 URL (``s3://bucket/reports``, ``file:///srv/reports``...) written through Airflow's
 ``ObjectStoragePath``. Each report goes to its own sub-folder named after the period::
 
@@ -35,14 +36,20 @@ logger = logging.getLogger(__name__)
 ENV_OUT = "GPU_COST_REPORT_DIR"
 
 
-def out_location(policy: Policy, out: str | os.PathLike[str] | None = None) -> str:
-    """Return where reports go: ``out``, else ``GPU_COST_REPORT_DIR``, else ``policy.report.out_dir``."""
+def out_location(policy: Policy, out: str | os.PathLike[str] | None = None, beside: str | None = None) -> str:
+    """Return where reports go: ``out``, else ``GPU_COST_REPORT_DIR``, else ``policy.report.out_dir``.
+
+    A relative ``out`` is resolved against the working directory; a relative folder from the
+    environment or the policy beside ``beside`` (the SQLite file the report reads: reports lie next
+    to the store they came from), else against ``GPU_COST_HOME``.
+    """
     chosen = str(out) if out else (os.environ.get(ENV_OUT) or policy.report.out_dir)
     if "://" in chosen:
         return chosen
     p = Path(chosen).expanduser()
     if not p.is_absolute():
-        p = (Path.cwd() if out else paths.state_dir()) / p
+        base = Path.cwd() if out else (Path(beside).resolve().parent if beside else paths.state_dir())
+        p = base / p
     return str(p.resolve())
 
 
@@ -168,8 +175,39 @@ def build_report(store: AuditStore, policy: Policy, since: float, until: float,
 
     kpis = compute(store, policy, since, until)
     images = charts_mod.render_all(kpis)
-    written = write_report(kpis, images, out_location(policy, out))
+    written = write_report(kpis, images, out_location(policy, out, beside=_store_file(store)))
     return {**written, "period": kpis["period"], "headline": headline(kpis)}
+
+
+#: the PNG text chunk in which ``scripts/report-screenshot.py`` keeps the figures of the report it drew
+FIGURES_CHUNK = "gpu-cost-figures"
+
+
+def sample_table(h: Mapping[str, Any]) -> str:
+    """Return the Markdown table of a report's headline (:func:`headline`) that the operator guide shows
+    beside the picture of the same report; the figures as the demo's summary prints them."""
+    cur = h.get("currency", "USD")
+
+    def hours(v: Any, cost: Any) -> str:
+        return f"{float(v or 0.0):,.0f} GPU-h ({fmt_money(cost, cur)})"
+
+    saved = ("nothing: dry-run acts on nothing" if not h.get("freed_gpu_hours") and not h.get("saved_cost")
+             else f"{fmt_money(h.get('saved_cost'), cur)} ({float(h.get('reused_gpu_hours') or 0.0):,.0f} GPU-h re-used)")
+    rows = [("Allocated but idle", hours(h.get("idle_alloc_gpu_hours"), h.get("idle_cost"))),
+            ("Held by zombie processes", hours(h.get("zombie_gpu_hours"), h.get("zombie_cost"))),
+            ("Would have freed (dry-run, not counted as saved)",
+             hours(h.get("would_have_gpu_hours"), h.get("would_have_cost"))),
+            ("Saved", saved)]
+    return "\n".join(["| | this week |", "|---|---:|", *(f"| {a} | {b} |" for a, b in rows)]) + "\n"
+
+
+def _store_file(store: AuditStore) -> str | None:
+    """Return the SQLite file ``store`` reads, None for a server database or an in-memory one."""
+    url = str(store.url)
+    if not url.startswith("sqlite") or "///" not in url:
+        return None
+    path = url.split("///", 1)[1].split("?", 1)[0]
+    return path if path and path != ":memory:" else None
 
 
 def headline(kpis: Mapping[str, Any]) -> dict[str, Any]:

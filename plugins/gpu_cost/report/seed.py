@@ -9,7 +9,8 @@ savings ledger). Only the effect is simulated, as the cluster is: while the repl
 executors are the simulator's own, which end the job (or the lingering process) in the scenario
 so later sweeps see the GPUs free. Runs are recorded under ``dag_id = gpu-cost-seed``.
 
-Arrivals are thinned at night and at weekends (a working-hours rhythm for the heat map); users and
+Arrivals are thinned at night (half of them) and at weekends (four in five): a working-hours rhythm
+for the heat map, and quiet weekend nights the off-hours power DAG has idle nodes in. Users and
 teams get readable names. Approvals are answered by a simulated on-call (``sim-oncall``):
 approved when the work at risk is under three times the policy threshold, otherwise rejected.
 """
@@ -38,33 +39,57 @@ TEAMS = {"alice": "nlp", "bob": "vision", "carol": "nlp", "dave": "vision", "eri
          "grace": "research", "heidi": "vision", "ivan": "speech", "judy": "research", "mallory": "nlp",
          "oscar": "platform"}
 WEEK = 7 * 86400.0
+#: the share of arrivals dropped at weekends and at night (20:00-07:00 UTC): a working-hours rhythm
+QUIET_WEEKEND, QUIET_NIGHT = 0.8, 0.5
+#: the demo's week ends at this weekday (Monday 0) and hour, UTC: a weekend night, inside the shipped
+#: policy's off-hours windows, when the quiet week leaves nodes idle for the power DAG
+DEMO_WEEKDAY, DEMO_HOUR = 6, 3
+#: the seed of the demo's generated cluster: one whose Sunday night is quiet enough (cluster utilisation
+#: under the shipped ``offhours.util_max``) for the power DAG to have idle nodes to power down
+DEMO_SEED = 7
 
 
 def _unit(text: str) -> float:
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
 
 
-def week_scenario(end: float, *, nodes: int = 8, gpus_per_node: int = 8, seed: int = 11) -> Any:
-    """Return a generated 7-day cluster anchored at ``end``, with readable names and a weekly rhythm."""
+def demo_instant(now: float) -> float:
+    """Return the instant the demo's week ends at: the latest Sunday 03:00 UTC (:data:`DEMO_WEEKDAY`,
+    :data:`DEMO_HOUR`) at or before ``now``.
+
+    Every run of the demo, on any machine and at any time of the week, replays the same week
+    relative to that instant and runs its DAGs at it, so it shows the same figures; only the dates
+    move, a week at a time.
+    """
+    day = 86400.0
+    midnight = now // day * day
+    weekday = int(midnight // day + 3) % 7  # 1970-01-01 was a Thursday (3)
+    t = midnight - ((weekday - DEMO_WEEKDAY) % 7) * day + DEMO_HOUR * 3600.0
+    return float(t if t <= now else t - WEEK)
+
+
+def week_scenario(end: float, *, nodes: int = 8, gpus_per_node: int = 8, seed: int = 11, days: float = 7.0) -> Any:
+    """Return a generated ``days``-day cluster anchored at ``end``, with readable names and a weekly rhythm."""
     import datetime as dt
 
     from gpu_cost.sources.sim import generate_scenario
 
-    sc = generate_scenario(nodes=nodes, gpus_per_node=gpus_per_node, days=7, seed=seed, jobs_per_node=3.0,
+    sc = generate_scenario(nodes=nodes, gpus_per_node=gpus_per_node, days=days, seed=seed, jobs_per_node=3.0,
                            pending=0)
     jobs = []
     for j in sc.jobs:
         if j.start is not None:
             t = dt.datetime.fromtimestamp(end + j.start, tz=dt.UTC)
-            quiet = t.weekday() >= 5 or t.hour < 7 or t.hour >= 20
-            if quiet and _unit(f"{seed}:{j.job_id}:quiet") < 0.5:
+            night = t.hour < 7 or t.hour >= 20
+            drop = QUIET_WEEKEND if t.weekday() >= 5 else (QUIET_NIGHT if night else 0.0)
+            if _unit(f"{seed}:{j.job_id}:quiet") < drop:
                 continue
         user = USERS[int(_unit(f"{seed}:{j.job_id}:user") * len(USERS)) % len(USERS)]
         jobs.append(dataclasses.replace(j, user=user, account=TEAMS[user]))
     return dataclasses.replace(sc, jobs=tuple(jobs), anchor=float(end), source="<seeded week>")
 
 
-def demo_scenario(end: float, *, seed: int = 11) -> Any:
+def demo_scenario(end: float, *, seed: int = DEMO_SEED, days: float = 7.0) -> Any:
     """Return the demo's one simulated cluster: the week before ``end`` (:func:`week_scenario`) with the
     shipped default cluster (``gpu01``-``gpu03``, jobs 1001-1008) running at ``end``, all anchored there.
 
@@ -74,10 +99,22 @@ def demo_scenario(end: float, *, seed: int = 11) -> Any:
     from gpu_cost.sources.sim import load_scenario
 
     shipped = load_scenario()
-    week = week_scenario(end, seed=seed)
+    week = week_scenario(end, seed=seed, days=days)
     nodes = (*shipped.nodes, *week.nodes)
     return dataclasses.replace(week, nodes=nodes, jobs=(*shipped.jobs, *week.jobs), anchor=float(end),
                                node_index={n.name: i for i, n in enumerate(nodes)}, source="<demo cluster>")
+
+
+def without_shipped_jobs(cluster: Any) -> Any:
+    """Return the demo cluster with the shipped cluster's jobs (1001-1008) left out, its nodes kept.
+
+    The demo replays its week on this one: the DAGs' sweep at the week's end is the agent's first look
+    at the shipped jobs, so every one of them gets its first decision there (the summary lists them).
+    """
+    from gpu_cost.sources.sim import load_scenario
+
+    shipped = {j.job_id for j in load_scenario().jobs}
+    return dataclasses.replace(cluster, jobs=tuple(j for j in cluster.jobs if j.job_id not in shipped))
 
 
 class _SimEffects:
@@ -149,8 +186,8 @@ def decision_from_row(row: Mapping[str, Any]) -> Decision:
 
 def seed_week(store: AuditStore, policy: Policy, end: float, *, nodes: int = 8, gpus_per_node: int = 8,
               seed: int = 11, step_s: float = 3600.0, mode: Mode = "enforce",
-              scenario: Any | None = None) -> dict[str, Any]:
-    """Replay the week ending at ``end`` into ``store``; return counts of what was written.
+              scenario: Any | None = None, days: float = 7.0) -> dict[str, Any]:
+    """Replay the ``days`` (a week) ending at ``end`` into ``store``; return counts of what was written.
 
     :param scenario: the cluster to replay (default: :func:`week_scenario` of ``end``).
     """
@@ -165,12 +202,13 @@ def seed_week(store: AuditStore, policy: Policy, end: float, *, nodes: int = 8, 
     pol = dataclasses.replace(policy, mode=mode, sweep=dataclasses.replace(policy.sweep, interval=step_s))
     object.__setattr__(pol, "source", f"{policy.source} (seeded week, mode {mode})")
     effects = _SimEffects(scenario if scenario is not None else
-                          week_scenario(end, nodes=nodes, gpus_per_node=gpus_per_node, seed=seed))
+                          week_scenario(end, nodes=nodes, gpus_per_node=gpus_per_node, seed=seed, days=days))
     counts: dict[str, Any] = {"sweeps": 0, "decisions": 0, "executed": 0, "approved": 0, "rejected": 0}
-    steps = int(WEEK // step_s)
+    span = days * 86400.0
+    steps = int(span // step_s)
     with _simulated_executors(effects):
         for k in range(steps):
-            t = end - WEEK + (k + 1) * step_s
+            t = end - span + (k + 1) * step_s
             run_id = f"{SEED_DAG_ID}:{int(t)}"
             out = sweep.run_once(pol, t, store, run_id=run_id, source="sim", dag_id=SEED_DAG_ID,
                                  scenario=effects.scenario)
@@ -206,12 +244,13 @@ def demo_report(store: AuditStore, home: Path, result: dict[str, Any]) -> None:
     """Demo hook: write the weekly report of the demo's week (seeded before the DAGs ran) and put its
     paths and headline in ``result``."""
     from gpu_cost.policy import load_policy
+    from gpu_cost.report.kpis import recent_period
     from gpu_cost.report.render import build_report
 
-    end = float(result["week_end"])
-    # the seeded sweeps [end - 7 d, end - 1 h] (the first one inside: the period's start is exclusive in
-    # the usage queries) and the DAGs' runs just after (the demo takes minutes)
-    out = build_report(store, load_policy(None), end - WEEK - 1.0, end + 2 * 3600.0, home / "reports")
+    # the 7 days of data ending at the DAGs' sweep (the week's end): the period `gpu-cost report --since
+    # 7d` reads from the same store, whenever it is run
+    since, until = recent_period(store, WEEK, float(result["week_end"]))
+    out = build_report(store, load_policy(None), since, until, home / "reports")
     result["report"] = out["index"]
     result["report_summary"] = out["summary"]
     result["report_headline"] = out["headline"]

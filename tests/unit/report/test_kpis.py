@@ -151,25 +151,22 @@ def test_freed_savings_by_kind(store, policy) -> None:  # type: ignore[no-untype
     assert s["by_kind"]["power"]["kwh"] == 3.2 and s["by_kind"]["gpu"]["cost"] == 24.0
 
 
-def test_right_sizing_suggests_what_jobs_use() -> None:
-    rows = []
-    for i in range(10):
-        busy = 2 if i < 9 else 6   # busy on 2 GPUs in 90 % of samples
-        rows.append({"job_id": "77", "ts": T1 + i * HOUR, "interval_s": HOUR, "user_name": "dave", "account": "vision",
-                     "gpus": 8, "gpus_busy": busy, "work_gpus": busy * 0.9, "job_name": "train"})
-        rows.append({"job_id": "78", "ts": T1 + i * HOUR, "interval_s": HOUR, "user_name": "alice", "account": "nlp",
-                     "gpus": 4, "gpus_busy": 4, "work_gpus": 3.8, "job_name": "busy"})
-    out = kpis.right_sizing(rows)
-    assert [r["user"] for r in out] == ["dave"]
-    assert out[0]["text"] == "requests 8, busy on 2 in 90 % of samples: request 2"
-    assert out[0]["freeable_gpu_hours"] == 60.0   # (8 - 2) GPUs x 10 h
+def test_right_sizing_lists_the_advice_rows_most_waste_first() -> None:
+    """The report's right-sizing is the advice rightsize.compute gives (tests/unit/test_rightsize.py holds
+    it equal to `gpu-cost rightsize show`): rows with advice only, most GPU time held beyond need first."""
+    from gpu_cost.rightsize import Advice
 
+    def row(user: str, status: str, idle: float, stem: str = "") -> Advice:
+        return Advice(scope="class" if stem else "user", user=user, stem=stem, status=status, jobs=5, gpus_asked=8,
+                      gpus_need=2, gpus_advice=2 if status == "advice" else 0, ask_min=3, block_above=0,
+                      mem_peak_mib=None, mem_total_mib=None, time_jobs=0, time_asked_s=None, runtime_s=None,
+                      time_advice_s=0.0, time_ask_min_s=0.0, idle_gpu_hours=idle, head=f"advice for {user}",
+                      gpus_text="ask for 2")
 
-def test_right_sizing_counts_work_not_only_busy_gpus() -> None:
-    # 4 GPUs each at 15 %: none reaches the busy threshold, but the work needs one GPU
-    rows = [{"job_id": "5", "ts": T1 + i * HOUR, "interval_s": HOUR, "user_name": "erin", "account": "platform",
-             "gpus": 4, "gpus_busy": 0, "work_gpus": 0.6} for i in range(5)]
-    assert kpis.right_sizing(rows)[0]["text"] == "requests 4, busy on 1 in 90 % of samples: request 1"
+    out = kpis.right_sizing([row("alice", "fits", 0.0), row("dave", "advice", 60.0), row("erin", "advice", 90.0,
+                                                                                         stem="train-#")])
+    assert [(r["who"], r["held_beyond_need_gpu_hours"]) for r in out] == [("erin / train-#", 90.0), ("dave", 60.0)]
+    assert out[1]["text"] == "advice for dave ask for 2" and (out[1]["requested"], out[1]["suggest"]) == (8, 2)
 
 
 def test_week_bounds_follow_the_report_time_zone() -> None:
