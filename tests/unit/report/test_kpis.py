@@ -120,6 +120,9 @@ def test_events_live_once_and_dry_run_apart(store, policy) -> None:  # type: ign
         _decision(7, "cancel", "enforce", t, requires_approval=1, approval_status="rejected"),
         _decision(8, "cancel", "enforce", t),
     ])
+    # approvals are events of the approver's path, never columns of the decision log
+    store.set_approval("d4", "approved", "lead", t + 1)
+    store.set_approval("d7", "rejected", "lead", t + 1)
     for i, action, status in ((1, "notify", "succeeded"), (2, "cancel", "succeeded"), (3, "kill_process", "succeeded"),
                               (4, "demote", "succeeded"), (8, "cancel", "failed")):
         store.action_started(action_id=f"d{i}:{action}", decision_id=f"d{i}", run_id="r", action=action,
