@@ -1,22 +1,28 @@
 -- Named, parameterised statements of the audit store (SQLite and PostgreSQL alike).
 -- Each block starts with "-- name: <name>"; parameters are :named (a list value binds an IN list).
--- Decisions and actions are history: their statements only INSERT (into the *_log and *_events
--- tables) and read the views gpu_cost_decisions / gpu_cost_actions for the current state.
+-- Runs, decisions and actions are history: their statements only INSERT (into the *_log and *_events
+-- tables) and read the views gpu_cost_runs / gpu_cost_decisions / gpu_cost_actions for the current state.
+-- Every upsert, and every UPDATE a run makes of an escalation ladder, refuses to go back in time: a write
+-- of an older data instant (an older run, cleared or retried late) never replaces what a newer one wrote
+-- (tests/unit/test_results_never_go_back.py has a case for each).
 
 -- name: insert_run
-INSERT INTO gpu_cost_runs (run_id, dag_id, started_at, data_ts, source, mode, status)
-VALUES (:run_id, :dag_id, :started_at, :data_ts, :source, :mode, 'running')
+-- runs are history too: the log row is written once, every status change is a new event, and the view
+-- gpu_cost_runs is the current state (running until the first event)
+INSERT INTO gpu_cost_run_log (run_id, dag_id, started_at, data_ts, source, mode)
+VALUES (:run_id, :dag_id, :started_at, :data_ts, :source, :mode)
 ON CONFLICT (run_id) DO NOTHING;
 
 -- name: finish_run
-UPDATE gpu_cost_runs SET finished_at = :finished_at, status = :status, problems = :problems, counts = :counts
-WHERE run_id = :run_id;
+INSERT INTO gpu_cost_run_events (run_id, status, finished_at, problems, counts)
+SELECT l.run_id, :status, :finished_at, :problems, :counts FROM gpu_cost_run_log l WHERE l.run_id = :run_id;
 
 -- name: get_run
 SELECT * FROM gpu_cost_runs WHERE run_id = :run_id;
 
 -- name: mark_run_awaiting
-UPDATE gpu_cost_runs SET status = 'awaiting_approval' WHERE run_id = :run_id AND status = 'running';
+INSERT INTO gpu_cost_run_events (run_id, status)
+SELECT r.run_id, 'awaiting_approval' FROM gpu_cost_runs r WHERE r.run_id = :run_id AND r.status = 'running';
 
 -- name: awaiting_approval
 SELECT decision_id, run_id FROM gpu_cost_decisions
@@ -26,8 +32,10 @@ WHERE requires_approval = 1 AND approval_status = 'pending' AND status = 'decide
 SELECT * FROM gpu_cost_runs WHERE dag_id = :dag_id AND status = 'running' AND run_id <> :run_id AND started_at >= :since;
 
 -- name: save_snapshot
+-- a retried collect replaces the run's snapshot; an older instant never replaces a newer one
 INSERT INTO gpu_cost_snapshots (run_id, ts, payload) VALUES (:run_id, :ts, :payload)
-ON CONFLICT (run_id) DO UPDATE SET ts = excluded.ts, payload = excluded.payload;
+ON CONFLICT (run_id) DO UPDATE SET ts = excluded.ts, payload = excluded.payload
+WHERE excluded.ts >= gpu_cost_snapshots.ts;
 
 -- name: load_snapshot
 SELECT payload FROM gpu_cost_snapshots WHERE run_id = :run_id;
@@ -106,23 +114,34 @@ SELECT * FROM gpu_cost_escalations WHERE rule = :rule AND target = :target AND t
 SELECT * FROM gpu_cost_escalations WHERE track = :track AND state = 'open';
 
 -- name: insert_escalation
+-- a new episode replaces the ladder only when it is the next one and no older than what the ladder
+-- last saw (its last sighting, its close): a run on older data, or a second run that read the same
+-- closed ladder, never restarts a ladder at rung -1
 INSERT INTO gpu_cost_escalations (rule, target, track, episode, rung, state, first_seen, last_seen, job_id, user_name)
 VALUES (:rule, :target, :track, :episode, -1, 'open', :now, :now, :job_id, :user_name)
 ON CONFLICT (rule, target, track) DO UPDATE SET
     episode = excluded.episode, rung = -1, state = 'open', first_seen = excluded.first_seen,
     last_seen = excluded.last_seen, last_action_at = NULL, closed_at = NULL,
-    job_id = excluded.job_id, user_name = excluded.user_name;
+    job_id = excluded.job_id, user_name = excluded.user_name
+WHERE excluded.episode > gpu_cost_escalations.episode AND excluded.last_seen >= gpu_cost_escalations.last_seen
+  AND (gpu_cost_escalations.closed_at IS NULL OR excluded.last_seen >= gpu_cost_escalations.closed_at);
 
 -- name: touch_escalation
-UPDATE gpu_cost_escalations SET last_seen = :now WHERE rule = :rule AND target = :target AND track = :track;
+-- an older sweep never moves the last sighting back
+UPDATE gpu_cost_escalations SET last_seen = :now
+WHERE rule = :rule AND target = :target AND track = :track AND last_seen <= :now;
 
 -- name: advance_escalation
-UPDATE gpu_cost_escalations SET rung = :rung, last_action_at = :now
+-- the rung only climbs; the time of the last action never moves back (an older run that waited for an
+-- approval acts later on its own instant)
+UPDATE gpu_cost_escalations SET rung = :rung,
+    last_action_at = CASE WHEN last_action_at IS NULL OR last_action_at < :now THEN :now ELSE last_action_at END
 WHERE rule = :rule AND target = :target AND track = :track AND episode = :episode AND rung < :rung;
 
 -- name: close_escalation
+-- only a sweep at least as new as the last sighting closes the ladder (an older one did not see what a newer saw)
 UPDATE gpu_cost_escalations SET state = 'closed', closed_at = :now
-WHERE rule = :rule AND target = :target AND track = :track AND state = 'open';
+WHERE rule = :rule AND target = :target AND track = :track AND state = 'open' AND last_seen <= :now;
 
 -- name: snooze_escalations
 UPDATE gpu_cost_escalations SET snoozed_until = :until_ts, snooze_reason = :reason, snoozed_by = :created_by
@@ -152,6 +171,29 @@ WHERE excluded.data_ts >= gpu_cost_usage.data_ts;
 -- name: usage_between
 SELECT * FROM gpu_cost_usage WHERE ts > :since AND ts <= :until;
 
+-- name: usage_instants_before
+-- the data instants of the last sweeps before :ts: a sweep's usage covers the time since the first
+SELECT DISTINCT ts FROM gpu_cost_usage WHERE ts < :ts ORDER BY ts DESC LIMIT :limit;
+
+-- name: usage_instant_after
+SELECT MIN(ts) AS ts FROM gpu_cost_usage WHERE ts > :ts;
+
+-- name: latest_usage_instant
+-- the newest sweep the store has usage for, at or before :until (a report's period ends at its data)
+SELECT MAX(ts) AS ts FROM gpu_cost_usage WHERE ts <= :until;
+
+-- name: rescale_usage
+-- a sweep recorded late takes its share of time back from the next one (only ever less): every GPU-second
+-- column scales with the interval (the right-hand sides read the row as it was)
+UPDATE gpu_cost_usage SET interval_s = :interval_s, total_gpu_s = total_gpu_s * :interval_s / interval_s,
+    allocated_gpu_s = allocated_gpu_s * :interval_s / interval_s, busy_gpu_s = busy_gpu_s * :interval_s / interval_s,
+    idle_alloc_gpu_s = idle_alloc_gpu_s * :interval_s / interval_s,
+    zombie_gpu_s = zombie_gpu_s * :interval_s / interval_s, util_sum = util_sum * :interval_s / interval_s
+WHERE ts = :ts AND interval_s > :interval_s;
+
+-- name: rescale_job_usage
+UPDATE gpu_cost_jobs_usage SET interval_s = :interval_s WHERE ts = :ts AND interval_s > :interval_s;
+
 -- name: upsert_job_usage
 INSERT INTO gpu_cost_jobs_usage (ts, job_id, interval_s, user_name, account, partition_name, gpu_model, job_name, gpus,
     gpus_requested, gpus_busy, gpus_active, gpus_stale, work_gpus, time_limit_s, start_ts, run_id, data_ts,
@@ -176,6 +218,11 @@ SELECT * FROM gpu_cost_jobs_usage WHERE job_id = :job_id AND ts <= :until ORDER 
 
 -- name: job_rows_after
 SELECT 1 AS later FROM gpu_cost_jobs_usage WHERE ts > :since AND ts <= :until LIMIT 1;
+
+-- name: jobs_seen
+-- how many jobs the sweeps recorded up to an instant, and over which span (forecast eta's "not among them")
+SELECT COUNT(DISTINCT job_id) AS jobs, MIN(ts) AS first_ts, MAX(ts) AS last_ts FROM gpu_cost_jobs_usage
+WHERE ts <= :until;
 
 -- name: insert_saving
 INSERT INTO gpu_cost_savings (saving_id, decision_id, ts, kind, target, user_name, account, gpu_model, gpus, gpu_hours, kwh, usd,
@@ -209,6 +256,17 @@ ORDER BY f.series, f.horizon_ts;
 -- name: forecast_at
 -- one stored row as its run wrote it (the nightly's steps read their own run's history rows)
 SELECT * FROM gpu_cost_forecasts WHERE series = :series AND horizon_ts = :horizon_ts;
+
+-- name: forecast_hours_between
+-- the forecast each past hour had (a newer run replaces an hour's row, so it is the one in force then)
+SELECT series, horizon_ts, yhat FROM gpu_cost_forecasts
+WHERE series LIKE :pattern AND kind = 'demand' AND horizon_ts >= :since AND horizon_ts < :until
+ORDER BY series, horizon_ts;
+
+-- name: newest_history
+-- the newest demand series the nightly stored for a key (what actually happened, hour by hour)
+SELECT * FROM gpu_cost_forecasts WHERE series = :series AND kind = 'history' AND horizon_ts <= :until
+ORDER BY horizon_ts DESC LIMIT 1;
 
 -- name: action_reopen
 -- tried again by a later sweep: a notice held back by the per-user rate limit, or an action that
@@ -259,6 +317,9 @@ SELECT * FROM gpu_cost_class_members WHERE data_ts > :since;
 SELECT * FROM gpu_cost_class_members
 WHERE (class_key IN :class_keys OR coarse_key IN :coarse_keys) AND last_seen > :since;
 
+-- name: answer_nonce_used
+SELECT answer_id FROM gpu_cost_answer_nonces WHERE nonce = :nonce;
+
 -- name: claim_answer_nonce
 -- a one-time request id: the first use inserts a row, a replay inserts nothing
 INSERT INTO gpu_cost_answer_nonces (nonce, answer_id, ts) VALUES (:nonce, :answer_id, :ts)
@@ -277,9 +338,14 @@ SELECT * FROM gpu_cost_answers WHERE ts >= :since ORDER BY ts, answer_id;
 -- name: answers_of_decision
 SELECT * FROM gpu_cost_answers WHERE decision_id = :decision_id ORDER BY ts, answer_id;
 
+-- name: owner_releases
+-- "release it now", accepted from the owner, for these targets (the replay's --approvals owner)
+SELECT target, ts, answered_by FROM gpu_cost_answers
+WHERE choice = 'release' AND status = 'accepted' AND role = 'owner' AND target IN :targets;
+
 -- name: disputed_episodes
--- "this is wrong", accepted, for these targets: the ladder stops for that episode
-SELECT rule, target, episode, answered_by, ts, reason FROM gpu_cost_answers
+-- "this is wrong", accepted, for these targets: each holds its target until it expires (until_ts)
+SELECT rule, target, episode, answered_by, ts, until_ts, reason FROM gpu_cost_answers
 WHERE choice = 'wrong' AND status = 'accepted' AND target IN :targets;
 
 
@@ -343,6 +409,11 @@ ON CONFLICT (model_id) DO NOTHING;
 -- name: latest_verifier_model
 SELECT * FROM gpu_cost_verifier_models WHERE trained_at <= :until ORDER BY trained_at DESC, model_id DESC LIMIT 1;
 
+-- name: recent_verifier_models
+-- the newest models trained by :until, newest first (the sweep skips malformed ones to the last good one)
+SELECT * FROM gpu_cost_verifier_models WHERE trained_at <= :until ORDER BY trained_at DESC, model_id DESC
+LIMIT :limit;
+
 -- name: verifier_models
 SELECT model_id, trained_at, since_ts, until_ts, labels, false_positives, confirmed, backtest_precision,
     backtest_recall, false_kills_prevented, gpu_hours_given_up, status, note FROM gpu_cost_verifier_models
@@ -396,3 +467,10 @@ SELECT job_id, MAX(user_name) AS user_name, MAX(job_name) AS job_name, MAX(gpus_
     MAX(gpus) AS gpus, MIN(start_ts) AS start_ts, MAX(time_limit_s) AS time_limit_s
 FROM gpu_cost_jobs_usage WHERE ts > :since AND ts <= :until AND gpus >= 1
 GROUP BY job_id HAVING MIN(start_ts) >= :start_since AND MIN(start_ts) < :start_until;
+
+-- name: reservations_made
+-- the reservations the agent itself made: its reserve that really ran and created one (a reservation of
+-- that name already there is skipped, never counted), with the decision's planned start and end
+SELECT a.target, a.started_at, a.finished_at, d.evidence
+FROM gpu_cost_actions a JOIN gpu_cost_decisions d ON d.decision_id = a.decision_id
+WHERE a.action = 'reserve' AND a.status = 'succeeded' AND a.dry_run = 0 AND a.target IN :targets;

@@ -22,6 +22,13 @@ A class's ``kind``:
 ``training``  at least ``min_members`` members, busy at least 60 % of the time.
 ``unknown``   anything else, and any class with too few members.
 
+A young class — its oldest member younger than ``long_lived`` and fewer than ``min_members``
+long-lived — is not left ``unknown`` until days pass (cold start): when at least ``min_members``
+of its members run now and have been seen for ``baselines.cold_start``, it is judged by what
+they did in those hours, each member counting once (its own busy share, memory resident share,
+and whether it woke), with the same thresholds; ``cold_start_s`` says how many hours of history
+that was.
+
 A member that has woken ``member_min_wakes`` times itself, with memory resident while quiet, is a
 service whatever its class (``member_kind``). Members are weighed by recency (``half_life``) and
 forgotten ``forget_after`` after they were last seen. The update is idempotent per data instant:
@@ -279,6 +286,17 @@ def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: Baselines
     cpu_members = per_class((cpu_active > 0).astype(float))
     cpu_pct_s = per_class(col("cpu_pct_s"))
     gpus_sum = per_class(col("gpus"))
+    # a young class (cold start): its running members seen at least baselines.cold_start, each counting once
+    oldest = np.full(n_classes, -np.inf)
+    np.maximum.at(oldest, group, np.concatenate([age, age]))
+    seen_s, idle_s = col("seen_s"), col("idle_s")
+    cold = ~ended & (seen_s >= cfg.cold_start) & (seen_s > 0) if cfg.cold_start > 0 else np.zeros(n, dtype=bool)
+    cold_n = per_class(cold.astype(float))
+    cold_busy = per_class(np.where(cold, col("active_s") / np.where(seen_s > 0, seen_s, 1.0), 0.0))
+    cold_idle = cold & (idle_s > 0)
+    cold_res_n = per_class(cold_idle.astype(float))
+    cold_res = per_class(np.where(cold_idle, col("idle_mem_s") / np.where(idle_s > 0, idle_s, 1.0), 0.0))
+    cold_woke = per_class((cold & woke).astype(float))
     # each class's run times: the ended members' ages, grouped (in member order within a class)
     pick = np.concatenate([ended, ended])
     ended_group, ended_age = group[pick], np.concatenate([age, age])[pick]
@@ -302,10 +320,24 @@ def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: Baselines
             kind = "service"
         elif members_n >= cfg.min_members and busy is not None and busy >= TRAINING_MIN_BUSY:
             kind = "training"
+        young = (kind == "unknown" and long_n < cfg.min_members and oldest[g] < cfg.long_lived
+                 and int(cold_n[g]) >= cfg.min_members)
+        if young:
+            # judged by what its members did in the hours seen (each member once), not unknown until days pass
+            busy = float(cold_busy[g] / cold_n[g])
+            res = float(cold_res[g] / cold_res_n[g]) if cold_res_n[g] else None
+            waking = float(cold_woke[g] / cold_n[g])
+            if (busy <= cfg.service_max_busy_share and res is not None and res >= cfg.service_min_mem_resident
+                    and waking >= cfg.service_min_waking_share):
+                kind = "service"
+            elif busy >= TRAINING_MIN_BUSY:
+                kind = "training"
         p50, p90 = _quantiles(ended_age[bounds[g]:bounds[g + 1]])
         out[(level, key)] = {
             "key": key, "level": level, "members": members_n, "long_lived": long_n, "kind": kind,
             "busy_share": _r(busy), "mem_resident_share": _r(res), "waking_share": _r(waking),
+            #: seconds of history behind a young class's figures (cold start), None for a class judged over days
+            "cold_start_s": round(float(oldest[g])) if young else None,
             "runtime_p50_s": p50, "runtime_p90_s": p90,
             "ended": int(n_ended[g]),
             #: the node's CPU % while the GPUs were active, on nodes the members had alone, and per GPU
@@ -352,6 +384,8 @@ def describe(klass: Mapping[str, Any] | None) -> str:
         return "no class baseline yet"
     kind = klass.get("kind") or "unknown"
     parts = [f"class {klass.get('key')} ({klass.get('members')} member(s)): {kind}"]
+    if klass.get("cold_start_s") is not None:
+        parts.append(f"a young class, learnt from its running members over {float(klass['cold_start_s']) / 3600:.1f} h")
     if klass.get("busy_share") is not None:
         parts.append(f"busy {100 * float(klass['busy_share']):.0f} % of the time")
     if klass.get("waking_share") is not None:

@@ -186,6 +186,46 @@ def confidence(log: Mapping[str, Any], klass: Mapping[str, Any] | None, *, burst
     return round(min(1.0, max(0.0, c)), 2), why
 
 
+#: what a finding's evidence keeps of its class baseline (``evidence["class"]``)
+CLASS_KEYS = ("key", "members", "kind", "member_kind", "busy_share", "waking_share", "mem_resident_share")
+
+
+def assess(snapshot: Snapshot, job: Job, policy: Policy) -> dict[str, Any] | None:
+    """Return what the idle rules' evidence would say of ``job`` now, for a way in that has no finding
+    (a manual request): ``mem_resident``, ``confidence`` and ``confidence_why``, and its ``class``.
+
+    None unless every GPU of the job is seen fresh and idle over ``rules.idle_allocation.window``:
+    a busy job is no recommendation of the agent's to doubt.
+    """
+    import numpy as np
+
+    cfg = policy.rules.idle_allocation
+    try:
+        g = snapshot.view(cfg.window)
+    except KeyError:
+        return None
+    if g.empty or "job_id" not in g:
+        return None
+    pos = np.flatnonzero(g["job_id"].to_numpy(dtype=object) == job.job_id)
+    if not len(pos) or len(pos) < len(job.gpu_keys()):
+        return None
+    umax = g["util_max"].to_numpy(dtype=float)[pos]
+    if g["stale"].to_numpy(dtype=bool)[pos].any() or np.isnan(umax).any() or not (umax < cfg.util_max).all():
+        return None
+    memmin = g["mem_min_mib"].to_numpy(dtype=float)[pos]
+    resident = None if np.isnan(memmin).all() else bool(float(np.nanmin(memmin)) > policy.rules.zombie.mem_min_mib)
+    log = classify_log(snapshot.job_logs.get(job.job_id), policy.evidence.job_log, snapshot.ts, cfg.window)
+    power = g["power_w"].to_numpy(dtype=float)[pos] if "power_w" in g else []
+    bursts = int(np.max(g["bursts_lb"].to_numpy()[pos])) if "bursts_lb" in g else 0
+    klass = snapshot.classes.get(job.job_id)
+    conf, why = confidence(log, klass, bursts=bursts, progress_signs=progress(snapshot, job, list(power), log, policy),
+                           resident=resident)
+    out: dict[str, Any] = {"mem_resident": resident, "confidence": conf, "confidence_why": why}
+    if klass:
+        out["class"] = {k: klass.get(k) for k in CLASS_KEYS}
+    return out
+
+
 def signal(what: str, value: Any, counted: str) -> dict[str, Any]:
     """Return one piece of evidence: what was read, its value, why it counted."""
     return {"what": what, "value": value, "counted": counted}
@@ -193,7 +233,10 @@ def signal(what: str, value: Any, counted: str) -> dict[str, Any]:
 
 def log_candidates(snapshot: Snapshot, policy: Policy) -> list[Job]:
     """Return the running jobs whose log is worth reading this sweep: every allocated GPU fresh and
-    under the idle threshold in the idle-allocation window, at most ``max_jobs_per_sweep``, most GPUs first."""
+    under the idle threshold in the idle-allocation window, then (what the low-efficiency advice names
+    as the cause: the job's own CPU and I/O, which the same read samples) every GPU fresh with a mean
+    utilisation under ``rules.low_efficiency.util_mean_max``; at most ``max_jobs_per_sweep``, the idle
+    ones first, most GPUs first."""
     import numpy as np
 
     cfg = policy.evidence.job_log
@@ -201,13 +244,22 @@ def log_candidates(snapshot: Snapshot, policy: Policy) -> list[Job]:
         return []
     g = snapshot.gpus
     thr = max(policy.rules.idle_allocation.util_max, policy.rules.idle_interactive.util_max)
-    idle = (~g["stale"].to_numpy(dtype=bool)) & (np.nan_to_num(g["util_max"].to_numpy(dtype=float), nan=100.0) < thr)
-    by_job: dict[str, list[bool]] = {}
-    for jid, ok in zip(g["job_id"].to_numpy(dtype=object), idle, strict=True):
+    fresh = ~g["stale"].to_numpy(dtype=bool)
+    idle = fresh & (np.nan_to_num(g["util_max"].to_numpy(dtype=float), nan=100.0) < thr)
+    low_cfg = policy.rules.low_efficiency
+    low = fresh & (np.nan_to_num(g["util_mean"].to_numpy(dtype=float), nan=100.0) < low_cfg.util_mean_max)
+    by_job: dict[str, list[tuple[bool, bool]]] = {}
+    for jid, ok, poor in zip(g["job_id"].to_numpy(dtype=object), idle, low, strict=True):
         if jid:
-            by_job.setdefault(str(jid), []).append(bool(ok))
-    out = [j for j in snapshot.running_jobs() if by_job.get(j.job_id) and all(by_job[j.job_id])]
+            by_job.setdefault(str(jid), []).append((bool(ok), bool(poor)))
+    running = snapshot.running_jobs()
+    out = [j for j in running if by_job.get(j.job_id) and all(ok for ok, _ in by_job[j.job_id])]
     out.sort(key=lambda j: (-j.gpu_count, j.job_id))
+    if low_cfg.enabled:
+        chosen = {j.job_id for j in out}
+        poor = [j for j in running if j.job_id not in chosen and by_job.get(j.job_id)
+                and all(p for _, p in by_job[j.job_id])]
+        out += sorted(poor, key=lambda j: (-j.gpu_count, j.job_id))
     return out[:cfg.max_jobs_per_sweep]
 
 

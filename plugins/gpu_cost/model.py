@@ -310,6 +310,8 @@ class Reservation:
 
     :param state: ``ACTIVE`` (started) or ``INACTIVE`` (starts later), as Slurm says.
     :param flags: Slurm's flags, upper case (``MAINT``, ``IGNORE_JOBS``...).
+    :param made_by_agent: the audit store records the agent's own ``reserve`` of this very
+        reservation (:func:`gpu_cost.reservations.mark_own`); no source sets it.
     """
 
     name: str
@@ -322,6 +324,7 @@ class Reservation:
     users: tuple[str, ...] = ()
     partition: str = ""
     flags: tuple[str, ...] = ()
+    made_by_agent: bool = False
 
     @property
     def active(self) -> bool:
@@ -340,6 +343,21 @@ class Reservation:
             data[k] = tuple(data.get(k) or ())
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+#: whose a reservation is, as the idle-reservation rule found it (``evidence["standing"]``): the agent's
+#: own (its name prefix and its audit row), someone else's the policy lets it release with a human's
+#: approval (``rules.idle_reservation.release_foreign``), anyone else's (notices only)
+AGENT, OPTED_IN, FOREIGN = "agent", "opted_in", "foreign"
+
+
+def reservation_standing(target_kind: str, evidence: Mapping[str, Any]) -> str | None:
+    """Return whose reservation a finding or decision is about (:data:`AGENT`, :data:`OPTED_IN` or
+    :data:`FOREIGN`); None for another kind of target. One whose evidence does not say is :data:`FOREIGN`."""
+    if target_kind != "reservation":
+        return None
+    said = evidence.get("standing")
+    return said if said in (AGENT, OPTED_IN) else FOREIGN
 
 
 @dataclass(frozen=True, slots=True)

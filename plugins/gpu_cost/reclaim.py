@@ -11,8 +11,11 @@ The ``gpu_manual_reclaim`` DAG (and anyone calling this module) goes through fou
    (``never`` records only, ``notify_only`` refuses destructive actions, ``approval`` asks a
    human) unless overridden — an override is recorded in the decision's reason and evidence and
    always needs a second person's approval —, inference services (destructive actions need
-   approval), the cost of being wrong (approval above ``approval.gpu_hours_at_risk``), degraded
-   data (nothing destructive) and the per-run caps.
+   approval), a job the agent cannot classify (its owner's request acts, an operator's needs a second
+   operator's approval: :func:`gpu_cost.policy.engine.unsure`), a process that is not ours (root's,
+   a system account's, a container's: never killed unless ``rules.zombie.act_on_owners`` names it,
+   the sweep's own verdict, :mod:`gpu_cost.policy.owners`), the cost of being wrong (approval above
+   ``approval.gpu_hours_at_risk``), degraded data (nothing destructive) and the per-run caps.
 3. The decisions are recorded, approved where needed, and dispatched by the same executors and
    audit trail as the sweep (:func:`gpu_cost.actions.dispatch.execute`).
 
@@ -195,6 +198,8 @@ def plan(request: Request, policy: Policy, snapshot: Snapshot, *, now: float, ru
 def resolve(request: Request, snap: Snapshot, policy: Policy | None = None) -> tuple[list[Finding], list[str]]:
     """Return one finding per concrete target, and why any id could not be resolved (or may not be acted on)."""
     from gpu_cost.model import DESTRUCTIVE_ACTIONS, Finding
+    from gpu_cost.policy.owners import owner_evidence
+    from gpu_cost.policy.schema import Policy
 
     findings: list[Finding] = []
     unknown: list[str] = []
@@ -247,7 +252,10 @@ def resolve(request: Request, snap: Snapshot, policy: Policy | None = None) -> t
             ev = {"pid": proc.pid, "process_start_ts": proc.start_ts, "gpu_uuid": proc.gpu_uuid,
                   "gpu_uuids": sorted({p.gpu_uuid for p in entries if p.gpu_uuid}),
                   "process_mem_mib": sum(p.used_mib for p in entries), "process_name": proc.name,
-                  "former_job": proc.job_id}
+                  "former_job": proc.job_id,
+                  # whose it is, as the sweep judges it: root's, a system account's or a container's
+                  # is refused by the guard (gpu_cost.policy.owners)
+                  **owner_evidence(proc, (policy or Policy()).rules.zombie)}
             gpu_ids = tuple(sorted({f"{host}:{p.gpu}" for p in entries if p.gpu is not None}))
             findings.append(Finding(rule=RULE, target_kind="process", target=proc.key, action=request.action,
                                     gpus=max(1, len(gpu_ids)),
@@ -300,6 +308,15 @@ def _decide(f: Finding, request: Request, policy: Policy, snap: Snapshot, now: f
     ask = Ask(entry="manual", mode="dry-run" if request.dry_run else "enforce", requested_by=request.requested_by,
               override=request.override_justification if request.override_protections else None)
     job = snap.job(f.job_id) if f.job_id else None
+    if job is not None and f.target_kind == "job" and request.action in DESTRUCTIVE_ACTIONS:
+        # what the agent makes of the job now: one it cannot classify needs its owner or a second operator
+        from dataclasses import replace
+
+        from gpu_cost.evidence import assess
+
+        seen = assess(snap, job, policy)
+        if seen is not None:
+            f = replace(f, evidence={**f.evidence, **seen})
     inference = declared_inference(job, policy.inference) if job is not None else None
     if job is not None and inference is None and baselines.is_service(snap.classes.get(job.job_id)):
         inference = baselines.describe(snap.classes.get(job.job_id))

@@ -5,7 +5,11 @@ matrix — and a sweep is simulated every ``sweep.interval``: the window before 
 slice of that matrix, the snapshot, rules, engine, escalation ladder, protections, snoozes and
 caps are the production ones, and escalation state lives in a throwaway audit store (a temporary SQLite file).
 By default the policy is replayed *as if enforced* (``mode``), and decisions that need approval
-are taken as approved (``approvals``).
+are taken as approved (``approvals``): ``approve``, ``reject``, or ``owner`` — only the target
+owner's own "release it now" answer (:func:`gpu_cost.answers.owner_releases`, from the store the
+replay is given) lets a destructive rung act; without one nothing destructive happens. Every
+destructive rung that needed a human (under ``owner``: every destructive rung) is listed in
+``human_asked`` with the confidence the human would have seen, and counted in ``human_asked_count``.
 
 Simulated effects: a kill (``terminate``, ``kill``, ``cancel``, ``kill_process``) frees the
 allocation from the kill on — its GPUs read idle and empty, the job leaves the running set — and
@@ -60,6 +64,8 @@ logger = logging.getLogger(__name__)
 FIRST_SWEEP_MAX_WAIT = 3600.0
 #: actions that tell someone (the first one is the "first notice")
 NOTICE_ACTIONS = _action_names(notice=True)
+#: how a replay answers what needs a human (``owner``: only the owner's release, none without one)
+APPROVALS = ("approve", "reject", "owner")
 
 JOBS_ONLY_NOTE = ("jobs-only trace: it has no GPU samples, so no rule can see an idle allocation or a zombie "
                   "process and the policy would decide nothing; only allocated GPU-hours are reported. "
@@ -133,6 +139,8 @@ class ReplayResult:
     gpu_hours: float = 0.0
     allocated_gpu_hours: float = 0.0
     idle_gpu_hours: float | None = 0.0
+    #: idle GPU-hours still held at the end (the same measure as ``idle_gpu_hours``, after the simulated kills)
+    idle_left_gpu_hours: float | None = None
     reclaimed_gpu_hours: float = 0.0
     actions: list[dict[str, Any]] = field(default_factory=list)
     false_kills: int = 0
@@ -140,6 +148,10 @@ class ReplayResult:
     kills: int = 0
     decisions: dict[str, int] = field(default_factory=dict)
     approvals_requested: int = 0
+    #: every destructive rung that needed a human: ``{ts, target, job_id, rule, action, rung, user, confidence,
+    #: kind, asked, answer, reason}`` (``asked``: approver, or owner under ``--approvals owner``)
+    human_asked: list[dict[str, Any]] = field(default_factory=list)
+    human_asked_count: int = 0
     capped_sweeps: int = 0
     #: destructive actions the rolling caps held back (caps.rolling / caps.entry_points.sweep)
     rolling_capped: int = 0
@@ -152,8 +164,9 @@ class ReplayResult:
     #: idle GPU-hours measured on the killed targets before the kill, as a share of all idle GPU-hours
     idle_acted_share: float | None = None
     #: with a ground-truth ``behaviour`` column: per behaviour, jobs, found, notified, killed, false kills,
-    #: median seconds from the job's start (a zombie: its job's end; at the earliest the trace's start)
-    #: to the first notice
+    #: GPU-hours reclaimed by those kills (``reclaimed_gpu_hours``: the text summary prints these, not
+    #: ``reclaimed_by_kind``, so "killed" and "reclaimed" count the same jobs), median seconds from the
+    #: job's start (a zombie: its job's end; at the earliest the trace's start) to the first notice
     by_behaviour: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -161,8 +174,9 @@ class ReplayResult:
         d = dataclasses.asdict(self)
         for k in ("gpu_hours", "allocated_gpu_hours", "reclaimed_gpu_hours"):
             d[k] = round(d[k], 2)
-        if d["idle_gpu_hours"] is not None:
-            d["idle_gpu_hours"] = round(d["idle_gpu_hours"], 2)
+        for k in ("idle_gpu_hours", "idle_left_gpu_hours"):
+            if d[k] is not None:
+                d[k] = round(d[k], 2)
         d["start"] = iso(self.start) if self.start is not None else None
         d["end"] = iso(self.end) if self.end is not None else None
         d["reclaimed_share_of_idle"] = (round(self.reclaimed_gpu_hours / self.idle_gpu_hours, 3)
@@ -178,6 +192,16 @@ def replay_files(samples: str | Path | None, jobs: str | Path, policy: Policy, *
     :param logs: job log lines (``ts, job_id, stream, line``); default ``logs.csv`` beside ``jobs``
         when it exists.
     """
+    holder, jdf, ldf, notes = _read_trace(samples, jobs, logs)
+    # the replay drops the samples once they are dense: keep no other reference to them here
+    res = replay(holder, jdf, policy, mode=mode, approvals=approvals, logs=ldf, store=store)
+    res.notes[:0] = notes
+    return res
+
+
+def _read_trace(samples: str | Path | None, jobs: str | Path, logs: str | Path | None
+                ) -> tuple[list[pd.DataFrame] | None, pd.DataFrame, pd.DataFrame | None, list[str]]:
+    """Return ``([samples] or None, jobs, logs, notes)`` read from trace files (logs: ``logs.csv`` beside the jobs by default)."""
     jdf = normalise_jobs(read_table(jobs, "jobs"), str(jobs))
     notes = []
     if logs is None and (Path(jobs).parent / "logs.csv").is_file():
@@ -185,14 +209,61 @@ def replay_files(samples: str | Path | None, jobs: str | Path, policy: Policy, *
         notes.append(f"job logs read from {logs} (beside the jobs file)")
     ldf = read_logs(logs) if logs else None
     if not samples:
-        res = replay(None, jdf, policy, mode=mode, approvals=approvals, logs=ldf, store=store)
-    else:
-        holder = [normalise_samples(read_table(samples, "samples", REPLAY_SAMPLE_COLUMNS, categories=TEXT_COLUMNS),
-                                    str(samples))]
-        # the replay drops the samples once they are dense: keep no other reference to them here
-        res = replay(holder, jdf, policy, mode=mode, approvals=approvals, logs=ldf, store=store)
-    res.notes[:0] = notes
-    return res
+        return None, jdf, ldf, notes
+    return [normalise_samples(read_table(samples, "samples", REPLAY_SAMPLE_COLUMNS, categories=TEXT_COLUMNS),
+                              str(samples))], jdf, ldf, notes
+
+
+#: the dense matrices a replay reads; a simulated kill edits the first four: each replay gets its own copy of those
+_MATRICES = ("util", "mem", "job_code", "pid", "times", "hosts", "gpu_idx", "uuids", "mem_total", "models",
+             "job_names", "pid_start", "user", "user_names")
+
+
+@dataclass
+class PreparedTrace:
+    """A trace read and made dense once, replayed under many policies (``gpu-cost tune``).
+
+    Each :meth:`replay` copies the matrices a simulated kill edits and shares the rest, so N
+    replays read and prepare the trace once. ``idle_measure`` (``(util_max %, mem_min MiB)``) measures
+    ``idle_gpu_hours`` and ``idle_left_gpu_hours`` of every replay alike (None: each policy's own thresholds).
+    """
+
+    jobs: pd.DataFrame
+    logs: pd.DataFrame | None
+    #: the dense matrices (:data:`_MATRICES`); None: a jobs-only trace
+    matrices: dict[str, Any] | None
+    notes: list[str] = field(default_factory=list)
+    idle_measure: tuple[float, float] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.matrices is None
+
+    def replay(self, policy: Policy, *, mode: str | None = "enforce", approvals: str = "approve",
+               store: Any = None) -> ReplayResult:
+        """Replay ``policy`` over the prepared trace (:func:`replay`)."""
+        return replay(self, self.jobs, policy, mode=mode, approvals=approvals, logs=self.logs, store=store)
+
+
+def prepare_files(samples: str | Path | None, jobs: str | Path, logs: str | Path | None = None) -> PreparedTrace:
+    """Read trace files once and make them dense, for many replays (:class:`PreparedTrace`)."""
+    holder, jdf, ldf, notes = _read_trace(samples, jobs, logs)
+    return prepare(holder, jdf, ldf, notes=notes)
+
+
+def prepare(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFrame, logs: pd.DataFrame | None = None,
+            *, notes: list[str] | None = None) -> PreparedTrace:
+    """Make a trace (normalised frames; a one-element list hands the samples over) dense once (:class:`PreparedTrace`)."""
+    frame = (samples.pop() if samples else None) if isinstance(samples, list) else samples
+    jobs = normalise_jobs(jobs) if "start_ts" in jobs and not pd.api.types.is_float_dtype(jobs["start_ts"]) else jobs
+    if frame is None or frame.empty:
+        return PreparedTrace(jobs, logs, None, list(notes or []))
+    # the matrices are built by the replay's own code, on an engine that is never run
+    dense = _Replay.__new__(_Replay)
+    dense.res = ReplayResult(policy="", mode="")
+    dense._dense(frame, consume=isinstance(samples, list))
+    release_arrow_memory()
+    return PreparedTrace(jobs, logs, {k: getattr(dense, k, None) for k in _MATRICES}, [*(notes or []), *dense.res.notes])
 
 
 LOG_COLUMNS = ("ts", "job_id", "line")
@@ -209,15 +280,17 @@ def read_logs(path: str | Path) -> pd.DataFrame:
     return df.sort_values("ts", kind="stable").reset_index(drop=True)
 
 
-def replay(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFrame, policy: Policy, *,
+def replay(samples: pd.DataFrame | list[pd.DataFrame] | PreparedTrace | None, jobs: pd.DataFrame, policy: Policy, *,
            mode: str | None = "enforce", approvals: str = "approve", logs: pd.DataFrame | None = None,
            store: Any = None) -> ReplayResult:
     """Replay ``policy`` over a trace.
 
     :param samples: trace samples (normalised); None for a jobs-only trace. A one-element list
-        hands the frame over: it is emptied once the dense matrices are built, to save memory.
+        hands the frame over: it is emptied once the dense matrices are built, to save memory. A
+        :class:`PreparedTrace` is replayed on copies of its matrices.
     :param mode: ``enforce`` (default: as if enforced), ``notify``, ``dry-run``; None keeps the policy's.
-    :param approvals: ``approve`` (decisions needing a human are taken as approved) or ``reject``.
+    :param approvals: ``approve`` (decisions needing a human are taken as approved), ``reject``, or ``owner``
+        (a destructive rung acts only once the target's owner answered "release it now"; none otherwise).
     :param logs: job log lines (``ts, job_id, line``): each sweep reads the lines written by then,
         as the live sweep reads a job's StdOut tail.
     :param store: the audit store the replay's sweeps write to (escalations, decisions, usage,
@@ -225,8 +298,8 @@ def replay(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFrame
         model, class baselines, outcomes learnt from earlier weeks) and what the replay adds.
     """
     t0 = time.time()
-    if approvals not in ("approve", "reject"):
-        raise TraceError(f"approvals must be approve or reject, got {approvals!r}")
+    if approvals not in APPROVALS:
+        raise TraceError(f"approvals must be one of {', '.join(APPROVALS)}, got {approvals!r}")
     policy = _with_mode(policy, mode or policy.mode)
     jobs = normalise_jobs(jobs) if "start_ts" in jobs and not pd.api.types.is_float_dtype(jobs["start_ts"]) else jobs
     res = ReplayResult(policy=policy.source, mode=policy.mode, jobs=len(jobs))
@@ -275,7 +348,7 @@ def _jobs_only(jobs: pd.DataFrame, res: ReplayResult) -> None:
 class _Replay:
     """The simulation loop; state is the dense matrices (edited by simulated kills) and an audit store."""
 
-    def __init__(self, samples: pd.DataFrame, jobs: pd.DataFrame, policy: Policy, approvals: str,
+    def __init__(self, samples: pd.DataFrame | PreparedTrace, jobs: pd.DataFrame, policy: Policy, approvals: str,
                  res: ReplayResult, logs: pd.DataFrame | None = None, *, consume: bool = False) -> None:
         self.res = res
         self.approvals = approvals
@@ -297,11 +370,18 @@ class _Replay:
         self._proc_job: dict[str, str] = {}
         #: destructive actions carried out so far, in trace time, for the engine's rolling caps
         self.history: list[dict[str, Any]] = []
+        #: decision id -> its entry in ``res.human_asked`` (a request is listed once)
+        self._asked_at: dict[str, dict[str, Any]] = {}
         #: decision id -> idle GPU-hours measured on its target before the kill
         self.waste_seen: dict[str, float] = {}
         #: the audit store to replay into (None: a throwaway one)
         self.store: Any = None
-        self._dense(samples, consume)
+        #: (util_max %, mem_min MiB) measuring idle GPU-hours; None: the policy's idle_allocation / zombie thresholds
+        self.idle_measure: tuple[float, float] | None = None
+        if isinstance(samples, PreparedTrace):
+            self._adopt(samples)
+        else:
+            self._dense(samples, consume)
         if consume:
             release_arrow_memory()  # the last columns dropped
         n_g = len(self.hosts)
@@ -403,6 +483,15 @@ class _Replay:
             self.user_names = np.array([*un, ""], dtype=object)
             del uc
 
+    def _adopt(self, prepared: PreparedTrace) -> None:
+        """Take a prepared trace's matrices: a copy of those a simulated kill edits, the others shared."""
+        assert prepared.matrices is not None
+        for k in _MATRICES:
+            value = prepared.matrices[k]
+            setattr(self, k, value.copy() if k in _MATRICES[:4] and value is not None else value)
+        self.res.notes.extend(prepared.notes)
+        self.idle_measure = prepared.idle_measure
+
     def _labels(self, rows: Any, cols: Any) -> np.ndarray:
         """Return the job labels of these cells (``""``: none), as the samples gave them."""
         return self.job_names[self.job_code[rows, cols]]
@@ -459,15 +548,19 @@ class _Replay:
         return np.array(rows, dtype=np.int64)
 
     def _totals(self) -> None:
-        p = self.policy
         valid = ~np.isnan(self.util)
-        labelled = self.job_code != 0
-        held = labelled | (np.nan_to_num(self.mem, nan=0.0) > p.rules.zombie.mem_min_mib)
-        idle = valid & (np.nan_to_num(self.util, nan=100.0) < p.rules.idle_allocation.util_max)
         h = self.dt / 3600.0
         self.res.gpu_hours = float(valid.sum() * h)
-        self.res.allocated_gpu_hours = float(labelled.sum() * h)
-        self.res.idle_gpu_hours = float((held & idle).sum() * h)
+        self.res.allocated_gpu_hours = float((self.job_code != 0).sum() * h)
+        self.res.idle_gpu_hours = self._idle_hours()
+
+    def _idle_hours(self) -> float:
+        """Return the GPU-hours held (by a job, or memory above the zombie floor) while idle, in the matrices now."""
+        p = self.policy
+        util_max, mem_min = self.idle_measure or (p.rules.idle_allocation.util_max, p.rules.zombie.mem_min_mib)
+        held = (self.job_code != 0) | (np.nan_to_num(self.mem, nan=0.0) > mem_min)
+        idle = ~np.isnan(self.util) & (np.nan_to_num(self.util, nan=100.0) < util_max)
+        return float((held & idle).sum() * self.dt / 3600.0)
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -531,6 +624,7 @@ class _Replay:
             t += step
         self._ledger(store, last)
         self._outcomes()
+        self.res.idle_left_gpu_hours = self._idle_hours()
 
     def _ledger(self, store: Any, until: float) -> None:
         """Fill ``res.ledger`` from the savings the kills booked (the report's own functions)."""
@@ -602,12 +696,19 @@ class _Replay:
                 zombie = any(t.startswith("proc:") for t in targets) and alloc.end != math.inf
                 ref = alloc.end if zombie else alloc.start
                 row["first_notice_after_start_s"].append(min(notices) - max(ref, float(self.times[0])))
+        for row in out.values():
+            row["reclaimed_gpu_hours"] = 0.0
         for act in self.res.actions:
             job_of = act.get("job_id") or self._proc_job.get(str(act["target"]), "")
             truth = self.truth.get(str(job_of))
             if act["action"] in KILL_ACTIONS and truth in out:
                 out[str(truth)]["killed"] += 1
                 out[str(truth)]["false_kills"] += int(bool(act.get("false_kill")))
+            if act.get("freed_gpu_hours") is not None and truth in out:
+                # the kill's GPU time counts for the behaviour of the job it ended (an idle job, a zombie's):
+                # the same jobs the row's "killed" counts, one definition for both
+                row = out[str(truth)]
+                row["reclaimed_gpu_hours"] = round(row["reclaimed_gpu_hours"] + float(act["freed_gpu_hours"]), 3)
         for row in out.values():
             delays = row.pop("first_notice_after_start_s")
             row["median_first_notice_s"] = round(float(np.median(delays))) if delays else None
@@ -633,7 +734,7 @@ class _Replay:
         """Return the kind of the acted job: the trace's ground truth when it has one, else the agent's view."""
         beh = self.truth.get(str(action.get("job_id")))
         if beh:
-            return "service" if beh in ("service", "inference") else ("interactive" if beh == "interactive" else
+            return "service" if beh in ("service", "inference", "replica") else ("interactive" if beh == "interactive" else
                                                                      "training")
         return str(action.get("kind") or "training")
 
@@ -665,14 +766,28 @@ class _Replay:
         decide what happens, as the dispatcher's do on a cluster."""
         from gpu_cost.policy.engine import rolling_cap_violation
 
+        released = {}
+        if self.approvals == "owner" and any(d.acts and d.destructive for d in decisions):
+            from gpu_cost.answers import owner_releases
+
+            released = owner_releases(store, sorted({d.target for d in decisions if d.acts and d.destructive}))
         for d in decisions:
             if not d.acts:
                 continue
             if d.requires_approval:
                 self.res.approvals_requested += 1
-                if self.approvals == "reject":
+            if d.destructive and (d.requires_approval or self.approvals == "owner"):
+                ok = (self.approvals == "approve" or
+                      (self.approvals == "owner" and released.get(d.target, math.inf) <= t))
+                self._asked(d, t, ok)
+                if self.approvals == "owner" and not ok:
+                    continue  # the request waits for the owner's answer: asked again next sweep, listed once
+                if not ok:
                     store.set_approval(d.decision_id, "rejected", "replay", t)
                     continue
+            elif d.requires_approval and self.approvals != "approve":
+                store.set_approval(d.decision_id, "rejected", "replay", t)
+                continue
             if d.destructive:
                 if rolling_cap_violation([h for h in self.history if h["started_at"] > t - 86400.0], d, self.policy,
                                          entry="sweep", total_gpus=total_gpus, now=t):
@@ -693,6 +808,24 @@ class _Replay:
                 entry.update(self._kill(d, t))
                 self._book(d, store, t)
             self.res.actions.append(entry)
+
+    def _asked(self, d: Decision, t: float, yes: bool) -> None:
+        """Record a destructive rung a human was asked about (once per decision), with what the request showed them."""
+        asked = self._asked_at.get(d.decision_id)
+        if asked is not None:
+            if yes:
+                asked["answer"] = f"released by the owner at {iso(t)}"
+            return
+        klass = d.evidence.get("class") or {}
+        answer = {"approve": "approved", "reject": "rejected"}.get(self.approvals) or (
+            "released by the owner" if yes else "no release by the owner")
+        self.res.human_asked.append({
+            "ts": iso(t), "target": d.target, "job_id": d.job_id, "rule": d.rule, "action": d.action, "rung": d.rung,
+            "user": d.user, "confidence": d.evidence.get("confidence"),
+            "kind": "service" if d.evidence.get("inference") else str(klass.get("kind") or "unknown"),
+            "asked": "owner" if self.approvals == "owner" else "approver", "answer": answer, "reason": d.reason})
+        self._asked_at[d.decision_id] = self.res.human_asked[-1]
+        self.res.human_asked_count = len(self.res.human_asked)
 
     def _book(self, d: Decision, store: Any, t: float) -> None:
         """Book the kill's saving in the ledger, as the dispatcher's savings hook does after a live action."""
@@ -776,7 +909,8 @@ def summary_text(r: Mapping[str, Any]) -> str:
     if led.get("savings"):
         lines.append(f"  savings ledger: freed {led['freed_gpu_hours']:,.1f} GPU-h, re-used by other jobs "
                      f"{led['reused_gpu_hours']:,.1f}; waste observed on those targets {led['observed_waste_gpu_hours']:,.1f}")
-    if r.get("reclaimed_by_kind"):
+    if r.get("reclaimed_by_kind") and not r.get("by_behaviour"):
+        # without ground truth, the agent's view of each job; with it, the per-behaviour rows below say it
         kinds = ", ".join(f"{k} {v:,.1f}" for k, v in sorted(r["reclaimed_by_kind"].items()))
         lines.append(f"  reclaimed by kind of job (GPU-h): {kinds}")
     if r.get("idle_acted_share") is not None:
@@ -784,9 +918,15 @@ def summary_text(r: Mapping[str, Any]) -> str:
     for beh, row in sorted((r.get("by_behaviour") or {}).items()):
         first = "" if row["median_first_notice_s"] is None else f", first notice after {row['median_first_notice_s'] / 60:.0f} min"
         lines.append(f"  {beh}: {row['jobs']} job(s), found {row['found']}, notified {row['notified']}, killed "
-                     f"{row['killed']} ({row['false_kills']} false){first}")
+                     f"{row['killed']} ({row['false_kills']} false), reclaimed "
+                     f"{row.get('reclaimed_gpu_hours') or 0.0:,.1f} GPU-h{first}")
     lines.append(f"  decisions: {r['decisions']}; approvals requested {r['approvals_requested']}; "
                  f"capped sweeps {r['capped_sweeps']}")
+    asked = r.get("human_asked") or []
+    if asked:
+        conf = sorted(float(a["confidence"]) for a in asked if a.get("confidence") is not None)
+        shown = f"; confidence shown {conf[0]:.2f}-{conf[-1]:.2f}" if conf else ""
+        lines.append(f"  destructive rungs a human was asked about: {len(asked)}{shown}")
     lines += [f"  note: {n}" for n in r["notes"]]
     return "\n".join(lines)
 

@@ -22,20 +22,33 @@ reservation of the account already covers gets nothing more. The decisions pass 
 every other way in (:func:`gpu_cost.policy.engine.guard`): protections, the mode, degraded data;
 over ``approval_over_nodes`` a human approves. A reservation the demand then leaves unused is the
 ``idle_reservation`` rule's: it is shrunk or released under its ladder.
+
+Which reservations are the agent's own (:func:`mark_own`): those whose name starts with
+``reservations.prefix`` *and* that the audit store records the agent's ``reserve`` making, that
+very reservation (it began no earlier than the action, and ends when the decision said). A name
+with the prefix alone is someone else's: an administrator may name one so.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpu_cost.model import Decision, Finding, Snapshot, decision_id
+from gpu_cost.model import AGENT, Decision, Finding, Reservation, Snapshot, decision_id
 from gpu_cost.policy.schema import Policy, ReservationsConfig, milder
 from gpu_cost.timeutil import iso
+
+if TYPE_CHECKING:
+    from gpu_cost.audit.store import AuditStore
+
+logger = logging.getLogger(__name__)
 
 #: the rule name of reservation decisions in the audit trail (a way in, not a registered rule)
 RULE = "forecast_peak"
@@ -60,10 +73,11 @@ class Proposal:
     hours: tuple[float, ...] = field(default=())
 
     def evidence(self) -> dict[str, Any]:
+        # a reservation the agent is to make is its own (``standing``: the engine's reservation guard)
         return {"reservation": self.name, "start_ts": self.start_ts, "end_ts": self.end_ts,
                 "node_count": self.node_count, "accounts": [self.account], "partition": self.partition,
                 "shortfall_gpus": round(self.shortfall_gpus, 2), "peak_upper": round(self.peak_upper, 2),
-                "free_gpus": round(self.free_gpus, 2), "gpus": self.gpus}
+                "free_gpus": round(self.free_gpus, 2), "gpus": self.gpus, "standing": AGENT}
 
     def why(self) -> str:
         return (f"account {self.account}: forecast up to {self.peak_upper:.0f} GPUs from {iso(self.start_ts)} to "
@@ -196,3 +210,47 @@ def decisions_for(proposals: Sequence[Proposal], policy: Policy, now: float, mod
             requires_approval=approval, evidence={**f.evidence, **v.evidence, "track": track},
         ))
     return out
+
+
+#: how far a reservation's start may precede the ``reserve`` action that made it (clocks, Slurm's rounding)
+START_SLACK_S = 120.0
+#: how far its end may lie from the end the decision planned (``create_argv`` rounds the duration up to minutes)
+END_SLACK_S = 300.0
+
+
+def made_it(r: Reservation, rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Return whether one of the audit rows of the agent's ``reserve`` actions (query ``reservations_made``)
+    made this very reservation: it began no earlier than the action and ends when its decision planned."""
+    for row in rows:
+        if row.get("target") != f"reservation:{r.name}":
+            continue
+        ev = row.get("evidence")
+        try:
+            planned = json.loads(ev) if isinstance(ev, str) else dict(ev or {})
+            end = float(planned["end_ts"])
+            started = float(row["started_at"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if r.start_ts >= started - START_SLACK_S and abs(r.end_ts - end) <= END_SLACK_S:
+            return True
+    return False
+
+
+def mark_own(store: AuditStore, snapshot: Snapshot, policy: Policy) -> None:
+    """Set ``made_by_agent`` on the snapshot's reservations the agent made (:func:`made_it`), in place.
+
+    Only names with ``reservations.prefix`` are looked up; the rest, and all of them when the audit
+    store cannot be read, stay someone else's (never released without the policy's opt-in and a human).
+    """
+    from gpu_cost.errors import AuditError
+
+    prefix = policy.reservations.prefix
+    names = sorted({r.name for r in snapshot.reservations if prefix and r.name.startswith(prefix)})
+    rows: list[dict[str, Any]] = []
+    if names:
+        try:
+            rows = store.fetch("reservations_made", {"targets": [f"reservation:{n}" for n in names]})
+        except AuditError as exc:
+            logger.warning("the reservations the agent made were not read (each counts as someone else's): %s", exc)
+    snapshot.reservations = tuple(dataclasses.replace(r, made_by_agent=r.name in names and made_it(r, rows))
+                                  for r in snapshot.reservations)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpu_cost import answers, baselines, shards, verifier
+from gpu_cost import answers, baselines, reservations, shards, verifier
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.errors import GpuCostError
 from gpu_cost.model import Decision, Finding, Snapshot
@@ -130,9 +130,11 @@ def plan(findings: Sequence[Finding], snapshot: Snapshot, policy: Policy, store:
     :param predicted_end: job id → forecast p90 end; None reads the runtime forecasts.
 
     Each job finding is scored by the active verifier model first (``evidence["verifier"]``), so
-    the engine can hold a destructive rung back for a human when it doubts the waste.
+    the engine can hold a destructive rung back for a human when it doubts the waste; a refused
+    model is in the plan's ``problems``.
     """
-    findings = verifier.annotate(findings, policy, store, now)
+    problems: list[str] = []
+    findings = verifier.annotate(findings, policy, store, now, problems=problems)
     tracks = {track_of(policy.rule_mode(f.rule)) for f in findings} | {track_of(policy.mode)}
     escalations: dict[tuple[str, str, str], dict[str, Any]] = {}
     for track in tracks:
@@ -155,12 +157,14 @@ def plan(findings: Sequence[Finding], snapshot: Snapshot, policy: Policy, store:
             "SELECT decision_id FROM gpu_cost_decisions WHERE approval_status IN ('rejected', 'timed_out')"
         )
     ]
-    return decide(
+    p = decide(
         findings, policy, now=now, escalations=escalations, snoozed_targets=snoozes, degraded=snapshot.degraded,
         total_gpus=snapshot.gpu_count(), predicted_end=ends, rejected=rejected,
         awaiting=awaiting_approval(store, policy, now),
         disputed=answers.disputed(store, [f.target for f in findings]),
     )
+    p.problems.extend(problems)
+    return p
 
 
 def awaiting_approval(store: AuditStore, policy: Policy, now: float) -> dict[str, str]:
@@ -223,17 +227,20 @@ def run_once(policy: Policy, now: float, store: AuditStore, run_id: str | None =
     started = time.time()
     snap = collect(policy, now, source, **kwargs)
     store.begin_run(run_id, dag_id=dag_id, started_at=started, data_ts=now, source=snap.source, mode=policy.mode)
+    reservations.mark_own(store, snap, policy)  # the rules tell the agent's reservations from anyone else's
     baselines.observe(store, snap, policy, run_id=run_id)
-    record_usage(store, snap, policy, run_id=run_id)
+    usage = record_usage(store, snap, policy, run_id=run_id)
     findings = detect(snap, policy)
     p = plan(findings, snap, policy, store, now)
     counts = record(p, store, run_id, now)
     status = run_status(snap, p)
-    store.finish_run(run_id, status=status, finished_at=time.time(), problems=snap.problems,
+    # a schedule that disagrees with sweep.interval is a warning, not missing data: the status stays
+    problems = [*snap.problems, *p.problems, *usage["warnings"]]
+    store.finish_run(run_id, status=status, finished_at=time.time(), problems=problems,
                      counts={"findings": len(findings), **counts})
     from gpu_cost import health
 
-    health.degraded_alert(store, policy, run_id=run_id, dag_id=dag_id, status=status, problems=snap.problems, now=now)
+    health.degraded_alert(store, policy, run_id=run_id, dag_id=dag_id, status=status, problems=problems, now=now)
     return {
         "run_id": run_id,
         "ts": now,
@@ -242,7 +249,7 @@ def run_once(policy: Policy, now: float, store: AuditStore, run_id: str | None =
         "gpus": len(snap.gpus),
         "jobs": len(snap.running_jobs()),
         "degraded": snap.degraded,
-        "problems": list(snap.problems),
+        "problems": problems,
         "findings": [finding_summary(f) for f in findings],
         "decisions": [decision_summary(d) for d in p.decisions],
         "waiting": p.waiting,

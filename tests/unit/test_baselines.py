@@ -267,14 +267,35 @@ def test_busy_class_is_training(store: AuditStore) -> None:
     assert all(classes[f"s{i}"]["kind"] == "service" for i in range(3))
 
 
-def test_young_members_do_not_make_a_service(store: AuditStore) -> None:
+def test_young_members_do_not_make_a_service_without_cold_start(store: AuditStore) -> None:
     # the same behaviour, but the jobs started with the sweeps and are seen for only 10 hours (< long_lived 12 h)
+    policy = dataclasses.replace(POLICY, baselines=dataclasses.replace(POLICY.baselines, cold_start=0.0))
     specs = services(start=at(1))
-    classes = play(store, specs, range(1, 21))
+    classes = play(store, specs, range(1, 21), policy)
     assert all(classes[f"s{i}"]["long_lived"] == 0 and classes[f"s{i}"]["kind"] != "service" for i in range(3))
     # once they have lived past long_lived they do
-    classes = play(store, specs, range(21, 40))
+    classes = play(store, specs, range(21, 40), policy)
     assert all(classes[f"s{i}"]["kind"] == "service" for i in range(3))
+
+
+def test_a_young_deployment_is_judged_by_its_siblings_hours(store: AuditStore) -> None:
+    # cold start: three members started together 10 hours ago, each woke from quiet spells: a service in hours
+    specs = services(start=at(1))
+    classes = play(store, specs, range(1, 4))  # 1.5 hours seen: under baselines.cold_start (3 h)
+    assert all(classes[f"s{i}"]["kind"] == "unknown" and classes[f"s{i}"]["cold_start_s"] is None for i in range(3))
+    classes = play(store, specs, range(4, 21))
+    for i in range(3):
+        c = classes[f"s{i}"]
+        assert c["long_lived"] == 0 and c["kind"] == "service", c
+        assert 9 * H <= c["cold_start_s"] <= 10 * H and c["waking_share"] == 1.0 and c["busy_share"] <= 0.3
+        assert "young class" in baselines.describe(c)
+
+
+def test_a_young_class_of_forgotten_jobs_is_no_service(store: AuditStore) -> None:
+    # young too, but its members never wake: judged in hours, it is not a service
+    specs = [(job(f"s{i}", name, start=at(1)), lambda k: False, RESIDENT) for i, name in enumerate(SERVICE_NAMES)]
+    classes = play(store, specs, range(1, 21))
+    assert all(classes[f"s{i}"]["kind"] == "unknown" and classes[f"s{i}"]["cold_start_s"] for i in range(3))
 
 
 def test_a_service_class_needs_min_members_long_lived(store: AuditStore) -> None:

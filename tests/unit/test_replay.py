@@ -282,3 +282,20 @@ def test_text_codes_name_each_distinct_text_once() -> None:
     assert [cat_names[c] for c in cat_codes] == ["b", "nan", "a"]
     # the replay's job codes rely on it: the missing text is always name 0, even when nothing is missing
     assert list(_text_codes(pd.Series(["b", "a"]))[1]) == ["", "a", "b"]
+
+
+def test_what_was_reclaimed_counts_for_the_jobs_that_were_killed(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    """One definition (issue 39, row 4): the GPU-hours reclaimed are counted per behaviour with the kills
+    that freed them, so "training" is never credited with GPU time while its row says nothing was killed."""
+    from gpu_cost.replay import summary_text
+
+    res = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy).to_dict()
+    rows = res["by_behaviour"]
+    assert rows["zombie"]["killed"] == 1 and rows["zombie"]["reclaimed_gpu_hours"] > 0
+    assert rows["training"]["killed"] == 0 and rows["training"]["reclaimed_gpu_hours"] == 0
+    assert sum(r["reclaimed_gpu_hours"] for r in rows.values()) == pytest.approx(res["reclaimed_gpu_hours"], abs=0.01)
+    text = summary_text(res)
+    assert "reclaimed by kind of job" not in text, text
+    for beh, row in rows.items():
+        line = next(x for x in text.splitlines() if x.strip().startswith(f"{beh}:"))
+        assert f"killed {row['killed']} " in line and f"reclaimed {row['reclaimed_gpu_hours']:,.1f} GPU-h" in line

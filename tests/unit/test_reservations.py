@@ -83,18 +83,19 @@ def _job(jid: str, *, resv: str = "team-a", host: str = "gpu01", state: str = "R
 
 def test_the_rule_finds_unused_nodes_of_an_active_reservation() -> None:
     p = Policy()
-    (f,) = run_rules(_snap((_resv(),)), p, ["idle_reservation"])
+    idle = _frame([("gpu01", 0.0, False), ("gpu02", 1.0, False)])
+    (f,) = run_rules(_snap((_resv(),), gpus=idle), p, ["idle_reservation"])
     assert (f.target, f.target_kind, f.gpus, f.user, f.account) == ("reservation:team-a", "reservation", 16, "alice",
                                                                     "vision")
-    assert f.evidence["unused_nodes"] == ["gpu01", "gpu02"] and f.evidence["gpus_idle_for_s"] == 0
-    assert "run none of its jobs (no GPU metrics for them)" in __import__("gpu_cost").registry.why(f)
-    # one node runs a job of it: the other is unused
-    (f,) = run_rules(_snap((_resv(),), (_job("7"),)), p, ["idle_reservation"])
-    assert f.evidence["unused_nodes"] == ["gpu02"] and f.evidence["used_nodes"] == ["gpu01"] and f.gpus == 8
     # GPU metrics show both idle: the finding says for how long
-    (f,) = run_rules(_snap((_resv(),), gpus=_frame([("gpu01", 0.0, False), ("gpu02", 1.0, False)])), p,
-                     ["idle_reservation"])
-    assert f.evidence["gpus_idle_for_s"] == 2 * 3600
+    assert f.evidence["unused_nodes"] == ["gpu01", "gpu02"] and f.evidence["gpus_idle_for_s"] == 2 * 3600
+    assert "run none of its jobs (their GPUs idle for 120 min)" in __import__("gpu_cost").registry.why(f)
+    # one node runs a job of it: the other is unused
+    (f,) = run_rules(_snap((_resv(),), (_job("7"),), gpus=idle), p, ["idle_reservation"])
+    assert f.evidence["unused_nodes"] == ["gpu02"] and f.evidence["used_nodes"] == ["gpu01"] and f.gpus == 8
+    # the node its job holds needs no metrics: it is used
+    (f,) = run_rules(_snap((_resv(),), (_job("7"),), gpus=_frame([("gpu02", 0.0, False)])), p, ["idle_reservation"])
+    assert f.evidence["unused_nodes"] == ["gpu02"]
 
 
 @pytest.mark.parametrize("case", ["young", "pending", "all used", "maint", "excluded", "busy gpus", "stale gpus",

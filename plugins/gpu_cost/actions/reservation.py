@@ -3,9 +3,12 @@
 ``reserve``              ``scontrol create reservation reservationname=<name> starttime=now+<m>minutes
                          duration=<minutes> nodecnt=<n> accounts=<a> [partitionname=<p>]``: the hourly
                          power run proposes it for an account whose forecast peak would not fit
-                         (:mod:`gpu_cost.reservations`). A reservation of that name already there
-                         counts as done; a peak already over is skipped.
-``release_reservation``  give unused reserved nodes back: ``scontrol delete reservationname=<name>``
+                         (:mod:`gpu_cost.reservations`). A reservation of that name already there is
+                         left alone (``skipped``: the agent did not make it, so it is not the agent's);
+                         a peak already over is skipped.
+``release_reservation``  give unused reserved nodes back (the agent's own reservations; someone else's
+                         only where ``rules.idle_reservation.release_foreign`` names it and a human
+                         approves, :func:`gpu_cost.policy.engine.guard`): ``scontrol delete reservationname=<name>``
                          when no job runs in it, else ``scontrol update reservationname=<name>
                          nodes=<the nodes its jobs hold>`` (shrink). A job waiting for it, or every
                          node in use, leaves it as it is (``skipped``).
@@ -121,8 +124,10 @@ def reserve(d: Decision, ctx: ActionContext) -> Outcome:
     if isinstance(current, Outcome):
         return current
     if current is not None:
-        return Outcome("succeeded", output=f"reservation {name} already exists", command=cmd,
-                       details={"reservation": name, "noop": True})
+        # not made by this decision: a ``skipped`` reserve is no proof of ownership, so the
+        # idle-reservation rule treats it as someone else's (gpu_cost.reservations.mark_own)
+        return Outcome("skipped", error=f"reservation {name} already exists: not made by the agent, not touched",
+                       command=cmd, details={"reservation": name, "noop": True})
     return _scontrol(ctx, argv, name, "create reservation",
                      f"reservation {name} created: {d.evidence['node_count']} node(s) for "
                      f"{','.join(d.evidence['accounts'])}")

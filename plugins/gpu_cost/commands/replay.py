@@ -23,8 +23,9 @@ def register(sub: Any) -> None:
                         "baselines change)")
     p.add_argument("--mode", choices=["enforce", "notify", "dry-run"], default="enforce",
                    help="replay as if in this mode (default: enforce)")
-    p.add_argument("--approvals", choices=["approve", "reject"], default="approve",
-                   help="how decisions that need a human are answered (default: approve)")
+    p.add_argument("--approvals", choices=["approve", "reject", "owner"], default="approve",
+                   help="how decisions that need a human are answered (default: approve); owner: only the target "
+                        "owner's own release answer counts, and without one nothing destructive happens")
     p.add_argument("--actions-limit", type=int, default=None,
                    help="list at most this many actions in the output (default: all)")
     add_json(p)

@@ -12,7 +12,10 @@ StdOut/StdErr over the trace.
 ``--behaviours hard`` generates the behaviours of real clusters that fool a utilisation
 threshold (a fleet of quiet service endpoints, checkpoint and data-loading phases, interactive
 sessions, finished and crashed jobs that keep their allocation); the default ``basic`` is the
-mix it always was, sample for sample.
+mix it always was, sample for sample. ``--behaviours serving-fleet`` generates a production LLM
+serving cluster (:func:`gpu_cost.sources.sim.serving_fleet`): replica sets of one model each, one
+GPU a pod, busy 20-60 % of the time, a few replicas starved for most of the day, a one-day
+deployment, plus pods that never computed and finished training jobs whose process lingers.
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ def register(sub: Any) -> None:
     p.add_argument("--end", help="trace end (ISO 8601 or epoch; default: the start of the current hour)")
     p.add_argument("--sample-interval", default="60s", help="time between samples, with its unit (default 60s)")
     p.add_argument("--format", choices=["parquet", "csv"], default="parquet", help="samples file format")
-    p.add_argument("--behaviours", choices=["basic", "hard"], default="basic",
-                   help="behaviour mix: basic (default) or hard (service fleet, checkpoint and data-loading phases, "
-                        "finished and crashed jobs, interactive sessions)")
+    p.add_argument("--behaviours", choices=["basic", "hard", "serving-fleet"], default="basic",
+                   help="behaviour mix: basic (default), hard (service fleet, checkpoint and data-loading phases, "
+                        "finished and crashed jobs, interactive sessions) or serving-fleet (replica sets of one model "
+                        "each, one GPU a pod, busy a fifth to three fifths of the time, starved replicas, pods that never computed, lingering "
+                        "finished training; --jobs-per-node is not used)")
     p.add_argument("--out", required=True, help="output directory")
     add_json(p)
     p.set_defaults(handler=_simtrace)

@@ -62,7 +62,7 @@ def _sweep(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     require_prometheus(source, "--source prometheus" if args.source else f"{policy.source}: sweep.source prometheus")
     now = instant_arg(args.at, "--at") if args.at else time.time()
     now = float(now // policy.sweep.sample_interval * policy.sweep.sample_interval)
-    store = open_store(args)
+    store = open_store(args, writes=True)
     kwargs: dict[str, Any] = {}
     if args.scenario:
         kwargs["scenario"] = args.scenario
@@ -74,11 +74,11 @@ def _sweep(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     out["looked_at"] = {"gpus": out["gpus"], "jobs": out["jobs"], "rules": rules}
     lines = [f"sweep at {iso(now)} on {out['source']} ({out['gpus']} GPUs, {out['jobs']} running jobs), mode {out['mode']}"]
     if out["problems"]:
-        lines.append("degraded: " + "; ".join(out["problems"]))
+        lines.append(("degraded: " if out["degraded"] else "problems: ") + "; ".join(out["problems"]))
     if not out["findings"]:
         lines.append(f"no findings: looked at {out['gpus']} GPUs and {out['jobs']} running jobs with the rules "
                      f"{', '.join(rules) or '(none enabled)'}; nothing crossed a rule's threshold"
-                     + (" (the data was degraded: see above)" if out["problems"] else ""))
+                     + (" (the data was degraded: see above)" if out["degraded"] else ""))
     else:
         lines.append(f"{len(out['findings'])} finding(s), {len(out['decisions'])} decision(s):")
         for d in out["decisions"]:

@@ -30,7 +30,7 @@ class Recipient:
     and the channels that reach them (empty: the default, Slack then e-mail)."""
 
     user: str
-    role: str  # owner | manager
+    role: str  # owner | manager | administrator
     slack: str | None = None
     email: str | None = None
     dingtalk: str | None = None
@@ -55,7 +55,18 @@ def _recipient(user: str, role: str, person: Person, account: str | None, policy
 
 
 def recipients(d: Decision, policy: Policy) -> list[Recipient]:
-    """Return the owner, plus the manager for ``notify_manager``, from ``policy.people``."""
+    """Return the owner, plus the manager for ``notify_manager``, from ``policy.people``.
+
+    Someone else's idle reservation (``rules.idle_reservation.administrators``, carried in the
+    decision's evidence) goes to those administrators instead, then to its owner when
+    ``people`` knows them.
+    """
+    admins = [str(a) for a in d.evidence.get("administrators") or () if a]
+    if admins:
+        out = [_recipient(a, "administrator", policy.people.get(a, Person()), None, policy) for a in admins]
+        if d.user and d.user in policy.people and d.user not in admins:
+            out.append(_recipient(d.user, "owner", policy.people[d.user], d.account, policy))
+        return out
     user = d.user or ""
     person = policy.people.get(user, Person()) if user else Person()
     out = [_recipient(user or "(unknown owner)", "owner", person, d.account, policy)]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_cost import paths, registry
-from gpu_cost.model import Decision
+from gpu_cost.model import FOREIGN, Decision, reservation_standing
 from gpu_cost.notices.recipients import recipients
 from gpu_cost.policy.schema import Policy
 from gpu_cost.timeutil import format_duration, iso
@@ -132,8 +132,10 @@ def next_step(d: Decision, policy: Policy, now: float) -> dict[str, Any] | None:
     level = next((p.level for p in policy.protections if p.name == d.protection), None)
     if d.action == "advise" or d.evidence.get("inference"):
         return None  # advice (and inference services) is a one-rung ladder: nothing follows
-    if level == "notify_only" or d.target_kind == "gpu":
-        ladder = [r for r in ladder if r.action in NOTICE_ACTIONS]
+    if level == "notify_only" or d.target_kind == "gpu" or reservation_standing(d.target_kind, d.evidence) == FOREIGN:
+        ladder = [r for r in ladder if r.action in NOTICE_ACTIONS]  # as the engine's ladder
+    if d.evidence.get("unsure"):
+        ladder = [r for r in ladder if r.action in NOTICE_ACTIONS]  # a job the agent cannot classify: notices only
     nxt = d.rung + 1
     if level == "never" or nxt >= len(ladder):
         return None
@@ -179,6 +181,8 @@ def context_for(d: Decision, policy: Policy, now: float, *, run_id: str | None =
         "pid": ev.get("pid"),
         "process_name": ev.get("process_name"),
         "inference": ev.get("inference"),
+        "unsure": ev.get("unsure"),
+        "replica_set": ev.get("replica_set"),
         "signals": [x for x in ev.get("signals") or [] if isinstance(x, Mapping)],
         "confidence": ev.get("confidence"),
         "chart": ev.get("chart") or None,

@@ -1,10 +1,16 @@
 """Decide: findings + policy + escalation state → decisions. Pure: no I/O, no clock.
 
-For each finding the engine applies, in order: an owner's "this is wrong" answer (the episode's
-ladder stops); snoozes (recorded once, nothing done);
+For each finding the engine applies, in order: an owner's "this is wrong" answer (the target is
+left alone until it expires, then a new episode starts from the first rung); snoozes (recorded
+once, nothing done; a snooze of anything the finding touches counts: :func:`target_keys`);
 protections (``never`` records only, ``notify_only`` removes destructive rungs, ``approval``
-makes them need a human); inference services and jobs on shared GPUs (advice only; a destructive
-action on a shared GPU's job is refused on every way in); the rule's escalation ladder (one
+makes them need a human); someone else's reservation (notices only, a release refused on every
+way in, unless ``rules.idle_reservation.release_foreign`` names it: then a human approves);
+processes that are not ours (root's, a system account's, a container's: advice only, a kill
+refused on every way in, :mod:`gpu_cost.policy.owners`);
+inference services and jobs on shared GPUs (advice only; a destructive action on a shared GPU's
+job is refused on every way in); a job the agent cannot classify with ambiguous evidence (notices
+only; a manual request needs its owner or a second operator: :func:`unsure`); the rule's escalation ladder (one
 rung per wait and at most one per data instant, state per target and episode; notice rungs keep
 to working hours when ``notifications.only_in_working_hours``); the mode (``dry-run`` records,
 ``notify`` holds destructive rungs back, ``enforce`` acts); degraded data (holds destructive
@@ -22,11 +28,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_cost import registry
-from gpu_cost.model import DESTRUCTIVE_ACTIONS, Decision, Finding, decision_id
+from gpu_cost.model import (
+    DESTRUCTIVE_ACTIONS,
+    FOREIGN,
+    OPTED_IN,
+    Decision,
+    Finding,
+    decision_id,
+    reservation_standing,
+)
 from gpu_cost.perf import gc_paused
 from gpu_cost.policy.cost import stakes
+from gpu_cost.policy.owners import not_ours
 from gpu_cost.policy.protections import protection_for
 from gpu_cost.policy.schema import NotificationConfig, Policy, Protection, Rung, milder
+from gpu_cost.timeutil import iso
 
 #: the notices: every action the registry declares ``notice=True``
 NOTICE_ACTIONS = registry.names(notice=True)
@@ -62,6 +78,8 @@ class Plan:
     #: one ``none`` decision per snooze and episode, so the audit shows what a snooze held back
     snooze_records: list[Decision] = field(default_factory=list)
     cap_violation: str | None = None
+    #: what the run's problems must say about the planning (a verifier model refused)
+    problems: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -86,7 +104,7 @@ def decide(
     predicted_end: Mapping[str, float] | None = None,
     rejected: Iterable[str] = (),
     awaiting: Mapping[str, str] | None = None,
-    disputed: Mapping[tuple[str, str, int], Mapping[str, Any]] | None = None,
+    disputed: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
 ) -> Plan:
     """Return the plan for one sweep.
 
@@ -98,8 +116,10 @@ def decide(
     :param rejected: decision ids a human rejected; they are not asked again.
     :param awaiting: decision id → run id, for decisions an earlier run asked a human about and
         that await the answer: not asked again, and the ladder waits on them (no later rung).
-    :param disputed: ``(rule, target, episode)`` → the "this is wrong" answer of the owner or their
-        manager (:func:`gpu_cost.answers.disputed`): that episode's ladder stops.
+    :param disputed: ``(rule, target)`` → the latest "this is wrong" answer of the owner or their
+        manager (:func:`gpu_cost.answers.disputed`: ``ts``, ``until_ts``, ``answered_by``): the
+        target is left alone until the answer expires (``snooze.max_duration`` after it at most);
+        the episode it was given in is over, so the target's next decision opens a new episode.
     """
     plan = Plan()
     snoozes = {k: _snooze_info(v) for k, v in (snoozed_targets or {}).items()}
@@ -116,7 +136,15 @@ def decide(
         prot = protection_for(f, policy.protections)
         ladder = _ladder(f, policy, prot.level if prot else None)
         row = escalations.get(key)
-        if row is None or row.get("state") != "open":
+        wrong = (disputed or {}).get((f.rule, f.target))
+        if wrong is not None and now < dispute_until(wrong, policy):
+            plan.waiting.append({"target": f.target, "rule": f.rule, "why": (
+                f"answered 'this is wrong' by {wrong.get('answered_by') or 'the owner'}: left alone until "
+                f"{iso(dispute_until(wrong, policy))}")})
+            continue
+        # an episode that was open when "this is wrong" came is over: the target starts again from the first rung
+        ended = wrong is not None and row is not None and float(row.get("first_seen") or 0.0) <= float(wrong["ts"])
+        if row is None or row.get("state") != "open" or ended:
             episode = int(row["episode"]) + 1 if row else 1
             plan.openings.append(Opening(f.rule, f.target, track, episode, f.job_id, f.user))
             last_rung, ref, last_act = -1, now, None
@@ -126,12 +154,6 @@ def decide(
             last_act = row.get("last_action_at")
             ref = float(last_act or row.get("first_seen") or now)
             plan.seen.append(key)
-            wrong = (disputed or {}).get((f.rule, f.target, episode))
-            if wrong is not None:
-                plan.waiting.append({"target": f.target, "rule": f.rule, "why": (
-                    f"answered 'this is wrong' by {wrong.get('answered_by') or 'the owner'}: "
-                    f"the ladder stops for episode {episode}")})
-                continue
         snooze = _snoozed(f, snoozes, now)
         if snooze is not None:
             plan.snoozed.append(f.target)
@@ -185,11 +207,30 @@ def _snooze_info(value: float | Mapping[str, Any]) -> dict[str, Any]:
     return {"until": float(value), "reason": "", "by": None, "id": ""}
 
 
+def dispute_until(answer: Mapping[str, Any], policy: Policy) -> float:
+    """Return when a "this is wrong" answer stops holding its target: like a snooze, at most
+    ``snooze.max_duration`` after it (the answer's own ``until_ts`` when sooner)."""
+    latest = float(answer["ts"]) + policy.snooze.max_duration
+    until = answer.get("until_ts")
+    return min(latest, float(until)) if until is not None else latest
+
+
+def target_keys(target: str, job_id: str | None, gpu_ids: Iterable[str]) -> list[str]:
+    """Return the snooze keys of what a finding (or its decision) touches: its target, its job (a
+    process's former job, too), its GPUs (``gpu:<host>:<index>``).
+
+    An owner's "keep" snoozes these, and the engine holds a finding back when any of them is snoozed.
+    """
+    keys = [target]
+    if job_id:
+        keys.append(f"job:{job_id}")
+    keys.extend(f"gpu:{g}" for g in gpu_ids)
+    return list(dict.fromkeys(keys))
+
+
 def snooze_keys(f: Finding) -> list[str]:
-    """Return the snooze targets that cover a finding: itself, its job, its owner, its nodes."""
-    keys = [f.target]
-    if f.job_id and f.target_kind == "job":
-        keys.append(f"job:{f.job_id}")
+    """Return the snooze targets that cover a finding: what it touches (:func:`target_keys`), its owner, its nodes."""
+    keys = target_keys(f.target, f.job_id, f.gpu_ids)
     if f.user:
         keys.append(f"user:{f.user}")
     hosts = set(f.nodes) | ({f.host} if f.host else set())
@@ -210,8 +251,6 @@ def _snoozed(f: Finding, snoozes: Mapping[str, dict[str, Any]], now: float) -> d
 
 def _snooze_record(f: Finding, rung: Rung, index: int, episode: int, mode: str, now: float,
                    snooze: Mapping[str, Any]) -> Decision:
-    from gpu_cost.timeutil import iso
-
     by = f" by {snooze['by']}" if snooze.get("by") else ""
     why = f": {snooze['reason']}" if snooze.get("reason") else ""
     reason = (f"{_why(f)}; snoozed ({snooze['key']}) until {iso(snooze['until'])}{by}{why}; "
@@ -279,12 +318,42 @@ def _ladder(f: Finding, policy: Policy, level: str | None) -> tuple[Rung, ...]:
     if f.inference or f.action == "advise" or f.evidence.get("shared"):
         ladder = tuple(r for r in ladder if r.action in NOTICE_ACTIONS)[:1] or (Rung("advise"),)
         ladder = (Rung("advise", ladder[0].after),)
-    if level == "notify_only":
+    if level == "notify_only" or reservation_standing(f.target_kind, f.evidence) == FOREIGN:
+        # someone else's reservation is theirs: its administrators are told, nothing more
+        ladder = tuple(r for r in ladder if r.action in NOTICE_ACTIONS) or (Rung("notify"),)
+    if unsure(f, policy):
+        # a job the agent cannot classify: notices to its owner and manager, nothing more
         ladder = tuple(r for r in ladder if r.action in NOTICE_ACTIONS) or (Rung("notify"),)
     if f.target_kind == "gpu":
         # no process to act on: a GPU target can only be reported
         ladder = tuple(r for r in ladder if r.action in NOTICE_ACTIONS) or (Rung("notify"),)
     return ladder
+
+
+def unsure(f: Finding, policy: Policy) -> str | None:
+    """Return why the agent cannot tell whether job finding ``f`` is waste, or None when it can.
+
+    A job whose kind is unknown (no class baseline, or a class neither service nor training,
+    and not a service itself) with ambiguous evidence: memory resident on its idle GPUs and a
+    confidence under ``evidence.min_confidence``. Such a job gets notices to its owner and
+    manager only; its owner's "release" answer, or an operator's manual request approved by a
+    second operator, is the only way to a destructive action. A third party's approval of the
+    agent's own recommendation is not enough when the agent is unsure.
+    """
+    ev = f.evidence
+    if f.target_kind != "job" or ev.get("mem_resident") is not True:
+        return None
+    conf = ev.get("confidence")
+    floor = policy.evidence.min_confidence
+    if conf is None or float(conf) >= floor:
+        return None
+    klass = ev.get("class")
+    klass = klass if isinstance(klass, Mapping) else {}
+    if str(klass.get("kind") or "unknown") != "unknown" or klass.get("member_kind"):
+        return None
+    return (f"the agent cannot classify it (kind unknown) and the evidence is ambiguous: memory resident on idle GPUs "
+            f"(a model may be waiting for requests), confidence {float(conf):.2f} under evidence.min_confidence "
+            f"{floor:g}")
 
 
 @dataclass(frozen=True)
@@ -328,7 +397,9 @@ def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask
     Protections (``never`` records only; ``notify_only`` refuses destructive actions; ``approval``
     asks a human; a manual override keeps the action but needs an approver who is not the
     requester), who may ask (manual: the owner of the target or a named operator for destructive
-    actions), inference services (destructive actions need a human), the mode (the policy's, or
+    actions), whose a reservation is (someone else's is never released or shrunk; one that
+    ``rules.idle_reservation.release_foreign`` names only with a human's approval), a process that is
+    not ours (never killed: :func:`gpu_cost.policy.owners.not_ours`), inference services (destructive actions need a human), the mode (the policy's, or
     the rule's when milder, is the ceiling: ``notify`` holds destructive actions back and
     ``dry-run`` records only), degraded data (holds destructive actions back), the cost of
     being wrong (approval above ``approval.gpu_hours_at_risk``), the finding's confidence
@@ -389,6 +460,47 @@ def _guarded(f: Finding, action: str, policy: Policy, prot: Protection | None, *
         if refusal:
             reasons.append(refusal)
             action, destructive = "none", False
+    doubt = unsure(f, policy) if destructive else None
+    if doubt is not None:
+        evidence["unsure"] = doubt
+        requester = ask.requested_by
+        if not manual:
+            # the agent's own recommendation on a job it cannot classify: nobody's approval makes it act
+            refusal = f"{doubt}: notices to its owner and manager only, never {action} on the agent's word"
+            reasons.append(refusal)
+            action, destructive = "none", False
+        elif not (requester and policy.manual.owners_may_reclaim and f.user == requester):
+            # four eyes: an operator's request on a job the agent cannot classify needs a second operator
+            approvers = [u for u in dict.fromkeys((*policy.manual.operators, *policy.manual.override_approvers))
+                         if u != requester]
+            if not approvers:
+                refusal = (f"{doubt}: an operator's {action} needs a second operator (manual.operators or "
+                           "manual.override_approvers, not the requester) to approve, and the policy names none")
+                reasons.append(refusal)
+                action, destructive = "none", False
+            else:
+                evidence.setdefault("approvers", approvers)
+                needs_approval = True
+                reasons.append(f"{doubt}: a second operator must approve "
+                               f"({', '.join(evidence['approvers'])})")
+    whose = reservation_standing(f.target_kind, f.evidence) if destructive else None
+    if whose == FOREIGN:
+        # only the agent's own reservations (its name prefix and its audit row) are released on its word
+        refusal = (f"{f.target} is someone else's reservation (not proven the agent's own): never released or "
+                   "shrunk by the agent unless rules.idle_reservation.release_foreign names it")
+        reasons.append(refusal)
+        action, destructive = "none", False
+    elif whose == OPTED_IN:
+        needs_approval = True
+        reasons.append("approval required (someone else's reservation, named in "
+                       "rules.idle_reservation.release_foreign)")
+    withheld = not_ours(f.evidence) if destructive else None
+    if withheld is not None:
+        # a process of root, a system account or a container (the zombie rule's own verdict): never
+        # acted on, whoever asks, protections overridden or not
+        refusal = withheld
+        reasons.append(withheld)
+        action, destructive = "none", False
     if destructive and f.evidence.get("shared"):
         # several jobs on one device: its utilisation is no single job's, so nothing is done to one of
         # them because of it, whoever asks (the finding's evidence names the sharers)
@@ -416,7 +528,8 @@ def _guarded(f: Finding, action: str, policy: Policy, prot: Protection | None, *
         needs_approval = True
         reasons.append(f"approval required ({st.at_risk:.1f} GPU-h at risk)")
     conf = f.evidence.get("confidence")
-    if destructive and conf is not None and float(conf) < policy.evidence.min_confidence:
+    # the agent's own confidence in its finding; a manual request is a person's, judged above (unsure)
+    if destructive and not manual and conf is not None and float(conf) < policy.evidence.min_confidence:
         needs_approval = True
         reasons.append(f"approval required (confidence {float(conf):.2f} is below evidence.min_confidence "
                        f"{policy.evidence.min_confidence:g})")
@@ -460,6 +573,11 @@ def _decision(f: Finding, policy: Policy, rung: Rung, index: int, episode: int, 
               now: float, degraded: bool, predicted: float | None) -> Decision:
     v = _guarded(f, rung.action, policy, prot, now=now, degraded=degraded, predicted=predicted)
     evidence = {**f.evidence, **v.evidence, "gpu_ids": list(f.gpu_ids), "track": v.track, **identity_of(f)}
+    doubt = unsure(f, policy)
+    if doubt is not None:
+        # the notice says why the agent is unsure, and that only the owner's release goes further
+        evidence["unsure"] = doubt
+        v.reasons.append(f"notices only: {doubt}")
     if f.target_kind == "job" and f.time_limit_s:
         evidence.setdefault("time_limit_s", float(f.time_limit_s))  # the savings ledger's "end it would have had"
     return Decision(

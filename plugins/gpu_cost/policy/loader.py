@@ -145,6 +145,7 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
                 raise PolicyError(src, "demote", f"{base}.ladder has a demote rung but demote sets no nice, qos or "
                                                  "partition: the rung would change nothing")
     _check_owners(src, policy)
+    _check_reservation_owners(src, policy)
     le, idle = policy.rules.low_efficiency, policy.rules.idle_allocation
     if le.enabled and idle.enabled and le.util_mean_max <= idle.util_max:
         raise PolicyError(src, "rules.low_efficiency.util_mean_max",
@@ -237,9 +238,33 @@ def _check_owners(src: str, policy: Policy) -> None:
             if key == "act_on_owners" and owner == "root":
                 raise PolicyError(src, f"rules.zombie.{key}[{i}]", "root's processes are never killed (the node "
                                                                    "wrapper refuses uid 0): they are only reported")
+            if key == "act_on_owners" and owner == "container":
+                raise PolicyError(src, f"rules.zombie.{key}[{i}]", "processes in a container are never killed (the "
+                                  "node wrapper refuses them): they are only reported; stop them through their "
+                                  "runtime")
             if not _USER.match(owner):
                 raise PolicyError(src, f"rules.zombie.{key}[{i}]", f"{owner!r} is not a user name"
-                                  + (" (or one of the words system, container)" if key == "act_on_owners" else ""))
+                                  + (" (or the word system)" if key == "act_on_owners" else ""))
+
+
+def _check_reservation_owners(src: str, policy: Policy) -> None:
+    """Check who is told about, and whose reservations may be released by, the idle-reservation rule."""
+    rule = policy.rules.idle_reservation
+    base = "rules.idle_reservation"
+    for key, names in (("administrators", rule.administrators), ("release_foreign.users", rule.release_foreign.users)):
+        if len(set(names)) != len(names):
+            raise PolicyError(src, f"{base}.{key}", "lists a user twice")
+        for i, user in enumerate(names):
+            if not _USER.match(user):
+                raise PolicyError(src, f"{base}.{key}[{i}]", f"{user!r} is not a user name")
+    for i, pat in enumerate(rule.release_foreign.names):
+        where = f"{base}.release_foreign.names[{i}]"
+        if not pat.strip() or set(pat.strip()) <= {"*"}:
+            raise PolicyError(src, where, f"{pat!r} would let the agent release every reservation: name them")
+        try:
+            re.compile(fnmatch.translate(pat))
+        except re.error as exc:
+            raise PolicyError(src, where, f"bad pattern: {exc}") from None
 
 
 def _check_ladder_order(src: str, base: str, actions: Sequence[str]) -> None:

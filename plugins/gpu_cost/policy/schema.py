@@ -63,10 +63,10 @@ class ZombieRule:
     mem_min_mib: Annotated[float, Range(0, 10_000_000)] = 1024.0
     window: Annotated[float, Dur(), Range(60, 86400)] = 900.0
     ladder: tuple[Rung, ...] = (Rung("notify", 0.0), Rung("kill_process", 900.0))
-    #: processes outside Slurm that are not ours: those of a system account (``system``: uid
-    #: under 1000 on the node, or a name in ``system_users``) or in a container (``container``)
-    #: are only reported unless listed here, by that word or by the owner's user name. Processes
-    #: of root (uid 0) are never killed: the node wrapper refuses them.
+    #: processes outside Slurm that are not ours: those of a system account named in
+    #: ``system_users`` are only reported unless listed here, by the word ``system`` or by the
+    #: owner's user name. Processes of root, of a system uid (under the node's ``UID_MIN``, or a
+    #: ``nologin``/``false`` shell) and in a container are never killed: the node wrapper refuses them.
     act_on_owners: tuple[str, ...] = ()
     #: account names that count as system accounts whatever their uid
     system_users: tuple[str, ...] = ("nobody",)
@@ -162,11 +162,26 @@ class AnomalyRule:
 
 
 @dataclass(frozen=True)
+class ReleaseForeign:
+    """Someone else's reservations the agent may release, each only once a human approves: those
+    whose every user is in ``users``, or whose name matches one of ``names`` (globs). Empty (the
+    default): other people's reservations are only reported to ``administrators``."""
+
+    #: Slurm users whose reservations may be released (a reservation of several users: all of them listed)
+    users: tuple[str, ...] = ()
+    #: reservation names (globs, e.g. ``scratch-*``) that may be released
+    names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class IdleReservationRule:
     """A Slurm reservation whose nodes sit unused: reserved, started at least ``window`` ago, no
-    job running or waiting in them, and (where GPU metrics are seen) their GPUs idle over the
-    window. Notice first, then ``release_reservation`` frees the unused nodes: it deletes a
-    reservation nobody uses and shrinks one that is partly used to the nodes its jobs hold."""
+    job running or waiting in them, and GPU metrics showing their GPUs idle over the window (a
+    node without GPU metrics is unknown, never unused). Notice first, then ``release_reservation``
+    frees the unused nodes of the agent's own reservations (named with ``reservations.prefix``
+    and recorded as made by it in the audit store): it deletes one nobody uses and shrinks one
+    that is partly used to the nodes its jobs hold. Anyone else's reservation gets notices to
+    ``administrators`` only, unless ``release_foreign`` names it; even then a human approves."""
 
     enabled: bool = True
     mode: Mode | None = None
@@ -180,6 +195,10 @@ class IdleReservationRule:
     exclude_names: tuple[str, ...] = ()
     #: who is told about a reservation that names no user (its first account's owner otherwise unknown)
     owner: str = ""
+    #: who is told about someone else's idle reservation (users named in ``people:``); empty: its first user, else ``owner``
+    administrators: tuple[str, ...] = ()
+    #: someone else's reservations that may be released at all, each with a human's approval
+    release_foreign: ReleaseForeign = field(default_factory=ReleaseForeign)
 
 
 @dataclass(frozen=True)
@@ -280,6 +299,28 @@ class BaselinesConfig:
     service_min_waking_share: Share = 0.5
     #: a job that woke from quiet spells this often itself counts as a service, whatever its class
     member_min_wakes: Annotated[int, Range(1, 1000)] = 2
+    #: a young class (its oldest member younger than ``long_lived``, fewer than ``min_members``
+    #: long-lived) is judged by its running members seen at least this long, each counting once:
+    #: a new deployment's siblings decide in hours, not days. 0: young classes stay unknown
+    cold_start: Annotated[float, Dur(), Range(0, 30 * 86400)] = 3 * 3600.0
+
+
+@dataclass(frozen=True)
+class ReplicasConfig:
+    """Replica sets: running jobs of one owner with one name stem (replica indices and hashes
+    stripped) and the same resident memory per GPU, copies of one service whether or not a
+    protection names them. An idle replica of a set whose other members serve is spare capacity:
+    it gets advice to scale the set, never a demote, terminate or kill of the one replica.
+    """
+
+    #: false: no replica sets (each job judged by its own evidence and its class)
+    enabled: bool = True
+    #: resident memory per GPU of two members differs by at most this share of the larger
+    mem_tolerance: Share = 0.05
+    #: a set has at least this many running members
+    min_members: Annotated[int, Range(2, 100_000)] = 2
+    #: the advice sizes the set for its observed peak of members busy at once plus this share
+    headroom: Annotated[float, Range(0, 10)] = 0.25
 
 
 @dataclass(frozen=True)
@@ -314,7 +355,10 @@ class EvidenceConfig:
     node's CPU or I/O busy on a node the job has to itself, the job's own processes using
     ``job_cpu_cores`` or moving ``io_busy_mib_s``) means a data-loading or checkpointing phase:
     not waste. A finished or crashed log makes a finding stronger; a confidence below
-    ``min_confidence`` makes its destructive rungs wait for a human.
+    ``min_confidence`` makes its destructive rungs wait for a human. A job the agent cannot
+    classify (its class ``unknown``) whose evidence is ambiguous (memory resident, confidence
+    below ``min_confidence``) gets notices only: its owner's "release" answer, or an operator's
+    manual request approved by a second operator, is the only way to a destructive action.
     """
 
     job_log: JobLogConfig = field(default_factory=JobLogConfig)
@@ -479,7 +523,8 @@ class SnoozeConfig:
 @dataclass(frozen=True)
 class AnswersConfig:
     """Answers from the people a notice reaches: keep it (a snooze), release it (the owner's own
-    manual reclaim), or this is wrong (the ladder stops for the episode, and the answer is a label)."""
+    manual reclaim), or this is wrong (the episode ends, the answer is its label, and the target is left alone
+    for snooze.max_duration)."""
 
     enabled: bool = True
     #: the api-server's address as people reach it (``https://airflow.example.org``); links in
@@ -550,6 +595,17 @@ class Window:
 
 
 @dataclass(frozen=True)
+class NodePower:
+    """The power figures of one node type (its GPU model, as Slurm's GRES names it: ``a100``, ``h100``);
+    a figure left out is the ``offhours`` default."""
+
+    #: the node's draw while idle and up (what powering it down saves per hour)
+    idle_power_w: Annotated[float, Range(0, 100_000)] | None = None
+    #: the energy one power-down and boot costs (the boot's draw until usable, the shutdown)
+    boot_kwh: Annotated[float, Range(0, 100)] | None = None
+
+
+@dataclass(frozen=True)
 class OffhoursConfig:
     """Powering idle nodes down at night and on weekends, through Slurm's power saving."""
 
@@ -573,6 +629,15 @@ class OffhoursConfig:
     #: wake nodes this long before forecast demand returns (Slurm's ResumeTimeout plus margin)
     wake_lead: Seconds = 1800.0
     idle_power_w: Annotated[float, Range(0, 100_000)] = 400.0
+    #: the energy one power-down and boot of a node costs (its boot draws near peak until usable)
+    boot_kwh: Annotated[float, Range(0, 100)] = 0.15
+    #: power figures per node type (GPU model, lower case), overriding ``idle_power_w`` / ``boot_kwh``
+    node_types: dict[str, NodePower] = field(default_factory=dict)
+    #: never power down the last this many healthy nodes of a partition (up, not down, drained or failed)
+    min_up: Annotated[int, Range(0, 100_000)] = 1
+    #: a node that did not come back from power saving (resume failed, GPUs missing after boot) is
+    #: not powered down again for this long after it was last seen failing
+    failed_hold: Annotated[float, Dur(), Range(0, 366 * 86400)] = 7 * 86400.0
     reason: str = "gpu-cost: off-hours"
     #: a node's GPUs must be seen idle in the metrics; false trusts Slurm's allocation state
     #: alone (a scheduler-only deployment without DCGM)
@@ -585,6 +650,17 @@ class OffhoursConfig:
     forecast_lulls: bool = False
     #: how far ahead a predicted lull must hold before a node goes down for it
     lull_min: Annotated[float, Dur(), Range(3600, 7 * 86400)] = 3 * 3600.0
+    #: the warm buffer the forecast keeps: room above the forecast for this quantile of its own errors
+    #: at the same hour of the day over the last week (its 80 % band until a week of errors exists);
+    #: lower powers more down and makes more jobs wait for boots
+    forecast_quantile: Annotated[float, Range(0.5, 1)] = 0.9
+
+    def node_power(self, model: str | None) -> tuple[float, float]:
+        """Return (idle watts, kWh a power cycle costs) of a node with GPU model ``model``."""
+        t = self.node_types.get((model or "").lower())
+        idle = t.idle_power_w if t is not None and t.idle_power_w is not None else self.idle_power_w
+        boot = t.boot_kwh if t is not None and t.boot_kwh is not None else self.boot_kwh
+        return float(idle), float(boot)
 
 
 @dataclass(frozen=True)
@@ -610,7 +686,7 @@ class ReservationsConfig:
     approval_over_nodes: Annotated[int, Range(0, 100_000)] = 1
     #: GPUs per node when the nodes do not say (Slurm's GRES)
     gpus_per_node: Annotated[int, Range(1, 64)] = 8
-    #: names of the agent's reservations start with this
+    #: names of the agent's reservations start with this (with its audit row, the proof that one is the agent's own)
     prefix: str = "gpu-cost-"
     #: the partition reservations are made in (empty: Slurm's default)
     partition: str = ""
@@ -684,6 +760,7 @@ class Policy:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     interactive: InteractiveConfig = field(default_factory=InteractiveConfig)
     baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     approval: ApprovalConfig = field(default_factory=ApprovalConfig)
     caps: Caps = field(default_factory=Caps)

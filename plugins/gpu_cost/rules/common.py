@@ -196,11 +196,14 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
     sessions (``interactive=True``): each job is judged by exactly one of them. A job with any GPU
     missing or stale is skipped (no data, no action); so is a job showing progress (its log
     written within the window, GPU power or its node's CPU busy: :func:`gpu_cost.evidence.progress`).
-    Services — declared in ``inference:``, bursty within the lookback, or recognised by their class
-    baseline (:mod:`gpu_cost.baselines`) — are reported with ``inference=True`` and only advised.
-    Each finding carries its ``signals`` (what was read, its value, why it counted) and a ``confidence``.
+    Services — declared in ``inference:``, bursty within the lookback, recognised by their class
+    baseline (:mod:`gpu_cost.baselines`), or idle replicas of a set whose other members serve
+    (:mod:`gpu_cost.replicas`; unless the job's own log says it finished or crashed) — are reported
+    with ``inference=True`` and only advised. Each finding carries its ``signals`` (what was read,
+    its value, why it counted), a ``confidence`` and ``mem_resident`` (the engine's test of a job
+    it cannot classify).
     """
-    from gpu_cost import baselines, evidence
+    from gpu_cost import baselines, evidence, replicas
     from gpu_cost.snapshot import sparkline
 
     g = snapshot.view(cfg.window)
@@ -253,6 +256,7 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         mem = float(np.nanmin(memmin[pos])) if not np.isnan(memmin[pos]).all() else None
         resident = None if mem is None else mem > policy.rules.zombie.mem_min_mib
         conf, conf_why = evidence.confidence(log, klass, bursts=n_bursts, resident=resident)
+        spare = None if log.get("state") in ("finished", "crashed") else replicas.spare(snapshot, policy, job.job_id)
         signals = [evidence.signal(
             "GPU utilisation", f"max {r(float(np.max(umax[pos])))} % over {int(cfg.window) // 60} min",
             f"every allocated GPU under {cfg.util_max:g} %")]
@@ -272,11 +276,14 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         if session:
             signals.append(evidence.signal("Interactive session", session, "idle while someone types is normal: "
                                            "a longer window and a gentler ladder"))
+        if spare is not None:
+            signals.append(evidence.signal("Replica set", spare.describe(),
+                                           f"spare capacity of a serving set: {spare.advice()}"))
         ev: dict[str, Any] = {
             "util_max": r(float(np.max(umax[pos]))), "util_mean": r(float(np.mean(umean[pos]))),
             "window_s": cfg.window, "util_max_lookback": r(float(np.nanmax(umax_lb[pos]))),
             "bursts_lookback": n_bursts, "runtime_s": round(snapshot.ts - job.start_ts),
-            "confidence": conf, "confidence_why": conf_why, "signals": signals,
+            "confidence": conf, "confidence_why": conf_why, "signals": signals, "mem_resident": resident,
         }
         if mem is not None:
             ev["mem_min_mib"] = r(mem)
@@ -286,12 +293,13 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         if log.get("state"):
             ev["log_state"], ev["log_line"] = log["state"], log.get("line")
         if klass:
-            ev["class"] = {k: klass.get(k) for k in ("key", "members", "kind", "member_kind", "busy_share",
-                                                     "waking_share", "mem_resident_share")}
+            ev["class"] = {k: klass.get(k) for k in evidence.CLASS_KEYS}
         if session:
             ev["interactive"] = session
         why_service = declared or (f"{n_bursts} bursts of activity in the lookback" if behaviour else None) or (
-            baselines.describe(klass) if service else None)
+            baselines.describe(klass) if service else None) or (spare.describe() if spare is not None else None)
+        if spare is not None:
+            ev["replica_set"] = spare.evidence()
         if why_service:
             ev["inference"] = why_service
         hosts = sorted({h for h, _ in keys})

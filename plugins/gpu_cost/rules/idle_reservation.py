@@ -8,22 +8,34 @@ Policy (``rules.idle_reservation``)::
       util_max: 5         # % — a reserved node's GPU above this in the window counts as used
       ladder: [notify, release_reservation (2h)]
       exclude_flags: [MAINT]
+      administrators: [ops-oncall]      # told about other people's idle reservations
+      release_foreign: {users: [], names: []}   # others' that may be released, with approval
 
 A reservation is idle when it is active, began at least ``window`` ago, no job waits for it, and
-some of its nodes run none of its jobs (and, where the metrics show the node's GPUs, none was busy
-in the window). One finding per reservation names the unused nodes; its ladder notifies the
-reservation's first user (or ``owner``), and ``release_reservation`` then deletes a reservation
-nobody uses or shrinks it to the nodes its jobs hold. The ladder's wait is what makes "idle for
-a while" hold across sweeps: a job that starts in the reservation closes the episode. Maintenance
-reservations (``MAINT``) and names in ``exclude_names`` are never found; a reservation whose jobs
-or nodes the snapshot cannot see is left alone (no data, no action).
+some of its nodes run none of its jobs while the GPU metrics show their GPUs idle over the window.
+A node without GPU metrics is unknown, not unused: a reservation with one among its unused nodes
+is not found (no data, no action), nor is one with a stale GPU. One finding per reservation names
+the unused nodes, and says whose it is (``evidence["standing"]``):
+
+``agent``     the agent's own: named with ``reservations.prefix`` *and* recorded in the audit store
+              as made by its ``reserve`` (``Reservation.made_by_agent``); both are needed. Its
+              ladder notifies the reservation's first user (or ``owner``), then
+              ``release_reservation`` deletes it, or shrinks it to the nodes its jobs hold.
+``opted_in``  someone else's that ``release_foreign`` names (every user of it, or its name): the
+              same ladder, but the engine makes a human approve every release.
+``foreign``   anyone else's: notices to ``administrators`` only; the engine keeps the notice rungs
+              of the ladder and refuses a release on every way in.
+
+The ladder's wait is what makes "idle for a while" hold across sweeps: a job that starts in the
+reservation closes the episode. Maintenance reservations (``MAINT``) and names in
+``exclude_names`` are never found.
 """
 
 from __future__ import annotations
 
 import fnmatch
 
-from gpu_cost.model import Finding, Reservation, Snapshot
+from gpu_cost.model import AGENT, FOREIGN, OPTED_IN, Finding, Reservation, Snapshot, reservation_standing
 from gpu_cost.policy.schema import IdleReservationRule, Policy
 from gpu_cost.registry import RuleSpec
 from gpu_cost.rules import register
@@ -35,12 +47,31 @@ def why(f: Finding) -> str:
     unused = ev.get("unused_nodes") or []
     used = ev.get("used_nodes") or []
     seen = int(ev.get("gpus_idle_for_s") or 0)
-    idle = f"their GPUs idle for {seen // 60} min" if seen else "no GPU metrics for them"
     text = (f"reservation {ev.get('reservation')}: {len(unused)} of {ev.get('node_count')} reserved node(s) "
-            f"run none of its jobs ({idle})")
-    if used:
+            f"run none of its jobs (their GPUs idle for {seen // 60} min)")
+    whose = reservation_standing("reservation", ev)
+    if used and whose != FOREIGN:
         text += f" (its jobs hold {', '.join(used)}: shrink to those)"
+    if whose != AGENT:
+        owner = ", ".join(ev.get("users") or []) or ", ".join(ev.get("accounts") or []) or "unknown"
+        text += f"; not the agent's own reservation (it is {owner}'s)"
+        text += (": released only with a human's approval (rules.idle_reservation.release_foreign)"
+                 if whose == OPTED_IN else ": reported to the administrators, never released or shrunk by the agent")
     return text
+
+
+def standing_of(r: Reservation, cfg: IdleReservationRule, policy: Policy) -> str:
+    """Return whose ``r`` is: :data:`AGENT` only with both proofs (the agent's name prefix and its audit
+    row, ``made_by_agent``); else :data:`OPTED_IN` when ``release_foreign`` names every user of it or its
+    name; else :data:`FOREIGN`."""
+    prefix = policy.reservations.prefix
+    if r.made_by_agent and prefix and r.name.startswith(prefix):
+        return AGENT
+    opt = cfg.release_foreign
+    if (r.users and opt.users and set(r.users) <= set(opt.users)) or any(
+            fnmatch.fnmatchcase(r.name, pat) for pat in opt.names):
+        return OPTED_IN
+    return FOREIGN
 
 
 #: the window when the policy sets none (capped at the lookback)
@@ -55,9 +86,11 @@ def window_of(cfg: IdleReservationRule, policy: Policy) -> float:
 SPEC = RuleSpec(
     "idle_reservation", config=IdleReservationRule, target="reservation", title="a reservation whose nodes sit unused",
     label="Idle reservations", why=why, window=window_of,
-    doc="An active Slurm reservation, begun at least ``window`` ago, with nodes no job of it uses (and whose GPUs "
-        "stayed idle where seen) and no job waiting for it; ``release_reservation`` deletes it or shrinks it to "
-        "the nodes in use. Maintenance reservations are left alone.",
+    doc="An active Slurm reservation, begun at least ``window`` ago, with nodes no job of it uses, whose GPUs the "
+        "metrics show idle (no metrics: not found), and no job waiting for it; ``release_reservation`` deletes or "
+        "shrinks only the agent's own (its name prefix and its audit row). Anyone else's is reported to "
+        "``administrators``, released only where ``release_foreign`` names it, with a human's approval. "
+        "Maintenance reservations are left alone.",
     example="""
         rules:
           idle_reservation:
@@ -107,9 +140,10 @@ def idle_reservation(snapshot: Snapshot, cfg: IdleReservationRule, policy: Polic
         if stale:
             continue  # part of it unseen: no data, no action
         unused = [h for h in r.nodes if h not in used and h not in busy]
-        if not unused:
-            continue
+        if not unused or not set(unused) <= seen:
+            continue  # a node without GPU metrics is unknown, not unused: no data, no action
         user = r.users[0] if r.users else (cfg.owner or None)
+        standing = standing_of(r, cfg, policy)
         out.append(Finding(
             rule="idle_reservation", target_kind="reservation", target=f"reservation:{r.name}",
             action="release_reservation", gpus=sum(gpus_of.get(h, 0) for h in unused), user=user,
@@ -118,9 +152,11 @@ def idle_reservation(snapshot: Snapshot, cfg: IdleReservationRule, policy: Polic
                 "reservation": r.name, "node_count": r.node_count, "nodes": list(r.nodes), "unused_nodes": unused,
                 "used_nodes": sorted(used | busy), "jobs": sorted(j.job_id for j in mine if j.running),
                 "reservation_start_ts": r.start_ts, "reservation_end_ts": r.end_ts,
-                "gpus_idle_for_s": window if set(unused) <= seen else 0,
+                "gpus_idle_for_s": window,
                 "accounts": list(r.accounts), "users": list(r.users), "flags": list(r.flags),
-                "window_s": window, "util_max": cfg.util_max,
+                "window_s": window, "util_max": cfg.util_max, "standing": standing,
+                "made_by_agent": r.made_by_agent,
+                **({"administrators": list(cfg.administrators)} if standing != AGENT and cfg.administrators else {}),
             },
         ))
     return out

@@ -26,6 +26,10 @@ Each job also writes a log (:meth:`SimCluster.log_lines`): progress lines while 
 lines of its phases (checkpoints, data loading, the finish, the traceback), access lines of a
 service's bursts; the live snapshot reads the tails of the jobs a rule may find idle.
 
+A scenario may also list Slurm ``reservations:`` (``{name, nodes, start, end, users, accounts, flags,
+partition}``), listed by the snapshot as ``scontrol show reservation`` would from their start until
+their end (the idle-reservation rule's input).
+
 Times in a scenario are offsets (``-5h``) from an *anchor*: by default the start of the current
 UTC day (``anchor: day``), so runs through a day see one consistent cluster whose ladders can
 advance; ``anchor: now`` makes the cluster look the same whenever it is observed; an instant
@@ -53,12 +57,15 @@ import yaml
 
 from gpu_cost import paths
 from gpu_cost.errors import ScenarioError
-from gpu_cost.model import GpuProcess, Job, Node, labels_from_comment, mig_share
+from gpu_cost.model import GpuProcess, Job, Node, Reservation, labels_from_comment, mig_share
 from gpu_cost.timeutil import epoch, iso, parse_duration
 
 #: the behaviours real clusters make hard: quiet but working, or busy-looking but waste
 HARD_BEHAVIOURS = ("service", "checkpoint", "dataload", "finished", "crashed", "interactive")
-BEHAVIOURS = ("training", "zombie", "idle", "dataloader", "inference", "memleak", *HARD_BEHAVIOURS)
+#: the pods of a serving fleet (:func:`serving_fleet`): replicas of one model, and pods that never computed
+FLEET_BEHAVIOURS = ("replica", "never_active")
+BEHAVIOURS = ("training", "zombie", "idle", "dataloader", "inference", "memleak", *HARD_BEHAVIOURS,
+              *FLEET_BEHAVIOURS)
 _BEHAVIOUR_CODE = {b: i for i, b in enumerate(BEHAVIOURS)}
 
 #: behaviour mixes of :func:`generate_scenario` (``behaviours=``); ``hard`` adds a service fleet
@@ -74,6 +81,10 @@ SERVICE_NAMES = ("llama7b-endpoint", "ranker-api", "embedder-api", "mistral-chat
 SERVICE_ACCOUNT = "serving"
 SERVICE_USERS = ("mlops", "svc-llm")
 INTERACTIVE_NAMES = ("jupyter", "interactive", "bash")
+#: what a data-loader-bound job's own processes use (the node wrapper's ``job-log`` activity sample):
+#: CPU cores per GPU it holds, and bytes per second read from storage
+DATALOADER_CORES_PER_GPU = 3.5
+DATALOADER_IO_BPS = 420.0 * 1048576
 #: a progress line every this many seconds while a job trains
 PROGRESS_EVERY = 300.0
 
@@ -121,6 +132,9 @@ class SimJob:
     burst_length: float = 900.0
     #: zombie processes linger this long after the job ends (None: until observed)
     linger: float | None = None
+    #: zombie: the lingering process still names its former job (``SLURM_JOB_ID`` in its environment, as a
+    #: process that escaped the job's cgroup does on a real node); False: it names no job
+    keeps_job_id: bool = False
     leak_mib_per_h: float = 4096.0
     #: service / interactive: the time between bursts is uniform in [burst_every, gap_max] (None: burst_every)
     gap_max: float | None = None
@@ -136,6 +150,10 @@ class SimJob:
     failure: str = "oom"
     #: Slurm's batch flag (None: False for ``interactive``, True otherwise)
     batch: bool | None = None
+    #: replica: no request reaches it for this long after its start (a replica the balancer starves)
+    quiet_until: float = 0.0
+    #: replica: the set's peaks, ``(start, end)`` offsets from the anchor, when every replica it feeds is busy
+    peaks: tuple[tuple[float, float], ...] = ()
     #: seed of the job's own random schedule (bursts of services and sessions)
     rseed: int = 0
     #: MIG slices the job holds on ``node``: ``<gpu>/<GPU instance id>`` (``0/2``)
@@ -153,6 +171,22 @@ class SimJob:
         return self.batch if self.batch is not None else self.behaviour != "interactive"
 
 
+@dataclass(frozen=True, slots=True)
+class SimReservation:
+    """A Slurm reservation of the scenario, as ``scontrol create reservation`` would make it; times are
+    offsets (seconds) from the anchor. Active from ``start`` to ``end``; listed before it starts."""
+
+    name: str
+    nodes: tuple[str, ...]
+    start: float
+    end: float
+    users: tuple[str, ...] = ()
+    accounts: tuple[str, ...] = ()
+    #: Slurm's flags, e.g. ``[WEEKLY]``, ``[MAINT, IGNORE_JOBS]`` (upper-cased as Slurm shows them)
+    flags: tuple[str, ...] = ()
+    partition: str = ""
+
+
 @dataclass(frozen=True)
 class Scenario:
     nodes: tuple[SimNode, ...]
@@ -163,6 +197,7 @@ class Scenario:
     anchor: float | str = "day"
     source: str = "<scenario>"
     node_index: Mapping[str, int] = field(default_factory=dict)
+    reservations: tuple[SimReservation, ...] = ()
 
     @property
     def gpu_count(self) -> int:
@@ -185,7 +220,7 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
     """Build a scenario from parsed YAML, with errors that name the file and the entry."""
     if not isinstance(data, Mapping):
         raise ScenarioError(f"{source}: must be a mapping with nodes and jobs")
-    unknown = set(data) - {"seed", "sample_interval", "anchor", "nodes", "jobs", "generate"}
+    unknown = set(data) - {"seed", "sample_interval", "anchor", "nodes", "jobs", "generate", "reservations"}
     if unknown:
         raise ScenarioError(f"{source}: unknown keys {sorted(unknown)}")
     try:
@@ -201,7 +236,8 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
     if "generate" in data:
         gen = dict(data["generate"] or {})
         sc = generate_scenario(seed=seed, sample_interval=interval, **gen)
-        return dataclasses.replace(sc, anchor=anchor_ts, source=source)
+        resv = _sim_reservations(data.get("reservations"), source, sc.node_index)
+        return dataclasses.replace(sc, anchor=anchor_ts, source=source, reservations=resv)
     nodes = []
     for i, raw in enumerate(data.get("nodes") or []):
         try:
@@ -219,7 +255,44 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
     jobs = []
     for i, raw in enumerate(data.get("jobs") or []):
         jobs.append(_sim_job(raw, f"{source}: jobs[{i}]", index, nodes))
-    return Scenario(tuple(nodes), tuple(jobs), seed, interval, anchor_ts, source, index)
+    return Scenario(tuple(nodes), tuple(jobs), seed, interval, anchor_ts, source, index,
+                    _sim_reservations(data.get("reservations"), source, index))
+
+
+def _sim_reservations(raw: Any, source: str, index: Mapping[str, int]) -> tuple[SimReservation, ...]:
+    """Return a scenario's ``reservations:`` (``{name, nodes, start, end, users, accounts, flags, partition}``)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        raise ScenarioError(f"{source}: reservations must be a list")
+    out: list[SimReservation] = []
+    for i, item in enumerate(raw):
+        where = f"{source}: reservations[{i}]"
+        if not isinstance(item, Mapping):
+            raise ScenarioError(f"{where}: must be a mapping")
+        d = dict(item)
+        try:
+            for key in ("start", "end"):
+                if d.get(key) is None:
+                    raise ValueError(f"{key} is required")
+                d[key] = _offset(d[key])
+            for key in ("nodes", "users", "accounts"):
+                d[key] = tuple(str(x) for x in d.get(key) or ())
+            d["flags"] = tuple(str(x).upper() for x in d.get("flags") or ())
+            r = SimReservation(**d)
+        except (TypeError, ValueError) as exc:
+            raise ScenarioError(f"{where}: {exc}") from None
+        if not r.name:
+            raise ScenarioError(f"{where}: name is required")
+        if r.name in {o.name for o in out}:
+            raise ScenarioError(f"{where}: a second reservation named {r.name!r}")
+        missing = [h for h in r.nodes if h not in index]
+        if not r.nodes or missing:
+            raise ScenarioError(f"{where}: nodes {missing or '[]'} are not nodes of the scenario")
+        if r.end <= r.start:
+            raise ScenarioError(f"{where}: end is not after start")
+        out.append(r)
+    return tuple(out)
 
 
 def scenario_to_dict(sc: Scenario) -> dict[str, Any]:
@@ -246,8 +319,14 @@ def scenario_to_dict(sc: Scenario) -> dict[str, Any]:
             row["also"] = {h: list(g) for h, g in row["also"]}
         if "mig" in row:
             row["mig"] = list(row["mig"])
+        if "peaks" in row:
+            row["peaks"] = [list(p) for p in row["peaks"]]
     anchor = sc.anchor if isinstance(sc.anchor, str) else iso(float(sc.anchor))
-    return {"seed": sc.seed, "sample_interval": sc.sample_interval, "anchor": anchor, "nodes": nodes, "jobs": jobs}
+    out = {"seed": sc.seed, "sample_interval": sc.sample_interval, "anchor": anchor, "nodes": nodes, "jobs": jobs}
+    if sc.reservations:
+        out["reservations"] = [{k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(r).items()}
+                               for r in sc.reservations]
+    return out
 
 
 def _sim_job(raw: Any, where: str, index: Mapping[str, int], nodes: Sequence[SimNode]) -> SimJob:
@@ -262,6 +341,9 @@ def _sim_job(raw: Any, where: str, index: Mapping[str, int], nodes: Sequence[Sim
         d["job_id"] = str(d.get("job_id", ""))
         d["gpus"] = tuple(int(g) for g in d.get("gpus") or ())
         d["mig"] = tuple(str(x) for x in d.get("mig") or ())
+        d["peaks"] = tuple((_offset(a), _offset(b)) for a, b in d.get("peaks") or ())
+        if d.get("quiet_until") is not None:
+            d["quiet_until"] = _offset(d["quiet_until"])
         also = d.get("also") or {}
         d["also"] = tuple((str(h), tuple(int(g) for g in gs)) for h, gs in (also.items() if isinstance(also, Mapping) else also))
         job = SimJob(**d)
@@ -361,8 +443,11 @@ def generate_scenario(
     allocation, interactive sessions, and a fleet of long-lived service endpoints (about one per
     node, at least 6, on GPUs of their own, running from before ``-days`` to past the end).
     """
+    if behaviours == "serving-fleet":
+        return serving_fleet(nodes=nodes, gpus_per_node=gpus_per_node, days=days or 1.0, seed=seed,
+                             sample_interval=sample_interval, model=model, anchor=anchor)
     if behaviours not in MIXES:
-        raise ScenarioError(f"behaviours {behaviours!r} is not one of {', '.join(MIXES)}")
+        raise ScenarioError(f"behaviours {behaviours!r} is not one of {', '.join([*MIXES, 'serving-fleet'])}")
     hard = behaviours == "hard"
     rng = np.random.default_rng(seed)
     mix = dict(mix or MIXES[behaviours])
@@ -569,6 +654,134 @@ def _service_fleet(nodes: Sequence[SimNode], rng: np.random.Generator,
             rseed=int(rng.integers(2**31)),
         ))
     return out, {k: v for k, v in used.items() if v}
+
+
+#: replica sets of a serving fleet: stems that no inference name glob of the shipped policy matches, owners
+FLEET_STEMS = ("chat-api", "qwen-pod", "llm-pool", "assistant-gen", "rag-answerer", "summarize-api", "code-assist",
+               "mixtral-chat")
+FLEET_OWNERS = ("llmops", "svc-chat", "platform-ai")
+FLEET_RESEARCHERS = ("ann", "bob", "cho", "dev")
+#: the alphabet of Kubernetes' generated names (no vowels, no 0, 1, 3)
+_K8S = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def serving_fleet(*, nodes: int = 18, gpus_per_node: int = 8, days: float = 1.0, seed: int = 0,
+                  sample_interval: float = 60.0, model: str = "h100", anchor: float | None = None) -> Scenario:
+    """Return a production LLM serving cluster observed over ``[-days, 0]``: replica sets of one model
+    each, one GPU a pod, and the waste that is still there to find.
+
+    Drawn per seed, the space the real fleets span:
+
+    * 1-3 replica sets, each one owner and one name stem (``chat-api-3``, ``chat-api-7f9c2``,
+      ``chat-api-5d8f7c9b4-x2k4p``: StatefulSet, hashed or Deployment names), one model each: the same
+      resident memory on every pod (8-60 % of the framebuffer);
+    * the set busy (util > 1 %) 20-60 % of the time: a trickle of short requests (1-5 min at 3-60 %),
+      each pod its own share of the load (load balancing is not fair), and 1-3 peaks a day (20-60
+      min) in which every replica fed is busy;
+    * a few replicas per set starved: no request for 60-95 % of their life, then served;
+    * a one-day deployment: most pods start in the first hour, some later (scale-ups), no history before;
+    * waste: pods that never computed (a CUDA context held, no activity, alive 30 min to 6 h),
+      finished training jobs whose process lingers (memory held, its job over) for 1-4 h, and a
+      few training jobs.
+
+    The pods write no Slurm log (a serving platform keeps its own): the agent reads none.
+    """
+    if days < 0.25 or nodes < 1 or gpus_per_node < 1:
+        raise ScenarioError(f"a serving fleet needs at least 6 hours and a GPU (days={days:g}, nodes={nodes}, "
+                            f"gpus_per_node={gpus_per_node})")
+    rng = np.random.default_rng([seed, 0x5E4F1EE7])
+    sim_nodes = tuple(SimNode(name=f"s{i:04d}", gpus=gpus_per_node, model=model) for i in range(nodes))
+    slots = [(n.name, g) for n in sim_nodes for g in range(n.gpus)]
+    horizon = days * 86400.0
+    t0 = -horizon
+    jobs: list[SimJob] = []
+    jid = 400000
+
+    def take() -> tuple[str, int] | None:
+        return slots.pop(0) if slots else None
+
+    # a few training jobs (busy throughout) and finished ones whose process lingers
+    for _ in range(int(rng.integers(1, 3))):
+        slot = take()
+        if slot is None:
+            break
+        jid += 1
+        start = t0 - float(rng.uniform(0, 6 * 3600))
+        jobs.append(SimJob(job_id=str(jid), user=FLEET_RESEARCHERS[int(rng.integers(len(FLEET_RESEARCHERS)))],
+                           behaviour="training", node=slot[0], gpus=(slot[1],), start=start, end=None,
+                           account="research", name=f"pretrain-{jid}", time_limit=7 * 86400.0))
+    for _ in range(int(rng.integers(2, 5))):
+        slot = take()
+        if slot is None:
+            break
+        jid += 1
+        start = t0 + float(rng.uniform(0, max(3600.0, horizon - 8 * 3600)))
+        end = start + float(rng.uniform(3600, 4 * 3600))
+        jobs.append(SimJob(job_id=str(jid), user=FLEET_RESEARCHERS[int(rng.integers(len(FLEET_RESEARCHERS)))],
+                           behaviour="zombie", node=slot[0], gpus=(slot[1],), start=start, end=end,
+                           linger=float(rng.uniform(3600, 4 * 3600)), account="research", name=f"finetune-{jid}",
+                           time_limit=86400.0))
+    n_sets = int(rng.integers(1, 4))
+    n_never = int(rng.integers(2, 5))
+    left = len(slots) - n_never
+    if left < 2 * n_sets:
+        n_sets = max(1, left // 2)
+    stems = rng.permutation(len(FLEET_STEMS))[:n_sets]
+    # every set at least two replicas (a set of one is no set): one each, the rest split at random
+    sizes = [x + 1 for x in _split(left - n_sets, n_sets, rng)] if n_sets > 1 else [max(left, 2)]
+    for k, size in enumerate(sizes):
+        stem = FLEET_STEMS[int(stems[k])]
+        owner = FLEET_OWNERS[k % len(FLEET_OWNERS)]
+        style = int(rng.integers(3))
+        rs_hash = "".join(_K8S[int(i)] for i in rng.integers(len(_K8S), size=9))
+        mem_share = float(rng.uniform(0.08, 0.6))
+        busy = float(rng.uniform(0.2, 0.6))
+        peaks = tuple(sorted((a, a + float(rng.uniform(1200, 3600)))
+                             for a in rng.uniform(t0 + 2 * 3600, -3600, size=int(rng.integers(1, 4)))))
+        starved = set(rng.permutation(size)[:int(rng.integers(1, 4))].tolist()) if size >= 4 else set()
+        for i in range(size):
+            slot = take()
+            if slot is None:
+                break
+            jid += 1
+            late = rng.random() < 0.15
+            start = t0 + (float(rng.uniform(2 * 3600, horizon - 2 * 3600)) if late else float(rng.uniform(0, 3600)))
+            name = (f"{stem}-{i}" if style == 0 else
+                    f"{stem}-{_hex5(rng)}" if style == 1 else
+                    f"{stem}-{rs_hash}-{''.join(_K8S[int(c)] for c in rng.integers(len(_K8S), size=5))}")
+            share = float(np.clip(busy * rng.lognormal(0.0, 0.3), 0.05, 0.75))
+            length = float(rng.uniform(120, 300))  # a burst lasts 1 min to this long
+            mean = (60.0 + length) / 2
+            # a burst of L seconds shows in about L/60 + 1/2 one-minute samples: the gap that gives the share
+            quiet = float(rng.uniform(0.6, 0.95)) * (-start) if i in starved else 0.0
+            jobs.append(SimJob(
+                job_id=str(jid), user=owner, behaviour="replica", node=slot[0], gpus=(slot[1],), start=start,
+                end=None, account="llm-platform", name=name, time_limit=30 * 86400.0, mem_share=mem_share,
+                burst_min=60.0, burst_length=length, burst_every=max(60.0, (mean + 30.0) / share - mean),
+                quiet_until=quiet, peaks=tuple(p for p in peaks if p[0] >= start + quiet),
+                rseed=int(rng.integers(2**31)),
+            ))
+        # pods of the set that never computed: a CUDA context, no request ever
+        for _ in range(n_never if k == 0 else 0):
+            slot = take()
+            if slot is None:
+                break
+            jid += 1
+            start = t0 + float(rng.uniform(0, horizon - 1800))
+            end = start + float(rng.uniform(1800, 6 * 3600))
+            jobs.append(SimJob(job_id=str(jid), user=owner, behaviour="never_active", node=slot[0], gpus=(slot[1],),
+                               start=start, end=end if end < 0 else None, account="llm-platform",
+                               name=f"{stem}-{_hex5(rng)}", time_limit=30 * 86400.0,
+                               mem_mib=float(rng.uniform(300, 900))))
+    index = {n.name: i for i, n in enumerate(sim_nodes)}
+    pinned: float | str = float(anchor) if anchor is not None else "now"
+    return Scenario(sim_nodes, tuple(jobs), seed, sample_interval, pinned, "<serving-fleet>", index)
+
+
+def _hex5(rng: np.random.Generator) -> str:
+    """Return a five-digit hex hash with a digit in it (one of letters only reads as a word: ``decaf``)."""
+    text = f"{int(rng.integers(16 ** 5)):05x}"
+    return text if any(c.isdigit() for c in text) else text[:4] + str(int(rng.integers(10)))
 
 
 def _noise(seed: int, gpu_ids: np.ndarray, t_idx: np.ndarray) -> np.ndarray:
@@ -854,7 +1067,7 @@ class SimCluster:
                 out.append(
                     GpuProcess(
                         host=host, pid=pid, gpu_uuid=uuid, gpu=g, used_mib=round(used, 1),
-                        start_ts=float(int(s)), job_id=None if zombie_tail else j.job_id, user=j.user,
+                        start_ts=float(int(s)), job_id=None if zombie_tail and not j.keeps_job_id else j.job_id, user=j.user,
                         name="python", mig=gi,
                         mig_profile=str(self.mig["mig_profile"][row]) if gi and self.mig is not None else "",
                     )
@@ -892,11 +1105,28 @@ class SimCluster:
         e = math.inf if j.end is None else self.anchor + j.end
         lines = job_log_lines(j, s, e, -math.inf, now)
         text = [line for _, _, line in lines]
-        return {
+        out: dict[str, Any] = {
             "path": f"/home/{j.user}/slurm-{j.job_id}.out", "text": tail_lines(text, max_bytes),
             "size": sum(len(line.encode("utf-8")) + 1 for line in text),
             "mtime": float(lines[-1][0]) if lines else None,
         }
+        if j.behaviour == "dataloader" and s <= now < e:
+            # what the wrapper samples of the job's processes: its data-loader workers keep the CPUs and
+            # the storage busy while the GPUs wait for the next batch (other behaviours: not simulated)
+            out.update(cpu_cores=DATALOADER_CORES_PER_GPU * max(1, len(j.gpus)), io_bps=DATALOADER_IO_BPS)
+        return out
+
+    def reservations_at(self, t: float) -> list[Reservation]:
+        """Return the reservations as ``scontrol show reservation`` lists them at ``t`` (not those ended)."""
+        out = []
+        for r in self.scenario.reservations:
+            start, end = self.anchor + r.start, self.anchor + r.end
+            if end <= t:
+                continue
+            out.append(Reservation(name=r.name, start_ts=start, end_ts=end, nodes=r.nodes, node_count=len(r.nodes),
+                                   state="ACTIVE" if start <= t else "INACTIVE", accounts=r.accounts, users=r.users,
+                                   partition=r.partition, flags=r.flags))
+        return out
 
     def nodes_at(self, t: float) -> list[Node]:
         alloc: dict[str, int] = {}
@@ -960,6 +1190,19 @@ def _behaviour(j: SimJob, tau: np.ndarray, noise: np.ndarray, total: np.ndarray,
     if j.behaviour == "crashed":
         busy = tau2 < j.busy_first
         return np.where(busy, 85 + 13 * noise, 0.0), np.where(busy, total * 0.85 + 200 * noise, 0.0)
+    if j.behaviour == "replica":
+        # requests: a trickle of short bursts (3-60 %), busy throughout the set's peaks; idle under 1 %
+        burst = _in_bursts(j, tau2)
+        peak = np.zeros(shape, dtype=bool)
+        for a, b in j.peaks:
+            peak |= (tau2 >= a - (j.start or 0.0)) & (tau2 < b - (j.start or 0.0))
+        util = np.where(peak, 50 + 45 * noise, np.where(burst, 3 + 57 * noise, 0.8 * noise))
+        mem = np.broadcast_to(total * (0.2 if j.mem_share is None else j.mem_share), shape) + 30 * noise
+        return util, mem
+    if j.behaviour == "never_active":
+        # a pod that never got to work: its server holds a CUDA context, computes nothing
+        context = np.full_like(total, 512.0 if j.mem_mib is None else j.mem_mib)
+        return 0.8 * noise, np.broadcast_to(context, shape) + 20 * noise
     if j.behaviour == "interactive":
         burst = _in_bursts(j, tau2)
         util = np.where(burst, 20 + 60 * noise, 0.0)
@@ -982,12 +1225,13 @@ def _burst_schedule(j: SimJob, upto: float) -> tuple[np.ndarray, np.ndarray]:
     lo_len = min(hi_len, j.burst_min if j.burst_min is not None else hi_len)
     starts: list[float] = []
     ends: list[float] = []
-    t = float(rng.uniform(0, lo_gap))
+    replica = j.behaviour == "replica"  # requests arrive at random: exponential gaps of mean burst_every
+    t = j.quiet_until + (float(rng.exponential(lo_gap)) if replica else float(rng.uniform(0, lo_gap)))
     while t < upto:
         length = float(rng.uniform(lo_len, hi_len))
         starts.append(t)
         ends.append(t + length)
-        t += length + float(rng.uniform(lo_gap, hi_gap))
+        t += length + (float(rng.exponential(lo_gap)) if replica else float(rng.uniform(lo_gap, hi_gap)))
     return np.array(starts), np.array(ends)
 
 
@@ -1024,8 +1268,8 @@ def job_log_lines(j: SimJob, s: float, e: float, lo: float, hi: float) -> list[t
     out: list[tuple[int, str, str]] = []
     hi = min(hi, e - 1e-9)
     lo = max(lo, s - 1.0)  # nothing before the start (and no infinite bounds below)
-    if hi <= lo or not math.isfinite(hi):
-        return out
+    if hi <= lo or not math.isfinite(hi) or j.behaviour in FLEET_BEHAVIOURS:
+        return out  # a serving fleet's pods log to their platform, not to a Slurm StdOut the agent reads
     seed = zlib.crc32(j.job_id.encode())
     name = j.name or f"job-{j.job_id}"
     beh = j.behaviour
@@ -1195,9 +1439,11 @@ def snapshot(policy: Any, now: float, scenario: Scenario | None = None, shard: t
     sc = scenario or load_scenario()
     cluster = SimCluster(sc, anchor=now)
     jobs, nodes = cluster.jobs_at(now), cluster.nodes_at(now)
+    resv = cluster.reservations_at(now) if policy.rules.idle_reservation.enabled else []
     sel = None
     if shard is not None and shard[1] > 1:
-        sel = shards.select([n.name for n in nodes], jobs, (), *shard)
+        sel = shards.select([n.name for n in nodes], jobs, resv, *shard)
+        resv = [r for r in resv if r.name in sel.owned_reservations]
         procs = cluster.processes_at(now, sel.hosts)
         sel = shards.widen(sel, (p.job_id for p in procs if p.job_id))
         jobs = [j for j in jobs if j.job_id in sel.jobs]
@@ -1210,6 +1456,7 @@ def snapshot(policy: Any, now: float, scenario: Scenario | None = None, shard: t
         mem_total=m.mem_total, times=m.times, util=m.util, mem=m.mem, power=m.power, job=m.job,
         jobs=jobs, processes=procs, nodes=nodes, mig=m.mig,
     )
+    snap.reservations = tuple(resv)
     # the node wrapper's job-log verb: the log tails of the jobs a rule may find idle (a shard: of the
     # jobs it judges; the run keeps the cluster's first ``max_jobs_per_sweep``, gpu_cost.shards.merge)
     max_bytes = policy.evidence.job_log.max_bytes

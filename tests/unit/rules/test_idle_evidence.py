@@ -307,9 +307,19 @@ def decision(f: Finding, policy: Policy = ENFORCE, escalations: dict | None = No
 
 
 def low_confidence_finding() -> Finding:
-    f = idle(snap())[0]  # memory resident, nothing else known
+    # memory resident, nothing in the log, a class that says training: low confidence, but classified
+    f = idle(snap(classes={"1": dict(SERVICE, kind="training", busy_share=0.9)}))[0]
     assert f.evidence["confidence"] < ENFORCE.evidence.min_confidence
     return f
+
+
+def test_a_job_the_agent_cannot_classify_gets_notices_only() -> None:
+    f = idle(snap())[0]  # memory resident, nothing else known: no class, confidence under min_confidence
+    assert f.evidence["confidence"] < ENFORCE.evidence.min_confidence and f.evidence["mem_resident"] is True
+    plan = decide([f], ENFORCE, now=NOW, escalations=at_demote(f), total_gpus=64)
+    assert plan.decisions == [] and plan.waiting[0]["why"] == "ladder complete"
+    d = decision(f, escalations={})
+    assert d.action == "notify" and "the agent cannot classify it (kind unknown)" in d.evidence["unsure"]
 
 
 def test_low_confidence_makes_a_destructive_rung_wait_for_a_human() -> None:
