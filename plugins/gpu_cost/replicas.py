@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -122,6 +122,29 @@ def replica_sets(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
         return {}
     found: dict[str, ReplicaSet] = snapshot.memo("replica_sets", snapshot.gpus, lambda: _build(snapshot, policy))
     return found
+
+
+def to_json(sets: Mapping[str, ReplicaSet]) -> dict[str, Any]:
+    """Return job id → set as plain data (a sharded run keeps the cluster's sets in the audit store)."""
+    return {jid: {**asdict(rs), "members": list(rs.members), "busy_now": list(rs.busy_now),
+                  "serving": list(rs.serving)} for jid, rs in sets.items()}
+
+
+def from_json(data: Mapping[str, Any]) -> dict[str, ReplicaSet]:
+    """Return the sets :func:`to_json` wrote."""
+    return {str(jid): ReplicaSet(**{**d, "members": tuple(d["members"]), "busy_now": tuple(d["busy_now"]),
+                                    "serving": tuple(d["serving"])}) for jid, d in data.items()}
+
+
+def use(snapshot: Snapshot, sets: Mapping[str, ReplicaSet]) -> None:
+    """Make ``snapshot`` (one node group's view) judge its jobs by the whole cluster's replica sets.
+
+    A set spans node groups: a member's siblings may sit in another group's view, so a view alone
+    would see a smaller set, or none, and could take a replica for a lone idle job.
+    """
+    cached: dict[str, ReplicaSet] = snapshot.memo("replica_sets", snapshot.gpus, dict)
+    cached.clear()
+    cached.update(sets)
 
 
 def spare(snapshot: Snapshot, policy: Policy, job_id: str) -> ReplicaSet | None:

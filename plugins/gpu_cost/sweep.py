@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpu_cost import answers, baselines, reservations, shards, verifier
+from gpu_cost import answers, baselines, replicas, reservations, shards, verifier
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.errors import GpuCostError
 from gpu_cost.model import Decision, Finding, Snapshot
@@ -90,10 +90,13 @@ def merge_shards(views: Sequence[Snapshot], policy: Policy, store: AuditStore | 
 
 
 def detect_shard(view: Snapshot, policy: Policy, shard: int, of: int, store: AuditStore, *,
-                 log_jobs: Sequence[str] | None = None) -> list[Finding]:
+                 log_jobs: Sequence[str] | None = None,
+                 replica_sets: Mapping[str, replicas.ReplicaSet] | None = None) -> list[Finding]:
     """Return the findings node group ``shard`` of ``of`` answers for, from its view.
 
     :param log_jobs: the jobs whose logs the run keeps (:func:`merge_shards`); None keeps the view's.
+    :param replica_sets: the whole cluster's replica sets (:func:`gpu_cost.replicas.replica_sets` of the
+        merged snapshot): a set spans node groups, and a view alone would see it smaller or not at all.
     The class baselines are read back for the group's jobs: every group has recorded its own by now.
     """
     if of == 1:
@@ -102,6 +105,8 @@ def detect_shard(view: Snapshot, policy: Policy, shard: int, of: int, store: Aud
     if log_jobs is not None:
         keep = set(log_jobs)
         view.job_logs = {k: v for k, v in view.job_logs.items() if k in keep}
+    if replica_sets is not None:
+        replicas.use(view, replica_sets)
     baselines.observe(store, view, policy, learn=False, only=sel.owned_jobs)
     return shards.owned(detect(view, policy), sel)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pandas.testing import assert_frame_equal
 
-from gpu_cost import baselines, shards, sweep
+from gpu_cost import baselines, replicas, shards, sweep
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.errors import GpuCostError
 from gpu_cost.model import Finding, Job, Reservation
@@ -30,7 +30,8 @@ def _sweep(policy, scenario, of: int, db: Path, *, generic: bool = False):  # ty
         baselines.observe(store, view, policy, run_id="run", only=only)
     snap = sweep.merge_shards(views, policy, store)
     logs = sorted(snap.job_logs)
-    found = shards.merge_findings(sweep.detect_shard(v, policy, i, of, store, log_jobs=logs)
+    sets = replicas.replica_sets(snap, policy) if of > 1 else None
+    found = shards.merge_findings(sweep.detect_shard(v, policy, i, of, store, log_jobs=logs, replica_sets=sets)
                                   for i, v in enumerate(views))
     return snap, found, sweep.plan(found, snap, policy, store, NOW)
 

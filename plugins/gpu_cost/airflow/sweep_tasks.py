@@ -124,7 +124,7 @@ def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: M
         one = parts[0]
         return {**{k: one[k] for k in ("run_id", "now", "policy", "source", "gpus", "jobs", "degraded", "problems")},
                 "shards": 1, "log_jobs": None}
-    from gpu_cost import shards, sweep
+    from gpu_cost import replicas, shards, sweep
     from gpu_cost.model import Snapshot
     from gpu_cost.report.usage import record_usage
 
@@ -133,6 +133,8 @@ def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: M
     views = [Snapshot.from_json(store.load_snapshot(shards.snapshot_key(run_id, i, of))) for i in range(of)]
     snap = sweep.merge_shards(views, policy, store)
     store.save_snapshot(run_id, now, snap.to_json())
+    # replica sets span node groups: the groups' detect judge their jobs by the cluster's sets
+    store.save_snapshot(replicas_key(run_id), now, _dumps(replicas.to_json(replicas.replica_sets(snap, policy))))
     warnings = record_usage(store, snap, policy, run_id=run_id, **_cadence(context, now))["warnings"]
     logger.info("snapshot of %d shards at %s: %d GPUs, %d running jobs, %d processes, problems=%s", of, now,
                 len(snap.gpus), len(snap.running_jobs()), len(snap.processes), list(snap.problems))
@@ -184,6 +186,11 @@ def findings_key(run_id: str, shard: int, of: int) -> str:
     return f"{run_id}#findings-{shard}-of-{of}"
 
 
+def replicas_key(run_id: str) -> str:
+    """Return the key a sharded run's replica sets (the whole cluster's) are parked under in ``gpu_cost_snapshots``."""
+    return f"{run_id}#replicas"
+
+
 def plan_key(run_id: str) -> str:
     """Return the key the run's plan (the engine's decisions) is parked under in ``gpu_cost_snapshots``."""
     return f"{run_id}#plan"
@@ -207,7 +214,14 @@ def detect(ref: Mapping[str, Any], part: Mapping[str, Any], context: Mapping[str
     run_id, store, policy, now = _run(context)
     shard, of = _part(part, policy)
     view = Snapshot.from_json(store.load_snapshot(shards.snapshot_key(run_id, shard, of)))
-    findings = sweep.detect_shard(view, policy, shard, of, store, log_jobs=ref.get("log_jobs"))
+    sets = None
+    if of > 1:
+        import json
+
+        from gpu_cost import replicas
+
+        sets = replicas.from_json(json.loads(store.load_snapshot(replicas_key(run_id))))
+    findings = sweep.detect_shard(view, policy, shard, of, store, log_jobs=ref.get("log_jobs"), replica_sets=sets)
     for f in findings:
         logger.info("finding %s %s (%s, %d GPU) suggested %s", f.rule, f.target, f.user, f.gpus, f.action)
     store.save_snapshot(findings_key(run_id, shard, of), now, _dumps([f.to_dict() for f in findings]))
