@@ -33,8 +33,10 @@ from gpu_cost.timeutil import iso
 pytestmark = pytest.mark.integration
 
 KEY = b"test-link-key"
+# the notice limit is not what these tests are about: every notice of their sweeps goes out
 POLICY = """
 mode: enforce
+notifications: {max_per_user_per_hour: 100}
 people:
   bob: {slack: UBOB, email: bob@example.org, manager: dave}
   carol: {slack: UCAROL, email: carol@example.org, manager: dave}
@@ -91,8 +93,7 @@ def _of(run: dict[str, Any], target: str) -> list[tuple[str, int]]:
     return [(d["action"], d["rung"]) for d in run["decisions"] if d["target"] == target]
 
 
-def test_keep_on_a_zombie_notice_holds_the_process_its_former_job_and_its_gpu(policy, webhook) -> None:  # type: ignore[no-untyped-def]
-    store = AuditStore("sqlite:///:memory:").ensure_schema()
+def test_keep_on_a_zombie_notice_holds_the_process_its_former_job_and_its_gpu(policy, webhook, store) -> None:  # type: ignore[no-untyped-def]
     scenario = _scenario(anchor=ANCHOR, zombie_keeps_job_id=True)
     first = _sweep(policy, store, T0, "z1", scenario)
     [zombie] = [d for d in first["decisions"] if d["rule"] == "zombie"]
@@ -117,8 +118,7 @@ def test_keep_on_a_zombie_notice_holds_the_process_its_former_job_and_its_gpu(po
     assert _of(later, zombie["target"]) == [("kill_process", 1)]
 
 
-def test_wrong_ends_the_episode_expires_and_labels_once(policy, webhook) -> None:  # type: ignore[no-untyped-def]
-    store = AuditStore("sqlite:///:memory:").ensure_schema()
+def test_wrong_ends_the_episode_expires_and_labels_once(policy, webhook, store) -> None:  # type: ignore[no-untyped-def]
     scenario = _scenario(anchor="day")  # every observed day looks the same: job 1003 idles on each
     first = _sweep(policy, store, T0, "w1", scenario)
     [notice] = [d for d in first["decisions"] if d["target"] == "job:1003"]
