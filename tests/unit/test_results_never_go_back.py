@@ -210,7 +210,10 @@ COVERED = {"insert_escalation", "touch_escalation", "advance_escalation", "close
            "upsert_usage", "upsert_job_usage", "upsert_forecast", "upsert_class_members", "upsert_outcome",
            "upsert_rightsize", "insert_saving"}
 #: state writes that are not about instants: who snoozed what (an operator's command, not a run's result)
-NOT_INSTANT = {"snooze_escalations"}
+# rescale_*: a sweep recorded late shrinks the next sweep's share of time; it only ever lowers
+# interval_s (WHERE interval_s > :interval_s), so an older write cannot undo a newer one either
+# (tests/unit/report/test_usage_coverage.py::test_a_sweep_recorded_after_a_later_one_takes_its_share_back)
+NOT_INSTANT = {"snooze_escalations", "rescale_usage", "rescale_job_usage"}
 
 
 @pytest.fixture
