@@ -25,5 +25,5 @@ ENV GPU_COST_INCLUDE=/opt/airflow/include \
     AIRFLOW__CORE__LOAD_EXAMPLES=false
 
 # Fails the build when the package or a DAG dependency cannot be imported.
-RUN python -c "import gpu_cost, gpu_cost.cli, gpu_cost.airflow.plugin, airflow.providers.celery, airflow.providers.postgres" \
+RUN python -c "import gpu_cost, gpu_cost.cli.main, gpu_cost.airflow.plugin, airflow.providers.celery, airflow.providers.postgres" \
     && gpu-cost --help > /dev/null

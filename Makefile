@@ -49,6 +49,7 @@ test-clock-ahead: setup system-deps
 lint: setup
 	$(BIN)/ruff check plugins dags tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: setup
 	$(BIN)/python -m bench.run_all
@@ -57,7 +58,7 @@ clean:
 	rm -rf $(VENV) .demo .gpu_cost
 
 # the documentation site (MkDocs, Material theme) into ./site; --strict fails on a broken link or a page
-# missing from the nav. The generated references: .venv/bin/python -m gpu_cost.docgen (docs/development.md)
+# missing from the nav. The generated references: .venv/bin/python -m gpu_cost.cli.docgen (docs/development.md)
 .PHONY: docs report-picture
 docs: setup
 	$(BIN)/mkdocs build --strict -d site

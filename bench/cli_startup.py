@@ -22,12 +22,12 @@ from bench._common import report
 
 
 def gpu_cost_command() -> list[str]:
-    """Return the ``gpu-cost`` console script next to this interpreter, else on PATH, else ``python -m gpu_cost.cli``."""
+    """Return the ``gpu-cost`` console script next to this interpreter, else on PATH, else ``python -m gpu_cost.cli.main``."""
     here = Path(sys.executable).parent / "gpu-cost"
     if here.is_file():
         return [str(here)]
     found = shutil.which("gpu-cost")
-    return [found] if found else [sys.executable, "-m", "gpu_cost.cli"]
+    return [found] if found else [sys.executable, "-m", "gpu_cost.cli.main"]
 
 
 def timed(argv: list[str], repeat: int) -> dict[str, object]:

@@ -56,8 +56,9 @@ def run(n_series: int, workers: int, jobs_path: str | None, nodes: int) -> dict[
     from concurrent.futures import ProcessPoolExecutor
 
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.forecast import history, nightly, prophet_util
-    from gpu_cost.policy import load_policy
+    from gpu_cost.capacity.forecast import history, nightly, prophet_util
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.sim import cluster as sim_cluster
 
     prophet_util.silence()
     policy = load_policy()
@@ -65,7 +66,7 @@ def run(n_series: int, workers: int, jobs_path: str | None, nodes: int) -> dict[
     store = AuditStore(f"sqlite:///{tmp / 'audit.db'}").ensure_schema()
     base = rss_mb()
     series = synthetic_series(n_series)
-    jobs = history.load_jobs(jobs_path) if jobs_path else history.sim_jobs(NOW, DAYS, nodes=nodes)
+    jobs = history.load_jobs(jobs_path) if jobs_path else sim_cluster.sim_jobs(NOW, DAYS, nodes=nodes)
     if jobs_path:  # replay the trace's last 60 days as if tonight were its end
         end = float(jobs["end_ts"].max())
         jobs = jobs[jobs["submit_ts"] >= end - DAYS * 86400].copy()

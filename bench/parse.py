@@ -42,8 +42,8 @@ from bench._common import in_fresh_process, report
 
 ROOT = Path(__file__).resolve().parents[1]
 #: modules that must not be imported while a DAG file is parsed
-HEAVY = ("pandas", "numpy", "prophet", "matplotlib", "sqlalchemy.orm", "paramiko", "gpu_cost.sources.prometheus",
-         "gpu_cost.sweep", "gpu_cost.audit.store", "gpu_cost.snapshot", "gpu_cost.forecast.nightly")
+HEAVY = ("pandas", "numpy", "prophet", "matplotlib", "sqlalchemy.orm", "paramiko", "gpu_cost.perceive.prometheus",
+         "gpu_cost.loop.sweep", "gpu_cost.audit.store", "gpu_cost.perceive.snapshot", "gpu_cost.capacity.forecast.nightly")
 TRIVIAL_DAG = '''
 import pendulum
 from airflow.sdk import dag, task

@@ -3,7 +3,7 @@
 ``make bench``'s ``bench.queries`` shows that a sweep's query count is constant; this one shows what
 the queries cost Prometheus once the cluster is large. It builds a real Prometheus TSDB for a
 generated cluster of ``--gpus`` GPUs (8 per node) with 6 h 10 min of 1-minute samples in
-dcgm-exporter's format (``gpu_cost.sources.exporter.openmetrics_history``, the simulator's
+dcgm-exporter's format (``gpu_cost.sim.exporter.openmetrics_history``, the simulator's
 series; written in 2-hour slices and loaded with ``promtool tsdb create-blocks-from
 openmetrics``), adds the shipped recording rules' output for that range (``promtool tsdb
 create-blocks-from rules`` against the loaded server, as ``tests/fixtures/prometheus.py``'s
@@ -65,7 +65,7 @@ def _uptime() -> str:
 
 def cluster(gpus: int, jobs: int, anchor: float) -> Any:
     """Return the simulated cluster: ``gpus`` GPUs, two running jobs per node, pending jobs up to ``jobs``."""
-    from gpu_cost.sources.sim import SimCluster, generate_scenario
+    from gpu_cost.sim.cluster import SimCluster, generate_scenario
 
     nodes = max(1, math.ceil(gpus / 8))
     sc = generate_scenario(nodes=nodes, gpus_per_node=8, jobs_per_node=2, pending=max(0, jobs - 2 * nodes), seed=5,
@@ -75,7 +75,7 @@ def cluster(gpus: int, jobs: int, anchor: float) -> Any:
 
 def load_history(sim: Any, prom: Any, anchor: float) -> int:
     """Write the cluster's history into the TSDB, one promtool block slice at a time; return the samples."""
-    from gpu_cost.sources.exporter import openmetrics_history
+    from gpu_cost.sim.exporter import openmetrics_history
 
     start = anchor - HISTORY
     edges = [start, *[b for b in range(int(start // BLOCK + 1) * BLOCK, int(anchor), BLOCK)], anchor]
@@ -93,7 +93,7 @@ def load_history(sim: Any, prom: Any, anchor: float) -> int:
 
 def squeue_text(jobs: Sequence[Any]) -> str:
     """Return ``squeue --json`` (Slurm 22.05) text for the jobs, each shaped like a captured record."""
-    from gpu_cost.sources.slurm import compress_hostlist
+    from gpu_cost.perceive.slurm import compress_hostlist
 
     doc = json.loads(SQUEUE_TEMPLATE.read_text())
     template = next(j for j in doc["jobs"] if j["job_state"] == "RUNNING")
@@ -132,7 +132,7 @@ class GeneratedSlurm:
         self.parse_s = 0.0
 
     def jobs(self) -> list[Any]:
-        from gpu_cost.sources.slurm import load_json, parse_jobs
+        from gpu_cost.perceive.slurm import load_json, parse_jobs
 
         t0 = time.perf_counter()
         jobs = [j for j in parse_jobs(load_json(self.text, "squeue --json")) if j.running or j.pending]
@@ -152,11 +152,11 @@ class GeneratedSlurm:
 
 def sweep(prom: Any, slurm: GeneratedSlurm, now: float, rules: bool) -> dict[str, Any]:
     """Run one sweep (sensor, snapshot, rules, decisions); return its times and the queries it sent."""
-    from gpu_cost.policy import load_policy
-    from gpu_cost.policy.engine import decide
-    from gpu_cost.rules import run_rules
-    from gpu_cost.sources import live
-    from gpu_cost.sources.prometheus import PromConfig, PrometheusSource
+    from gpu_cost.analyse.rules import run_rules
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.decide.engine import decide
+    from gpu_cost.perceive import live
+    from gpu_cost.perceive.prometheus import PromConfig, PrometheusSource
 
     policy = load_policy()
     source = PrometheusSource(PromConfig(url=prom.url, timeout=600, recording_rules=rules))
@@ -250,7 +250,7 @@ def rules_cost(prom: Any, at: float) -> dict[str, Any]:
     """Samples one evaluation of the shipped rules reads (each asked as an instant query at their evaluation time)."""
     import yaml
 
-    from gpu_cost.sources import recording
+    from gpu_cost.perceive import recording
 
     doc = yaml.safe_load((ROOT / recording.SHIPPED).read_text())
     samples, exec_s = 0, 0.0
@@ -264,7 +264,7 @@ def rules_cost(prom: Any, at: float) -> dict[str, Any]:
 
 def _rules_at(prom: Any, now: float) -> float:
     """The rules' last evaluation time at ``now`` (their info series' timestamp)."""
-    from gpu_cost.sources import recording
+    from gpu_cost.perceive import recording
 
     result = prom.query(f"timestamp({recording.INFO})", now).get("result", [])
     return float(result[0]["value"][1]) if result else now
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(ROOT))
     from tests.fixtures.prometheus import TsdbProm  # the tests' recipe: backfilled TSDB, rules, restarts
 
-    from gpu_cost.sources import recording
+    from gpu_cost.perceive import recording
 
     logging.getLogger("gpu_cost").setLevel(logging.WARNING)
     tmp = args.keep.resolve() if args.keep else Path(tempfile.mkdtemp(prefix="gpu-cost-bench-prometheus-"))

@@ -74,7 +74,7 @@ class CountingRunner:
         self.calls: list[tuple[str, ...]] = []
 
     def run(self, argv: Sequence[str], *, timeout: float = 30.0, stdin: str | None = None) -> Any:
-        from gpu_cost.runner import Completed
+        from gpu_cost.perceive.runner import Completed
 
         self.calls.append(tuple(str(a) for a in argv))
         if self.inner is None:
@@ -190,14 +190,14 @@ def slurm_runner(mode: str, root: Path) -> Iterator[tuple[str, Any]]:
 
 def measure(prom: PromServer, slurm: Any, sweeps: int) -> dict[str, Any]:
     """Run ``sweeps`` sweeps (sensor + live snapshot) and count what each one asked for."""
-    from gpu_cost.policy import load_policy
-    from gpu_cost.sources import live
-    from gpu_cost.sources.nodes import NodeAccess, NodeSource
-    from gpu_cost.sources.prometheus import PromConfig, PrometheusSource
-    from gpu_cost.sources.slurm import SlurmSource
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.perceive import live
+    from gpu_cost.perceive.nodes import NodeAccess, NodeSource
+    from gpu_cost.perceive.prometheus import PromConfig, PrometheusSource
+    from gpu_cost.perceive.slurm import SlurmSource
 
     policy = load_policy()
-    logging.getLogger("gpu_cost.sources.nodes").setLevel(logging.ERROR)  # the recorded inspections "fail"
+    logging.getLogger("gpu_cost.perceive.nodes").setLevel(logging.ERROR)  # the recorded inspections "fail"
     per: list[dict[str, Any]] = []
     for _ in range(sweeps):
         now = time.time() - SCRAPE_S

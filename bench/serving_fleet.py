@@ -33,9 +33,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="the first fleet's seed (then seed + 1, ...)")
     ap.add_argument("--days", type=float, default=1.0)
     args = ap.parse_args(argv)
-    from gpu_cost.commands.simtrace import write_sim_trace
-    from gpu_cost.policy import load_policy
-    from gpu_cost.replay import replay_files
+    from gpu_cost.cli.commands.simtrace import write_sim_trace
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.sim.replay import replay_files
 
     shipped = load_policy(None)
     alone = dataclasses.replace(shipped, baselines=dataclasses.replace(shipped.baselines, enabled=False))

@@ -2,7 +2,7 @@
 
 Each version's ``squeue.json`` / ``nodes.json`` (``tests/data/slurm/<version>/``) is scaled up by
 repeating its jobs and nodes under new ids and names, then ``json.loads`` + the parser are timed
-(median of ``--repeat``). The index check row times :func:`gpu_cost.sources.gpu_map.check_node`
+(median of ``--repeat``). The index check row times :func:`gpu_cost.perceive.gpu_map.check_node`
 on 8-GPU nodes with driver entries, Slurm allocations and metric UUIDs.
 
     python -m bench.slurm_json [--jobs 20000] [--nodes 2000] [--repeat 3]
@@ -52,7 +52,7 @@ def time_it(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
 
 
 def index_check(nodes: int, repeat: int) -> dict[str, object]:
-    from gpu_cost.sources.gpu_map import DriverGpu, NodeMap, NvmlGpu, check_node
+    from gpu_cost.perceive.gpu_map import DriverGpu, NodeMap, NvmlGpu, check_node
 
     uuids = [f"GPU-{i:08x}-aaaa-bbbb-cccc-0123456789ab" for i in range(8)]
     nm = NodeMap(nvml=[NvmlGpu(i, uuids[i], f"0000:{0x07 + 16 * i:02x}:00.0") for i in range(8)],
@@ -77,7 +77,7 @@ def main() -> None:
     args = ap.parse_args()
     from tests.data.slurm.construct import VERSIONS
 
-    from gpu_cost.sources.slurm import load_json, parse_jobs, parse_nodes
+    from gpu_cost.perceive.slurm import load_json, parse_jobs, parse_nodes
 
     rows: list[dict[str, object]] = []
     for release in VERSIONS:

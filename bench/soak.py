@@ -24,9 +24,9 @@ def soak(hours: float = 24.0, interval: float = 300.0, mode: str = "dry-run", db
     import dataclasses
 
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.policy import load_policy
-    from gpu_cost.sources.sim import load_scenario
-    from gpu_cost.sweep import run_once
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.loop.sweep import run_once
+    from gpu_cost.sim.cluster import load_scenario
 
     policy = load_policy()
     policy2 = dataclasses.replace(policy, mode=mode)

@@ -30,11 +30,11 @@ from bench._common import in_fresh_process, report, reset_peak, rss_mb
 
 
 def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: float = 1) -> dict[str, float]:
-    from gpu_cost.policy import load_policy
-    from gpu_cost.policy.engine import decide
-    from gpu_cost.rules import run_rules
-    from gpu_cost.snapshot import from_matrix
-    from gpu_cost.sources.sim import SimCluster, generate_scenario
+    from gpu_cost.analyse.rules import run_rules
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.decide.engine import decide
+    from gpu_cost.perceive.snapshot import from_matrix
+    from gpu_cost.sim.cluster import SimCluster, generate_scenario
 
     policy = load_policy()
     now = 1_795_960_800.0
@@ -64,13 +64,13 @@ def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: fl
 def sharded(gpus: int, of: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: float = 1) -> dict[str, float]:
     import gc
 
-    from gpu_cost import shards
-    from gpu_cost.policy import load_policy
-    from gpu_cost.policy.engine import decide
-    from gpu_cost.rules import run_rules
-    from gpu_cost.snapshot import from_matrix
-    from gpu_cost.sources.sim import SimCluster, generate_scenario
-    from gpu_cost.sweep import merge_shards
+    from gpu_cost.analyse.rules import run_rules
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.decide.engine import decide
+    from gpu_cost.loop.sweep import merge_shards
+    from gpu_cost.perceive import shards
+    from gpu_cost.perceive.snapshot import from_matrix
+    from gpu_cost.sim.cluster import SimCluster, generate_scenario
 
     policy = load_policy()
     now = 1_795_960_800.0

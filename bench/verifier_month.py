@@ -44,12 +44,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     import pandas as pd
 
-    from gpu_cost import verifier
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.commands.simtrace import write_sim_trace
-    from gpu_cost.policy import load_policy
-    from gpu_cost.replay import read_logs, replay_files
-    from gpu_cost.sources.trace import normalise_jobs, normalise_samples, read_table
+    from gpu_cost.cli.commands.simtrace import write_sim_trace
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.learn import verifier
+    from gpu_cost.perceive.trace import normalise_jobs, normalise_samples, read_table
+    from gpu_cost.sim.replay import read_logs, replay_files
 
     policy = load_policy(None)
     if args.without_baselines:

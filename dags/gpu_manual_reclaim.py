@@ -33,7 +33,7 @@ from airflow.sdk import Param, dag, task
 
 from gpu_cost.airflow import reclaim_tasks, runtime
 from gpu_cost.airflow.approval import RecordingApprovalOperator
-from gpu_cost.reclaim import FORM_ACTIONS, ID_PATTERN, MAX_TARGETS, MIN_REASON, TARGET_KINDS
+from gpu_cost.loop.reclaim import FORM_ACTIONS, ID_PATTERN, MAX_TARGETS, MIN_REASON, TARGET_KINDS
 
 DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 1, "retry_delay": dt.timedelta(seconds=30)}
 
@@ -81,7 +81,7 @@ def gpu_manual_reclaim() -> None:
     def prepare(params=None, **context):  # type: ignore[no-untyped-def]
         from airflow.sdk.exceptions import AirflowFailException
 
-        from gpu_cost.reclaim import ReclaimRequestError
+        from gpu_cost.loop.reclaim import ReclaimRequestError
 
         try:
             return reclaim_tasks.prepare(params or {}, context)

@@ -56,7 +56,7 @@ METRICS_WAIT = dt.timedelta(minutes=4)
 #: runs at once. A run that has asked a human marks itself ``awaiting_approval`` and waits (up to the
 #: policy's approval.timeout, 1 h = 12 sweeps by default) while the next sweeps decide and act; they
 #: do not ask about its decisions again. Two runs deciding at once are still kept from both acting by
-#: the run guard in ``act`` (gpu_cost.locks).
+#: the run guard in ``act`` (gpu_cost.act.locks).
 MAX_ACTIVE_RUNS = 16
 #: cron schedule; ``GPU_COST_SWEEP_SCHEDULE`` overrides it (keep it equal to the policy's
 #: sweep.interval), ``none`` leaves only manual triggers

@@ -41,7 +41,7 @@ local function advice_path()
   return (string.match(conf, "^(.*)/[^/]*$") or ".") .. "/gpu-cost-advice.tsv"
 end
 
--- gpu_cost.baselines.name_stem: lower case, split at - _ . / : @ + and spaces; a token of digits,
+-- gpu_cost.analyse.baselines.name_stem: lower case, split at - _ . / : @ + and spaces; a token of digits,
 -- or of 4+ hex characters with a digit, becomes "#"; other digit runs become "#".
 local function stem_token(p)
   if string.find(p, "^%d+$") or (#p >= 4 and string.find(p, "^[0-9a-f]+$") and string.find(p, "%d")) then

@@ -350,7 +350,7 @@ WHERE choice = 'wrong' AND status = 'accepted' AND target IN :targets;
 
 
 -- ---------------------------------------------------------------------------------------------
--- Outcomes (gpu_cost.outcomes) and verifier models (gpu_cost.verifier)
+-- Outcomes (gpu_cost.learn.outcomes) and verifier models (gpu_cost.learn.verifier)
 
 -- name: decisions_to_label
 -- decisions that did something (or, in dry-run, would have): every action but none
@@ -421,7 +421,7 @@ ORDER BY trained_at DESC, model_id DESC LIMIT :limit;
 
 
 -- ---------------------------------------------------------------------------------------------
--- Right-sizing at submission (gpu_cost.rightsize)
+-- Right-sizing at submission (gpu_cost.capacity.rightsize)
 
 -- name: rightsize_jobs
 -- one row per GPU job the sweeps saw in the window: what it held and asked, when it was seen, its memory,

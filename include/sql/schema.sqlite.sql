@@ -265,7 +265,7 @@ CREATE TABLE IF NOT EXISTS gpu_cost_run_policies (
     pinned_at       TEXT NOT NULL
 );
 
--- Class baselines (gpu_cost.baselines): one row per job the sweeps have seen, with its class and what it
+-- Class baselines (gpu_cost.analyse.baselines): one row per job the sweeps have seen, with its class and what it
 -- did; a class's baseline is computed from its members' rows. Derived, like the usage tables.
 CREATE TABLE IF NOT EXISTS gpu_cost_class_members (
     job_id          TEXT PRIMARY KEY,
@@ -294,7 +294,7 @@ CREATE TABLE IF NOT EXISTS gpu_cost_class_members (
 CREATE INDEX IF NOT EXISTS gpu_cost_class_members_class ON gpu_cost_class_members (class_key, last_seen);
 CREATE INDEX IF NOT EXISTS gpu_cost_class_members_coarse ON gpu_cost_class_members (coarse_key, last_seen);
 
--- Answers (gpu_cost.answers): what the people a notice reached answered, accepted or refused (with why),
+-- Answers (gpu_cost.decide.answers): what the people a notice reached answered, accepted or refused (with why),
 -- and the one-time requests already used (a replayed link or Slack request is refused). History.
 CREATE TABLE IF NOT EXISTS gpu_cost_answers (
     answer_id       TEXT PRIMARY KEY,
@@ -325,9 +325,9 @@ CREATE TABLE IF NOT EXISTS gpu_cost_answer_nonces (
     ts              TEXT NOT NULL
 );
 
--- Outcomes (gpu_cost.outcomes): what happened after each decision that did something, from later sweeps:
+-- Outcomes (gpu_cost.learn.outcomes): what happened after each decision that did something, from later sweeps:
 -- active_again | ended | acted | snoozed | wrong | still_idle | pending. Derived, like the usage tables.
--- Verifier models (gpu_cost.verifier): every model trained on those labels, with its backtest. History.
+-- Verifier models (gpu_cost.learn.verifier): every model trained on those labels, with its backtest. History.
 CREATE TABLE IF NOT EXISTS gpu_cost_outcomes (
     decision_id     TEXT PRIMARY KEY,
     ts              TEXT NOT NULL,
@@ -364,7 +364,7 @@ CREATE TABLE IF NOT EXISTS gpu_cost_verifier_models (
     run_id          TEXT
 );
 
--- Right-sizing advice (gpu_cost.rightsize): per user and per job class (user, name stem) with enough finished
+-- Right-sizing advice (gpu_cost.capacity.rightsize): per user and per job class (user, name stem) with enough finished
 -- jobs, as of one data instant; what the nightly wrote to the advice file the Slurm cli_filter reads. Derived,
 -- like the usage tables: a re-run of the same instant replaces its rows.
 CREATE TABLE IF NOT EXISTS gpu_cost_rightsize (

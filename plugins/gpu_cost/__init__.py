@@ -9,4 +9,4 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 # credentials in URLs never reach a log line of the package, whichever module logs first
-from gpu_cost import redact as _redact  # noqa: F401
+from gpu_cost.core import redact as _redact  # noqa: F401

@@ -65,7 +65,7 @@ PARSE_PROBE = textwrap.dedent(
     sqlalchemy.engine.Engine.connect = counting_connect
     from airflow.dag_processing.dagbag import DagBag
     bag = DagBag(dag_folder=sys.argv[1])
-    heavy = [m for m in ("prophet", "matplotlib", "gpu_cost.sources.prometheus", "paramiko") if m in sys.modules]
+    heavy = [m for m in ("prophet", "matplotlib", "gpu_cost.perceive.prometheus", "paramiko") if m in sys.modules]
     print(json.dumps({"errors": {k: str(v)[:500] for k, v in bag.import_errors.items()}, "calls": calls,
                       "dags": sorted(bag.dags), "heavy": heavy}))
     """
@@ -133,7 +133,7 @@ def test_every_scheduled_dag_has_an_environment_schedule_knob(tmp_path, value: s
 
 #: what the sweep and the power DAG files must not load while parsed: the policy schema, the model, the
 #: engine and the chat channels cost the DAG processor more than the rest of the file (tasks import them)
-PARSE_LIGHT = ("gpu_cost.policy.schema", "gpu_cost.model", "gpu_cost.policy.engine", "gpu_cost.channels.base")
+PARSE_LIGHT = ("gpu_cost.config.schema", "gpu_cost.core.model", "gpu_cost.decide.engine", "gpu_cost.act.channels.base")
 
 
 @pytest.mark.slow  # one subprocess per DAG file

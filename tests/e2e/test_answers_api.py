@@ -23,9 +23,10 @@ from urllib.parse import urlencode
 
 import pytest
 
-from gpu_cost import answers, sweep
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.policy.loader import load_policy
+from gpu_cost.config.loader import load_policy
+from gpu_cost.decide import answers
+from gpu_cost.loop import sweep
 from tests.fixtures.airflow_server import ANSWERS_LINK_KEY, ANSWERS_SLACK_SECRET, AirflowServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]

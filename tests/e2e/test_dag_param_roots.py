@@ -17,7 +17,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from gpu_cost.airflow import forecast_tasks, report_tasks
-from gpu_cost.errors import GpuCostError
+from gpu_cost.core.errors import GpuCostError
 
 pytestmark = pytest.mark.e2e
 

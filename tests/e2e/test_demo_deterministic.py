@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost.report.seed import WEEK, demo_instant
+from gpu_cost.sim.week import WEEK, demo_instant
 
 
 @pytest.mark.e2e
 @pytest.mark.slow  # two demos through Airflow: a few minutes
 def test_two_demo_runs_print_the_same_summary_and_the_report_agrees(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpu_cost.cli import main
-    from gpu_cost.commands.demo import summary
-    from gpu_cost.demo import run_demo
+    from gpu_cost.cli.commands.demo import summary
+    from gpu_cost.cli.demo import run_demo
+    from gpu_cost.cli.main import main
 
     monkeypatch.delenv("GPU_COST_REPORT_DIR", raising=False)
     home = tmp_path / ".demo"

@@ -44,8 +44,8 @@ def test_bad_policy_fails_in_check_policy_before_collect(case, airflow_db, dagba
     row = store.get_run(run_id)
     assert row is None or (row["status"] == "failed" and row["data_ts"] is None)
     # the error names the file, the path and the reason (the loader's message, checked directly)
-    from gpu_cost.errors import PolicyError
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.core.errors import PolicyError
 
     with pytest.raises(PolicyError) as err:
         load_policy(policy)

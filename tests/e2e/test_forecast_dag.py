@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.forecast.demand import expected_demand
+from gpu_cost.capacity.forecast.demand import expected_demand
 from tests.fixtures.core import ROOT
 
 pytestmark = pytest.mark.e2e

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gpu_cost import reclaim, sweep
-from gpu_cost.model import Job, Node
-from gpu_cost.policy.schema import Caps
+from gpu_cost.config.schema import Caps
+from gpu_cost.core.model import Job, Node
+from gpu_cost.loop import reclaim, sweep
 from tests.fixtures.core import NOW
 
 OK = {"target_kind": "job", "target_ids": ["1003"], "action": "notify", "reason": "idle for hours, freeing GPUs"}
@@ -22,8 +22,8 @@ def req(**kw):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def policy():  # type: ignore[no-untyped-def]
     """The shipped policy, enforcing, with alice as an operator and lead as the override approver."""
-    from gpu_cost.policy import load_policy
-    from gpu_cost.policy.schema import ManualConfig
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.config.schema import ManualConfig
     from tests.fixtures.core import ROOT
 
     shipped = load_policy(ROOT / "include" / "policy" / "default.yaml")
@@ -33,7 +33,7 @@ def policy():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def snap():  # type: ignore[no-untyped-def]
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
     from tests.fixtures.core import ROOT
 
     return sweep.collect(load_policy(ROOT / "include" / "policy" / "default.yaml"), NOW, "sim")

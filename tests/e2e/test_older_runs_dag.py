@@ -18,8 +18,8 @@ import pendulum
 import pytest
 import yaml
 
-from gpu_cost import rightsize
 from gpu_cost.audit.store import AuditStore
+from gpu_cost.capacity import rightsize
 from tests.fixtures.core import ROOT
 from tests.unit.test_rightsize import history, still_running
 

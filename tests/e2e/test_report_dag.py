@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.timeutil import iso
+from gpu_cost.core.timeutil import iso
 from tests.fixtures.core import NOW, free_port
 
 pytestmark = pytest.mark.e2e
@@ -49,8 +49,8 @@ def slack_sink():  # type: ignore[no-untyped-def]
 
 def test_report_dag_writes_the_report_and_posts_to_slack(airflow_db, dagbag, slack_sink, tmp_path,  # type: ignore[no-untyped-def]
                                                          monkeypatch) -> None:
-    from gpu_cost.policy import load_policy
-    from gpu_cost.report.seed import seed_week
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.sim.week import seed_week
 
     store = AuditStore().ensure_schema()   # the session's audit store, as the DAG sees it
     since, until = NOW - 2 * 86400, NOW
@@ -74,7 +74,7 @@ def test_report_dag_writes_the_report_and_posts_to_slack(airflow_db, dagbag, sla
 
 
 def test_slack_delivery_skips_cleanly_without_a_connection(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
     from gpu_cost.report.delivery import post_report
 
     os.environ.pop("AIRFLOW_CONN_GPU_COST_SLACK", None)

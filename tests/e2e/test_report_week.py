@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from gpu_cost.audit.store import AuditStore
+from gpu_cost.core.timeutil import epoch
 from gpu_cost.report import charts, kpis
 from gpu_cost.report.render import build_report
-from gpu_cost.report.seed import WEEK, seed_week
-from gpu_cost.timeutil import epoch
+from gpu_cost.sim.week import WEEK, seed_week
 from tests.fixtures.core import NOW, ROOT, need
 
 pytestmark = pytest.mark.e2e
@@ -24,7 +24,7 @@ END = NOW  # 2026-11-29, a Sunday, 14:00 UTC
 
 @pytest.fixture(scope="module")
 def week(tmp_path_factory):  # type: ignore[no-untyped-def]
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
 
     tmp = tmp_path_factory.mktemp("report-week")
     store = AuditStore(f"sqlite:///{tmp / 'audit.db'}").ensure_schema()
@@ -78,7 +78,7 @@ def test_savings_reconcile_and_never_exceed_allocated_time(week) -> None:  # typ
     assert realized["count"] - owner["count"] == len(savings)
     assert realized["gpu_hours"] - owner["gpu_hours"] == pytest.approx(sum(s["gpu_hours"] for s in savings), abs=0.02)
     assert realized["cost"] - owner["cost"] == pytest.approx(sum(s["usd"] for s in savings), abs=0.02)
-    from gpu_cost.audit.savings import week_end as cap_of
+    from gpu_cost.act.savings import week_end as cap_of
 
     for s in savings:
         d = store.get_decision(s["decision_id"])

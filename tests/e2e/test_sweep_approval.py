@@ -92,9 +92,9 @@ def test_approve_acts_and_records_who(airflow_db, sweep_dag, env) -> None:  # ty
 
 
 def test_reject_skips_acting_records_it_and_is_not_asked_again(airflow_db, sweep_dag, env) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost import sweep
-    from gpu_cost.model import Snapshot
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.core.model import Snapshot
+    from gpu_cost.loop import sweep
 
     tmp, effects = env
     policy_file = _policy(tmp)
@@ -123,7 +123,7 @@ def test_cap_exceeded_aborts_acting_and_says_why(airflow_db, sweep_dag, env) -> 
 
 
 def test_stale_metrics_fail_the_run_with_no_decisions(airflow_db, sweep_dag, env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost import sweep
+    from gpu_cost.loop import sweep
 
     tmp, effects = env
     monkeypatch.setattr(sweep, "check_fresh", lambda policy, now, source=None: (False, "newest sample is 20 min old"))

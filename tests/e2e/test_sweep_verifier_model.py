@@ -10,8 +10,8 @@ from pathlib import Path
 import pendulum
 import pytest
 
-from gpu_cost import verifier
 from gpu_cost.audit.store import AuditStore
+from gpu_cost.learn import verifier
 from tests.fixtures.airflow_db import fresh_dag
 from tests.unit.test_verifier_malformed import GOOD_P, N, model, store_model
 

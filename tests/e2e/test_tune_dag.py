@@ -14,7 +14,7 @@ from pathlib import Path
 import pendulum
 import pytest
 
-from gpu_cost import paths
+from gpu_cost.core import paths
 from tests.fixtures.airflow_db import fresh_dag
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
@@ -38,8 +38,8 @@ def _policy(folder: Path) -> str:
 def test_tune_dag_replays_candidates_on_the_usage_rows_and_writes_its_report(  # type: ignore[no-untyped-def]
         airflow_db, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.policy import load_policy
-    from gpu_cost.report.seed import seed_week
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.sim.week import seed_week
 
     db = tmp_path / "audit.db"
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_DB", json.dumps({"conn_type": "sqlite", "host": str(db)}))

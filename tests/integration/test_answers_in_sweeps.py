@@ -19,16 +19,19 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_cost import answers, outcomes, paths, sweep
-from gpu_cost.actions import dispatch
-from gpu_cost.actions.base import ActionContext
-from gpu_cost.answers import Answer
+from gpu_cost.act import dispatch
+from gpu_cost.act.base import ActionContext
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.model import Decision
-from gpu_cost.policy.loader import parse_policy
-from gpu_cost.policy.schema import Policy
-from gpu_cost.sources import sim
-from gpu_cost.timeutil import iso
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.config.schema import Policy
+from gpu_cost.core import paths
+from gpu_cost.core.model import Decision
+from gpu_cost.core.timeutil import iso
+from gpu_cost.decide import answers
+from gpu_cost.decide.answers import Answer
+from gpu_cost.learn import outcomes
+from gpu_cost.loop import sweep
+from gpu_cost.sim import cluster as sim
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from sqlalchemy.engine import make_url
 
-from gpu_cost import cli
-from gpu_cost.timeutil import iso
+from gpu_cost.cli import main as cli
+from gpu_cost.core.timeutil import iso
 from tests.fixtures.core import NOW
 from tests.unit.policy.helpers import H
 from tests.unit.test_audit_trail import fill

@@ -156,9 +156,9 @@ DECISION_COLUMNS = ("decision_id", "rule", "target", "job_id", "user_name", "act
 def test_sharded_sweep_spreads_over_two_celery_workers_and_decides_once(celery_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import dataclasses
 
-    from gpu_cost import sweep
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.loop import sweep
 
     c = celery_cluster
     policy = load_policy(POLICY_DIR / f"{SWEEP_CONF['policy']}.yaml")

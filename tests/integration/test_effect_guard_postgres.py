@@ -1,11 +1,11 @@
-"""The effect guard (:func:`gpu_cost.locks.start_effect`) on a real PostgreSQL server.
+"""The effect guard (:func:`gpu_cost.act.locks.start_effect`) on a real PostgreSQL server.
 
 On PostgreSQL the ``started`` row and the look at the target's other rows are serialised per
 target by a transaction advisory lock. Here separate worker processes, each with its own
 :class:`~gpu_cost.audit.store.AuditStore` and connection on the same database, race on fresh
 targets round after round (the sweep's ``idle_allocation`` terminate against an operator's
 ``manual`` cancel): exactly one acts, the other is skipped naming it. A connection holding the
-target's advisory lock (key from :func:`gpu_cost.locks.effect_lock_key`) shows the lock is what
+target's advisory lock (key from :func:`gpu_cost.act.locks.effect_lock_key`) shows the lock is what
 serialises them; other targets, the same rule's ladder and dry-run rows are not blocked.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpu_cost.model import Decision, decision_id
+from gpu_cost.core.model import Decision, decision_id
 
 pytestmark = pytest.mark.integration
 
@@ -39,16 +39,16 @@ def _decision(rule: str, job_id: str, action: str, *, rung: int = 3, mode: str =
 
 def _row(d: Decision, run_id: str, *, dry_run: bool = False, started_at: float | None = None) -> dict[str, Any]:
     """The ``action_started`` parameters, as the dispatcher builds them."""
-    from gpu_cost.actions.dispatch import action_id
+    from gpu_cost.act.dispatch import action_id
 
     return {"action_id": action_id(d), "decision_id": d.decision_id, "run_id": run_id, "action": d.action,
-            "target": d.target, "executor": "gpu_cost.actions.slurm", "dry_run": int(dry_run),
+            "target": d.target, "executor": "gpu_cost.act.slurm", "dry_run": int(dry_run),
             "started_at": time.time() if started_at is None else started_at, "attempt": 1, "command": None}
 
 
 def _race_worker(url: str, who: tuple[str, str, str], jobs: list[str], barrier: Any, out: Any) -> None:
     """One worker process: its own store and connection; per round, wait for the others, then start."""
-    from gpu_cost import locks
+    from gpu_cost.act import locks
     from gpu_cost.audit.store import AuditStore
 
     store = AuditStore(url).ensure_schema()
@@ -150,7 +150,7 @@ def _wait_for(pred: Any, what: str, timeout: float = 30.0) -> None:
 
 
 def _start_in_thread(url: str, d: Decision, row: dict[str, Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    from gpu_cost import locks
+    from gpu_cost.act import locks
     from gpu_cost.audit.store import AuditStore
 
     result: dict[str, Any] = {}
@@ -170,8 +170,8 @@ def test_the_advisory_lock_of_the_target_is_what_serialises(pg_store) -> None:  
     """While another transaction holds the target's lock, start_effect waits; then it sees that transaction's row."""
     import sqlalchemy as sa
 
-    from gpu_cost import locks
-    from gpu_cost.actions.dispatch import action_id
+    from gpu_cost.act import locks
+    from gpu_cost.act.dispatch import action_id
     from gpu_cost.audit.store import _bind, queries
 
     manual = _decision("manual", "7201", "cancel")
@@ -202,7 +202,7 @@ def test_the_advisory_lock_of_the_target_is_what_serialises(pg_store) -> None:  
 def test_another_target_is_not_blocked_by_the_lock(pg_store) -> None:  # type: ignore[no-untyped-def]
     import sqlalchemy as sa
 
-    from gpu_cost import locks
+    from gpu_cost.act import locks
 
     held = _decision("manual", "7301", "cancel")
     other = _decision("idle_allocation", "7302", "terminate")
@@ -221,7 +221,7 @@ def test_another_target_is_not_blocked_by_the_lock(pg_store) -> None:  # type: i
 
 def test_what_does_not_block(pg_store) -> None:  # type: ignore[no-untyped-def]
     """The same rule's ladder, dry-run rows, another effect and rows older than the window never block."""
-    from gpu_cost import locks
+    from gpu_cost.act import locks
 
     now = time.time()
     # the ladder: terminate still in flight, then the same rule's kill on the same job

@@ -110,10 +110,10 @@ def _wait(pred: Any, timeout: float, what: str) -> None:
 @pytest.fixture(scope="module")
 def hostile_run(slurm_cluster, prom_lab: PromLab, hostile_exporter: HostileExporter,  # type: ignore[no-untyped-def]
                 tmp_path_factory) -> Iterator[HostileRun]:
-    from gpu_cost.policy import load_policy
-    from gpu_cost.sources import live
-    from gpu_cost.sources.prometheus import PrometheusSource
-    from gpu_cost.sources.slurm import SlurmSource
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.perceive import live
+    from gpu_cost.perceive.prometheus import PrometheusSource
+    from gpu_cost.perceive.slurm import SlurmSource
 
     root = tmp_path_factory.mktemp("hostile")
     policy_file = root / "policy.yaml"
@@ -199,7 +199,7 @@ def test_the_sweep_survives_and_reports_the_bad_gpus(hostile_run: HostileRun) ->
 
 def test_no_hostile_gpu_is_found_idle_or_acted_on(hostile_run: HostileRun) -> None:
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.model import DESTRUCTIVE_ACTIONS
+    from gpu_cost.core.model import DESTRUCTIVE_ACTIONS
 
     out = hostile_run.payload
     found = {(f["rule"], hostile_run.role_of_target(f["target"])) for f in out["findings"]}
@@ -252,7 +252,7 @@ def test_the_sample_path_drops_the_same_readings() -> None:
     """Simulator, traces and replays (``aggregate.clean``) drop what the PromQL drops."""
     import numpy as np
 
-    from gpu_cost.aggregate import clean
+    from gpu_cost.perceive.aggregate import clean
 
     util = np.array([[NAN, INF, -INF, -5, 250, 0, 92, 0, 0]])
     mem = np.array([[NAN, 2048, 2048, 2048, 2048, 500, 30000, -4096, DCGM_BLANK]])

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from gpu_cost.model import Decision, decision_id
+from gpu_cost.core.model import Decision, decision_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,12 +31,12 @@ POLICY = "version: 1\nmode: enforce\nprotections: []\n"
 
 WORKER = """
 import json, os, sys, time
-from gpu_cost.actions import dispatch
-from gpu_cost.actions.base import ActionContext
+from gpu_cost.act import dispatch
+from gpu_cost.act.base import ActionContext
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.model import Decision
-from gpu_cost.policy import parse_policy
-from gpu_cost.runner import LocalRunner
+from gpu_cost.core.model import Decision
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.perceive.runner import LocalRunner
 
 a = json.loads(sys.argv[1])
 store = AuditStore(a["store"]).ensure_schema()
@@ -60,7 +60,7 @@ print(json.dumps(dispatch.execute([Decision(**a["decision"])], ctx, store)))
 
 
 def _policy() -> Any:
-    from gpu_cost.policy import parse_policy
+    from gpu_cost.config.loader import parse_policy
 
     return parse_policy(POLICY, "policy.yaml")
 
@@ -97,7 +97,7 @@ def _nice(slurm_cluster: Any, jid: str) -> int:  # type: ignore[no-untyped-def]
 # -- the worker killed mid-action -------------------------------------------------------------------
 @pytest.mark.parametrize("point", ["after_started", "after_effect"])
 def test_worker_killed_mid_action_then_retried_acts_once(slurm_cluster, job, store, point) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.actions.dispatch import action_id
+    from gpu_cost.act.dispatch import action_id
 
     d = _decision(job, "cancel")
     store.record_decisions([d], "faults-acting", status="decided")
@@ -134,11 +134,11 @@ def test_worker_killed_mid_action_then_retried_acts_once(slurm_cluster, job, sto
 
 # -- the audit store unavailable ---------------------------------------------------------------------
 def test_audit_store_unavailable_nothing_acts(slurm_cluster, job) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.actions import dispatch
-    from gpu_cost.actions.base import ActionContext
+    from gpu_cost.act import dispatch
+    from gpu_cost.act.base import ActionContext
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.errors import AuditError
-    from gpu_cost.runner import LocalRunner
+    from gpu_cost.core.errors import AuditError
+    from gpu_cost.perceive.runner import LocalRunner
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -154,10 +154,10 @@ def test_audit_store_unavailable_nothing_acts(slurm_cluster, job) -> None:  # ty
 
 # -- slurmctld restarted mid-sweep -------------------------------------------------------------------
 def test_controller_restart_mid_sweep(slurm_cluster, job, store) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.actions import dispatch
-    from gpu_cost.actions.base import ActionContext
-    from gpu_cost.runner import LocalRunner
-    from gpu_cost.sources.slurm import SlurmSource
+    from gpu_cost.act import dispatch
+    from gpu_cost.act.base import ActionContext
+    from gpu_cost.perceive.runner import LocalRunner
+    from gpu_cost.perceive.slurm import SlurmSource
 
     # collect: the job is seen running
     assert job in {j.job_id for j in SlurmSource(slurm_cluster.runner).jobs()}
@@ -219,10 +219,10 @@ def silent_port() -> Iterator[int]:
 @pytest.mark.parametrize("kind", ["unreachable", "hanging"])
 def test_ssh_target_unreachable_or_hanging_fails_within_timeout(kind, silent_port, store, monkeypatch,  # type: ignore[no-untyped-def]
                                                                  tmp_path) -> None:
-    from gpu_cost.actions import dispatch
-    from gpu_cost.actions.base import ActionContext
-    from gpu_cost.runner import SSHRunner
-    from gpu_cost.sources.nodes import NodeAccess
+    from gpu_cost.act import dispatch
+    from gpu_cost.act.base import ActionContext
+    from gpu_cost.perceive.nodes import NodeAccess
+    from gpu_cost.perceive.runner import SSHRunner
 
     if kind == "unreachable":
         with socket.socket() as s:

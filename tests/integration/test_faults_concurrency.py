@@ -2,7 +2,7 @@
 
 The manual reclaim's decision (rule ``manual``) and the sweep's (rule ``idle_allocation``) have
 different decision ids, so per-decision idempotency alone would let both act. The effect guard
-(:mod:`gpu_cost.locks`) makes the second one ``skipped``, naming the action that did it — in
+(:mod:`gpu_cost.act.locks`) makes the second one ``skipped``, naming the action that did it — in
 sequence and when both workers race, on a real Slurm job.
 """
 
@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from gpu_cost.model import Decision, decision_id
+from gpu_cost.core.model import Decision, decision_id
 
 pytestmark = pytest.mark.integration
 
 
 def _policy() -> Any:
-    from gpu_cost.policy import parse_policy
+    from gpu_cost.config.loader import parse_policy
 
     return parse_policy("version: 1\nmode: enforce\nprotections: []\n", "policy.yaml")
 
@@ -34,8 +34,8 @@ def _decision(rule: str, job_id: str, action: str) -> Decision:
 
 
 def _ctx(slurm_cluster: Any, run_id: str) -> Any:  # type: ignore[no-untyped-def]
-    from gpu_cost.actions.base import ActionContext
-    from gpu_cost.runner import LocalRunner
+    from gpu_cost.act.base import ActionContext
+    from gpu_cost.perceive.runner import LocalRunner
 
     return ActionContext(policy=_policy(), dry_run=False, now=time.time(), run_id=run_id,
                          slurm=LocalRunner(env=slurm_cluster.env), sleep=time.sleep, extra={"grace_s": 5})
@@ -54,7 +54,7 @@ def _effects(store: Any, target: str) -> list[dict[str, Any]]:
 
 
 def test_manual_reclaim_after_the_sweep_is_one_action(slurm_cluster, job, store) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.actions import dispatch
+    from gpu_cost.act import dispatch
 
     sweep_d = _decision("idle_allocation", job, "terminate")
     manual_d = _decision("manual", job, "cancel")
@@ -70,7 +70,7 @@ def test_manual_reclaim_after_the_sweep_is_one_action(slurm_cluster, job, store)
 
 
 def test_manual_reclaim_racing_the_sweep_is_one_action(slurm_cluster, job, store) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.actions import dispatch
+    from gpu_cost.act import dispatch
 
     decisions = [(_decision("idle_allocation", job, "cancel"), "gpu_zombie_sweep:r2"),
                  (_decision("manual", job, "cancel"), "gpu_manual_reclaim:m2")]
@@ -99,7 +99,7 @@ def test_manual_reclaim_racing_the_sweep_is_one_action(slurm_cluster, job, store
 
 def test_a_different_effect_on_the_same_job_is_not_blocked(slurm_cluster, job, store) -> None:  # type: ignore[no-untyped-def]
     """An operator's demote does not stop the sweep's later cancel: they are different effects."""
-    from gpu_cost.actions import dispatch
+    from gpu_cost.act import dispatch
 
     (a,) = dispatch.execute([_decision("manual", job, "demote")], _ctx(slurm_cluster, "m3"), store)
     (b,) = dispatch.execute([_decision("idle_allocation", job, "cancel")], _ctx(slurm_cluster, "r3"), store)
@@ -108,7 +108,7 @@ def test_a_different_effect_on_the_same_job_is_not_blocked(slurm_cluster, job, s
 
 
 def test_run_guard_one_of_two_overlapping_sweeps_acts(store) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.locks import run_conflict
+    from gpu_cost.act.locks import run_conflict
 
     now = time.time()
     dag = "gpu_zombie_sweep"

@@ -5,7 +5,7 @@ The world: the session's real Slurm 22.05 runs an idle job on ``gpu01`` and a bu
 that the session's real Prometheus scrapes every 5 s. The policy is in **enforce** mode with a
 one-rung ``demote`` ladder, no approval and no caps worth the name, so on whole data the sweep
 decides a real, destructive demote of the idle job (the baseline proves it). Then each fault is
-injected into the real path — ``gpu_cost.sweep.run_once(source="prometheus")`` — and every time:
+injected into the real path — ``gpu_cost.loop.sweep.run_once(source="prometheus")`` — and every time:
 the run is recorded ``degraded`` in ``gpu_cost_runs``, no decision of the run would act
 destructively, and the ops alert (rule ``agent_health``, posted to the Slack sink) is raised once
 for the episode, not once per run.
@@ -53,19 +53,19 @@ class World:
     def prometheus(self, selector: str = BOTH, **kw: Any) -> Any:
         import dataclasses
 
-        from gpu_cost.sources.prometheus import PrometheusSource
+        from gpu_cost.perceive.prometheus import PrometheusSource
 
         kw.setdefault("timeout", 5)
         return PrometheusSource(dataclasses.replace(self.lab.config(selector), **kw))
 
     def slurm_source(self, env: dict[str, str] | None = None) -> Any:
-        from gpu_cost.runner import LocalRunner
-        from gpu_cost.sources.slurm import SlurmSource
+        from gpu_cost.perceive.runner import LocalRunner
+        from gpu_cost.perceive.slurm import SlurmSource
 
         return SlurmSource(LocalRunner(env=env or self.slurm.env), timeout=20)
 
     def sweep(self, store: Any, *, now: float | None = None, run: str = "r", **sources: Any) -> dict[str, Any]:
-        from gpu_cost.sweep import run_once
+        from gpu_cost.loop.sweep import run_once
 
         sources.setdefault("prometheus", self.prometheus())
         sources.setdefault("slurm", self.slurm_source())
@@ -76,7 +76,7 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(slurm_cluster, prom_lab: PromLab, tmp_path_factory) -> Iterator[World]:  # type: ignore[no-untyped-def]
-    from gpu_cost.policy import parse_policy
+    from gpu_cost.config.loader import parse_policy
 
     root = tmp_path_factory.mktemp("faults")
     (root / "policy.yaml").write_text(POLICY)
@@ -115,7 +115,7 @@ def ops(slack_sink, monkeypatch):  # type: ignore[no-untyped-def]
 
 
 def destructive(out: dict[str, Any]) -> list[dict[str, Any]]:
-    from gpu_cost.model import DESTRUCTIVE_ACTIONS
+    from gpu_cost.core.model import DESTRUCTIVE_ACTIONS
 
     return [d for d in out["decisions"] if d["action"] in DESTRUCTIVE_ACTIONS and d["mode"] != "dry-run"]
 

@@ -19,10 +19,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gpu_cost import reclaim, sweep
-from gpu_cost.model import GPU_COLUMNS, Job, Node, empty_gpu_frame
-from gpu_cost.sources import live
-from gpu_cost.sources.nodes import NodeAccess, NodeSource
+from gpu_cost.core.model import GPU_COLUMNS, Job, Node, empty_gpu_frame
+from gpu_cost.loop import reclaim, sweep
+from gpu_cost.perceive import live
+from gpu_cost.perceive.nodes import NodeAccess, NodeSource
 from tests.fixtures.sshd import SshNode
 from tests.integration.test_nodes_ssh import OWNER, reap, spawn, start_ts
 
@@ -60,7 +60,7 @@ class Prom:
         self.queries_made = 0
 
     def gpu_frame(self, policy: Any, now: float) -> tuple[pd.DataFrame, dict[float, Any]]:
-        from gpu_cost.snapshot import rule_windows
+        from gpu_cost.perceive.snapshot import rule_windows
 
         # the same aggregates for every rule window: the GPUs looked the same all along
         cols = ["util_mean", "util_max", "mem_min_mib", "mem_max_mib", "power_w", "n_samples", "expected_samples",

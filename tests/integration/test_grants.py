@@ -69,7 +69,7 @@ def _writes() -> dict[str, str]:
 
 def gpu_cost_db(*args: str) -> dict[str, Any]:
     """Run ``gpu-cost db ... --json`` as the deployment does; return its JSON object."""
-    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "db", *args, "--json"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "db", *args, "--json"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)])})
     assert r.returncode == 0, f"gpu-cost db {args}: {r.stdout} {r.stderr[-2000:]}"
     return dict(json.loads(r.stdout))
@@ -164,7 +164,7 @@ def test_agent_store_round_trip(agent_store) -> None:  # type: ignore[no-untyped
 
 def test_sweep_records_as_the_agent(agent_store, policy) -> None:  # type: ignore[no-untyped-def]
     """A whole sweep (runs, snapshot, usage, decisions, escalations) under the agent's grants."""
-    from gpu_cost import sweep
+    from gpu_cost.loop import sweep
 
     summary = sweep.run_once(policy, NOW, agent_store, run_id=f"grants-sweep:{uuid.uuid4().hex[:6]}", source="sim")
     assert agent_store.get_run(summary["run_id"])["status"] in ("ok", "degraded", "capped")
@@ -295,7 +295,7 @@ def test_only_the_approver_writes_approvals(audit_db) -> None:  # type: ignore[n
 
 
 def _decision(run_id: str, suffix: str = "d"):  # type: ignore[no-untyped-def]
-    from gpu_cost.model import Decision
+    from gpu_cost.core.model import Decision
 
     return Decision(decision_id=f"{run_id}:{suffix}", ts=NOW, rule="idle_allocation", target_kind="job",
                     target=f"job:{run_id}", action="cancel", mode="enforce", requires_approval=True, gpus=4,
@@ -305,7 +305,7 @@ def _decision(run_id: str, suffix: str = "d"):  # type: ignore[no-untyped-def]
 def test_the_agent_cannot_approve(agent_store, audit_db) -> None:  # type: ignore[no-untyped-def]
     """Neither an approval event (refused, with what to configure) nor a log row that says approved (not an approval)."""
     from gpu_cost.audit.store import decision_row
-    from gpu_cost.errors import AuditError
+    from gpu_cost.core.errors import AuditError
 
     run_id = f"forge:{uuid.uuid4().hex[:6]}"
     d = _decision(run_id)
@@ -320,7 +320,7 @@ def test_the_agent_cannot_approve(agent_store, audit_db) -> None:  # type: ignor
     for did in (d.decision_id, forged["decision_id"]):
         got = agent_store.get_decision(did)
         assert got["approval_status"] in ("pending", None) and got["approved_by"] is None, got
-    from gpu_cost.policy.engine import may_act
+    from gpu_cost.decide.engine import may_act
 
     assert not may_act(agent_store.get_decision(forged["decision_id"]))
     assert not may_act(agent_store.get_decision(forged["decision_id"]), approved_only=True)
@@ -380,8 +380,8 @@ def test_run_status_is_history_as_the_agent(agent_store, audit_db) -> None:  # t
 def test_agent_writes_history_but_never_rewrites_it(agent_store, approver_store,  # type: ignore[no-untyped-def]
                                                     audit_db) -> None:
     """Decide, approve (the approver), act, fail, retry, succeed (the agent); then try to rewrite it and fail."""
-    from gpu_cost import locks
-    from gpu_cost.model import Decision
+    from gpu_cost.act import locks
+    from gpu_cost.core.model import Decision
 
     run_id = f"hist:{uuid.uuid4().hex[:6]}"
     d = Decision(decision_id=f"{run_id}:d", ts=NOW, rule="zombie", target_kind="job", target=f"job:{run_id}",
@@ -419,7 +419,7 @@ def test_agent_on_an_old_schema_is_told_what_to_run(postgres_server) -> None:  #
     """A store left at the baseline: the agent may not migrate it; the error names the owner's command."""
     from gpu_cost.audit.migrations import baseline_statements, head
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.errors import AuditError
+    from gpu_cost.core.errors import AuditError
 
     port = int(postgres_server["port"])
     name = f"old_{uuid.uuid4().hex[:8]}"

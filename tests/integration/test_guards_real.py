@@ -18,16 +18,15 @@ from typing import Any
 
 import pytest
 
-from gpu_cost import locks
-from gpu_cost.actions import dispatch
-from gpu_cost.actions.base import ActionContext, Outcome
-from gpu_cost.actions.dispatch import action_id, execute
+from gpu_cost.act import dispatch, locks
+from gpu_cost.act.base import ActionContext, Outcome
+from gpu_cost.act.dispatch import action_id, execute
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.model import Decision, decision_id
-from gpu_cost.policy.engine import entry_of
-from gpu_cost.policy.loader import parse_policy
-from gpu_cost.policy.schema import Policy
-from gpu_cost.sources.slurm import SlurmSource
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.model import Decision, decision_id
+from gpu_cost.decide.engine import entry_of
+from gpu_cost.perceive.slurm import SlurmSource
 
 pytestmark = pytest.mark.integration
 
@@ -159,7 +158,7 @@ def _node_decision(node: str, *, gpus: int) -> Decision:
 
 def _row(d: Decision, run_id: str, started_at: float) -> dict[str, Any]:
     return {"action_id": action_id(d), "decision_id": d.decision_id, "run_id": run_id, "action": d.action,
-            "target": d.target, "executor": "gpu_cost.actions.slurm", "dry_run": 0, "started_at": started_at,
+            "target": d.target, "executor": "gpu_cost.act.slurm", "dry_run": 0, "started_at": started_at,
             "attempt": 1, "command": None}
 
 

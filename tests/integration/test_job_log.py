@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost.sources.nodes import NodeAccess, NodeSource
+from gpu_cost.perceive.nodes import NodeAccess, NodeSource
 from tests.fixtures.slurm import SlurmCluster
 from tests.fixtures.sshd import WRAPPER, SshNode
 
@@ -119,8 +119,8 @@ def test_the_tail_of_a_running_job(slurm_cluster: SlurmCluster, named: NodeSourc
     assert [(f["stream"], f["path"], f["truncated"]) for f in log["files"]] == [
         ("stdout", str(out), False), ("stderr", str(err), False)]
     # what the lead's evidence reads out of it
-    from gpu_cost import evidence
-    from gpu_cost.policy.schema import JobLogConfig
+    from gpu_cost.analyse import evidence
+    from gpu_cost.config.schema import JobLogConfig
 
     said = evidence.classify_log(log, JobLogConfig(), time.time(), 600)
     assert said["state"] == "finished" and said["line"] == "Training finished"
@@ -291,8 +291,8 @@ def _checkpoint_in(wd: Path, slurm_cluster: SlurmCluster, named: NodeSource, sub
     assert log["workdir_newest"] == "checkpoints/step_1.pt", log
     assert log["workdir_mtime"] == ckpt.stat().st_mtime and log["workdir_mtime"] >= started - 2
     assert time.time() - log["workdir_mtime"] < 120
-    from gpu_cost import evidence
-    from gpu_cost.policy.schema import JobLogConfig
+    from gpu_cost.analyse import evidence
+    from gpu_cost.config.schema import JobLogConfig
 
     said = evidence.classify_log(log, JobLogConfig(), time.time(), 600)
     assert said["files_growing"] is True and said["files_newest"] == "checkpoints/step_1.pt"
@@ -314,8 +314,8 @@ def test_the_cpu_of_the_jobs_own_processes(slurm_cluster: SlurmCluster, named: N
     assert log["cpu_cores"] > 0.3 and log["io_bps"] is not None, log
     quiet = named.job_log("gpu01", idle, 4096)
     assert quiet["error"] is None and quiet["cpu_cores"] is not None and quiet["cpu_cores"] < 0.1, quiet
-    from gpu_cost import evidence
-    from gpu_cost.policy.schema import JobLogConfig
+    from gpu_cost.analyse import evidence
+    from gpu_cost.config.schema import JobLogConfig
 
     said = evidence.classify_log(log, JobLogConfig(), time.time(), 600)
     assert said["cpu_cores"] == log["cpu_cores"] and said["io_bps"] == log["io_bps"]

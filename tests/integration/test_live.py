@@ -51,7 +51,7 @@ class LiveCluster:
         self.slurm, self.lab, self.policy_file, self.feed, self.ids, self.started = slurm, lab, policy_file, feed, ids, started
 
     def prometheus(self):  # type: ignore[no-untyped-def]
-        from gpu_cost.sources.prometheus import PrometheusSource
+        from gpu_cost.perceive.prometheus import PrometheusSource
 
         return PrometheusSource(self.lab.config(f'job="{JOB_JOB}"'))
 
@@ -65,10 +65,10 @@ class LiveCluster:
 
 @pytest.fixture(scope="module")
 def live(slurm_cluster, prom_lab: PromLab, tmp_path_factory) -> Iterator[LiveCluster]:  # type: ignore[no-untyped-def]
-    from gpu_cost.policy import parse_policy
-    from gpu_cost.sources.exporter import SlurmFeed
-    from gpu_cost.sources.sim import SimNode
-    from gpu_cost.sources.slurm import SlurmSource
+    from gpu_cost.config.loader import parse_policy
+    from gpu_cost.perceive.slurm import SlurmSource
+    from gpu_cost.sim.cluster import SimNode
+    from gpu_cost.sim.exporter import SlurmFeed
 
     slurm_cluster.cancel_all()
     policy_file = tmp_path_factory.mktemp("live") / "policy.yaml"
@@ -97,9 +97,9 @@ def live(slurm_cluster, prom_lab: PromLab, tmp_path_factory) -> Iterator[LiveClu
 
 
 def test_every_job_is_attributed(live: LiveCluster) -> None:
-    from gpu_cost.policy import load_policy
-    from gpu_cost.sources import live as live_mod
-    from gpu_cost.sources.slurm import SlurmSource
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.perceive import live as live_mod
+    from gpu_cost.perceive.slurm import SlurmSource
 
     policy = load_policy(live.policy_file)
     live.wait(6)  # a scrape after every job started
@@ -127,13 +127,13 @@ def _findings(payload: dict[str, Any]) -> set[tuple[str, str, str, bool]]:
 
 
 def test_sweep_on_real_sources_matches_the_simulator(live: LiveCluster, artifacts: Path) -> None:
-    from gpu_cost.policy import load_policy
-    from gpu_cost.rules import run_rules
-    from gpu_cost.snapshot import from_matrix
-    from gpu_cost.sources import live as live_mod
-    from gpu_cost.sources.sim import SimCluster
-    from gpu_cost.sources.slurm import SlurmSource
-    from gpu_cost.sweep import finding_summary
+    from gpu_cost.analyse.rules import run_rules
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.loop.sweep import finding_summary
+    from gpu_cost.perceive import live as live_mod
+    from gpu_cost.perceive.slurm import SlurmSource
+    from gpu_cost.perceive.snapshot import from_matrix
+    from gpu_cost.sim.cluster import SimCluster
 
     policy = load_policy(live.policy_file)
     live.slurm.wait_state(live.ids["sweep-zombie"], ("COMPLETED", "GONE"), timeout=40)

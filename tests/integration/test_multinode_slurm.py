@@ -12,11 +12,11 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_two_node_job_is_judged_over_both_nodes(slurm_cluster, policy) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.rules import run_rules
-    from gpu_cost.snapshot import from_matrix
-    from gpu_cost.sources.exporter import SlurmFeed
-    from gpu_cost.sources.sim import SimCluster, SimNode
-    from gpu_cost.sources.slurm import SlurmSource
+    from gpu_cost.analyse.rules import run_rules
+    from gpu_cost.perceive.slurm import SlurmSource
+    from gpu_cost.perceive.snapshot import from_matrix
+    from gpu_cost.sim.cluster import SimCluster, SimNode
+    from gpu_cost.sim.exporter import SlurmFeed
 
     slurm_cluster.cancel_all()
     common = ("--nodes=2", "--ntasks-per-node=1", "--gres=gpu:2", "--cpus-per-task=1", "--mem=100")

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_cost.actions.base import ActionContext
-from gpu_cost.model import Decision
-from gpu_cost.sources.nodes import NodeAccess, NodeSource
+from gpu_cost.act.base import ActionContext
+from gpu_cost.core.model import Decision
+from gpu_cost.perceive.nodes import NodeAccess, NodeSource
 from tests.fixtures.sshd import SshNode
 from tests.fixtures.users import PLAIN_USER, ensure_plain_user
 
@@ -139,7 +139,7 @@ def test_orphan_and_job_processes_over_ssh(sshd_node: SshNode, wrapper_conn: Nod
 
 
 def test_kill_orphan_process_through_the_wrapper(sshd_node: SshNode, wrapper_conn: NodeAccess, policy, sleeper) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.actions.node import kill_process
+    from gpu_cost.act.node import kill_process
 
     sshd_node.set_state(gpus=GPUS, processes=[{"pid": sleeper.pid, "gpu_uuid": GPU0, "used_mib": 2048}])
     d = _decision(sleeper.pid, start_ts(sleeper.pid))
@@ -160,7 +160,7 @@ def test_kill_escalates_to_sigkill(sshd_node: SshNode, wrapper_conn: NodeAccess,
     try:
         assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == b"ready"
         sshd_node.set_state(gpus=GPUS, processes=[{"pid": stubborn.pid, "gpu_uuid": GPU0, "used_mib": 2048}])
-        from gpu_cost.actions.node import kill_process
+        from gpu_cost.act.node import kill_process
 
         out = kill_process(_decision(stubborn.pid, start_ts(stubborn.pid)), _ctx(policy, wrapper_conn))
         assert out.status == "succeeded", (out.error, out.output)
@@ -174,7 +174,7 @@ def test_kill_escalates_to_sigkill(sshd_node: SshNode, wrapper_conn: NodeAccess,
 
 @pytest.mark.parametrize("case", ["pid-reused", "other-gpu", "gone"])
 def test_kill_refuses_a_stranger(sshd_node: SshNode, wrapper_conn: NodeAccess, policy, sleeper, case: str) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.actions.node import kill_process
+    from gpu_cost.act.node import kill_process
 
     sshd_node.set_state(gpus=GPUS, processes=[{"pid": sleeper.pid, "gpu_uuid": GPU0, "used_mib": 2048}])
     real = start_ts(sleeper.pid)
@@ -224,7 +224,7 @@ def fake_squeue(sshd_node: SshNode) -> Iterator[Callable[[str, int], None]]:
 
 def _kill(sshd_node: SshNode, access: NodeAccess, policy, proc: subprocess.Popen[bytes], user: str = OWNER,  # type: ignore[no-untyped-def]
           evidence: dict[str, object] | None = None):
-    from gpu_cost.actions.node import kill_process
+    from gpu_cost.act.node import kill_process
 
     sshd_node.set_state(gpus=GPUS, processes=[{"pid": proc.pid, "gpu_uuid": GPU0, "used_mib": 2048}])
     return kill_process(_decision(proc.pid, start_ts(proc.pid), user=user, evidence=evidence), _ctx(policy, access))
@@ -353,7 +353,7 @@ def test_never_a_process_in_a_container(sshd_node: SshNode, wrapper_conn: NodeAc
     """A person's process moved into a real cgroup named as a container runtime names it: the node
     reads ``/proc/<pid>/cgroup`` and refuses to signal it, whatever the agent asks; the agent's own
     inspection sees the container too, so the sweep only reports it."""
-    from gpu_cost.sources.nodes import container_of
+    from gpu_cost.perceive.nodes import container_of
 
     template, component, seen_as = CONTAINER_CGROUPS[runtime]
     cid, pod = uuid.uuid4().hex * 2, str(uuid.uuid4()).replace("-", "_")
@@ -413,7 +413,7 @@ def test_no_pidfd_no_signal(sshd_node: SshNode, wrapper_conn: NodeAccess, policy
         assert proc.stdout is not None
         tid = int(proc.stdout.readline())
         assert tid != proc.pid and os.path.exists(f"/proc/{tid}/stat")
-        from gpu_cost.actions.node import kill_process
+        from gpu_cost.act.node import kill_process
 
         sshd_node.set_state(gpus=GPUS, processes=[{"pid": tid, "gpu_uuid": GPU0, "used_mib": 2048}])
         out = kill_process(_decision(tid, start_ts(tid)), _ctx(policy, wrapper_conn))
@@ -439,7 +439,7 @@ MIG_GPUS = [{"index": 0, "uuid": GPU0, "name": "NVIDIA A100-SXM4-80GB", "memory_
 def _slices_snapshot(policy, now: float, processes, jobs, *, migs=("1", "2"),  # type: ignore[no-untyped-def]
                      profiles=("1g.10gb", "2g.20gb")):
     """Two idle slices of GPU 0 on gpu01, both holding memory, as dcgm-exporter's series give them."""
-    from gpu_cost.snapshot import from_matrix
+    from gpu_cost.perceive.snapshot import from_matrix
 
     step = policy.sweep.sample_interval
     times = np.arange(now - policy.sweep.lookback + step, now + 1, step)
@@ -456,9 +456,9 @@ def _slices_snapshot(policy, now: float, processes, jobs, *, migs=("1", "2"),  #
 
 def test_mig_zombie_only_on_its_slice_and_the_running_jobs_slice_refused(  # type: ignore[no-untyped-def]
         sshd_node: SshNode, wrapper_conn: NodeAccess, policy, sleeper, fake_squeue) -> None:
-    from gpu_cost.actions.node import kill_process
-    from gpu_cost.model import Job
-    from gpu_cost.rules import run_rules
+    from gpu_cost.act.node import kill_process
+    from gpu_cost.analyse.rules import run_rules
+    from gpu_cost.core.model import Job
 
     fake_squeue("RUNNING")
     job_proc = spawn(["/bin/sleep", "600"], env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4242"})
@@ -502,8 +502,8 @@ def test_mig_zombie_only_on_its_slice_and_the_running_jobs_slice_refused(  # typ
 def test_mig_zombie_found_on_one_of_two_slices_of_the_same_profile(  # type: ignore[no-untyped-def]
         sshd_node: SshNode, wrapper_conn: NodeAccess, policy, sleeper, fake_squeue) -> None:
     """Two 1g.10gb slices (GPU instances 9 and 10): the wrapper's nvidia-smi -q tells them apart."""
-    from gpu_cost.model import Job
-    from gpu_cost.rules import run_rules
+    from gpu_cost.analyse.rules import run_rules
+    from gpu_cost.core.model import Job
 
     fake_squeue("RUNNING")
     job_proc = spawn(["/bin/sleep", "600"], env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4242"})

@@ -1,6 +1,6 @@
 """WeCom, DingTalk, Feishu, Teams and the escalation ticket, through their Airflow providers, against loopback sinks.
 
-Each test dispatches decisions with :func:`gpu_cost.actions.dispatch.execute` (the audit rows are
+Each test dispatches decisions with :func:`gpu_cost.act.dispatch.execute` (the audit rows are
 the real ones) and reads what the service stand-in received (``tests/fixtures/chat_sinks.py``):
 
 - DingTalk (DingdingHook) and the ticket (HttpHook) take their host from the connection: they post
@@ -19,10 +19,10 @@ import json
 
 import pytest
 
-from gpu_cost.actions.base import ActionContext
-from gpu_cost.actions.dispatch import action_id, execute
-from gpu_cost.model import Decision, decision_id
-from gpu_cost.policy.schema import AccountRoute, NotificationConfig, Person, TicketConfig
+from gpu_cost.act.base import ActionContext
+from gpu_cost.act.dispatch import action_id, execute
+from gpu_cost.config.schema import AccountRoute, NotificationConfig, Person, TicketConfig
+from gpu_cost.core.model import Decision, decision_id
 from tests.fixtures.core import NOW
 from tests.fixtures.slack_sink import smtp_conn
 

@@ -1,6 +1,6 @@
 """Notifications through the real Slack and SMTP providers, against loopback stand-ins.
 
-Each test dispatches decisions with :func:`gpu_cost.actions.dispatch.execute`, so the audit rows
+Each test dispatches decisions with :func:`gpu_cost.act.dispatch.execute`, so the audit rows
 before and after are the real ones, and reads what the fake Slack endpoint / SMTP sink received.
 """
 
@@ -16,13 +16,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpu_cost.actions.base import ActionContext
-from gpu_cost.actions.dispatch import action_id, execute
+from gpu_cost.act.base import ActionContext
+from gpu_cost.act.channels.base import MAX_ATTEMPTS
+from gpu_cost.act.dispatch import action_id, execute
+from gpu_cost.act.notices.ratelimit import rate_limited
 from gpu_cost.airflow.notifier import approval_notifier
-from gpu_cost.channels.base import MAX_ATTEMPTS
-from gpu_cost.model import Decision, decision_id
-from gpu_cost.notices.ratelimit import rate_limited
-from gpu_cost.policy.schema import NotificationConfig, Person
+from gpu_cost.config.schema import NotificationConfig, Person
+from gpu_cost.core.model import Decision, decision_id
 from tests.fixtures.core import NOW
 from tests.fixtures.slack_sink import smtp_conn
 
@@ -276,7 +276,7 @@ def test_without_a_handle_the_webhook_channel_stands_in(webhook, smtp, people, s
 
 def test_a_notice_offers_its_answers_as_slack_buttons_and_e_mail_links(webhook, smtp, people, store,  # type: ignore[no-untyped-def]
                                                                         monkeypatch) -> None:
-    from gpu_cost import answers
+    from gpu_cost.decide import answers
 
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_ANSWERS", json.dumps({"conn_type": "generic", "password": "k3y"}))
     linked = dataclasses.replace(people, answers=dataclasses.replace(people.answers,

@@ -7,12 +7,12 @@ import datetime as dt
 
 import pytest
 
-from gpu_cost.actions.base import ActionContext
-from gpu_cost.actions.dispatch import execute
+from gpu_cost.act.base import ActionContext
+from gpu_cost.act.dispatch import execute
 from gpu_cost.airflow.power_tasks import decisions_of, make_plan
-from gpu_cost.offhours import savings_rows
-from gpu_cost.policy.schema import OffhoursConfig, Policy
-from gpu_cost.sources.slurm import SlurmSource
+from gpu_cost.capacity.offhours import savings_rows
+from gpu_cost.config.schema import OffhoursConfig, Policy
+from gpu_cost.perceive.slurm import SlurmSource
 
 pytestmark = pytest.mark.integration
 

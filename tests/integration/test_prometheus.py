@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from gpu_cost.errors import SourceError
-from gpu_cost.sources.prometheus import PromConfig, PrometheusSource
+from gpu_cost.core.errors import SourceError
+from gpu_cost.perceive.prometheus import PromConfig, PrometheusSource
 from tests.fixtures.prometheus import PromLab
 
 pytestmark = pytest.mark.integration
@@ -24,7 +24,7 @@ class SimScheduler:
     """The scheduler view of a simulated scenario (the simulator's jobs for the simulator's GPUs)."""
 
     def __init__(self, path, now: float) -> None:  # type: ignore[no-untyped-def]
-        from gpu_cost.sources.sim import SimCluster, load_scenario
+        from gpu_cost.sim.cluster import SimCluster, load_scenario
 
         self.cluster = SimCluster(load_scenario(path), anchor=now)
         self.now = now
@@ -76,8 +76,8 @@ def _live_bounds(scenario, policy, now: float, anchor: float) -> dict[str, tuple
     of the session, the last backfilled sample (the anchor's). The window's mean power and maximum
     utilisation lie between those of the per-step lowest and highest of these.
     """
-    from gpu_cost.snapshot import rule_windows
-    from gpu_cost.sources.sim import SimCluster
+    from gpu_cost.perceive.snapshot import rule_windows
+    from gpu_cost.sim.cluster import SimCluster
 
     step = float(policy.sweep.sample_interval)
     window, _ = rule_windows(policy)
@@ -119,8 +119,8 @@ def _within(prom, bounds: tuple[np.ndarray, np.ndarray], col: str, atol: float) 
 
 
 def test_snapshot_columns_equal_the_simulators_aggregation(prom_lab: PromLab, policy) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.sources.sim import load_scenario
-    from gpu_cost.sources.sim import snapshot as sim_snapshot
+    from gpu_cost.sim.cluster import load_scenario
+    from gpu_cost.sim.cluster import snapshot as sim_snapshot
 
     scenario = load_scenario(prom_lab.scenarios["gpu-sim"])
     src = PrometheusSource(prom_lab.config('job="gpu-sim"'))
@@ -174,8 +174,8 @@ def test_number_of_queries_is_constant_for_2_and_20_nodes(prom_lab: PromLab, pol
 
 
 def test_stopped_exporter_is_stale_not_idle(prom_lab: PromLab, policy) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.rules import run_rules
-    from gpu_cost.sources import live
+    from gpu_cost.analyse.rules import run_rules
+    from gpu_cost.perceive import live
 
     src = PrometheusSource(prom_lab.config('job="gpu-stop"'))
     now = time.time()
@@ -195,7 +195,7 @@ def test_stopped_exporter_is_stale_not_idle(prom_lab: PromLab, policy) -> None: 
 
 
 def test_check_fresh(prom_lab: PromLab, policy, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost import sweep
+    from gpu_cost.loop import sweep
 
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_PROMETHEUS", prom_lab.conn_env('job="gpu-sim"'))
     ok, why = sweep.check_fresh(policy, time.time(), "prometheus")
@@ -205,7 +205,7 @@ def test_check_fresh(prom_lab: PromLab, policy, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_prometheus_down_or_silent(policy) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.sources import live
+    from gpu_cost.perceive import live
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

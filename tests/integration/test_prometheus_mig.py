@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_cost.sources.prometheus import PrometheusSource
+from gpu_cost.perceive.prometheus import PrometheusSource
 from tests.fixtures.prometheus import PromLab
 from tests.integration.test_prometheus import SimScheduler
 
@@ -36,8 +36,8 @@ class SimSide(SimScheduler):
 
 
 def test_the_source_reads_mig_slices_as_devices(prom_lab: PromLab, policy) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.sources.sim import load_scenario
-    from gpu_cost.sources.sim import snapshot as sim_snapshot
+    from gpu_cost.sim.cluster import load_scenario
+    from gpu_cost.sim.cluster import snapshot as sim_snapshot
 
     at = prom_lab.anchor
     raw = prom_lab.query(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{job="{JOB}",GPU_I_ID!=""}}', at)
@@ -62,10 +62,10 @@ def test_the_source_reads_mig_slices_as_devices(prom_lab: PromLab, policy) -> No
 
 
 def test_a_sweep_on_prometheus_finds_what_the_simulator_finds(prom_lab: PromLab, policy) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.rules import run_rules
-    from gpu_cost.sources import live
-    from gpu_cost.sources.sim import load_scenario
-    from gpu_cost.sources.sim import snapshot as sim_snapshot
+    from gpu_cost.analyse.rules import run_rules
+    from gpu_cost.perceive import live
+    from gpu_cost.sim.cluster import load_scenario
+    from gpu_cost.sim.cluster import snapshot as sim_snapshot
 
     at = prom_lab.anchor
     side = SimSide(prom_lab.scenarios[JOB], at)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import yaml
 
-from gpu_cost.sources import recording
-from gpu_cost.sources.prometheus import PromConfig, PrometheusSource
+from gpu_cost.perceive import recording
+from gpu_cost.perceive.prometheus import PromConfig, PrometheusSource
 from tests.fixtures.core import ROOT, need
 from tests.fixtures.prometheus import TsdbProm, _check, gpu_cost_bin
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost import reclaim
 from gpu_cost.airflow import power_tasks, reclaim_tasks, runtime
+from gpu_cost.loop import reclaim
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

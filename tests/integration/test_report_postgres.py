@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_cost.report import kpis
-from gpu_cost.report.seed import seed_week
+from gpu_cost.sim.week import seed_week
 from tests.fixtures.core import NOW
 
 pytestmark = pytest.mark.integration

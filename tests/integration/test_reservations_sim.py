@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost.actions.base import ActionContext
+from gpu_cost.act.base import ActionContext
 from gpu_cost.airflow.sweep_tasks import act_on, stored_decisions
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.policy import load_policy
-from gpu_cost.policy.engine import may_act
+from gpu_cost.config.loader import load_policy
+from gpu_cost.decide.engine import may_act
 from tests.fixtures.core import ROOT
 from tests.unit.test_cli import one_json, run_cli
 

@@ -9,16 +9,17 @@ import time
 
 import pytest
 
-from gpu_cost import reservations, sweep
-from gpu_cost.actions.base import ActionContext
-from gpu_cost.actions.dispatch import execute
+from gpu_cost.act.base import ActionContext
+from gpu_cost.act.dispatch import execute
 from gpu_cost.airflow.power_tasks import reservation_decisions
-from gpu_cost.model import Snapshot, empty_gpu_frame
-from gpu_cost.policy.engine import decide
-from gpu_cost.policy.schema import IdleReservationRule, Policy, ReservationsConfig, Rules, Rung
-from gpu_cost.rules import run_rules
-from gpu_cost.sources import sim
-from gpu_cost.sources.slurm import SlurmSource
+from gpu_cost.analyse.rules import run_rules
+from gpu_cost.capacity import reservations
+from gpu_cost.config.schema import IdleReservationRule, Policy, ReservationsConfig, Rules, Rung
+from gpu_cost.core.model import Snapshot, empty_gpu_frame
+from gpu_cost.decide.engine import decide
+from gpu_cost.loop import sweep
+from gpu_cost.perceive.slurm import SlurmSource
+from gpu_cost.sim import cluster as sim
 from tests.fixtures.slurm import GPUS_PER_NODE, NODES
 
 pytestmark = pytest.mark.integration
@@ -194,7 +195,7 @@ def test_the_shipped_policy_in_enforce_releases_only_the_agents_own_reservation(
     """Issue 34: the shipped policy, raised to enforce, over two sweeps. An administrator's WEEKLY
     reservation, root's OVERLAP one, and one named with the agent's prefix that the agent did not make are
     reported (a notice decision each) and still there afterwards; the agent's own idle reservation is deleted."""
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
     from tests.fixtures.core import ROOT
 
     c = slurm_cluster

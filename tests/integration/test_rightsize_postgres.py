@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpu_cost import rightsize
 from gpu_cost.audit.store import AuditStore
+from gpu_cost.capacity import rightsize
 from tests.fixtures.core import NOW
 from tests.unit.test_rightsize import H, history, job_rows, policy, still_running
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from gpu_cost import rightsize
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.policy.schema import Policy
+from gpu_cost.capacity import rightsize
+from gpu_cost.config.schema import Policy
 from tests.fixtures.core import NOW, ROOT
 from tests.unit.test_rightsize import H, history, still_running
 
@@ -147,8 +147,8 @@ NAMES = ["Train_0042-3f9a2c", "llama7b-endpoint-3f9a2c", "run.2024-01-05", "eval
 
 
 def test_the_lua_stem_is_the_agents(login: Login) -> None:
-    """Each name finds its own class row only if the script strips it as gpu_cost.baselines.name_stem does."""
-    from gpu_cost.baselines import name_stem
+    """Each name finds its own class row only if the script strips it as gpu_cost.analyse.baselines.name_stem does."""
+    from gpu_cost.analyse.baselines import name_stem
 
     stems = [name_stem(n) for n in NAMES]
     assert len(set(stems)) == len(stems)

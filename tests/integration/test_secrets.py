@@ -58,13 +58,13 @@ def _rows_text(store: Any) -> str:
 def test_secrets_never_reach_logs_or_audit_tables(secret_connections, caplog) -> None:  # type: ignore[no-untyped-def]
     import dataclasses
 
-    from gpu_cost import health
     from gpu_cost.airflow.sweep_tasks import act_on
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.model import as_decisions
-    from gpu_cost.policy import load_policy
-    from gpu_cost.sources.sim import load_scenario
-    from gpu_cost.sweep import run_once
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.core.model import as_decisions
+    from gpu_cost.loop import health
+    from gpu_cost.loop.sweep import run_once
+    from gpu_cost.sim.cluster import load_scenario
     from tests.fixtures.core import NOW
 
     sink = secret_connections

@@ -42,9 +42,9 @@ class NoSlurm:
 def test_prometheus_password_never_leaves_its_connection(fault: str, prom_lab, store, policy, slack_sink,  # type: ignore[no-untyped-def]
                                                          monkeypatch: pytest.MonkeyPatch,
                                                          caplog: pytest.LogCaptureFixture) -> None:
-    from gpu_cost.errors import SourceError
-    from gpu_cost.sources.prometheus import PrometheusSource
-    from gpu_cost.sweep import run_once
+    from gpu_cost.core.errors import SourceError
+    from gpu_cost.loop.sweep import run_once
+    from gpu_cost.perceive.prometheus import PrometheusSource
 
     port = free_port() if fault == "down" else prom_lab.port
     selector = 'job=~"(' if fault == "error" else ""  # an unclosed regex group: Prometheus answers 400

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from gpu_cost.actions.base import ActionContext
-from gpu_cost.actions.dispatch import execute
-from gpu_cost.actions.slurm import cancel, demote, hold, terminate
-from gpu_cost.model import Decision
-from gpu_cost.policy.schema import Policy
-from gpu_cost.runner import Completed, LocalRunner
+from gpu_cost.act.base import ActionContext
+from gpu_cost.act.dispatch import execute
+from gpu_cost.act.slurm import cancel, demote, hold, terminate
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.model import Decision
+from gpu_cost.perceive.runner import Completed, LocalRunner
 
 pytestmark = pytest.mark.integration
 

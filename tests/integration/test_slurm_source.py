@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gpu_cost.sources.slurm import SlurmSource
+from gpu_cost.perceive.slurm import SlurmSource
 
 pytestmark = pytest.mark.integration
 

@@ -25,9 +25,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from gpu_cost.errors import SourceError
-from gpu_cost.sources import slurmrestd
-from gpu_cost.sources.slurm import default_source
+from gpu_cost.core.errors import SourceError
+from gpu_cost.perceive import slurmrestd
+from gpu_cost.perceive.slurmrestd import default_source
 from tests.data.slurm.construct import T0, VERSIONS
 
 pytestmark = pytest.mark.integration

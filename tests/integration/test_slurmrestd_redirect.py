@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gpu_cost.errors import SourceError
-from gpu_cost.sources import slurmrestd
+from gpu_cost.core.errors import SourceError
+from gpu_cost.perceive import slurmrestd
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from gpu_cost.aggregate import MAX_MEM_MIB, gpu_frame, mem_trend_stats
-from gpu_cost.model import GPU_COLUMNS
+from gpu_cost.core.model import GPU_COLUMNS
+from gpu_cost.perceive.aggregate import MAX_MEM_MIB, gpu_frame, mem_trend_stats
 from tests.fixtures.core import NOW
 
 STEP = 60.0

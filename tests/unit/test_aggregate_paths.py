@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_cost.aggregate import clean, lookback_stats, mem_trend_stats, window_stats
-from gpu_cost.rules.common import JobRows
-from gpu_cost.snapshot import sparkline
+from gpu_cost.analyse.rules.common import JobRows
+from gpu_cost.perceive.aggregate import clean, lookback_stats, mem_trend_stats, window_stats
+from gpu_cost.perceive.snapshot import sparkline
 
 NOW = 1_800_000_000.0 + 60.0 * 359
 

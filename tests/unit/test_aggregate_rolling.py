@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_cost.aggregate import RollingWindows, chart_buckets, clean, lookback_stats, window_stats
+from gpu_cost.perceive.aggregate import RollingWindows, chart_buckets, clean, lookback_stats, window_stats
 
 BUSY = 5.0
 

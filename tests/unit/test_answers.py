@@ -14,10 +14,11 @@ from urllib.parse import urlencode
 
 import pytest
 
-from gpu_cost import answers, sweep
-from gpu_cost.answers import Answer, AnswerRefused
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.policy.loader import parse_policy
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.decide import answers
+from gpu_cost.decide.answers import Answer, AnswerRefused
+from gpu_cost.loop import sweep
 
 KEY = b"test-link-key"
 SLACK_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
@@ -143,7 +144,7 @@ def test_keep_snoozes_the_job_and_the_next_sweep_leaves_it_alone(policy, swept) 
 
 
 def test_wrong_stops_the_ladder_for_the_episode(policy, swept) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.timeutil import iso
+    from gpu_cost.core.timeutil import iso
 
     store, now, did = swept
     answers.apply(store, policy, _link(policy, did, now, "wrong", "dave", reason="this is our eval server"), now=now + 60)
@@ -200,14 +201,14 @@ def test_release_goes_to_the_manual_reclaim_as_the_owner(policy, swept) -> None:
                        "reason": "released by its owner from the notice: done with it"}, "carol")]
     assert row["effect"] == "gpu_manual_reclaim run run-1"
     # the manual reclaim's own checks accept it as the owner's request
-    from gpu_cost import reclaim
+    from gpu_cost.loop import reclaim
 
     req = reclaim.parse_request(asked[0][0], asked[0][1])
     assert req.requested_by == "carol" and req.action == "cancel" and not req.dry_run
 
 
 def test_keep_durations_must_fit_the_snooze_limit() -> None:
-    from gpu_cost.errors import PolicyError
+    from gpu_cost.core.errors import PolicyError
 
     short = parse_policy("snooze: {max_duration: 10h}\n")
     assert [o.duration_s for o in answers.offers("d1", 0.0, short, KEY) if o.choice == "keep"] == [4 * 3600, 8 * 3600]

@@ -46,11 +46,11 @@ BASELINE_ROWS: dict[str, list[dict[str, Any]]] = {
     ],
     "gpu_cost_actions": [
         {"action_id": "d-approved:cancel", "decision_id": "d-approved", "run_id": "sweep:1", "action": "cancel",
-         "target": "job:7", "executor": "gpu_cost.actions.slurm", "dry_run": 0, "status": "succeeded",
+         "target": "job:7", "executor": "gpu_cost.act.slurm", "dry_run": 0, "status": "succeeded",
          "started_at": T0 + 40, "finished_at": T0 + 41, "attempt": 2, "command": "scancel 7", "output": "$ scancel 7",
          "error": None},
         {"action_id": "d-pending:notify", "decision_id": "d-pending", "run_id": "sweep:1", "action": "notify",
-         "target": "job:8", "executor": "gpu_cost.actions.notify", "dry_run": 1, "status": "failed",
+         "target": "job:8", "executor": "gpu_cost.act.notify", "dry_run": 1, "status": "failed",
          "started_at": T0 + 42, "finished_at": T0 + 43, "attempt": 1, "command": None, "output": None,
          "error": "slack down"},
         {"action_id": "d-pending:hold", "decision_id": "d-pending", "run_id": "sweep:1", "action": "hold",
@@ -218,7 +218,7 @@ def test_an_upgrade_twice_changes_nothing(tmp_path: Path) -> None:
 def test_db_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from gpu_cost.cli import main
+    from gpu_cost.cli.main import main
 
     url = f"sqlite:///{tmp_path / f'cli-{uuid.uuid4().hex[:6]}.db'}"
     fill_baseline(sa.create_engine(url))

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from gpu_cost import cli
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.audit.trail import trail
-from gpu_cost.timeutil import iso
+from gpu_cost.cli import main as cli
+from gpu_cost.core.timeutil import iso
 from tests.fixtures.core import NOW
 from tests.unit.policy.helpers import (
     Effects,

@@ -8,11 +8,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pytest
 
-from gpu_cost import baselines
+from gpu_cost.analyse import baselines
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.model import Job, Node, Snapshot
-from gpu_cost.policy.schema import Policy
-from gpu_cost.snapshot import from_matrix
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.model import Job, Node, Snapshot
+from gpu_cost.perceive.snapshot import from_matrix
 from tests.fixtures.core import NOW
 
 STEP = 1800.0  # one sweep every 30 minutes keeps days of sweeps fast

@@ -13,7 +13,7 @@ import pytest
 def run_cli(*args: str, env_extra: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
     env = dict(os.environ)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "gpu_cost.cli", *args], capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
 def one_json(stdout: str) -> dict:  # type: ignore[type-arg]
@@ -55,7 +55,7 @@ def test_demo_as_a_new_user_runs_it(tmp_path) -> None:  # type: ignore[no-untype
     # as after `make demo`: gpu-cost is not on PATH, the summary names the one beside the interpreter
     env = {k: v for k, v in os.environ.items() if k not in ("AIRFLOW_CONN_GPU_COST_DB", "GPU_COST_DB")}
     env.update({"GPU_COST_HOME": str(tmp_path / "home")})
-    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "demo"], cwd=tmp_path, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "demo"], cwd=tmp_path, capture_output=True, text=True,
                        env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
     lines = r.stdout.strip().splitlines()

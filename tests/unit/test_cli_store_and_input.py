@@ -28,12 +28,13 @@ from typing import Any
 import pytest
 import time_machine
 
-from gpu_cost import cli, project
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.commands.sweep import no_action
-from gpu_cost.errors import GpuCostError
-from gpu_cost.sources import prometheus
-from gpu_cost.timeutil import iso, parse_duration_strict
+from gpu_cost.cli import main as cli
+from gpu_cost.cli import project
+from gpu_cost.cli.commands.sweep import no_action
+from gpu_cost.core.errors import GpuCostError
+from gpu_cost.core.timeutil import iso, parse_duration_strict
+from gpu_cost.perceive import prometheus
 from tests.fixtures.core import NOW, ROOT
 
 CONN_ENV = "AIRFLOW_CONN_GPU_COST_DB"
@@ -468,7 +469,7 @@ def test_parse_duration_strict() -> None:
 
 
 def test_duration_arg_names_the_flag_and_the_value() -> None:
-    from gpu_cost.errors import GpuCostError
+    from gpu_cost.core.errors import GpuCostError
 
     assert cli.duration_arg("90m", "--for") == 5400
     with pytest.raises(GpuCostError) as exc:
@@ -520,7 +521,7 @@ def test_snooze_for_4h_works_and_is_listed(bare_env: Path, tmp_path: Path,
 
 def test_sweep_prometheus_unconfigured_fails_in_one_line_and_records_nothing(
         bare_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpu_cost import connections
+    from gpu_cost.core import connections
 
     monkeypatch.delenv(prometheus.URL_ENV, raising=False)
     monkeypatch.delenv(connections.env_var(prometheus.CONN_ID), raising=False)
@@ -550,9 +551,9 @@ def test_sweep_prometheus_unconfigured_fails_in_one_line_and_records_nothing(
 
 
 def test_sweep_prometheus_configured_by_env_is_not_refused_up_front(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_cost import connections
-    from gpu_cost.commands.sweep import require_prometheus
-    from gpu_cost.errors import GpuCostError
+    from gpu_cost.cli.commands.sweep import require_prometheus
+    from gpu_cost.core import connections
+    from gpu_cost.core.errors import GpuCostError
 
     monkeypatch.setenv("GPU_COST_AIRFLOW_LOOKUP", "0")
     monkeypatch.delenv(connections.env_var(prometheus.CONN_ID), raising=False)
@@ -629,7 +630,7 @@ def test_the_text_form_lists_what_was_held_back(bare_env: Path, tmp_path: Path,
 
 def test_a_snoozed_finding_says_so(bare_env: Path, tmp_path: Path, policy: Any,
                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from gpu_cost import snooze
+    from gpu_cost.decide import snooze
 
     db = tmp_path / "sweep.db"
     store = AuditStore(f"sqlite:///{db}").ensure_schema()
@@ -643,7 +644,7 @@ def test_a_snoozed_finding_says_so(bare_env: Path, tmp_path: Path, policy: Any,
 
 def test_a_snoozed_finding_still_says_so_on_the_next_sweep(bare_env: Path, tmp_path: Path, policy: Any,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    from gpu_cost import snooze
+    from gpu_cost.decide import snooze
 
     db = tmp_path / "sweep.db"
     store = AuditStore(f"sqlite:///{db}").ensure_schema()
@@ -732,7 +733,7 @@ def test_no_action_lists_capped_decisions_and_keeps_the_rest() -> None:
 
 
 def test_help_imports_no_heavy_library() -> None:
-    code = ("import sys; from gpu_cost import cli; cli.build_parser().format_help(); "
+    code = ("import sys; from gpu_cost.cli import main as cli; cli.build_parser().format_help(); "
             f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -740,7 +741,7 @@ def test_help_imports_no_heavy_library() -> None:
 
 
 def test_every_subcommand_help_imports_no_heavy_library() -> None:
-    code = ("import argparse, sys; from gpu_cost import cli; p = cli.build_parser(); "
+    code = ("import argparse, sys; from gpu_cost.cli import main as cli; p = cli.build_parser(); "
             "subs = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)); "
             "[s.format_help() for s in subs.choices.values()]; "
             f"print(len(subs.choices), sorted(m for m in {HEAVY!r} if m in sys.modules))")

@@ -208,7 +208,7 @@ def test_prometheus_config(tmp_path: Path) -> None:
 
 
 def test_recording_rules_are_loaded_and_parse(compose) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.sources import recording
+    from gpu_cost.perceive import recording
 
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     assert config["rule_files"] == ["gpu-cost.rules.yml"]  # relative to the config file: /etc/prometheus

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gpu_cost import connections
-from gpu_cost.errors import AuditError, SourceError
+from gpu_cost.core import connections
+from gpu_cost.core.errors import AuditError, SourceError
 
 
 def test_json_and_uri_forms_give_the_same_dict() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.policy import load_policy
-from gpu_cost.report.seed import WEEK, demo_instant
+from gpu_cost.config.loader import load_policy
+from gpu_cost.sim.week import WEEK, demo_instant
 
 HOUR = 3600.0
 
@@ -38,7 +38,7 @@ def test_prophets_bounds_are_the_same_on_every_run() -> None:
     import numpy as np
     import pandas as pd
 
-    from gpu_cost.forecast import prophet_util
+    from gpu_cost.capacity.forecast import prophet_util
 
     ts = pd.date_range("2026-11-01", periods=96, freq="h")
     y = 10 + 5 * np.sin(np.arange(96) / 24 * 2 * np.pi) + np.arange(96) % 3
@@ -77,7 +77,7 @@ DECISIONS = [
 
 
 def test_the_summary_lists_every_decision_on_a_line_with_its_whole_reason(tmp_path: Path) -> None:
-    from gpu_cost.commands.demo import summary
+    from gpu_cost.cli.commands.demo import summary
 
     result = {"mode": "dry-run", "decisions": DECISIONS, "cluster": {"gpus": 88, "nodes": 11}, "days": 14.0,
               "week_end": _utc("2026-11-29T03:00:00"), "audit_db": str(tmp_path / "audit.db"),
@@ -101,8 +101,8 @@ def test_the_summary_lists_every_decision_on_a_line_with_its_whole_reason(tmp_pa
 # -- row 3 / issue 35 item 7: the first hour shows the seed's three rules ----------------------------
 @pytest.fixture(scope="module")
 def demo_cluster() -> tuple[Any, float]:
-    from gpu_cost.demo import DEMO_DAYS
-    from gpu_cost.report.seed import demo_scenario
+    from gpu_cost.cli.demo import DEMO_DAYS
+    from gpu_cost.sim.week import demo_scenario
 
     end = _utc("2026-11-29T03:00:00")
     return demo_scenario(end, days=DEMO_DAYS), end
@@ -112,7 +112,7 @@ def test_the_demos_sweep_finds_a_zombie_an_idle_job_and_a_data_loader_bound_one(
         demo_cluster: tuple[Any, float], tmp_path: Path) -> None:
     """A: a zombie and an idle allocation; B: the data-loader job's advice names its evidence and what to
     change; and the protected job is decided on (no action), so the summary can say why."""
-    from gpu_cost import sweep
+    from gpu_cost.loop import sweep
 
     cluster, end = demo_cluster
     store = AuditStore(f"sqlite:///{tmp_path / 'audit.db'}").ensure_schema()
@@ -139,8 +139,8 @@ def test_the_demos_sweep_finds_a_zombie_an_idle_job_and_a_data_loader_bound_one(
 def test_the_demos_night_has_idle_nodes_the_agent_would_power_down(demo_cluster: tuple[Any, float]) -> None:
     """C: at the demo's instant (Sunday 03:00 UTC) the off-hours window is open, the cluster is quiet and
     idle nodes beyond the warm reserve would be powered down."""
-    from gpu_cost import sweep
-    from gpu_cost.offhours import plan_power
+    from gpu_cost.capacity.offhours import plan_power
+    from gpu_cost.loop import sweep
 
     cluster, end = demo_cluster
     policy = load_policy(None)
@@ -153,7 +153,7 @@ def test_the_demos_night_has_idle_nodes_the_agent_would_power_down(demo_cluster:
 @pytest.fixture
 def past_week(tmp_path: Path) -> tuple[Path, AuditStore, float]:
     """A small seeded history ending a week before this week's demo instant (in the past, whatever the clock)."""
-    from gpu_cost.report.seed import seed_week
+    from gpu_cost.sim.week import seed_week
 
     end = demo_instant(time.time()) - WEEK
     db = tmp_path / "store" / "audit.db"
@@ -169,9 +169,9 @@ def test_the_demo_report_and_report_since_7d_print_the_same_figures(
     """The demo's report and `gpu-cost report --since 7d`, run later on the same store, read the same period
     (the 7 days of data ending at its newest sweep) and print the same would-have-freed; the report goes
     beside the store it came from (row 6)."""
-    from gpu_cost.cli import main
-    from gpu_cost.report.seed import demo_report
-    from gpu_cost.timeutil import iso
+    from gpu_cost.cli.main import main
+    from gpu_cost.core.timeutil import iso
+    from gpu_cost.sim.week import demo_report
 
     db, store, end = past_week
     result: dict[str, Any] = {"week_end": end}

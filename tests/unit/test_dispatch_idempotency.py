@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_cost.actions import dispatch
-from gpu_cost.actions.base import ActionContext
+from gpu_cost.act import dispatch
+from gpu_cost.act.base import ActionContext
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.model import decision_id
+from gpu_cost.core.model import decision_id
 from tests.fixtures.core import NOW
 from tests.unit.policy.helpers import (
     Effects,
@@ -83,7 +83,7 @@ def test_a_rerun_of_the_same_sweep_records_and_acts_nothing_new(store, effects) 
 
 
 def test_audit_store_down_means_nothing_is_done(store, effects) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.errors import AuditError
+    from gpu_cost.core.errors import AuditError
     from tests.fixtures.core import free_port
 
     p = sweep_once(store, POLICY, [job_finding("4", now=NOW)], NOW, act=False)
@@ -131,7 +131,7 @@ def test_the_act_task_picks_the_slurm_runner_from_the_environment(monkeypatch, e
 
 def test_an_unknown_slurm_runner_is_refused(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from gpu_cost.airflow.sweep_tasks import slurm_runner
-    from gpu_cost.errors import GpuCostError
+    from gpu_cost.core.errors import GpuCostError
 
     monkeypatch.setenv("GPU_COST_SLURM", "telnet")
     with pytest.raises(GpuCostError, match="GPU_COST_SLURM='telnet': use local or ssh"):

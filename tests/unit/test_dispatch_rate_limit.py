@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_cost.actions import base, dispatch
-from gpu_cost.actions.base import ActionContext, Outcome
-from gpu_cost.model import Decision, decision_id
+from gpu_cost.act import base, dispatch
+from gpu_cost.act.base import ActionContext, Outcome
+from gpu_cost.core.model import Decision, decision_id
 from tests.fixtures.core import NOW
 
 

@@ -2,11 +2,11 @@
 and the README points only at pages that exist.
 
 - ``mkdocs build --strict`` succeeds (no broken link or anchor, every page in the nav);
-- ``docs/reference/cli.md`` and ``docs/reference/policy.md`` equal what ``gpu_cost.docgen`` generates
-  now (regenerate with ``.venv/bin/python -m gpu_cost.docgen``), whatever the terminal width or the
+- ``docs/reference/cli.md`` and ``docs/reference/policy.md`` equal what ``gpu_cost.cli.docgen`` generates
+  now (regenerate with ``.venv/bin/python -m gpu_cost.cli.docgen``), whatever the terminal width or the
   working directory, and embed no absolute path;
 - every key of the policy schema and every subcommand and option of ``gpu-cost`` is in them (walked
-  here independently of ``gpu_cost.docgen``);
+  here independently of ``gpu_cost.cli.docgen``);
 - README.md is short, names the two commands, and links only to documentation pages that exist.
 """
 
@@ -24,14 +24,14 @@ from typing import Annotated, Any, get_args, get_origin
 
 import pytest
 
-from gpu_cost import docgen
-from gpu_cost.cli import build_parser
-from gpu_cost.policy.schema import Policy
+from gpu_cost.cli import docgen
+from gpu_cost.cli.main import build_parser
+from gpu_cost.config.schema import Policy
 from tests.fixtures.core import ROOT
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-REGENERATE = ".venv/bin/python -m gpu_cost.docgen"
+REGENERATE = ".venv/bin/python -m gpu_cost.cli.docgen"
 
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_cost import evidence
-from gpu_cost.errors import PolicyError
-from gpu_cost.model import Job, Node, Snapshot
-from gpu_cost.policy.loader import parse_policy
-from gpu_cost.policy.schema import JobLogConfig, Policy
-from gpu_cost.snapshot import from_matrix
+from gpu_cost.analyse import evidence
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.config.schema import JobLogConfig, Policy
+from gpu_cost.core.errors import PolicyError
+from gpu_cost.core.model import Job, Node, Snapshot
+from gpu_cost.perceive import live
+from gpu_cost.perceive.snapshot import from_matrix
 from tests.fixtures.core import NOW
 
 CFG = JobLogConfig()
@@ -292,15 +293,15 @@ def _snapshot(policy: Policy) -> Snapshot:
 
 def test_logs_are_read_for_idle_jobs_only_most_gpus_first() -> None:
     p = Policy()
-    assert [j.job_id for j in evidence.log_candidates(_snapshot(p), p)] == ["1", "2"]
+    assert [j.job_id for j in live.log_candidates(_snapshot(p), p)] == ["1", "2"]
 
 
 def test_log_reading_is_capped_and_can_be_disabled() -> None:
     p = parse_policy("evidence: {job_log: {max_jobs_per_sweep: 1}}\n", "<test>")
-    assert [j.job_id for j in evidence.log_candidates(_snapshot(p), p)] == ["1"]
+    assert [j.job_id for j in live.log_candidates(_snapshot(p), p)] == ["1"]
     for text in ("evidence: {job_log: {max_jobs_per_sweep: 0}}\n", "evidence: {job_log: {enabled: false}}\n"):
         p = parse_policy(text, "<test>")
-        assert evidence.log_candidates(_snapshot(p), p) == []
+        assert live.log_candidates(_snapshot(p), p) == []
 
 
 # -- files in the job's working directory ---------------------------------------------------------
@@ -409,7 +410,7 @@ def test_the_policy_sets_the_processes_thresholds() -> None:
 def test_a_node_is_the_jobs_own_until_another_running_job_uses_it() -> None:
     import dataclasses
 
-    from gpu_cost.model import empty_gpu_frame
+    from gpu_cost.core.model import empty_gpu_frame
 
     a = Job(job_id="a", user="u", start_ts=NOW - 3600, nodes=("n1", "n2"))
     b = Job(job_id="b", user="u", start_ts=NOW - 3600, gpu_alloc=(("n2", (0,)),))  # nodes from its GPUs

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_cost.errors import SourceError
+from gpu_cost.core.errors import SourceError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -72,7 +72,7 @@ SLURM_DOCS = {"squeue": ("squeue-22.05.json", "squeue-24.05.json"), "sacct": ("s
 
 
 def _slurm_parser(kind: str) -> Any:
-    from gpu_cost.sources import slurm
+    from gpu_cost.perceive import slurm
 
     return {"squeue": slurm.parse_jobs, "sacct": slurm.parse_sacct, "nodes": slurm.parse_nodes}[kind]
 
@@ -80,7 +80,7 @@ def _slurm_parser(kind: str) -> Any:
 @FUZZ
 @given(text=st.text(max_size=300) | st.binary(max_size=200).map(lambda b: b.decode("latin-1")))
 def test_slurm_load_json_on_any_text(text: str) -> None:
-    from gpu_cost.sources.slurm import load_json
+    from gpu_cost.perceive.slurm import load_json
 
     try:
         doc = load_json(text, "squeue --json")
@@ -113,7 +113,7 @@ def test_slurm_parsers_on_captured_answers_with_one_field_replaced(data: st.Data
 @given(data=st.data(), kind=st.sampled_from(sorted(SLURM_DOCS)))
 def test_slurm_truncated_answers(data: st.DataObject, kind: str) -> None:
     """A cut-off answer (the pipe closed, a full disk) is a SourceError, never a crash or a half list."""
-    from gpu_cost.sources.slurm import load_json
+    from gpu_cost.perceive.slurm import load_json
 
     name = data.draw(st.sampled_from(SLURM_DOCS[kind]))
     text = (DATA / "slurm" / name).read_text(encoding="utf-8")
@@ -130,7 +130,7 @@ def test_slurm_truncated_answers(data: st.DataObject, kind: str) -> None:
                                             "1e400", "", " ", "x", "99 %", "index"]), min_size=1, max_size=7)
                   .map(lambda r: ", ".join(r)), max_size=5).map("\n".join))
 def test_nvidia_smi_csv(text: str) -> None:
-    from gpu_cost.sources.nodes import parse_apps, parse_gpus
+    from gpu_cost.perceive.nodes import parse_apps, parse_gpus
 
     _parses_or_source_error(parse_gpus, text, "gpu01")
     _parses_or_source_error(parse_apps, text, "gpu01")
@@ -139,7 +139,7 @@ def test_nvidia_smi_csv(text: str) -> None:
 @FUZZ
 @given(data=st.data())
 def test_nvidia_smi_captured_csv_mutated(data: st.DataObject) -> None:
-    from gpu_cost.sources.nodes import parse_apps, parse_gpus
+    from gpu_cost.perceive.nodes import parse_apps, parse_gpus
 
     for name, fn in (("query-gpu.csv", parse_gpus), ("query-compute-apps.csv", parse_apps),
                      ("query-gpu-units.csv", parse_gpus)):
@@ -152,7 +152,7 @@ def test_nvidia_smi_captured_csv_mutated(data: st.DataObject) -> None:
 @FUZZ
 @given(stat=st.text(max_size=120), cgroup=st.text(max_size=120))
 def test_proc_stat_and_cgroup(stat: str, cgroup: str) -> None:
-    from gpu_cost.sources.nodes import container_from_cgroup, job_from_cgroup, start_ticks
+    from gpu_cost.perceive.nodes import container_from_cgroup, job_from_cgroup, start_ticks
 
     _parses_or_source_error(start_ticks, stat, "gpu01", 1)
     assert job_from_cgroup(cgroup) is None or job_from_cgroup(cgroup).isdigit()  # type: ignore[union-attr]
@@ -162,7 +162,7 @@ def test_proc_stat_and_cgroup(stat: str, cgroup: str) -> None:
 @FUZZ
 @given(doc=json_values, gpus=st.text(max_size=80), apps=st.text(max_size=80), stat=st.text(max_size=60))
 def test_node_inspect_json(doc: Any, gpus: str, apps: str, stat: str) -> None:
-    from gpu_cost.sources.nodes import parse_inspect
+    from gpu_cost.perceive.nodes import parse_inspect
 
     _parses_or_source_error(parse_inspect, json.dumps(doc), "gpu01")
     shaped = {"verb": "inspect", "gpus": {"rc": 0, "stdout": gpus}, "apps": {"rc": 0, "stdout": apps},
@@ -230,8 +230,8 @@ vector = st.lists(st.fixed_dictionaries({"metric": sample_metric, "value": sampl
 @FUZZ
 @given(result=vector, wrap=st.sampled_from(["ok", "no-data", "error", "raw"]))
 def test_prometheus_answers(fake_prometheus: tuple[str, _Answer], policy: Any, result: Any, wrap: str) -> None:
-    from gpu_cost.model import GPU_COLUMNS
-    from gpu_cost.sources.prometheus import PromConfig, PrometheusSource
+    from gpu_cost.core.model import GPU_COLUMNS
+    from gpu_cost.perceive.prometheus import PromConfig, PrometheusSource
 
     url, answer = fake_prometheus
     if wrap == "ok":
@@ -258,7 +258,7 @@ def test_prometheus_answers(fake_prometheus: tuple[str, _Answer], policy: Any, r
 @FUZZ
 @given(body=st.binary(max_size=120), status=st.sampled_from([200, 400, 422, 500]))
 def test_prometheus_raw_bodies(fake_prometheus: tuple[str, _Answer], policy: Any, body: bytes, status: int) -> None:
-    from gpu_cost.sources.prometheus import PromConfig, PrometheusSource
+    from gpu_cost.perceive.prometheus import PromConfig, PrometheusSource
 
     url, answer = fake_prometheus
     answer.status, answer.body = status, body
@@ -276,9 +276,9 @@ range_series = st.lists(st.fixed_dictionaries({"metric": sample_metric, "values"
 @given(result=range_series, wrap=st.sampled_from(["matrix", "vector", "raw"]))
 def test_prometheus_chunk_reads(fake_prometheus: tuple[str, _Answer], policy: Any, result: Any, wrap: str) -> None:
     """Recording rules that fit, and whatever the range reads of their chunks answer: parsed or a SourceError."""
-    from gpu_cost.model import GPU_COLUMNS
-    from gpu_cost.sources import recording
-    from gpu_cost.sources.prometheus import PromConfig, PrometheusSource
+    from gpu_cost.core.model import GPU_COLUMNS
+    from gpu_cost.perceive import recording
+    from gpu_cost.perceive.prometheus import PromConfig, PrometheusSource
 
     url, answer = fake_prometheus
     now = 1795960800.0

@@ -7,11 +7,11 @@ import json
 import pandas as pd
 import pytest
 
-from gpu_cost.errors import SourceError
-from gpu_cost.model import GpuProcess, Job, Node
-from gpu_cost.sources import gpu_map
-from gpu_cost.sources.gpu_map import DriverGpu, NodeMap, NvmlGpu, check_node
-from gpu_cost.sources.nodes import parse_inspect
+from gpu_cost.core.errors import SourceError
+from gpu_cost.core.model import GpuProcess, Job, Node
+from gpu_cost.perceive import gpu_map
+from gpu_cost.perceive.gpu_map import DriverGpu, NodeMap, NvmlGpu, check_node
+from gpu_cost.perceive.nodes import parse_inspect
 
 U = [f"GPU-{i}f0e1d2c-3b4a-5968-7071-8293a4b5c6d{i}" for i in range(4)]
 BUS = ["0000:07:00.0", "0000:0b:00.0", "0000:48:00.0", "0000:4c:00.0"]
@@ -144,7 +144,7 @@ def test_inspect_answer_carries_the_numbering() -> None:
 
 
 def test_the_nodes_of_idle_looking_jobs_are_checked_too(policy) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.sources.live import idle_job_hosts
+    from gpu_cost.perceive.live import idle_job_hosts
 
     frame = pd.DataFrame({"host": ["gpu01", "gpu01", "gpu02", "gpu03"], "gpu": [0, 1, 0, 0],
                           "util_max": [0.0, 1.0, 80.0, 0.0], "stale": [False, False, False, True]})
@@ -156,7 +156,7 @@ def test_the_nodes_of_idle_looking_jobs_are_checked_too(policy) -> None:  # type
 
 
 def test_a_job_log_is_never_asked_for_with_a_bad_job_id() -> None:
-    from gpu_cost.sources.nodes import NodeAccess, NodeSource
+    from gpu_cost.perceive.nodes import NodeAccess, NodeSource
 
     asked: list[list[str]] = []
 

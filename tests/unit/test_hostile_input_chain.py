@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
+from gpu_cost.act.notices.render import render
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.notices.render import render
-from gpu_cost.sources.sim import scenario_from_dict
-from gpu_cost.sweep import run_once
+from gpu_cost.loop.sweep import run_once
+from gpu_cost.sim.cluster import scenario_from_dict
 from tests.fixtures.core import NOW
 
 NASTY_NAME = "x\"; rm -rf / #$(reboot)`id` 'q' \\ & | > < 名前 🚀\nsecond line"
@@ -32,7 +32,7 @@ def test_hostile_strings_survive_every_step(tmp_path, policy) -> None:  # type: 
     assert row["user_name"] == NASTY_USER and row["account"] == "acct;drop table"
     assert json.loads(row["evidence"])["job_name"] == NASTY_NAME  # stored byte for byte
     assert store.table_counts()["gpu_cost_decisions"] >= 1  # the SQL was not broken by the quotes
-    from gpu_cost.model import Decision
+    from gpu_cost.core.model import Decision
 
     decision = Decision.from_dict({**{k: row[k] for k in ("decision_id", "rule", "target_kind", "target", "action",
                                                           "mode", "rung", "episode", "job_id", "gpus", "reason")},

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from gpu_cost.model import Job
-from gpu_cost.runner import Completed
-from gpu_cost.sources.nodes import NodeAccess, NodeSource, job_node, parse_job_log
-from gpu_cost.sources.slurm import parse_jobs
+from gpu_cost.core.model import Job
+from gpu_cost.perceive.nodes import NodeAccess, NodeSource, job_node, parse_job_log
+from gpu_cost.perceive.runner import Completed
+from gpu_cost.perceive.slurm import parse_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 WRAPPER = ROOT / "include" / "node" / "gpu-cost-node-action"
@@ -964,7 +964,8 @@ class StubNodes:
 
 
 def _live(policy: Any, scenario: Any, nodes: StubNodes, **kw: Any) -> Any:
-    from gpu_cost.sources import live, sim
+    from gpu_cost.perceive import live
+    from gpu_cost.sim import cluster as sim
     from tests.fixtures.core import NOW
 
     base = sim.snapshot(policy, NOW, scenario)
@@ -973,7 +974,7 @@ def _live(policy: Any, scenario: Any, nodes: StubNodes, **kw: Any) -> Any:
 
 
 def test_live_snapshot_reads_the_logs_of_idle_jobs(policy, scenario) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost import evidence
+    from gpu_cost.analyse import evidence
 
     nodes = StubNodes()
     snap = _live(policy, scenario, nodes)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpu_cost.sources import sim
-from gpu_cost.sources.live import suspect_hosts
+from gpu_cost.perceive.live import suspect_hosts
+from gpu_cost.sim import cluster as sim
 from tests.fixtures.core import NOW
 
 

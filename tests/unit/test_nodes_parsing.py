@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from gpu_cost.errors import SourceError
-from gpu_cost.sources.nodes import (
+from gpu_cost.core.errors import SourceError
+from gpu_cost.perceive.nodes import (
     container_from_cgroup,
     container_of,
     job_from_cgroup,
@@ -151,7 +151,7 @@ MIG_QUERY = "\n==============NVSMI LOG==============\n\n" + "".join(
 
 
 def test_mig_query_gives_each_slices_instance_ids() -> None:
-    from gpu_cost.sources.nodes import parse_mig_query
+    from gpu_cost.perceive.nodes import parse_mig_query
 
     ids = parse_mig_query(MIG_QUERY, "gpu01", {"0000:07:00.0": 0, "0000:0f:00.0": 1})
     assert ids == {(1, k): (gi, 0) for k, gi in enumerate(SEVEN_GI)}
@@ -170,7 +170,7 @@ def test_mig_query_gives_each_slices_instance_ids() -> None:
     ("GPU 00000000:0F:00.0", "GPU 00000000:3B:00.0", r"gpu01: nvidia-smi -q line \d+: GPU 00000000:3B:00.0 is not"),
 ])
 def test_a_malformed_mig_query_names_host_and_line(old: str, new: str, error: str) -> None:
-    from gpu_cost.sources.nodes import parse_mig_query
+    from gpu_cost.perceive.nodes import parse_mig_query
 
     assert old in MIG_QUERY
     with pytest.raises(SourceError, match=error):

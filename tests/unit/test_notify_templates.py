@@ -7,12 +7,12 @@ import html
 
 import pytest
 
-from gpu_cost.channels.base import retry_wait
-from gpu_cost.model import Decision
-from gpu_cost.notices import render as notify
-from gpu_cost.notices.recipients import recipients
-from gpu_cost.policy.schema import NotificationConfig, Person, Protection
-from gpu_cost.redact import scrub
+from gpu_cost.act.channels.base import retry_wait
+from gpu_cost.act.notices import render as notify
+from gpu_cost.act.notices.recipients import recipients
+from gpu_cost.config.schema import NotificationConfig, Person, Protection
+from gpu_cost.core.model import Decision
+from gpu_cost.core.redact import scrub
 from tests.fixtures.core import NOW
 
 NASTY = "x; rm -rf / && echo $(id) `uname` | cat > /tmp/p 'single' \"double\"\nsecond line <b>&amp; ✓ 日本語 🚀"

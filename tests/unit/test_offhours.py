@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import time_machine
 
-from gpu_cost.errors import PolicyError
-from gpu_cost.model import GPU_COLUMNS, GpuProcess, Job, Node, Snapshot
-from gpu_cost.offhours import in_window, plan_power, savings_rows, vet_power_down
-from gpu_cost.policy.schema import Match, OffhoursConfig, Policy, Protection, Window
+from gpu_cost.capacity.offhours import in_window, plan_power, savings_rows, vet_power_down
+from gpu_cost.config.schema import Match, OffhoursConfig, Policy, Protection, Window
+from gpu_cost.core.errors import PolicyError
+from gpu_cost.core.model import GPU_COLUMNS, GpuProcess, Job, Node, Snapshot
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -375,7 +375,7 @@ def test_the_last_healthy_nodes_of_a_partition_stay_up_busy_ones_count_failed_on
     ("idle~", "gpu-cost: off-hours", None),       # powered down as planned
 ], ids=["resume-timeout", "down-powered-off", "gpus-missing", "recovered", "down-other", "asleep"])
 def test_a_node_that_did_not_come_back_is_found_by_slurms_own_verdict(state, reason, why) -> None:
-    from gpu_cost.offhours import resume_failures
+    from gpu_cost.capacity.offhours import resume_failures
 
     node = Node(name="gpu07", state=state, gpus_total=4, partitions=("batch",), reason=reason)
     assert resume_failures([node]) == ({} if why is None else {"gpu07": why})
@@ -402,8 +402,8 @@ def test_failed_nodes_are_reported_never_woken_or_powered_down_and_earlier_failu
 
 
 def test_node_types_give_idle_draw_and_boot_energy_where_dcgm_is_silent() -> None:
-    from gpu_cost.offhours import node_power
-    from gpu_cost.policy.schema import NodePower
+    from gpu_cost.capacity.offhours import node_power
+    from gpu_cost.config.schema import NodePower
 
     c = cfg(node_types={"h100": NodePower(idle_power_w=900.0, boot_kwh=0.4), "a100": NodePower(boot_kwh=0.2)})
     h100 = Node(name="h1", gpu_model="H100", gpus_total=8)
@@ -418,7 +418,7 @@ def test_node_types_give_idle_draw_and_boot_energy_where_dcgm_is_silent() -> Non
 
 
 def test_bad_offhours_keys_name_the_file_and_path(tmp_path) -> None:
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
 
     for text, where in (("offhours:\n  min_up: -1\n", "offhours.min_up"),
                         ("offhours:\n  forecast_quantile: 0.2\n", "offhours.forecast_quantile"),

@@ -1,6 +1,6 @@
 """One decision path: every way in passes the engine's guards, and none can lower the bar.
 
-The guards themselves (:func:`gpu_cost.policy.engine.guard`), the manual reclaim built on them,
+The guards themselves (:func:`gpu_cost.decide.engine.guard`), the manual reclaim built on them,
 named and pinned policies, the approval's second person, and the caps (per run and rolling).
 """
 
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_cost import reclaim
-from gpu_cost.errors import PolicyError
-from gpu_cost.model import DESTRUCTIVE_ACTIONS, Decision, Job, Snapshot, empty_gpu_frame
-from gpu_cost.policy.engine import Ask, check_caps, guard, rolling_cap_violation
-from gpu_cost.policy.schema import Match, Protection
+from gpu_cost.config.schema import Match, Protection
+from gpu_cost.core.errors import PolicyError
+from gpu_cost.core.model import DESTRUCTIVE_ACTIONS, Decision, Job, Snapshot, empty_gpu_frame
+from gpu_cost.decide.engine import Ask, check_caps, guard, rolling_cap_violation
+from gpu_cost.loop import reclaim
 from tests.unit.policy.helpers import H, job_finding, policy_from
 
 NOW = 1_795_960_800.0
@@ -168,7 +168,7 @@ def test_a_dry_run_never_waits_for_an_approval() -> None:
 
 
 def test_a_manual_power_down_passes_the_off_hours_checks() -> None:
-    from gpu_cost.model import Node
+    from gpu_cost.core.model import Node
 
     nodes = tuple(Node(name=f"n{i}", state="idle", gpus_total=8, partitions=("batch",)) for i in range(6))
     s = dataclasses.replace(snap(gpus=0), nodes=nodes, jobs=())

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost.errors import PolicyError
-from gpu_cost.policy import load_policy, parse_policy
-from gpu_cost.policy.schema import Policy
+from gpu_cost.config.loader import load_policy, parse_policy
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.errors import PolicyError
 from tests.fixtures.core import ROOT
 from tests.unit.policy.helpers import assert_policy_error
 
@@ -81,11 +81,11 @@ def test_missing_file() -> None:
 def test_cli_policy_check(tmp_path: Path) -> None:
     bad = tmp_path / "p.yaml"
     bad.write_text("rules: {zombie: {util_max: -1}}\n")
-    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "policy", "check", str(bad)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "policy", "check", str(bad)], capture_output=True, text=True)
     assert r.returncode == 2
     assert f"{bad}: rules.zombie.util_max: must be ≥ 0" in r.stderr
     good = ROOT / "include" / "policy" / "default.yaml"
-    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "policy", "check", str(good), "--json"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "policy", "check", str(good), "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     import json
 

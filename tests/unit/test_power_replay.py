@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_cost.errors import GpuCostError, TraceError
-from gpu_cost.forecast import history
-from gpu_cost.policy import load_policy
-from gpu_cost.power_replay import STRATEGIES, SUSPEND_TIMES, ReplaySettings, at_waiting, replay
-from gpu_cost.timeutil import epoch
+from gpu_cost.capacity.forecast import history
+from gpu_cost.config.loader import load_policy
+from gpu_cost.core.errors import GpuCostError, TraceError
+from gpu_cost.core.timeutil import epoch
+from gpu_cost.sim.power_replay import STRATEGIES, SUSPEND_TIMES, ReplaySettings, at_waiting, replay
 
 START = epoch("2026-11-02T00:00:00Z")  # a Monday
 
@@ -93,7 +93,7 @@ def test_bad_input_names_what_is_wrong() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpu_cost.cli", "power", "replay", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "power", "replay", *args], capture_output=True,
                           text=True, timeout=300, env=dict(os.environ))
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from gpu_cost.airflow.power_tasks import decisions_of
-from gpu_cost.offhours import NodeChoice, PowerPlan
-from gpu_cost.policy.schema import Match, OffhoursConfig, Policy, Protection
+from gpu_cost.capacity.offhours import NodeChoice, PowerPlan
+from gpu_cost.config.schema import Match, OffhoursConfig, Policy, Protection
 
 NOW = 1795561200.0  # Tue 2026-11-24 23:00 UTC
 

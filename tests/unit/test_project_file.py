@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from gpu_cost import cli, project
-from gpu_cost.commands import demo
+from gpu_cost.cli import main as cli
+from gpu_cost.cli import project
+from gpu_cost.cli.commands import demo
 from tests.fixtures.core import NOW, ROOT
 
 CONN_ENV = "AIRFLOW_CONN_GPU_COST_DB"

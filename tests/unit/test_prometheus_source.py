@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from gpu_cost.errors import SourceError
-from gpu_cost.model import Job
-from gpu_cost.sources import prometheus as prom
-from gpu_cost.sources.exporter import ScenarioFeed, behaviour_of, exposition
+from gpu_cost.core.errors import SourceError
+from gpu_cost.core.model import Job
+from gpu_cost.perceive import prometheus as prom
+from gpu_cost.sim.exporter import ScenarioFeed, behaviour_of, exposition
 from tests.fixtures.core import NOW
 
 
@@ -75,7 +75,7 @@ def test_the_memory_trend_from_promql_parts_equals_the_dense_one() -> None:
     grid, put together by the source, equals aggregate.mem_trend_stats on the same samples."""
     import numpy as np
 
-    from gpu_cost.aggregate import mem_trend_stats
+    from gpu_cost.perceive.aggregate import mem_trend_stats
 
     times = np.arange(NOW - 21600 + 60, NOW + 1, 60.0)
     hours = (times - times[0]) / 3600

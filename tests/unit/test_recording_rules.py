@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
-from gpu_cost.sources import recording
-from gpu_cost.sources.prometheus import Dialects, Sample
+from gpu_cost.perceive import recording
+from gpu_cost.perceive.prometheus import Sample
+from gpu_cost.perceive.promql import Dialects
 
 AT = 1_795_960_800.0
 
@@ -173,7 +174,7 @@ def test_queries_parse(tmp_path: Path) -> None:
 
 def test_the_command_writes_the_shipped_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert recording.main([]) == 0
-    from gpu_cost.paths import ROOT
+    from gpu_cost.core.paths import ROOT
 
     assert capsys.readouterr().out == (ROOT / recording.SHIPPED).read_text()
     assert recording.main(["--busy-util", "30", "--selector", '{job="dcgm"}']) == 0
@@ -184,7 +185,7 @@ def test_the_command_writes_the_shipped_file(capsys: pytest.CaptureFixture[str])
 def test_the_connection_can_turn_them_off(monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from gpu_cost.sources.prometheus import prometheus_config
+    from gpu_cost.perceive.prometheus import prometheus_config
 
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_PROMETHEUS", json.dumps({"conn_type": "http", "host": "p", "port": 9090}))
     assert prometheus_config().recording_rules is True

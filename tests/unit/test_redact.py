@@ -9,9 +9,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gpu_cost.errors import SourceError
-from gpu_cost.redact import redact
-from gpu_cost.sources import prometheus as prom
+from gpu_cost.core.errors import SourceError
+from gpu_cost.core.redact import redact
+from gpu_cost.perceive import prometheus as prom
 
 SECRET = "s3cr3tPw"
 URL = f"http://agent:{SECRET}@prom.example:9090"
@@ -83,7 +83,7 @@ def test_prometheus_errors_name_the_server_without_its_password(make: Any) -> No
 
 
 def test_live_snapshot_problems_and_freshness_are_redacted(policy: Any, caplog: pytest.LogCaptureFixture) -> None:
-    from gpu_cost.sources import live
+    from gpu_cost.perceive import live
 
     class Slurm:
         def jobs(self) -> list[Any]:
@@ -109,7 +109,7 @@ def test_live_snapshot_problems_and_freshness_are_redacted(policy: Any, caplog: 
 
 
 def test_snapshot_problems_are_redacted(policy: Any) -> None:
-    from gpu_cost.snapshot import from_samples
+    from gpu_cost.perceive.snapshot import from_samples
 
     samples = pd.DataFrame({"ts": [1e9], "host": ["g1"], "gpu": [0], "util": [0.0], "mem_used_mib": [0.0]})
     snap = from_samples(policy=policy, now=1e9, source="trace", samples=samples, jobs=[],
@@ -121,7 +121,7 @@ def test_health_alert_is_redacted(store: Any, policy: Any, monkeypatch: pytest.M
                                   caplog: pytest.LogCaptureFixture) -> None:
     import dataclasses
 
-    from gpu_cost import health
+    from gpu_cost.loop import health
 
     sent: list[str] = []
 
@@ -142,7 +142,7 @@ def test_health_alert_is_redacted(store: Any, policy: Any, monkeypatch: pytest.M
 
 
 def test_log_records_of_every_package_logger_are_redacted(caplog: pytest.LogCaptureFixture) -> None:
-    log = logging.getLogger("gpu_cost.sources.prometheus")
+    log = logging.getLogger("gpu_cost.perceive.prometheus")
     with caplog.at_level(logging.INFO, logger="gpu_cost"):
         log.warning("Prometheus at %s down", URL)
         try:
@@ -157,7 +157,7 @@ def test_log_records_of_every_package_logger_are_redacted(caplog: pytest.LogCapt
 
 
 def test_notify_scrub_uses_the_same_redaction() -> None:
-    from gpu_cost.redact import scrub
+    from gpu_cost.core.redact import scrub
 
     assert scrub(f"ConnectionError: {URL} and tok-abcdef", ["tok-abcdef"]) == \
         "ConnectionError: http://agent:***@prom.example:9090 and ***"
@@ -166,7 +166,7 @@ def test_notify_scrub_uses_the_same_redaction() -> None:
 def test_report_delivery_errors_are_redacted(tmp_path: Path, policy: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from gpu_cost.errors import GpuCostError
+    from gpu_cost.core.errors import GpuCostError
     from gpu_cost.report import delivery
 
     hook = "https://hooks.slack.com/services/T0/B0/XyZsecret"

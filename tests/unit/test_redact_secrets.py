@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_cost.redact import redact
+from gpu_cost.core.redact import redact
 
 HOST = "prom.example:9090"
 # RFC 3986 userinfo: unreserved, sub-delims and ":" (plus percent-encoded bytes, drawn below); an

@@ -1,7 +1,7 @@
 """The action and rule registry: one declaration each, every list derived from it.
 
 ``docs/reference/actions-and-rules.md`` is generated; after changing a spec, regenerate it with
-``.venv/bin/python -m gpu_cost.registry > docs/reference/actions-and-rules.md``.
+``.venv/bin/python -m gpu_cost.core.registry > docs/reference/actions-and-rules.md``.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_cost import paths, registry
-from gpu_cost.actions import dispatch
-from gpu_cost.actions.base import REGISTRY as EXECUTORS
-from gpu_cost.actions.base import register
-from gpu_cost.errors import PolicyError
-from gpu_cost.model import ACTIONS, DESTRUCTIVE_ACTIONS, KILL_ACTIONS, Decision, Finding
-from gpu_cost.policy import parse_policy
-from gpu_cost.policy.engine import NOTICE_ACTIONS, decide, touches_work
-from gpu_cost.policy.schema import LADDER_ACTIONS, IdleAllocationRule, Rules
-from gpu_cost.reclaim import ACTIONS_BY_KIND, FORM_ACTIONS, TARGET_KINDS
-from gpu_cost.registry import ActionSpec, RuleSpec
-from gpu_cost.rules import register as register_rule
+from gpu_cost.act import dispatch
+from gpu_cost.act.base import REGISTRY as EXECUTORS
+from gpu_cost.act.base import register
+from gpu_cost.analyse.rules import register as register_rule
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.config.schema import LADDER_ACTIONS, IdleAllocationRule, Rules
+from gpu_cost.core import paths, registry
+from gpu_cost.core.errors import PolicyError
+from gpu_cost.core.model import ACTIONS, DESTRUCTIVE_ACTIONS, KILL_ACTIONS, Decision, Finding
+from gpu_cost.core.registry import ActionSpec, RuleSpec
+from gpu_cost.decide.engine import NOTICE_ACTIONS, decide, touches_work
+from gpu_cost.loop.reclaim import ACTIONS_BY_KIND, FORM_ACTIONS, TARGET_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference" / "actions-and-rules.md"
@@ -108,8 +108,8 @@ def test_derived_sets_equal_the_old_literals() -> None:
     assert set(DESTRUCTIVE_ACTIONS) == OLD_DESTRUCTIVE
     assert set(KILL_ACTIONS) == OLD_KILL
     assert set(NOTICE_ACTIONS) == OLD_NOTICE
-    from gpu_cost.audit.savings import FREEING_ACTIONS
-    from gpu_cost.notices.render import NOTICE_ACTIONS as NOTIFY_NOTICES
+    from gpu_cost.act.notices.render import NOTICE_ACTIONS as NOTIFY_NOTICES
+    from gpu_cost.act.savings import FREEING_ACTIONS
     from gpu_cost.report.kpis import CATEGORIES, FREEING
 
     assert set(NOTIFY_NOTICES) == OLD_NOTICE
@@ -129,7 +129,7 @@ def test_derived_sets_equal_the_old_literals() -> None:
 
 
 def test_verbs_and_titles_come_from_the_spec() -> None:
-    from gpu_cost.notices.render import action_title, rule_title
+    from gpu_cost.act.notices.render import action_title, rule_title
 
     cancel = registry.actions()["cancel"]
     assert (cancel.verb, cancel.would) == ("cancel", "would cancel")
@@ -217,8 +217,8 @@ def test_a_registered_rule_is_known_to_the_engine() -> None:
 
 def test_generated_reference_is_current() -> None:
     expected = registry.reference_markdown()
-    assert REFERENCE.exists(), f"missing {REFERENCE}: .venv/bin/python -m gpu_cost.registry > {REFERENCE}"
+    assert REFERENCE.exists(), f"missing {REFERENCE}: .venv/bin/python -m gpu_cost.core.registry > {REFERENCE}"
     assert REFERENCE.read_text(encoding="utf-8") == expected, (
         "docs/reference/actions-and-rules.md drifted from the registry; regenerate it with "
-        ".venv/bin/python -m gpu_cost.registry > docs/reference/actions-and-rules.md"
+        ".venv/bin/python -m gpu_cost.core.registry > docs/reference/actions-and-rules.md"
     )

@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpu_cost.commands.simtrace import write_scenario_trace, write_sim_trace
-from gpu_cost.errors import TraceError
-from gpu_cost.policy import load_policy, parse_policy
-from gpu_cost.replay import JOBS_ONLY_NOTE, _text_codes, normalise_jobs, read_logs, replay, replay_files
-from gpu_cost.sources.sim import scenario_from_dict
+from gpu_cost.cli.commands.simtrace import write_scenario_trace, write_sim_trace
+from gpu_cost.config.loader import load_policy, parse_policy
+from gpu_cost.core.errors import TraceError
+from gpu_cost.sim.cluster import scenario_from_dict
+from gpu_cost.sim.replay import JOBS_ONLY_NOTE, _text_codes, normalise_jobs, read_logs, replay, replay_files
 from tests.fixtures.core import ROOT
 
 END = 1795910400.0  # a Monday, 00:00 UTC
@@ -55,7 +55,7 @@ def policy():  # type: ignore[no-untyped-def]
     """The shipped policy, with a GPU-share cap fit for these 8- and 16-GPU clusters (10 % of 8 is under one GPU)."""
     import dataclasses
 
-    from gpu_cost.policy.schema import Caps
+    from gpu_cost.config.schema import Caps
 
     shipped = load_policy(ROOT / "include" / "policy" / "default.yaml")
     p = dataclasses.replace(shipped, caps=Caps(max_actions_per_run=20, max_gpu_share=0.5))
@@ -197,13 +197,13 @@ def test_iso_times_and_csv_samples_work(tmp_path: Path, truth_trace: Path, polic
 
 @pytest.mark.slow  # a CLI or bench subprocess: more than ~5 s
 def test_cli_replay_and_sim_trace(tmp_path: Path) -> None:
-    gen = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "sim-trace", "--days", "0.5", "--gpus", "8",
+    gen = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "sim-trace", "--days", "0.5", "--gpus", "8",
                           "--seed", "3", "--end", "2026-11-23T00:00:00Z", "--out", str(tmp_path), "--json"],
                          capture_output=True, text=True, cwd=ROOT)
     assert gen.returncode == 0, gen.stderr
     info = json.loads(gen.stdout)
     assert info["gpus"] == 8 and Path(info["samples"]).exists()
-    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "replay", "--samples", info["samples"], "--jobs",
+    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "replay", "--samples", info["samples"], "--jobs",
                         info["jobs_file"], "--json"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)  # exactly one JSON object
@@ -211,7 +211,7 @@ def test_cli_replay_and_sim_trace(tmp_path: Path) -> None:
     assert {"gpu_hours", "idle_gpu_hours", "reclaimed_gpu_hours", "actions", "false_kills"} <= set(out)
     for a in out["actions"]:
         assert {"ts", "target", "job_id", "rule", "action"} <= set(a)
-    bad = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "replay", "--jobs", str(tmp_path / "missing.csv"),
+    bad = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "replay", "--jobs", str(tmp_path / "missing.csv"),
                           "--json"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "missing.csv: jobs file not found" in json.loads(bad.stdout)["error"]
 
@@ -287,7 +287,7 @@ def test_text_codes_name_each_distinct_text_once() -> None:
 def test_what_was_reclaimed_counts_for_the_jobs_that_were_killed(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
     """One definition (issue 39, row 4): the GPU-hours reclaimed are counted per behaviour with the kills
     that freed them, so "training" is never credited with GPU time while its row says nothing was killed."""
-    from gpu_cost.replay import summary_text
+    from gpu_cost.sim.replay import summary_text
 
     res = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy).to_dict()
     rows = res["by_behaviour"]

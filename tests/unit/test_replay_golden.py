@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from gpu_cost.commands.simtrace import write_scenario_trace, write_sim_trace
-from gpu_cost.policy import load_policy
-from gpu_cost.replay import replay_files
-from gpu_cost.sources.sim import load_scenario
+from gpu_cost.cli.commands.simtrace import write_scenario_trace, write_sim_trace
+from gpu_cost.config.loader import load_policy
+from gpu_cost.sim.cluster import load_scenario
+from gpu_cost.sim.replay import replay_files
 from tests.fixtures.core import ROOT
 
 GOLDEN = ROOT / "tests" / "data" / "replay" / "golden.json"

@@ -15,9 +15,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gpu_cost.commands.simtrace import write_sim_trace
-from gpu_cost.policy import load_policy
-from gpu_cost.replay import replay_files
+from gpu_cost.cli.commands.simtrace import write_sim_trace
+from gpu_cost.config.loader import load_policy
+from gpu_cost.sim.replay import replay_files
 
 END = 1795392000.0  # a fixed instant: the same trace on every run
 
@@ -87,7 +87,7 @@ def test_audit_shows_the_evidence_of_a_decision(tmp_path: Path, capsys: pytest.C
     """As an operator runs it: a sweep, then ``gpu-cost audit --job ID`` shows what was read and why it counted."""
     import json
 
-    from gpu_cost.cli import main
+    from gpu_cost.cli.main import main
 
     db = f"sqlite:///{tmp_path / 'audit.db'}"
     assert main(["sweep", "--source", "sim", "--db", db, "--json"]) == 0

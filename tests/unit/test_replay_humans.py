@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.commands.simtrace import write_scenario_trace
-from gpu_cost.errors import TraceError
-from gpu_cost.policy import load_policy
-from gpu_cost.policy.schema import Caps
-from gpu_cost.replay import replay_files
-from gpu_cost.sources.sim import scenario_from_dict
+from gpu_cost.cli.commands.simtrace import write_scenario_trace
+from gpu_cost.config.loader import load_policy
+from gpu_cost.config.schema import Caps
+from gpu_cost.core.errors import TraceError
+from gpu_cost.sim.cluster import scenario_from_dict
+from gpu_cost.sim.replay import replay_files
 from tests.fixtures.core import ROOT
 
 END = 1795910400.0
@@ -109,7 +109,7 @@ def test_an_unknown_way_of_answering_is_refused(trace: Path, policy: Any) -> Non
 
 @pytest.mark.slow  # a CLI subprocess
 def test_the_cli_takes_owner_approvals(trace: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "replay", "--samples", str(trace / "samples.parquet"),
+    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "replay", "--samples", str(trace / "samples.parquet"),
                         "--jobs", str(trace / "jobs.csv"), "--approvals", "owner", "--json"],
                        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpu_cost import replicas
-from gpu_cost.model import Job, Node, Snapshot
-from gpu_cost.policy.engine import decide
-from gpu_cost.policy.schema import Policy
-from gpu_cost.rules import run_rules
-from gpu_cost.snapshot import from_matrix
+from gpu_cost.analyse import replicas
+from gpu_cost.analyse.rules import run_rules
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.model import Job, Node, Snapshot
+from gpu_cost.decide.engine import decide
+from gpu_cost.perceive.snapshot import from_matrix
 from tests.fixtures.core import NOW
 from tests.unit.policy.helpers import policy_from
 

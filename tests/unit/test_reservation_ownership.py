@@ -14,9 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_cost import reservations
-from gpu_cost.errors import PolicyError
-from gpu_cost.model import (
+from gpu_cost.act.notices.recipients import recipients
+from gpu_cost.act.notices.render import next_step
+from gpu_cost.analyse.rules import run_rules
+from gpu_cost.capacity import reservations
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.core.errors import PolicyError
+from gpu_cost.core.model import (
     DESTRUCTIVE_ACTIONS,
     Decision,
     Finding,
@@ -26,11 +30,7 @@ from gpu_cost.model import (
     decision_id,
     empty_gpu_frame,
 )
-from gpu_cost.notices.recipients import recipients
-from gpu_cost.notices.render import next_step
-from gpu_cost.policy import parse_policy
-from gpu_cost.policy.engine import NOTICE_ACTIONS, Ask, decide, guard, may_act
-from gpu_cost.rules import run_rules
+from gpu_cost.decide.engine import NOTICE_ACTIONS, Ask, decide, guard, may_act
 from tests.fixtures.core import ROOT
 
 H = 3600.0
@@ -276,7 +276,7 @@ def test_the_ownership_keys_are_validated(text: str, where: str) -> None:
 
 
 def test_the_shipped_policy_only_notifies_about_other_peoples_reservations() -> None:
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
 
     shipped = load_policy(ROOT / "include" / "policy" / "default.yaml")
     rule = shipped.rules.idle_reservation

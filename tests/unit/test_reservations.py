@@ -7,22 +7,15 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from gpu_cost.actions.base import ActionContext
-from gpu_cost.actions.reservation import create_argv, release_reservation, reserve
-from gpu_cost.errors import SourceError
-from gpu_cost.model import Job, Node, Reservation, Snapshot, empty_gpu_frame
-from gpu_cost.policy.engine import may_act
-from gpu_cost.policy.schema import (
-    IdleReservationRule,
-    Match,
-    Policy,
-    Protection,
-    ReservationsConfig,
-    Rules,
-)
-from gpu_cost.reservations import decisions_for, plan_reservations
-from gpu_cost.rules import run_rules
-from gpu_cost.sources.slurm import key_values, parse_reservations
+from gpu_cost.act.base import ActionContext
+from gpu_cost.act.reservation import create_argv, release_reservation, reserve
+from gpu_cost.analyse.rules import run_rules
+from gpu_cost.capacity.reservations import decisions_for, plan_reservations
+from gpu_cost.config.schema import IdleReservationRule, Match, Policy, Protection, ReservationsConfig, Rules
+from gpu_cost.core.errors import SourceError
+from gpu_cost.core.model import Job, Node, Reservation, Snapshot, empty_gpu_frame
+from gpu_cost.decide.engine import may_act
+from gpu_cost.perceive.slurm import key_values, parse_reservations
 
 HOUR = 3600.0
 NOW = 1_800_000_000.0  # on the hour
@@ -208,9 +201,9 @@ def test_a_snapshot_keeps_its_reservations_through_json() -> None:
 
 
 def test_the_window_left_unset_follows_a_short_lookback_and_a_set_one_is_checked() -> None:
-    from gpu_cost.errors import PolicyError
-    from gpu_cost.policy.loader import parse_policy
-    from gpu_cost.rules.idle_reservation import window_of
+    from gpu_cost.analyse.rules.idle_reservation import window_of
+    from gpu_cost.config.loader import parse_policy
+    from gpu_cost.core.errors import PolicyError
 
     short = parse_policy("version: 1\nsweep: {sample_interval: 5s, lookback: 5m, max_staleness: 30s}\n"
                          "rules: {zombie: {window: 60s}, idle_allocation: {window: 60s}, idle_interactive: {window: 60s}}\n")

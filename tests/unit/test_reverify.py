@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_cost import sweep
 from gpu_cost.airflow import sweep_tasks
-from gpu_cost.sources.sim import load_scenario
-from gpu_cost.timeutil import iso
+from gpu_cost.core.timeutil import iso
+from gpu_cost.loop import sweep
+from gpu_cost.sim.cluster import load_scenario
 from tests.fixtures.core import NOW
 
 HOUR = 3600.0

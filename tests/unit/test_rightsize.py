@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from gpu_cost import rightsize
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.model import Job, Node
-from gpu_cost.policy.schema import Policy, RightsizeConfig
+from gpu_cost.capacity import rightsize
+from gpu_cost.config.schema import Policy, RightsizeConfig
+from gpu_cost.core.model import Job, Node
+from gpu_cost.perceive.snapshot import from_matrix
 from gpu_cost.report.usage import gpus_needed, record_usage
-from gpu_cost.snapshot import from_matrix
 from tests.fixtures.core import NOW
 
 STEP = 300.0
@@ -286,7 +286,7 @@ def test_a_relative_advice_file_is_under_the_state_folder(monkeypatch: pytest.Mo
 
 
 def test_an_unwritable_advice_file_is_a_clear_error(store: AuditStore, tmp_path: Path) -> None:
-    from gpu_cost.errors import GpuCostError
+    from gpu_cost.core.errors import GpuCostError
 
     history(store, 6)
     still_running(store)
@@ -325,7 +325,7 @@ def test_followed_is_none_before_any_advice(store: AuditStore) -> None:
 
 # -- the command line ------------------------------------------------------------------------------
 def test_cli_show_and_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpu_cost.cli import main
+    from gpu_cost.cli.main import main
 
     db = tmp_path / "audit.db"
     store = AuditStore(f"sqlite:///{db}").ensure_schema()
@@ -377,9 +377,9 @@ def test_the_report_lists_the_same_advice_as_rightsize_show(tmp_path: Path, caps
     """One definition of what a job needed and of the advice (issue 39, row 4): the weekly report's
     right-sizing rows are the rows `gpu-cost rightsize show --all` prints for the same store and instant,
     never a second reckoning (a memory-bound job needed 4 GPUs even where one was busy)."""
-    from gpu_cost.cli import main
+    from gpu_cost.cli.main import main
+    from gpu_cost.core.timeutil import iso
     from gpu_cost.report import kpis
-    from gpu_cost.timeutil import iso
 
     db = tmp_path / "audit.db"
     s = AuditStore(f"sqlite:///{db}").ensure_schema()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpu_cost.audit.store import AuditStore, decision_row
-from gpu_cost.model import Decision
+from gpu_cost.core.model import Decision
 
 T0 = 1_780_000_000.0
 

@@ -1,6 +1,6 @@
 """Real serving fleets, generated: the space they span, and the shipped policy over twenty of them.
 
-The generator (``sim-trace --behaviours serving-fleet``, :func:`gpu_cost.sources.sim.serving_fleet`) is
+The generator (``sim-trace --behaviours serving-fleet``, :func:`gpu_cost.sim.cluster.serving_fleet`) is
 held to the space of the real fleets (busy 20-60 %, a trickle of traffic, starved replicas, one-day
 deployments, one model per set, pods that never computed, finished training that lingers); the replay
 of the shipped policy in enforce, approvals granted, with the class baselines and without them, is
@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpu_cost.commands.simtrace import write_sim_trace
-from gpu_cost.model import KILL_ACTIONS
-from gpu_cost.policy import load_policy
-from gpu_cost.replay import replay_files
-from gpu_cost.replicas import replica_stem
-from gpu_cost.sources.sim import SimCluster, generate_scenario, load_scenario
+from gpu_cost.analyse.replicas import replica_stem
+from gpu_cost.cli.commands.simtrace import write_sim_trace
+from gpu_cost.config.loader import load_policy
+from gpu_cost.core.model import KILL_ACTIONS
+from gpu_cost.sim.cluster import SimCluster, generate_scenario, load_scenario
+from gpu_cost.sim.replay import replay_files
 from tests.fixtures.core import ROOT
 
 END = 1795392000.0

@@ -7,12 +7,14 @@ from pathlib import Path
 import pytest
 from pandas.testing import assert_frame_equal
 
-from gpu_cost import baselines, replicas, shards, sweep
+from gpu_cost.analyse import baselines, replicas
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.errors import GpuCostError
-from gpu_cost.model import Finding, Job, Reservation
-from gpu_cost.policy import load_policy
-from gpu_cost.sources import sim
+from gpu_cost.config.loader import load_policy
+from gpu_cost.core.errors import GpuCostError
+from gpu_cost.core.model import Finding, Job, Reservation
+from gpu_cost.loop import sweep
+from gpu_cost.perceive import shards
+from gpu_cost.sim import cluster as sim
 
 NOW = 1_795_960_800.0
 

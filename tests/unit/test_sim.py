@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_cost.errors import ScenarioError
-from gpu_cost.sources.sim import SimCluster, generate_scenario, load_scenario, scenario_from_dict
+from gpu_cost.core.errors import ScenarioError
+from gpu_cost.sim.cluster import SimCluster, generate_scenario, load_scenario, scenario_from_dict
 from tests.fixtures.core import NOW
 
 
@@ -73,8 +73,8 @@ def test_generated_cluster_sizes() -> None:
 def test_a_scenario_written_out_loads_back_as_the_same_cluster() -> None:
     import yaml
 
-    from gpu_cost.report.seed import demo_scenario
-    from gpu_cost.sources.sim import scenario_from_dict, scenario_to_dict
+    from gpu_cost.sim.cluster import scenario_from_dict, scenario_to_dict
+    from gpu_cost.sim.week import demo_scenario
 
     sc = demo_scenario(1795910400.0)
     back = scenario_from_dict(yaml.safe_load(yaml.safe_dump(scenario_to_dict(sc))))

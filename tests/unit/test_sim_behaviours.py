@@ -15,12 +15,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_cost.commands.simtrace import write_sim_trace
-from gpu_cost.errors import ScenarioError
-from gpu_cost.evidence import classify_log, log_candidates, tail_lines
-from gpu_cost.policy import load_policy
-from gpu_cost.policy.schema import InferenceConfig, JobLogConfig
-from gpu_cost.sources.sim import (
+from gpu_cost.analyse.evidence import classify_log, tail_lines
+from gpu_cost.cli.commands.simtrace import write_sim_trace
+from gpu_cost.config.loader import load_policy
+from gpu_cost.config.schema import InferenceConfig, JobLogConfig
+from gpu_cost.core.errors import ScenarioError
+from gpu_cost.perceive.live import log_candidates
+from gpu_cost.sim.cluster import (
     MIXES,
     SimCluster,
     generate_scenario,
@@ -311,7 +312,7 @@ def test_an_interactive_session_is_mostly_idle_with_short_bursts(trace: Trace) -
 # -- the CLI and the live snapshot ------------------------------------------------------------------------
 
 def test_sim_trace_behaviours_hard_writes_logs_and_the_batch_column(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.cli import main
+    from gpu_cost.cli.main import main
 
     rc = main(["sim-trace", "--days", "1", "--gpus", "32", "--seed", "7", "--end", "2026-01-01T00:00:00Z",
                "--behaviours", "hard", "--format", "csv", "--out", str(tmp_path), "--json"])

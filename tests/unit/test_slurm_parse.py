@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost.errors import SourceError
-from gpu_cost.sources.slurm import (
+from gpu_cost.core.errors import SourceError
+from gpu_cost.perceive.slurm import (
     compress_hostlist,
     expand_hostlist,
     gpu_count_and_model,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpu_cost.actions import slurm as slurm_actions
-from gpu_cost.actions.base import ActionContext
-from gpu_cost.policy import load_policy
-from gpu_cost.runner import Completed
+from gpu_cost.act import slurm as slurm_actions
+from gpu_cost.act.base import ActionContext
+from gpu_cost.config.loader import load_policy
+from gpu_cost.perceive.runner import Completed
 
 # what slurmctld 22.05 answered in a CI run, a few seconds after a controller restart
 NOT_NOW = "Job update not available right now, the DB index is being set, try again in a bit for job 12\n"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost.errors import SourceError
-from gpu_cost.runner import Completed
-from gpu_cost.sources.slurm import (
+from gpu_cost.core.errors import SourceError
+from gpu_cost.perceive.runner import Completed
+from gpu_cost.perceive.slurm import (
     SlurmSource,
     check_job_id,
     openapi_version,

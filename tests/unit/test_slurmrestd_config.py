@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpu_cost.errors import SourceError
-from gpu_cost.sources import slurmrestd
+from gpu_cost.core.errors import SourceError
+from gpu_cost.perceive import slurmrestd
 
 TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJzdW4iOiJncHVjb3N0In0.c2ln"
 

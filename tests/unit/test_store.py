@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpu_cost.model import Decision, decision_id
+from gpu_cost.core.model import Decision, decision_id
 from tests.fixtures.core import NOW
 
 
@@ -52,7 +52,7 @@ def check_store(store) -> None:  # type: ignore[no-untyped-def]
     counts = store.table_counts()
     assert counts["gpu_cost_decisions"] == 1 and counts["gpu_cost_actions"] == 1
     # a row without one of the statement's values is refused by name, and nothing of the batch is written
-    from gpu_cost.errors import AuditError
+    from gpu_cost.core.errors import AuditError
 
     with pytest.raises(AuditError, match="upsert_usage: no value for its parameter 'gpu_model'"):
         store.execute("upsert_usage", [{"ts": NOW + 300, "interval_s": 300, "host": "h", "gpu_model": "a100",
@@ -79,7 +79,7 @@ def test_postgres_store(pg_store) -> None:  # type: ignore[no-untyped-def]
 
 def test_store_unreachable_is_an_audit_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.errors import AuditError
+    from gpu_cost.core.errors import AuditError
 
     bad = AuditStore("postgresql+psycopg2://nobody:secret@127.0.0.1:1/none")
     with pytest.raises(AuditError, match="unavailable") as exc:
@@ -92,7 +92,7 @@ def test_a_scratch_store_lives_in_a_file_removed_with_it() -> None:
     from pathlib import Path
 
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.errors import AuditError
+    from gpu_cost.core.errors import AuditError
 
     store = AuditStore.scratch().ensure_schema()
     path = Path(str(store.path))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from gpu_cost.errors import TraceError
-from gpu_cost.rules import run_rules
-from gpu_cost.sources import sim, trace
-from gpu_cost.timeutil import iso
+from gpu_cost.analyse.rules import run_rules
+from gpu_cost.core.errors import TraceError
+from gpu_cost.core.timeutil import iso
+from gpu_cost.perceive import trace
+from gpu_cost.sim import cluster as sim
 from tests.fixtures.core import NOW
 
 

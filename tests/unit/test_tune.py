@@ -18,9 +18,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_cost import paths
-from gpu_cost.errors import GpuCostError, PolicyError
-from gpu_cost.tune import (
+from gpu_cost.core import paths
+from gpu_cost.core.errors import GpuCostError, PolicyError
+from gpu_cost.sim.tune import (
     OBJECTIVES,
     Candidate,
     Knob,
@@ -45,7 +45,7 @@ def space(text: str):  # type: ignore[no-untyped-def]
 
 # -- the search space --------------------------------------------------------------------------------------
 def test_the_shipped_space_is_valid_and_larger_than_one_grid_of_48() -> None:
-    from gpu_cost.tune import load_space
+    from gpu_cost.sim.tune import load_space
 
     s = load_space(paths.include_dir() / "tune" / "default.yaml", BASE_TEXT, str(BASE))
     assert [k.path for k in s.knobs][:2] == ["rules.idle_allocation.window", "rules.idle_allocation.util_max"]
@@ -98,7 +98,7 @@ def test_a_bad_space_is_an_error_naming_the_file_and_the_key(text: str, where: s
 def test_ranges_draw_inside_their_bounds() -> None:
     rng = random.Random(3)
     ints, durs = Knob("a", low=1, high=10, unit="int"), Knob("b", low=1800, high=7200, unit="duration")
-    from gpu_cost.timeutil import parse_duration
+    from gpu_cost.core.timeutil import parse_duration
 
     for _ in range(200):
         assert 1 <= ints.draw(rng) <= 10
@@ -177,8 +177,8 @@ def test_the_choice_frees_most_with_no_false_kill_and_no_more_notices_than_the_b
 
 # -- the proposed policy file ---------------------------------------------------------------------------------
 def _result(overrides: dict[str, object]) -> TuneResult:
-    from gpu_cost.policy.loader import parse_policy
-    from gpu_cost.tune import Space, _dump
+    from gpu_cost.config.loader import parse_policy
+    from gpu_cost.sim.tune import Space, _dump
 
     raw = with_overrides(yaml.safe_load(BASE_TEXT), overrides)
     base = _cand("base", 1)
@@ -192,7 +192,7 @@ def _result(overrides: dict[str, object]) -> TuneResult:
 
 
 def test_the_proposal_is_the_base_file_edited_in_place_with_figures_and_a_diff(tmp_path: Path) -> None:
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
 
     res = _result({"rules.idle_allocation.window": "30m", "rules.idle_allocation.ladder[3].after": "2h"})
     out = write_policy(res, tmp_path / "proposed.yaml")
@@ -206,7 +206,7 @@ def test_the_proposal_is_the_base_file_edited_in_place_with_figures_and_a_diff(t
 
 
 def test_a_key_the_base_leaves_out_rewrites_the_document_and_says_so() -> None:
-    from gpu_cost.policy.loader import parse_policy
+    from gpu_cost.config.loader import parse_policy
 
     res = _result({"rules.partly_idle.window": "30m"})
     text = render_policy(res, res.chosen)  # type: ignore[arg-type]
@@ -233,7 +233,7 @@ def test_the_proposal_is_never_written_over_the_base_or_the_running_policy(tmp_p
 # -- the command ----------------------------------------------------------------------------------------------
 @pytest.mark.slow  # five replays of a day of 16 GPUs
 def test_tune_command_on_a_generated_day(tmp_path: Path, day16: dict[str, str]) -> None:
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
 
     trace = day16
     data = yaml.safe_load(BASE_TEXT)
@@ -243,7 +243,7 @@ def test_tune_command_on_a_generated_day(tmp_path: Path, day16: dict[str, str]) 
     sp = tmp_path / "space.yaml"
     sp.write_text("rules.idle_allocation.window: [30m, 1h]\nrules.idle_allocation.ladder[3].after: [30m, 2h]\n")
     out = tmp_path / "proposed.yaml"
-    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "tune", "--samples", trace["samples"], "--jobs",
+    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "tune", "--samples", trace["samples"], "--jobs",
                         trace["jobs_file"], "--policy", str(base), "--space", str(sp), "--write", str(out), "--json"],
                        capture_output=True, text=True, env=dict(os.environ), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -273,13 +273,13 @@ def test_tune_command_on_a_generated_day(tmp_path: Path, day16: dict[str, str]) 
 @pytest.fixture(scope="module")
 def day16(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A generated day of 16 GPUs (``gpu-cost sim-trace --days 1 --gpus 16``): the default ladder kills twice in it."""
-    from gpu_cost.commands.simtrace import write_sim_trace
+    from gpu_cost.cli.commands.simtrace import write_sim_trace
 
     return write_sim_trace(tmp_path_factory.mktemp("trace"), days=1, gpus=16, seed=0, end=1796040000.0)
 
 
 def _fast_policy():  # type: ignore[no-untyped-def]
-    from gpu_cost.policy.loader import parse_policy
+    from gpu_cost.config.loader import parse_policy
 
     data = yaml.safe_load(BASE_TEXT)
     data["sweep"]["interval"] = "15m"
@@ -288,7 +288,7 @@ def _fast_policy():  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow  # three replays of a day of 16 GPUs
 def test_a_prepared_trace_replays_as_the_files_do_and_its_kills_never_leak(day16: dict[str, str]) -> None:
-    from gpu_cost.replay import prepare_files, replay_files
+    from gpu_cost.sim.replay import prepare_files, replay_files
 
     policy = _fast_policy()
     direct = replay_files(day16["samples"], day16["jobs_file"], policy).to_dict()
@@ -305,9 +305,9 @@ def test_a_prepared_trace_replays_as_the_files_do_and_its_kills_never_leak(day16
 
 @pytest.mark.slow  # four replays of a day of 16 GPUs
 def test_workers_share_the_prepared_trace_and_find_the_same(day16: dict[str, str]) -> None:
-    from gpu_cost.policy.loader import parse_policy
-    from gpu_cost.replay import prepare_files
-    from gpu_cost.tune import tune
+    from gpu_cost.config.loader import parse_policy
+    from gpu_cost.sim.replay import prepare_files
+    from gpu_cost.sim.tune import tune
 
     data = yaml.safe_load(BASE_TEXT)
     data["sweep"]["interval"] = "15m"
@@ -339,7 +339,7 @@ def _job(ts: float, job_id: str, gpus: int, active: int, work: float, stale: int
 
 
 def test_usage_rows_become_a_trace_the_replay_reads() -> None:
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
     from gpu_cost.report.usage_trace import build_trace
 
     policy = load_policy(None)
@@ -365,7 +365,7 @@ def test_usage_rows_become_a_trace_the_replay_reads() -> None:
     assert set(last.index) == {0, 1, 2, 3} and last["job_id"].isna().all()  # the job's GPUs are free again
     job = tr.jobs.set_index("job_id").loc["7"]
     assert job["start_ts"] == 1000.0 and job["end_ts"] == t[2] and job["gpus"] == 2 and job["user"] == "ann"
-    from gpu_cost.replay import prepare
+    from gpu_cost.sim.replay import prepare
 
     times = s["ts"].nunique()
     assert prepare([tr.samples], tr.jobs).matrices["util"].shape == (4, times)  # type: ignore[index]

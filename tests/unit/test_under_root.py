@@ -58,7 +58,7 @@ def test_a_url_root_gets_the_name_appended(root: Path) -> None:
 
 
 def test_policies_are_chosen_through_the_same_resolver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_cost.errors import PolicyError
+    from gpu_cost.core.errors import PolicyError
 
     folder = tmp_path / "policies"
     folder.mkdir()

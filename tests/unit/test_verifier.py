@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpu_cost import outcomes, sweep, verifier
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.model import Decision
-from gpu_cost.policy.engine import guard
-from gpu_cost.policy.loader import parse_policy
-from gpu_cost.policy.schema import Policy
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.model import Decision
+from gpu_cost.decide.engine import guard
+from gpu_cost.learn import outcomes, verifier
+from gpu_cost.loop import sweep
 
 NOW = 1_800_000_000.0
 POLICY = """
@@ -236,7 +237,7 @@ rules:
 
 # -- the command line -------------------------------------------------------------------------------------
 def test_the_verifier_commands_train_and_show(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpu_cost.cli import main
+    from gpu_cost.cli.main import main
 
     url = f"sqlite:///{tmp_path / 'audit.db'}"
     policy_file = tmp_path / "p.yaml"

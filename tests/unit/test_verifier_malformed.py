@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from gpu_cost import sweep, verifier
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.policy.loader import parse_policy
-from gpu_cost.policy.schema import Policy
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.config.schema import Policy
+from gpu_cost.learn import verifier
+from gpu_cost.loop import sweep
 
 NOW = 1_800_000_000.0
 N = len(verifier.FEATURES)

@@ -19,9 +19,9 @@ import pytest
 
 from gpu_cost.airflow import runtime, sweep_tasks
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.errors import GpuCostError
-from gpu_cost.model import Decision
-from gpu_cost.policy.engine import Plan
+from gpu_cost.core.errors import GpuCostError
+from gpu_cost.core.model import Decision
+from gpu_cost.decide.engine import Plan
 
 #: the default scenario's anchor: the simulated cluster is the shipped picture at this instant
 WHEN = pendulum.datetime(2026, 11, 30, tz="UTC")

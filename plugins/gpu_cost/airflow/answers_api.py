@@ -11,9 +11,9 @@ Routes, under ``/gpu-cost/answers``:
 - ``GET /health`` — ``{"ok": true}`` and whether each secret is configured (never the secrets).
 
 Airflow's own authentication does not cover plugin apps; the signatures are the authentication
-here. Every answer, accepted or refused, is recorded (:func:`gpu_cost.answers.apply`); a request
+here. Every answer, accepted or refused, is recorded (:func:`gpu_cost.decide.answers.apply`); a request
 refused before its signature checked out is a 401 (or 400, 403 stale, 413, 503) recorded at most
-once per source address, status and minute (:func:`gpu_cost.answers.unauthenticated_row`). The
+once per source address, status and minute (:func:`gpu_cost.decide.answers.unauthenticated_row`). The
 confirmation goes only to Slack's own response host or the configured Slack webhook's host
 (:func:`response_url_allowed`).
 """
@@ -32,11 +32,12 @@ from urllib.parse import parse_qs, urlsplit
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from gpu_cost import answers, connections
-from gpu_cost.answers import Answer, AnswerRefused
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.policy.schema import Policy
-from gpu_cost.timeutil import format_duration, iso
+from gpu_cost.config.schema import Policy
+from gpu_cost.core import connections
+from gpu_cost.core.timeutil import format_duration, iso
+from gpu_cost.decide import answers
+from gpu_cost.decide.answers import Answer, AnswerRefused
 
 logger = logging.getLogger(__name__)
 

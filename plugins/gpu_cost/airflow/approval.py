@@ -24,7 +24,7 @@ from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
-from gpu_cost.timeutil import format_duration, iso, parse_duration
+from gpu_cost.core.timeutil import format_duration, iso, parse_duration
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class RecordingApprovalOperator(ApprovalOperator):
         from airflow.sdk.exceptions import AirflowSkipException
 
         from gpu_cost.airflow import runtime
-        from gpu_cost.policy.engine import entry_of
+        from gpu_cost.decide.engine import entry_of
 
         store = runtime.store()
         run_id = runtime.audit_run_id(context)
@@ -219,7 +219,7 @@ class RecordingApprovalOperator(ApprovalOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         from gpu_cost.airflow import runtime
-        from gpu_cost.timeutil import epoch
+        from gpu_cost.core.timeutil import epoch
 
         if "chosen_options" in event:
             store = runtime.store()

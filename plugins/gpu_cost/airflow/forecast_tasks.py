@@ -1,7 +1,7 @@
 """Task bodies of ``gpu_forecast_nightly``: each returns small JSON for XCom; data lives in the audit store.
 
 Nothing here imports pandas or Prophet at module level (the DAG file imports this module at parse
-time); :mod:`gpu_cost.forecast.nightly` does the work inside the tasks.
+time); :mod:`gpu_cost.capacity.forecast.nightly` does the work inside the tasks.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ TRACE_DIR_ENV = "GPU_COST_TRACE_DIR"
 
 def trace_dir() -> Path:
     """Return the deployment's trace folder: the only place a run's ``jobs`` param may name a file of."""
-    from gpu_cost import paths
+    from gpu_cost.core import paths
 
     override = os.environ.get(TRACE_DIR_ENV)
     return Path(override) if override else paths.state_dir() / "traces"
@@ -57,7 +57,7 @@ def extract(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
     """
     from airflow.sdk.exceptions import AirflowFailException
 
-    from gpu_cost.forecast import nightly
+    from gpu_cost.capacity.forecast import nightly
 
     store = runtime.store()
     run_id = runtime.audit_run_id(context)
@@ -79,7 +79,7 @@ def extract(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
 
 def batches(ref: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Split the series into batches of ``policy.forecast.series_per_task`` (the mapped task's inputs)."""
-    from gpu_cost.forecast import nightly
+    from gpu_cost.capacity.forecast import nightly
 
     policy = runtime.run_policy(runtime.store(), ref["run_id"])
     out = nightly.make_batches(ref, policy.forecast.series_per_task, policy.forecast.horizon)
@@ -90,7 +90,7 @@ def batches(ref: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def fit_batch(batch: Mapping[str, Any]) -> dict[str, Any]:
     """Forecast one batch of series; upsert their ``demand:<key>`` rows."""
-    from gpu_cost.forecast import nightly, prophet_util
+    from gpu_cost.capacity.forecast import nightly, prophet_util
 
     prophet_util.silence()
     return nightly.fit_batch(runtime.store(), batch)
@@ -98,7 +98,7 @@ def fit_batch(batch: Mapping[str, Any]) -> dict[str, Any]:
 
 def fit_runtime(ref: Mapping[str, Any]) -> dict[str, Any]:
     """Fit the job end-time model; upsert its class rows and running-job ETAs."""
-    from gpu_cost.forecast import nightly, prophet_util
+    from gpu_cost.capacity.forecast import nightly, prophet_util
 
     if ref.get("disabled"):
         return {"classes": 0, "running_jobs": 0, "backtest": None, "disabled": True}
@@ -109,14 +109,14 @@ def fit_runtime(ref: Mapping[str, Any]) -> dict[str, Any]:
 
 def finish(ref: Mapping[str, Any], results: Sequence[Mapping[str, Any]], runtime_out: Mapping[str, Any]) -> dict[str, Any]:
     """Write the backtest rows; return the night's figures (the DAG's XCom result)."""
-    from gpu_cost.forecast import nightly
+    from gpu_cost.capacity.forecast import nightly
 
     return nightly.finish(runtime.store(), float(ref["now"]), list(results or []), runtime_out, run_id=ref.get("run_id"))
 
 
 def train_verifier(ref: Mapping[str, Any]) -> dict[str, Any]:
     """Label the recent decisions with their outcomes and train the verifier at the run's data instant."""
-    from gpu_cost import verifier
+    from gpu_cost.learn import verifier
 
     store = runtime.store()
     policy = runtime.run_policy(store, ref["run_id"])
@@ -128,7 +128,7 @@ def train_verifier(ref: Mapping[str, Any]) -> dict[str, Any]:
 
 def rightsize(ref: Mapping[str, Any]) -> dict[str, Any]:
     """Compute the right-sizing advice at the run's data instant, write the advice file, store the rows."""
-    from gpu_cost import rightsize as advice
+    from gpu_cost.capacity import rightsize as advice
 
     store = runtime.store()
     policy = runtime.run_policy(store, ref["run_id"])

@@ -15,9 +15,9 @@ from typing import Any
 
 from airflow.sdk import BaseNotifier
 
-from gpu_cost.connections import SLACK_CONN_ID, airflow_connection
-from gpu_cost.errors import ActionError
-from gpu_cost.redact import connection_secrets, scrub
+from gpu_cost.core.connections import SLACK_CONN_ID, airflow_connection
+from gpu_cost.core.errors import ActionError
+from gpu_cost.core.redact import connection_secrets, scrub
 
 logger = logging.getLogger(__name__)
 

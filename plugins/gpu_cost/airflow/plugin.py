@@ -10,7 +10,7 @@ from __future__ import annotations
 from airflow.plugins_manager import AirflowPlugin
 
 from gpu_cost.airflow.answers_api import app
-from gpu_cost.answers import URL_PREFIX
+from gpu_cost.decide.answers import URL_PREFIX
 
 
 class GpuCostPlugin(AirflowPlugin):

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where used: the power DAG imports this module at parse time
-    from gpu_cost.model import Decision, Snapshot
-    from gpu_cost.policy.schema import Policy
+    from gpu_cost.config.schema import Policy
+    from gpu_cost.core.model import Decision, Snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +36,13 @@ def snapshot_for(policy: Policy, now: float, source: str) -> Snapshot:
     """
     import dataclasses
 
-    from gpu_cost import sweep
+    from gpu_cost.loop import sweep
 
     if source == "sim":
         return sweep.collect(policy, now, "sim")
-    from gpu_cost.model import Snapshot, empty_gpu_frame
-    from gpu_cost.sources.slurm import default_source, read_reservations
+    from gpu_cost.core.model import Snapshot, empty_gpu_frame
+    from gpu_cost.perceive.slurm import read_reservations
+    from gpu_cost.perceive.slurmrestd import default_source
 
     src = default_source()
     nodes, jobs = tuple(src.nodes()), tuple(src.jobs())
@@ -68,7 +69,7 @@ def forecast_demand(store: Any, now: float, horizon_s: float, quantile: float | 
     its own errors at the same hour of the day over the last week (its 80 % band until then).
     """
     try:
-        from gpu_cost.forecast.demand import expected_demand
+        from gpu_cost.capacity.forecast.demand import expected_demand
     except ImportError:
         return None
     try:
@@ -79,14 +80,14 @@ def forecast_demand(store: Any, now: float, horizon_s: float, quantile: float | 
 
 
 def effective_mode(policy: Policy, dry_run: bool) -> str:
-    from gpu_cost.policy.schema import milder
+    from gpu_cost.config.schema import milder
 
     mode = milder(policy.mode, policy.offhours.mode) if policy.offhours.mode else policy.mode
     return "dry-run" if dry_run or mode != "enforce" else "enforce"
 
 
 def make_plan(policy: Policy, now: float, source: str, store: Any | None = None) -> tuple[Any, Snapshot]:
-    from gpu_cost.offhours import lull_horizon, plan_power, wake_horizon
+    from gpu_cost.capacity.offhours import lull_horizon, plan_power, wake_horizon
 
     snap = snapshot_for(policy, now, source)
     cfg = policy.offhours
@@ -100,7 +101,7 @@ def make_plan(policy: Policy, now: float, source: str, store: Any | None = None)
 def recent_failures(store: Any, now: float, hold_s: float) -> dict[str, str]:
     """Return the nodes earlier runs saw fail to come back from power saving within ``hold_s`` before
     ``now`` (their ``none`` decisions with ``resume_failure`` evidence), with why."""
-    from gpu_cost.timeutil import iso
+    from gpu_cost.core.timeutil import iso
 
     out: dict[str, str] = {}
     if hold_s <= 0:
@@ -127,14 +128,14 @@ def recent_failures(store: Any, now: float, hold_s: float) -> dict[str, str]:
 def reservation_decisions(snap: Snapshot, policy: Policy, now: float, mode: str,
                           store: Any | None) -> tuple[list[Decision], list[str]]:
     """Return the ``reserve`` decisions for the forecast peaks (``reservations:``) and notes on the others."""
-    from gpu_cost.reservations import decisions_for, plan_reservations
+    from gpu_cost.capacity.reservations import decisions_for, plan_reservations
 
     if not policy.reservations.enabled:
         return [], []
     if store is None:
         return [], ["reservations: no forecast store"]
     try:
-        from gpu_cost.forecast.demand import demand_rows
+        from gpu_cost.capacity.forecast.demand import demand_rows
     except ImportError:
         return [], ["reservations: forecasts are not available in this build"]
     demand = demand_rows(store, now, policy.reservations.horizon + 3600.0)
@@ -148,8 +149,8 @@ def decisions_of(plan: Any, policy: Policy, now: float, mode: str, *, degraded: 
     per node and hour): ``power_down`` / ``power_up`` for the nodes it moves, and a ``none``
     (recorded only) for each node that did not come back from power saving, which later runs
     read back to leave it alone (:func:`recent_failures`)."""
-    from gpu_cost.model import Decision, Finding, decision_id
-    from gpu_cost.policy.engine import Ask, guard
+    from gpu_cost.core.model import Decision, Finding, decision_id
+    from gpu_cost.decide.engine import Ask, guard
 
     episode = int(now // 3600)
     ask = Ask(entry="power", mode=mode)
@@ -218,7 +219,7 @@ def plan_task(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str
 
 
 def _power(snap: Snapshot, node: Any, policy: Policy) -> tuple[float, str]:
-    from gpu_cost.offhours import node_power
+    from gpu_cost.capacity.offhours import node_power
 
     return node_power(snap, node, policy.offhours)
 
@@ -235,12 +236,12 @@ def act_task(plan: Mapping[str, Any], action: str, context: Mapping[str, Any] | 
     The run is the task's own (``context``) or, without a context, the one XCom names; the
     decisions, their mode and their approvals come from the store, never from XCom.
     """
-    from gpu_cost.actions.dispatch import execute
+    from gpu_cost.act.dispatch import execute
     from gpu_cost.airflow import runtime
     from gpu_cost.airflow.sweep_tasks import action_context
-    from gpu_cost.errors import AuditError
-    from gpu_cost.model import Decision, Snapshot
-    from gpu_cost.policy.engine import check_caps, may_act
+    from gpu_cost.core.errors import AuditError
+    from gpu_cost.core.model import Decision, Snapshot
+    from gpu_cost.decide.engine import check_caps, may_act
 
     run_id = runtime.audit_run_id(context) if context is not None else str(plan["run_id"])
     if plan.get("run_id") not in (None, run_id):
@@ -274,8 +275,8 @@ def act_task(plan: Mapping[str, Any], action: str, context: Mapping[str, Any] | 
 def record_task(plan: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
     """Write the hour's power savings and finish the run's audit row; return the run summary."""
     from gpu_cost.airflow import runtime
-    from gpu_cost.model import Snapshot
-    from gpu_cost.offhours import savings_rows
+    from gpu_cost.capacity.offhours import savings_rows
+    from gpu_cost.core.model import Snapshot
 
     run_id = runtime.audit_run_id(context) if context.get("dag_run") is not None else str(plan["run_id"])
     store = runtime.store()
@@ -344,9 +345,9 @@ def simulate_week(policy: Policy, *, nodes: int = 16, days: float = 7.0, seed: i
     """
     import dataclasses
 
-    from gpu_cost.offhours import plan_power
-    from gpu_cost.snapshot import from_matrix
-    from gpu_cost.sources.sim import SimCluster, generate_scenario
+    from gpu_cost.capacity.offhours import plan_power
+    from gpu_cost.perceive.snapshot import from_matrix
+    from gpu_cost.sim.cluster import SimCluster, generate_scenario
 
     # a working-hours cluster: busy weekdays, quiet nights and weekends (what off-hours power is for)
     sc = generate_scenario(nodes=nodes, days=days, seed=seed, jobs_per_node=jobs_per_node, diurnal=diurnal, anchor=end)

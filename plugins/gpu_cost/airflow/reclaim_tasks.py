@@ -11,8 +11,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_cost import reclaim
 from gpu_cost.airflow import runtime
+from gpu_cost.loop import reclaim
 
 logger = logging.getLogger(__name__)
 
@@ -28,13 +28,13 @@ def requested_by(context: Mapping[str, Any]) -> str | None:
 def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
     """Validate the request, resolve its targets, decide under the policy, record the decisions.
 
-    A bad request raises :class:`~gpu_cost.reclaim.ReclaimRequestError` before anything acts; it
+    A bad request raises :class:`~gpu_cost.loop.reclaim.ReclaimRequestError` before anything acts; it
     is recorded as a ``refused`` run in ``gpu_cost_runs``.
     """
-    from gpu_cost import sweep  # numpy, pandas: imported here, not when the DAG file is parsed
-    from gpu_cost.actions.base import SIMULATED_SOURCES
-    from gpu_cost.errors import PolicyError
-    from gpu_cost.model import DESTRUCTIVE_ACTIONS
+    from gpu_cost.act.base import SIMULATED_SOURCES
+    from gpu_cost.core.errors import PolicyError
+    from gpu_cost.core.model import DESTRUCTIVE_ACTIONS
+    from gpu_cost.loop import sweep  # numpy, pandas: imported here, not when the DAG file is parsed
 
     run_id = runtime.audit_run_id(context)
     store = runtime.store()
@@ -55,7 +55,7 @@ def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
         mode = reclaim.run_mode(request, policy)
         store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode=mode)
         snap = sweep.collect(policy, now, source)
-        from gpu_cost import baselines
+        from gpu_cost.analyse import baselines
 
         baselines.observe(store, snap, policy, run_id=run_id, learn=False)  # a service needs a human's approval
         p = reclaim.plan(request, policy, snap, now=now, run_key=run_id)
@@ -93,11 +93,11 @@ def act(prep: Mapping[str, Any] | None, branch: str, context: Mapping[str, Any])
     """
     from airflow.sdk.exceptions import AirflowFailException
 
-    from gpu_cost.actions.dispatch import execute
+    from gpu_cost.act.dispatch import execute
     from gpu_cost.airflow.sweep_tasks import action_context, stored_decisions
-    from gpu_cost.errors import AuditError
-    from gpu_cost.model import Snapshot
-    from gpu_cost.policy.engine import check_caps, may_act
+    from gpu_cost.core.errors import AuditError
+    from gpu_cost.core.model import Snapshot
+    from gpu_cost.decide.engine import check_caps, may_act
 
     if branch not in ("automatic", "approved"):
         raise ValueError(f"act: unknown branch {branch!r} (automatic or approved)")

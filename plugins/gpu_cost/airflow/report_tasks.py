@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from gpu_cost.airflow import runtime
-from gpu_cost.connections import SLACK_CONN_ID
-from gpu_cost.errors import GpuCostError
-from gpu_cost.timeutil import epoch, iso
+from gpu_cost.core.connections import SLACK_CONN_ID
+from gpu_cost.core.errors import GpuCostError
+from gpu_cost.core.timeutil import epoch, iso
 
 logger = logging.getLogger(__name__)
 

@@ -12,14 +12,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpu_cost import paths
-from gpu_cost.errors import GpuCostError, PolicyError
-from gpu_cost.timeutil import epoch
+from gpu_cost.core import paths
+from gpu_cost.core.errors import GpuCostError, PolicyError
+from gpu_cost.core.timeutil import epoch
 
 if TYPE_CHECKING:  # the store (SQLAlchemy) and the policy schema are imported where used: DAG files import
     # this module at parse time, and the DAG processor parses every file every few minutes
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.policy.schema import Policy
+    from gpu_cost.config.schema import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def resolve_policy(name: str | None) -> Path:
 
 def policy_from(params: Mapping[str, Any] | None = None) -> Policy:
     """Load the policy named by the run's ``policy`` param, else ``GPU_COST_POLICY`` or the default."""
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
 
     return load_policy(resolve_policy((params or {}).get("policy")))
 
@@ -199,7 +199,7 @@ def pin_policy(store: AuditStore, run_id: str, params: Mapping[str, Any] | None 
     the same content back with :func:`run_policy`, so an edit of the file mid-run changes nothing.
     Pinning again (a retried task) returns what was pinned first.
     """
-    from gpu_cost.policy.loader import parse_policy
+    from gpu_cost.config.loader import parse_policy
 
     rows = store.fetch("pinned_policy", {"run_id": run_id})
     if not rows:
@@ -216,7 +216,7 @@ def pin_policy(store: AuditStore, run_id: str, params: Mapping[str, Any] | None 
 
 def run_policy(store: AuditStore, run_id: str) -> Policy:
     """Return the policy pinned for ``run_id``; raise PolicyError when the run pinned none."""
-    from gpu_cost.policy.loader import parse_policy
+    from gpu_cost.config.loader import parse_policy
 
     rows = store.fetch("pinned_policy", {"run_id": run_id})
     if not rows:
@@ -295,8 +295,8 @@ def record_tampering(store: AuditStore, run_id: str, *, task: str, problems: lis
     """
     import hashlib
 
-    from gpu_cost.model import Decision
-    from gpu_cost.redact import redact_all
+    from gpu_cost.core.model import Decision
+    from gpu_cost.core.redact import redact_all
 
     problems = redact_all(problems)
     dag_id = run_id.split(":", 1)[0]

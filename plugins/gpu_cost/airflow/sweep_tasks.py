@@ -21,14 +21,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpu_cost.airflow import runtime
-from gpu_cost.errors import AuditError, GpuCostError
+from gpu_cost.core.errors import AuditError, GpuCostError
 
 if TYPE_CHECKING:  # the model, the engine, the policy, the sweep (numpy) and the store are imported where
     # used: DAG files import this module at parse time
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.model import Decision, Finding
-    from gpu_cost.policy.engine import Plan
-    from gpu_cost.policy.schema import Policy
+    from gpu_cost.config.schema import Policy
+    from gpu_cost.core.model import Decision, Finding
+    from gpu_cost.decide.engine import Plan
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def check_policy(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[
     """Load, validate and pin the run's policy before anything is collected (a bad file fails the run here)."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from gpu_cost.errors import PolicyError
+    from gpu_cost.core.errors import PolicyError
 
     try:
         policy = runtime.pin_policy(runtime.store(), runtime.audit_run_id(context), params)
@@ -57,7 +57,7 @@ def check_policy(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[
 
 def metrics_fresh(cfg: Mapping[str, Any], context: Mapping[str, Any]) -> tuple[bool, str]:
     """Return (fresh, why) for the run's data instant: the sensor's poke."""
-    from gpu_cost import sweep
+    from gpu_cost.loop import sweep
 
     policy = runtime.run_policy(runtime.store(), runtime.audit_run_id(context))
     now = runtime.data_instant(context, policy)
@@ -87,7 +87,10 @@ def collect(cfg: Mapping[str, Any], part: Mapping[str, Any], context: Mapping[st
     The group records the class baselines of the jobs it judges; unsharded it also records the
     run's usage (sharded, :func:`merge` does, once, on the whole snapshot).
     """
-    from gpu_cost import baselines, reservations, shards, sweep
+    from gpu_cost.analyse import baselines
+    from gpu_cost.capacity import reservations
+    from gpu_cost.loop import sweep
+    from gpu_cost.perceive import shards
 
     run_id = runtime.audit_run_id(context)
     store = runtime.store()
@@ -124,8 +127,10 @@ def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: M
         one = parts[0]
         return {**{k: one[k] for k in ("run_id", "now", "policy", "source", "gpus", "jobs", "degraded", "problems")},
                 "shards": 1, "log_jobs": None}
-    from gpu_cost import replicas, shards, sweep
-    from gpu_cost.model import Snapshot
+    from gpu_cost.analyse import replicas
+    from gpu_cost.core.model import Snapshot
+    from gpu_cost.loop import sweep
+    from gpu_cost.perceive import shards
     from gpu_cost.report.usage import record_usage
 
     run_id, store, policy, now = _run(context)
@@ -160,7 +165,7 @@ def _source(policy: Policy, context: Mapping[str, Any]) -> str:
 
 def _part(part: Mapping[str, Any], policy: Policy) -> tuple[int, int]:
     """Return (shard, of) of a mapped task's node group, checked against the run's pinned policy."""
-    from gpu_cost import shards
+    from gpu_cost.perceive import shards
 
     shard, of = int(part["shard"]), int(part["of"])
     shards.check(shard, of)
@@ -208,8 +213,9 @@ def detect(ref: Mapping[str, Any], part: Mapping[str, Any], context: Mapping[str
 
     Returns the group and its number of findings (XCom); ``decide`` reads the findings from the store.
     """
-    from gpu_cost import shards, sweep
-    from gpu_cost.model import Snapshot
+    from gpu_cost.core.model import Snapshot
+    from gpu_cost.loop import sweep
+    from gpu_cost.perceive import shards
 
     run_id, store, policy, now = _run(context)
     shard, of = _part(part, policy)
@@ -218,7 +224,7 @@ def detect(ref: Mapping[str, Any], part: Mapping[str, Any], context: Mapping[str
     if of > 1:
         import json
 
-        from gpu_cost import replicas
+        from gpu_cost.analyse import replicas
 
         sets = replicas.from_json(json.loads(store.load_snapshot(replicas_key(run_id))))
     findings = sweep.detect_shard(view, policy, shard, of, store, log_jobs=ref.get("log_jobs"), replica_sets=sets)
@@ -236,8 +242,9 @@ def decide(ref: Mapping[str, Any], found: Sequence[Mapping[str, Any]], context: 
     """
     import json
 
-    from gpu_cost import shards, sweep
-    from gpu_cost.model import Snapshot, as_findings
+    from gpu_cost.core.model import Snapshot, as_findings
+    from gpu_cost.loop import sweep
+    from gpu_cost.perceive import shards
 
     run_id, store, policy, now = _run(context)
     of = policy.sweep.shards
@@ -308,8 +315,8 @@ def record(ref: Mapping[str, Any], plan: Mapping[str, Any], context: Mapping[str
     """
     import json
 
-    from gpu_cost import sweep
-    from gpu_cost.model import Snapshot
+    from gpu_cost.core.model import Snapshot
+    from gpu_cost.loop import sweep
 
     run_id, store, policy, now = _run(context)
     try:
@@ -355,7 +362,7 @@ def slurm_runner() -> Any:
     """Return the runner for Slurm commands: ``GPU_COST_SLURM=local`` (this host) or ``ssh``.
 
     ``ssh`` runs them on a login node over the SSH connection ``gpu_cost_slurm_ssh``. Unset:
-    None, and the executors take :func:`gpu_cost.sources.slurm.default_runner` (SSH when that
+    None, and the executors take :func:`gpu_cost.perceive.slurm.default_runner` (SSH when that
     connection is configured, else this host), as the Slurm source does.
     """
     mode = os.environ.get("GPU_COST_SLURM", "").strip().lower()
@@ -363,14 +370,14 @@ def slurm_runner() -> Any:
         return None
     if mode not in ("local", "ssh"):
         raise GpuCostError(f"GPU_COST_SLURM={mode!r}: use local or ssh")
-    from gpu_cost.sources.slurm import default_runner
+    from gpu_cost.perceive.slurm import default_runner
 
     return default_runner(ssh=mode == "ssh")
 
 
 def node_runner(host: str) -> Any:
     """Return the runner for node-side commands on ``host`` (SSH through the node wrapper)."""
-    from gpu_cost.runner import SSHRunner
+    from gpu_cost.perceive.runner import SSHRunner
 
     return SSHRunner(NODE_SSH_CONN, host=host)
 
@@ -378,8 +385,8 @@ def node_runner(host: str) -> Any:
 def action_context(policy: Policy, now: float, run_id: str | None, *, dry_run: bool = False,
                    store: AuditStore | None = None, sleep: Callable[[float], None] | None = None,
                    source: str | None = None, cluster_gpus: int = 0) -> Any:
-    """Return the :class:`~gpu_cost.actions.base.ActionContext` the executors get (every way in)."""
-    from gpu_cost.actions.base import ActionContext
+    """Return the :class:`~gpu_cost.act.base.ActionContext` the executors get (every way in)."""
+    from gpu_cost.act.base import ActionContext
 
     return ActionContext(policy=policy, dry_run=dry_run, now=now, run_id=run_id, slurm=slurm_runner(),
                          node_runner=node_runner, sleep=sleep or time.sleep,
@@ -401,7 +408,7 @@ def concurrent_run(store: AuditStore, run_id: str, dag_id: str, data_ts: float, 
 def act_on(decisions: Sequence[Decision], policy: Policy, store: AuditStore, run_id: str, now: float,
            ctx: Any = None) -> dict[str, Any]:
     """Execute acting decisions through the dispatcher (audit row before and after, once per id)."""
-    from gpu_cost.actions import dispatch
+    from gpu_cost.act import dispatch
 
     ctx = ctx or action_context(policy, now, run_id, store=store)
     results = dispatch.execute(list(decisions), ctx, store)
@@ -413,7 +420,7 @@ def act_on(decisions: Sequence[Decision], policy: Policy, store: AuditStore, run
 
 def stored_decisions(store: AuditStore, run_id: str) -> list[tuple[Decision, dict[str, Any]]]:
     """Return the run's live decisions as the audit store holds them (never XCom), with their rows."""
-    from gpu_cost.model import Decision
+    from gpu_cost.core.model import Decision
 
     return [(Decision.from_row(r), r) for r in store.decisions_of_run(run_id)
             if r["mode"] != "dry-run" and r["action"] != "none" and r["status"] not in ("recorded", "snoozed")]
@@ -430,8 +437,8 @@ def act(ref: Mapping[str, Any], which: str, context: Mapping[str, Any]) -> dict[
     """
     from airflow.sdk.exceptions import AirflowFailException
 
-    from gpu_cost.model import Snapshot
-    from gpu_cost.policy.engine import check_caps, may_act
+    from gpu_cost.core.model import Snapshot
+    from gpu_cost.decide.engine import check_caps, may_act
 
     run_id = runtime.audit_run_id(context)
     store = runtime.store()
@@ -451,7 +458,7 @@ def act(ref: Mapping[str, Any], which: str, context: Mapping[str, Any]) -> dict[
         store.finish_run(run_id, status="capped", finished_at=time.time(), problems=[violation],
                          counts={"decisions": len(acting), "capped": len(acting)})
         raise AirflowFailException(f"cap exceeded, nothing acted: {violation}")
-    from gpu_cost import locks
+    from gpu_cost.act import locks
 
     dag_id = run_id.split(":", 1)[0]
     # approved decisions were asked about once, by this run alone (later runs wait on them), and are
@@ -485,7 +492,7 @@ def reverify_approved(decisions: Sequence[Decision], policy: Policy, store: Audi
     longer holds either. Decisions that no longer hold are marked ``expired`` in
     ``gpu_cost_decisions`` and not acted on.
     """
-    from gpu_cost import sweep
+    from gpu_cost.loop import sweep
 
     decisions, ended = _episode_ended(decisions, store)
     run_id, now = str(ref["run_id"]), float(ref["now"])
@@ -570,7 +577,7 @@ def finish(context: Mapping[str, Any]) -> dict[str, Any]:
         # someone changed XCom: nothing it added was done; the run fails, so Airflow's alerting tells someone
         problems += [t for t in tampered if t not in problems]
         status = "capped" if status == "capped" else "failed"
-    from gpu_cost.redact import redact_all
+    from gpu_cost.core.redact import redact_all
 
     problems = redact_all(problems)  # stored, alerted on, returned to XCom, raised: no credentials
     counts = {k: v for k, v in (summary or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)}
@@ -588,7 +595,7 @@ def finish(context: Mapping[str, Any]) -> dict[str, Any]:
     else:
         store.finish_run(run_id, status=status, finished_at=time.time(), problems=problems, counts=counts)
     if cfg is not None:
-        from gpu_cost import health
+        from gpu_cost.loop import health
 
         try:
             policy = runtime.run_policy(store, run_id)
@@ -633,8 +640,8 @@ def plan_to_json(p: Plan) -> dict[str, Any]:
 
 def plan_from_json(d: Mapping[str, Any]) -> Plan:
     """Return the plan :func:`plan_to_json` gave."""
-    from gpu_cost.model import as_decisions
-    from gpu_cost.policy.engine import Opening, Plan
+    from gpu_cost.core.model import as_decisions
+    from gpu_cost.decide.engine import Opening, Plan
 
     return Plan(
         decisions=as_decisions(d.get("decisions", [])),
@@ -652,7 +659,7 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
 def __getattr__(name: str) -> Any:
     """Return the model's records re-exported here, imported on first use (not when a DAG file is parsed)."""
     if name in ("Decision", "Finding"):
-        from gpu_cost import model
+        from gpu_cost.core import model
 
         return getattr(model, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpu_cost import paths
 from gpu_cost.airflow import runtime
-from gpu_cost.errors import PolicyError
-from gpu_cost.timeutil import iso, utc
+from gpu_cost.core import paths
+from gpu_cost.core.errors import PolicyError
+from gpu_cost.core.timeutil import iso, utc
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +89,9 @@ def run_tune(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str,
     """Rebuild the trace from the store's usage rows, replay the candidates and write the report; return a summary."""
     import time
 
-    from gpu_cost.replay import prepare
     from gpu_cost.report.usage_trace import trace_from_usage
-    from gpu_cost.tune import load_space, tune, write_report
+    from gpu_cost.sim.replay import prepare
+    from gpu_cost.sim.tune import load_space, tune, write_report
 
     store = runtime.store()
     run_id = runtime.audit_run_id(context)

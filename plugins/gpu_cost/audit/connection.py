@@ -3,7 +3,7 @@
 Order: the ``AIRFLOW_CONN_GPU_COST_DB`` environment variable (URI or JSON, as Airflow reads it);
 inside an Airflow process, Airflow's own connection lookup (secrets backends); otherwise a SQLite
 file under ``GPU_COST_HOME`` (``~/.gpu_cost/audit.db``). Passwords never reach logs: print a URL
-through :func:`gpu_cost.redact.redact` (re-exported here as ``redact``).
+through :func:`gpu_cost.core.redact.redact` (re-exported here as ``redact``).
 
 Approvals are written through their own connection, ``gpu_cost_db_approver`` (:func:`approver_url`):
 on PostgreSQL the agent's role may record decisions, actions and run status but no approval.
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from gpu_cost import connections, paths
-from gpu_cost.errors import AuditError
-from gpu_cost.redact import redact
+from gpu_cost.core import connections, paths
+from gpu_cost.core.errors import AuditError
+from gpu_cost.core.redact import redact
 
 logger = logging.getLogger(__name__)
 

@@ -28,11 +28,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from gpu_cost import paths
 from gpu_cost.audit.connection import APPROVER_CONN_ID, audit_url, redact
-from gpu_cost.errors import AuditError
-from gpu_cost.model import Decision
-from gpu_cost.timeutil import epoch, iso
+from gpu_cost.core import paths
+from gpu_cost.core.errors import AuditError
+from gpu_cost.core.model import Decision
+from gpu_cost.core.timeutil import epoch, iso
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpu_cost.timeutil import iso
+from gpu_cost.core.timeutil import iso
 
 if TYPE_CHECKING:
     from gpu_cost.audit.store import AuditStore

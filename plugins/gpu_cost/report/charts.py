@@ -155,7 +155,7 @@ def cumulative_savings(k: Mapping[str, Any]) -> bytes:
     decisions would have freed."""
     import datetime as dt
 
-    from gpu_cost.timeutil import epoch
+    from gpu_cost.core.timeutil import epoch
 
     plt, fig, ax = _figure("cumulative_savings")
     since, until = epoch(k["period"]["since"]), epoch(k["period"]["until"])

@@ -17,10 +17,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_cost.connections import airflow_connection
-from gpu_cost.errors import GpuCostError
-from gpu_cost.policy.schema import Policy
-from gpu_cost.redact import redact
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.connections import airflow_connection
+from gpu_cost.core.errors import GpuCostError
+from gpu_cost.core.redact import redact
 
 logger = logging.getLogger(__name__)
 

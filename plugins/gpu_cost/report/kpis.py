@@ -8,9 +8,9 @@
   action counts in the week its decision was taken, once (actions are keyed by decision);
 - dry-run decisions are counted apart as "would have", and so is the GPU time they would have
   freed ("potential"): the report never claims what was only observed;
-- right-sizing: the advice in force at the period's end (:func:`gpu_cost.rightsize.compute`, what
+- right-sizing: the advice in force at the period's end (:func:`gpu_cost.capacity.rightsize.compute`, what
   ``gpu-cost rightsize show`` prints), and how many GPU jobs started in the period followed the advice
-  ``sbatch`` showed (``gpu_cost_rightsize``, :func:`gpu_cost.rightsize.followed`);
+  ``sbatch`` showed (``gpu_cost_rightsize``, :func:`gpu_cost.capacity.rightsize.followed`);
 - savings come from the savings ledger ``gpu_cost_savings`` only: *freed* (what the agent's actions,
   and owners' own releases after a notice, gave back, bounded by the waste seen on each target) and
   *re-used* (what other jobs were then given, measured from later sweeps); the headline is re-used
@@ -26,11 +26,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from gpu_cost import registry, rightsize, timeutil
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.errors import GpuCostError
-from gpu_cost.policy.schema import Policy
-from gpu_cost.timeutil import iso, utc
+from gpu_cost.capacity import rightsize
+from gpu_cost.config.schema import Policy
+from gpu_cost.core import registry, timeutil
+from gpu_cost.core.errors import GpuCostError
+from gpu_cost.core.timeutil import iso, utc
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def recent_period(store: AuditStore, length_s: float, now: float) -> tuple[float
 
 def week_bounds(at: float, timezone: str = "UTC", weeks_back: int = 1) -> tuple[float, float]:
     """Return the ISO week ``weeks_back`` weeks before the one holding ``at``
-    (:func:`gpu_cost.timeutil.week_bounds`); an unknown time zone is named as ``report.timezone``."""
+    (:func:`gpu_cost.core.timeutil.week_bounds`); an unknown time zone is named as ``report.timezone``."""
     try:
         return timeutil.week_bounds(at, timezone, weeks_back)
     except ValueError:
@@ -101,7 +102,7 @@ def _shown_path(source: str) -> str:
     (``include/policy/default.yaml``) when it lies there, as given otherwise."""
     from pathlib import Path
 
-    from gpu_cost import paths
+    from gpu_cost.core import paths
 
     try:
         inc = paths.include_dir().resolve()
@@ -293,7 +294,7 @@ def answer_kpis(answers: Iterable[Mapping[str, Any]], actions: Iterable[Mapping[
             "p90_answer_h": round(p90 / 3600, 2) if p90 is not None else None}
 
 
-#: a verifier model's status (:data:`gpu_cost.verifier.STATUSES`) as the report says it to a manager
+#: a verifier model's status (:data:`gpu_cost.learn.verifier.STATUSES`) as the report says it to a manager
 VERIFIER_STATUS_TEXT = {
     "active": "In use: it is asked before every destructive action",
     "too_few_labels": "Not in use yet: too few decisions with a known outcome to learn from",
@@ -322,9 +323,9 @@ def verifier_kpis(store: AuditStore, decisions: Sequence[Mapping[str, Any]], unt
 def potential_savings(store: AuditStore, decisions: Iterable[Mapping[str, Any]], policy: Policy,
                       until: float) -> dict[str, Any]:
     """Return GPU time dry-run decisions *would* have freed (one per target and episode), counted as the ledger
-    counts a live action (:func:`gpu_cost.audit.savings.saving_row`) at the decision's instant, capped at ``until``."""
-    from gpu_cost.audit.savings import saving_row
-    from gpu_cost.model import Decision
+    counts a live action (:func:`gpu_cost.act.savings.saving_row`) at the decision's instant, capped at ``until``."""
+    from gpu_cost.act.savings import saving_row
+    from gpu_cost.core.model import Decision
 
     best: dict[tuple[str, int], tuple[float, float, float]] = {}
     for d in sorted(decisions, key=lambda x: float(x["ts"])):
@@ -368,7 +369,7 @@ def savings_totals(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 def right_sizing(advice: Iterable[rightsize.Advice], top: int = 10) -> list[dict[str, Any]]:
     """Return the right-sizing advice in force at the period's end, as the report lists it: the rows of
-    :func:`gpu_cost.rightsize.compute` with something to advise (what ``gpu-cost rightsize show`` prints
+    :func:`gpu_cost.capacity.rightsize.compute` with something to advise (what ``gpu-cost rightsize show`` prints
     and ``sbatch`` shows), most GPU time held beyond need first.
 
     One definition of what a job needed (:func:`gpu_cost.report.usage.gpus_needed`: its busy GPUs,

@@ -1,6 +1,6 @@
 """What the savings ledger's freed GPU time became, measured from the sweeps that came after.
 
-The ledger (:mod:`gpu_cost.audit.savings`) books *freed* GPU-hours when an action succeeds: GPUs x
+The ledger (:mod:`gpu_cost.act.savings`) books *freed* GPU-hours when an action succeeds: GPUs x
 the shorter of the time the target had left and the waste already seen on it. Two figures need
 the sweeps that followed, so the report computes them from the usage record:
 
@@ -28,11 +28,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpu_cost import registry
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.model import Decision
-from gpu_cost.policy.schema import Policy
-from gpu_cost.timeutil import epoch
+from gpu_cost.config.schema import Policy
+from gpu_cost.core import registry
+from gpu_cost.core.model import Decision
+from gpu_cost.core.timeutil import epoch
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def reused(store: AuditStore, savings: Iterable[Mapping[str, Any]], until: float
 def owner_releases(store: AuditStore, decisions: Iterable[Mapping[str, Any]], policy: Policy, since: float,
                    until: float, acted_jobs: Iterable[str]) -> list[dict[str, Any]]:
     """Return the GPU time owners gave back themselves after a notice or advice (one per job and episode)."""
-    from gpu_cost.audit.savings import expected_end, waste_seen_s, week_end
+    from gpu_cost.act.savings import expected_end, waste_seen_s, week_end
 
     told: dict[str, Mapping[str, Any]] = {}
     for d in sorted(decisions, key=lambda x: float(x["ts"])):

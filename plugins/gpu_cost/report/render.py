@@ -24,12 +24,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpu_cost import paths
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.errors import GpuCostError
-from gpu_cost.policy.schema import Policy
+from gpu_cost.config.schema import Policy
+from gpu_cost.core import paths
+from gpu_cost.core.errors import GpuCostError
+from gpu_cost.core.timeutil import epoch, utc
 from gpu_cost.report import charts as charts_mod
-from gpu_cost.timeutil import epoch, utc
 
 logger = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.model import Snapshot
-from gpu_cost.policy.schema import Policy
-from gpu_cost.timeutil import format_duration
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.model import Snapshot
+from gpu_cost.core.timeutil import format_duration
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Every sweep writes what it saw (:mod:`gpu_cost.report.usage`): per running job, 
 how many were active (above the idle threshold), busy, stale, its work (Σ utilisation) and the most
 framebuffer used; per host and owner, the GPUs, and how many unallocated ones held memory while
 idle (zombies). :func:`trace_from_usage` turns a window of those rows back into the frames
-:func:`gpu_cost.replay.replay` reads, so ``gpu_policy_tune`` can replay candidate policies on the
+:func:`gpu_cost.sim.replay.replay` reads, so ``gpu_policy_tune`` can replay candidate policies on the
 cluster's own history without Prometheus.
 
 What comes back is the sweeps' summary, not each sample:
@@ -37,9 +37,9 @@ import numpy as np
 import pandas as pd
 
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.errors import TraceError
-from gpu_cost.policy.schema import Policy
-from gpu_cost.timeutil import iso
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.errors import TraceError
+from gpu_cost.core.timeutil import iso
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_cost.forecast import demand, nightly
-from gpu_cost.forecast.calibration import calibrated_upper, error_quantiles
+from gpu_cost.capacity.forecast import demand, nightly
+from gpu_cost.capacity.forecast.calibration import calibrated_upper, error_quantiles
 
 H = 3600.0
 T0 = 1795996800.0  # Monday 2026-11-30 00:00 UTC

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost.forecast import history
-from gpu_cost.timeutil import epoch
+from gpu_cost.capacity.forecast import history
+from gpu_cost.core.timeutil import epoch
 
 pytestmark = pytest.mark.slow  # each test runs the CLI on real traces: 5-50 s
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
-    proc = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "forecast", *args, "--json"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "forecast", *args, "--json"], capture_output=True,
                           text=True, timeout=300, env={**os.environ, **(env or {})})
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -78,7 +78,7 @@ def test_nightly_then_eta_from_the_stored_forecasts(theta_slice: Path, tmp_path:
     assert running["start_ts"] < eta["p50_end"] <= eta["p90_end"] <= running["start_ts"] + running["time_limit_s"]
     assert eta["basis"].startswith("job forecast")
     # an unknown job is a clear error, as JSON too
-    proc = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "forecast", "eta", "--job", "nope", "--jobs",
+    proc = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "forecast", "eta", "--job", "nope", "--jobs",
                            str(theta_slice), "--json"], capture_output=True, text=True, env={**os.environ, **env})
     assert proc.returncode == 2 and "nope" in json.loads(proc.stdout)["error"]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_cost.errors import TraceError
-from gpu_cost.forecast import backtest, demand, history
-from gpu_cost.forecast.backtest import seasonal_naive, smape
+from gpu_cost.capacity.forecast import backtest, demand, history
+from gpu_cost.capacity.forecast.backtest import seasonal_naive, smape
+from gpu_cost.core.errors import TraceError
 
 H = 3600.0
 T0 = 1_767_225_600.0  # a Thursday 00:00 UTC
@@ -251,7 +251,7 @@ def test_after_a_level_drop_the_recent_level_outweighs_old_seasonality() -> None
 def test_nightly_batch_counts_fallbacks_and_stores_why(store) -> None:  # type: ignore[no-untyped-def]
     import pandas as pd
 
-    from gpu_cost.forecast import nightly
+    from gpu_cost.capacity.forecast import nightly
 
     quiet_ts, quiet = _went_quiet(4)
     busy = _series(len(quiet))[1]

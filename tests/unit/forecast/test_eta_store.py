@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpu_cost.timeutil import epoch
+from gpu_cost.core.timeutil import epoch
 
 pytestmark = pytest.mark.slow  # CLI sweeps and a nightly forecast in subprocesses: 5-45 s
 
@@ -31,7 +31,7 @@ SCENARIO = f"anchor: {AT}\nseed: 0\ngenerate: {{nodes: 16, days: 21}}\n"
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpu_cost.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", *args], capture_output=True, text=True,
                           timeout=300, env={**os.environ, **env})
 
 
@@ -133,7 +133,7 @@ def test_the_nightly_forecasts_the_shipped_scenarios_running_jobs(tmp_path: Path
     at the same instant, each of its running jobs (e.g. 1003, idle for hours) has its own end forecast,
     and ``forecast eta`` answers from the agent's job rows, within the job's start and time limit."""
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.sources.sim import SimCluster, load_scenario
+    from gpu_cost.sim.cluster import SimCluster, load_scenario
 
     db = tmp_path / "audit.db"
     env = {"AIRFLOW_CONN_GPU_COST_DB": json.dumps({"conn_type": "sqlite", "host": str(db)})}

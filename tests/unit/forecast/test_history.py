@@ -5,8 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from gpu_cost.errors import TraceError
-from gpu_cost.forecast import history
+from gpu_cost.capacity.forecast import history
+from gpu_cost.core.errors import TraceError
+from gpu_cost.sim import cluster as sim_cluster
 
 H = 3600.0
 
@@ -49,8 +50,8 @@ def test_load_jobs_reads_iso_and_epoch_and_names_bad_input(tmp_path) -> None:  #
 
 def test_sim_history_is_deterministic_and_ends_by_now() -> None:
     now = 1_795_960_800.0
-    a = history.sim_jobs(now, 5)
-    b = history.sim_jobs(now, 5)
+    a = sim_cluster.sim_jobs(now, 5)
+    b = sim_cluster.sim_jobs(now, 5)
     assert len(a) > 50 and a.equals(b)
     assert (a["end_ts"].dropna() <= now).all()
     assert a["end_ts"].isna().any()  # some still running
@@ -60,10 +61,10 @@ def test_the_agents_own_job_rows_are_a_history(tmp_path, policy, store) -> None:
     """Sweeps write per-job rows; the nightly's ``store`` source reads them back as finished and running jobs."""
     import yaml
 
-    from gpu_cost import sweep
-    from gpu_cost.forecast import nightly
-    from gpu_cost.sources.sim import load_scenario
-    from gpu_cost.timeutil import iso
+    from gpu_cost.capacity.forecast import nightly
+    from gpu_cost.core.timeutil import iso
+    from gpu_cost.loop import sweep
+    from gpu_cost.sim.cluster import load_scenario
     from tests.fixtures.core import NOW
 
     path = tmp_path / "scenario.yaml"

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_cost.forecast import backtest, runtime
-from gpu_cost.model import Job
+from gpu_cost.capacity.forecast import backtest, runtime
+from gpu_cost.core.model import Job
 from tests.unit.forecast.conftest import synthetic_jobs
 
 

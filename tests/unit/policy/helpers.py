@@ -6,14 +6,14 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpu_cost import sweep
-from gpu_cost.actions import dispatch
-from gpu_cost.actions.base import ActionContext, Outcome
+from gpu_cost.act import dispatch
+from gpu_cost.act.base import ActionContext, Outcome
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.model import Decision, Finding, Snapshot, empty_gpu_frame
-from gpu_cost.policy import parse_policy
-from gpu_cost.policy.engine import Plan
-from gpu_cost.policy.schema import Policy
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.model import Decision, Finding, Snapshot, empty_gpu_frame
+from gpu_cost.decide.engine import Plan
+from gpu_cost.loop import sweep
 
 H = 3600.0
 
@@ -40,8 +40,8 @@ def assert_policy_error(path: Any, text: str, pattern: str) -> None:
     """Write ``text`` to ``path``: loading it must raise PolicyError matching ``pattern``, starting with the file."""
     import pytest
 
-    from gpu_cost.errors import PolicyError
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.core.errors import PolicyError
 
     path.write_text(text)
     with pytest.raises(PolicyError, match=pattern) as exc:

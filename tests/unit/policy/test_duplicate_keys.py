@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost.policy import parse_policy
+from gpu_cost.config.loader import parse_policy
 from tests.unit.policy.helpers import assert_policy_error
 
 DUPLICATES = [
@@ -43,7 +43,7 @@ def test_a_merge_key_may_override() -> None:
 
 
 def test_policy_check_prints_the_duplicate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpu_cost.cli import main
+    from gpu_cost.cli.main import main
 
     path = tmp_path / "policy.yaml"
     path.write_text("version: 1\nmode: dry-run\ncaps: {max_actions_per_run: 5}\nmode: enforce\n")

@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from gpu_cost.policy.engine import in_working_hours, working_seconds
-from gpu_cost.policy.schema import NotificationConfig
+from gpu_cost.config.schema import NotificationConfig
+from gpu_cost.decide.engine import in_working_hours, working_seconds
 from tests.unit.policy.helpers import Effects, H, install, job_finding, policy_from, sweep_once
 
 CFG = NotificationConfig(timezone="Europe/Berlin", working_hours="09:00-18:00", holidays=("2026-12-25",))

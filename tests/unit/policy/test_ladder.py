@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_cost import sweep
 from gpu_cost.audit.store import AuditStore
-from gpu_cost.snooze import snooze
+from gpu_cost.decide.snooze import snooze
+from gpu_cost.loop import sweep
 from tests.fixtures.core import NOW
 from tests.unit.policy.helpers import (
     Effects,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost.model import Decision
-from gpu_cost.notices.recipients import recipients
-from gpu_cost.policy import parse_policy
+from gpu_cost.act.notices.recipients import recipients
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.core.model import Decision
 from tests.fixtures.core import NOW
 from tests.unit.policy.helpers import assert_policy_error
 

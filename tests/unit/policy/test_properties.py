@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_cost.model import DESTRUCTIVE_ACTIONS, Finding
-from gpu_cost.policy.engine import NOTICE_ACTIONS, check_caps, decide
+from gpu_cost.core.model import DESTRUCTIVE_ACTIONS, Finding
+from gpu_cost.decide.engine import NOTICE_ACTIONS, check_caps, decide
 from tests.fixtures.core import NOW
 from tests.unit.policy.helpers import H, job_finding, policy_from, process_finding
 
@@ -90,8 +90,8 @@ def test_protection_globs_match_as_fnmatchcase_does(patterns, names) -> None:  #
     """A protection's name and node globs are one compiled regex: it agrees with ``fnmatchcase`` on each glob."""
     import fnmatch
 
-    from gpu_cost.policy.protections import matches
-    from gpu_cost.policy.schema import Match
+    from gpu_cost.config.schema import Match
+    from gpu_cost.decide.protections import matches
 
     by_name, by_node = Match(name_patterns=tuple(patterns)), Match(nodes=tuple(patterns))
     for n in names:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost.policy import parse_policy
+from gpu_cost.config.loader import parse_policy
 from tests.unit.policy.helpers import assert_policy_error
 
 BAD = [

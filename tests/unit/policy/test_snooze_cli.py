@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_cost.snooze import SnoozeError, normalise_target, snooze
+from gpu_cost.decide.snooze import SnoozeError, normalise_target, snooze
 from tests.fixtures.core import NOW, ROOT
 
 
@@ -37,7 +37,7 @@ def test_bad_snoozes_are_refused(store, target, until, reason, match) -> None:  
 def test_cli_snooze_and_list(tmp_path: Path) -> None:
     env = {**__import__("os").environ,
            "AIRFLOW_CONN_GPU_COST_DB": json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "a.db")})}
-    cmd = [sys.executable, "-m", "gpu_cost.cli", "snooze"]
+    cmd = [sys.executable, "-m", "gpu_cost.cli.main", "snooze"]
     r = subprocess.run([*cmd, "--target", "4242", "--for", "4h", "--reason", "eval rerun tomorrow", "--by", "bob",
                         "--json"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr

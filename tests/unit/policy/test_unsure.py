@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from gpu_cost import reclaim
-from gpu_cost.model import Finding
-from gpu_cost.notices import render
-from gpu_cost.policy.engine import Ask, guard, unsure
+from gpu_cost.act.notices import render
+from gpu_cost.core.model import Finding
+from gpu_cost.decide.engine import Ask, guard, unsure
+from gpu_cost.loop import reclaim
 from tests.fixtures.core import NOW
 from tests.unit.policy.helpers import Effects, H, actions, install, job_finding, policy_from, sweep_once
 
@@ -106,8 +106,8 @@ def test_the_manual_reclaim_reads_what_the_agent_makes_of_the_job() -> None:
     """End to end through reclaim.plan: an idle job, model resident, no class: the operator's cancel waits for a second."""
     import numpy as np
 
-    from gpu_cost.model import Job, Node
-    from gpu_cost.snapshot import from_matrix
+    from gpu_cost.core.model import Job, Node
+    from gpu_cost.perceive.snapshot import from_matrix
 
     step, lookback = 60.0, 6 * H
     times = np.arange(NOW - lookback + step, NOW + 1, step)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from gpu_cost.core.timeutil import iso
 from gpu_cost.report import kpis
-from gpu_cost.timeutil import iso
 
 # Monday 2026-11-16 00:00 UTC .. Monday 2026-11-23 00:00 UTC
 SINCE = 1794787200.0
@@ -157,7 +157,7 @@ def test_freed_savings_by_kind(store, policy) -> None:  # type: ignore[no-untype
 def test_right_sizing_lists_the_advice_rows_most_waste_first() -> None:
     """The report's right-sizing is the advice rightsize.compute gives (tests/unit/test_rightsize.py holds
     it equal to `gpu-cost rightsize show`): rows with advice only, most GPU time held beyond need first."""
-    from gpu_cost.rightsize import Advice
+    from gpu_cost.capacity.rightsize import Advice
 
     def row(user: str, status: str, idle: float, stem: str = "") -> Advice:
         return Advice(scope="class" if stem else "user", user=user, stem=stem, status=status, jobs=5, gpus_asked=8,
@@ -180,15 +180,15 @@ def test_week_bounds_follow_the_report_time_zone() -> None:
 
 
 def test_empty_period_is_an_error(store, policy) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.errors import GpuCostError
+    from gpu_cost.core.errors import GpuCostError
 
     with pytest.raises(GpuCostError, match="not before"):
         kpis.compute(store, policy, UNTIL, SINCE)
 
 
 def test_an_empty_week_reads_no_data_not_none(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost import cli
     from gpu_cost.audit.store import AuditStore
+    from gpu_cost.cli import main as cli
     from gpu_cost.report.render import fmt_money, fmt_num, fmt_pct
 
     assert fmt_pct(None) == fmt_num(None) == fmt_money(None) == "no data"
@@ -211,7 +211,7 @@ def test_a_period_longer_than_a_week_is_compared_with_the_one_before_it_not_an_o
 
 
 def test_the_report_names_a_shipped_policy_by_its_place_in_the_package() -> None:
-    from gpu_cost import paths
+    from gpu_cost.core import paths
 
     shipped = str(paths.include_dir() / "policy" / "default.yaml")
     assert kpis._shown_path(shipped) == "include/policy/default.yaml"
@@ -239,7 +239,7 @@ def test_answers_counted_by_choice_share_and_time_to_answer() -> None:
 
 
 def test_the_report_counts_the_answers_given_in_the_period(store, policy) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost import answers
+    from gpu_cost.decide import answers
 
     row = {"answer_id": answers.answer_id(SINCE + HOUR), "ts": SINCE + HOUR, "channel": "slack", "choice": "wrong",
            "status": "accepted", "refusal": None, "decision_id": "dx", "rule": "idle_allocation", "target": "job:1",

@@ -114,9 +114,9 @@ def test_the_report_headline_is_re_used_and_freed_is_beside_it(store, policy) ->
 def test_over_replayed_weeks_savings_never_exceed_the_waste_seen(tmp_path: Path, seed: int) -> None:
     import dataclasses
 
-    from gpu_cost.commands.simtrace import write_sim_trace
-    from gpu_cost.policy import load_policy
-    from gpu_cost.replay import replay_files
+    from gpu_cost.cli.commands.simtrace import write_sim_trace
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.sim.replay import replay_files
     from tests.fixtures.core import ROOT
 
     end = 1795910400.0  # a Monday, 00:00 UTC

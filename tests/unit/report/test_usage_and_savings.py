@@ -9,16 +9,16 @@ import sys
 
 import pytest
 
-from gpu_cost.actions.base import ActionContext, Outcome
-from gpu_cost.audit import savings
-from gpu_cost.model import Decision
+from gpu_cost.act import savings
+from gpu_cost.act.base import ActionContext, Outcome
+from gpu_cost.core.model import Decision
 from gpu_cost.report.usage import JOB_USAGE_KEYS, USAGE_KEYS, job_usage_rows, record_usage, usage_rows
 from tests.fixtures.core import NOW
 
 
 @pytest.fixture
 def snap(policy, scenario):  # type: ignore[no-untyped-def]
-    from gpu_cost.sources.sim import snapshot
+    from gpu_cost.sim.cluster import snapshot
 
     return snapshot(policy, NOW, scenario)
 
@@ -128,7 +128,7 @@ def test_no_saving_without_a_live_freeing_success(store, policy, action, outcome
 
 
 def test_dispatcher_loads_the_ledger() -> None:
-    from gpu_cost.actions import dispatch
+    from gpu_cost.act import dispatch
 
     dispatch.load_executors()
     assert savings.record_action_saving in dispatch.SAVINGS_HOOKS
@@ -140,10 +140,10 @@ def test_report_command_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = dict(os.environ)
     env["AIRFLOW_CONN_GPU_COST_DB"] = json.dumps({"conn_type": "sqlite", "host": str(tmp_path / "a.db")})
     # a report only reads: the store is made first, as an operator's `gpu-cost db upgrade` makes it
-    made = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "db", "upgrade", "--json"],
+    made = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "db", "upgrade", "--json"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert made.returncode == 0, made.stderr
-    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "report", "--since", "2026-11-16T00:00:00Z",
+    r = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "report", "--since", "2026-11-16T00:00:00Z",
                         "--until", "2026-11-23T00:00:00Z", "--out", str(tmp_path / "out"), "--json"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -153,6 +153,6 @@ def test_report_command_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert out["index"] == str(tmp_path / "out" / "2026-11-16_2026-11-22" / "index.html")
     assert os.path.exists(out["index"]) and out["headline"]["live_events"] == 0
     assert out["period"]["label"].startswith("Week 47, 2026")
-    bad = subprocess.run([sys.executable, "-m", "gpu_cost.cli", "report", "--since", "yesterday", "--json"],
+    bad = subprocess.run([sys.executable, "-m", "gpu_cost.cli.main", "report", "--since", "yesterday", "--json"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2 and "--since" in json.loads(bad.stdout)["error"]

@@ -17,8 +17,8 @@ from typing import Any
 import pendulum
 import pytest
 
-from gpu_cost import sweep
 from gpu_cost.audit.store import AuditStore
+from gpu_cost.loop import sweep
 from gpu_cost.report.usage import MAX_COVER, record_usage
 from tests.fixtures.core import NOW
 
@@ -61,7 +61,7 @@ def test_a_3_minute_schedule_counts_the_gpu_hours_of_a_5_minute_one(policy, tmp_
 
 
 def test_an_outage_counts_at_most_two_intervals(policy, scenario, store: AuditStore) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.sources.sim import snapshot
+    from gpu_cost.sim.cluster import snapshot
 
     first = record_usage(store, snapshot(policy, NOW - 3 * HOUR, scenario), policy)
     later = record_usage(store, snapshot(policy, NOW, scenario), policy)
@@ -72,7 +72,7 @@ def test_an_outage_counts_at_most_two_intervals(policy, scenario, store: AuditSt
 
 
 def test_a_sweep_recorded_after_a_later_one_takes_its_share_back(policy, scenario, store: AuditStore) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.sources.sim import snapshot
+    from gpu_cost.sim.cluster import snapshot
 
     for t in (NOW - 300, NOW + 300, NOW):      # the run at NOW finished after the next one (runs overlap)
         record_usage(store, snapshot(policy, t, scenario), policy)

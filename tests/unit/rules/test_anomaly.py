@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpu_cost import registry
-from gpu_cost.errors import PolicyError
-from gpu_cost.model import Job, Node
-from gpu_cost.policy import parse_policy
-from gpu_cost.policy.schema import Policy
-from gpu_cost.rules import run_rules
-from gpu_cost.snapshot import from_matrix
+from gpu_cost.analyse.rules import run_rules
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.config.schema import Policy
+from gpu_cost.core import registry
+from gpu_cost.core.errors import PolicyError
+from gpu_cost.core.model import Job, Node
+from gpu_cost.perceive.snapshot import from_matrix
 from tests.fixtures.core import NOW
 
 STEP = 60.0

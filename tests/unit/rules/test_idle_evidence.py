@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_cost import registry
+from gpu_cost.act.notices import render as notify
+from gpu_cost.analyse.rules import run_rules
 from gpu_cost.audit.trail import evidence_lines
-from gpu_cost.model import Finding, Job, Node, Snapshot
-from gpu_cost.notices import render as notify
-from gpu_cost.policy.engine import decide
-from gpu_cost.policy.schema import Policy
-from gpu_cost.rules import run_rules
-from gpu_cost.snapshot import from_matrix
+from gpu_cost.config.schema import Policy
+from gpu_cost.core import registry
+from gpu_cost.core.model import Finding, Job, Node, Snapshot
+from gpu_cost.decide.engine import decide
+from gpu_cost.perceive.snapshot import from_matrix
 from tests.fixtures.core import NOW
 from tests.unit.policy.helpers import policy_from
 
@@ -204,8 +204,8 @@ def test_busy_network_and_disk_on_a_node_the_job_has_alone_is_progress() -> None
 
 
 def test_the_live_nodes_carry_network_and_disk_rates() -> None:
-    from gpu_cost.sources import prometheus as prom
-    from gpu_cost.sources.live import _merge_nodes
+    from gpu_cost.perceive import prometheus as prom
+    from gpu_cost.perceive.live import _merge_nodes
 
     q = prom.nodes_query('job="node"', 900)
     assert "node_disk_read_bytes_total" in q and "node_disk_written_bytes_total" in q

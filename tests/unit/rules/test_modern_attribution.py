@@ -9,11 +9,11 @@ import re
 
 import pytest
 
-from gpu_cost.model import Finding, GpuProcess, Job, device_id, mig_share
-from gpu_cost.policy import parse_policy
-from gpu_cost.policy.engine import decide, guard
-from gpu_cost.rules import run_rules
-from gpu_cost.sources import sim
+from gpu_cost.analyse.rules import run_rules
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.core.model import Finding, GpuProcess, Job, device_id, mig_share
+from gpu_cost.decide.engine import decide, guard
+from gpu_cost.sim import cluster as sim
 from tests.fixtures.core import NOW, ROOT
 
 
@@ -25,14 +25,14 @@ def modern():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def snap(modern):  # type: ignore[no-untyped-def]
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
 
     return sim.snapshot(load_policy(ROOT / "include" / "policy" / "default.yaml"), NOW, modern)
 
 
 @pytest.fixture(scope="module")
 def found(snap):  # type: ignore[no-untyped-def]
-    from gpu_cost.policy import load_policy
+    from gpu_cost.config.loader import load_policy
 
     return {(f.rule, f.target): f for f in run_rules(snap, load_policy(ROOT / "include" / "policy" / "default.yaml"))}
 
@@ -81,7 +81,7 @@ def test_a_zombie_on_a_slice_is_only_that_slice(found) -> None:  # type: ignore[
 
 
 def test_an_idle_slice_is_costed_by_its_share(found) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.policy.cost import stakes
+    from gpu_cost.decide.cost import stakes
 
     f = found[("idle_allocation", "job:2003")]
     assert f.action == "cancel" and f.gpus == 1 and f.gpu_ids == ("gpu01:1/mig3",)
@@ -140,7 +140,7 @@ def test_the_engine_refuses_to_act_on_a_shared_gpus_job(found) -> None:  # type:
 
 
 def test_partly_idle_is_advice_only(found) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.errors import PolicyError
+    from gpu_cost.core.errors import PolicyError
 
     with pytest.raises(PolicyError, match=r"rules.partly_idle.ladder\[0\].action: 'cancel' is not possible"):
         parse_policy("version: 1\nrules:\n  partly_idle:\n    ladder: [{action: cancel}]\n", "<t>")
@@ -176,7 +176,7 @@ def test_a_whole_gpu_cluster_gives_the_frame_it_always_gave(policy) -> None:  # 
 def test_slices_joined_to_nvidia_smi_by_profile_only_when_unique() -> None:
     import pandas as pd
 
-    from gpu_cost.correlate import join_mig_uuids
+    from gpu_cost.perceive.correlate import join_mig_uuids
 
     g = pd.DataFrame({"host": ["h"] * 4, "gpu": [0, 0, 0, 1], "mig": ["1", "2", "3", "1"],
                       "mig_profile": ["3g.40gb", "1g.10gb", "1g.10gb", "7g.80gb"], "mig_uuid": [""] * 4})
@@ -191,7 +191,7 @@ def test_slices_joined_to_nvidia_smi_by_profile_only_when_unique() -> None:
 def test_slices_joined_exactly_by_instance_id_when_the_node_reports_it() -> None:
     import pandas as pd
 
-    from gpu_cost.correlate import join_mig_uuids
+    from gpu_cost.perceive.correlate import join_mig_uuids
 
     g = pd.DataFrame({"host": ["h"] * 3, "gpu": [0, 0, 0], "mig": ["9", "10", "11"],
                       "mig_profile": ["1g.10gb"] * 3, "mig_uuid": [""] * 3})
@@ -236,8 +236,8 @@ def test_seven_same_profile_slices_only_the_zombies_slice_is_found(policy, insta
     """Seven 1g.10gb slices (GI 8..14) on one GPU: a zombie on GI 9, a running job's process on GI 10."""
     import numpy as np
 
-    from gpu_cost.snapshot import from_matrix
-    from gpu_cost.sources.nodes import parse_inspect
+    from gpu_cost.perceive.nodes import parse_inspect
+    from gpu_cost.perceive.snapshot import from_matrix
 
     gis = list(range(8, 15))
     parent = "GPU-00000000-0000-4000-8000-000000000000"
@@ -278,7 +278,7 @@ def test_seven_same_profile_slices_only_the_zombies_slice_is_found(policy, insta
 
 
 def test_the_exporter_labels_slices_as_dcgm_exporter_does(modern) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.sources.exporter import ScenarioFeed, exposition
+    from gpu_cost.sim.exporter import ScenarioFeed, exposition
 
     text = exposition(ScenarioFeed(modern, started=NOW), NOW)
     slice_lines = [ln for ln in text.splitlines() if 'GPU_I_ID="' in ln]
@@ -296,8 +296,8 @@ def test_fake_nvidia_smi_lists_slices_and_the_node_source_reads_them(modern) -> 
     import importlib.machinery
     import importlib.util
 
-    from gpu_cost.sources.exporter import nvidia_smi_state
-    from gpu_cost.sources.nodes import parse_inspect
+    from gpu_cost.perceive.nodes import parse_inspect
+    from gpu_cost.sim.exporter import nvidia_smi_state
 
     loader = importlib.machinery.SourceFileLoader("fake_nvidia_smi", str(ROOT / "include" / "sim" / "nvidia-smi"))
     spec = importlib.util.spec_from_loader("fake_nvidia_smi", loader)
@@ -344,7 +344,7 @@ def test_the_modern_scenario_round_trips(modern) -> None:  # type: ignore[no-unt
     ids=["too-many-slices", "bad-profile", "whole-gpu-of-a-mig-gpu", "no-such-slice", "unknown-other-node"],
 )
 def test_scenario_errors_name_the_entry(node: dict, job: dict | None, error: str) -> None:
-    from gpu_cost.errors import ScenarioError
+    from gpu_cost.core.errors import ScenarioError
 
     jobs = [] if job is None else [{"job_id": "1", "user": "u", "behaviour": "idle", "node": "g", "start": "-1h", **job}]
     with pytest.raises(ScenarioError, match=error):
@@ -354,8 +354,8 @@ def test_scenario_errors_name_the_entry(node: dict, job: dict | None, error: str
 def test_traces_carry_multi_node_jobs_and_refuse_mig(modern, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import pandas as pd
 
-    from gpu_cost.commands.simtrace import write_scenario_trace
-    from gpu_cost.errors import GpuCostError
+    from gpu_cost.cli.commands.simtrace import write_scenario_trace
+    from gpu_cost.core.errors import GpuCostError
 
     with pytest.raises(GpuCostError, match="a scenario with MIG slices cannot be written as a trace"):
         write_scenario_trace(tmp_path / "mig", modern, NOW - 3600, NOW, fmt="csv")

@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gpu_cost.policy.schema import Policy
-from gpu_cost.rules import run_rules
-from gpu_cost.snapshot import from_matrix
-from gpu_cost.sources.sim import SimCluster, scenario_from_dict
+from gpu_cost.analyse.rules import run_rules
+from gpu_cost.config.schema import Policy
+from gpu_cost.perceive.snapshot import from_matrix
+from gpu_cost.sim.cluster import SimCluster, scenario_from_dict
 from tests.fixtures.core import NOW
 
 NODE = {"name": "g1", "gpus": 4, "model": "a100", "mem_total_mib": 40960}
@@ -132,7 +132,7 @@ def test_threshold_comes_from_policy(util_max: float) -> None:
 
 
 def test_default_scenario_has_every_kind(policy, scenario) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.sources import sim
+    from gpu_cost.sim import cluster as sim
 
     snap = sim.snapshot(policy, NOW, scenario)
     fs = run_rules(snap, policy)
@@ -156,8 +156,8 @@ def test_default_scenario_has_every_kind(policy, scenario) -> None:  # type: ign
 ])
 def test_declared_by_name_globs_case_insensitive_first_match(name: str, patterns: tuple[str, ...],
                                                              why: str | None) -> None:
-    from gpu_cost.model import Job
-    from gpu_cost.rules.common import declared
+    from gpu_cost.analyse.rules.common import declared
+    from gpu_cost.core.model import Job
 
     job = Job(job_id="1", user="u", account="a", partition="batch", state="RUNNING", name=name)
     assert declared(job, ("serving",), patterns, ()) == why

@@ -7,15 +7,15 @@ import time
 
 import pytest
 
-from gpu_cost.actions.base import ActionContext
-from gpu_cost.errors import PolicyError
-from gpu_cost.model import Decision
-from gpu_cost.policy import parse_policy
-from gpu_cost.policy.engine import decide
-from gpu_cost.policy.schema import Policy
-from gpu_cost.rules import run_rules
-from gpu_cost.snapshot import from_matrix
-from gpu_cost.sources.sim import SimCluster, scenario_from_dict
+from gpu_cost.act.base import ActionContext
+from gpu_cost.analyse.rules import run_rules
+from gpu_cost.config.loader import parse_policy
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.errors import PolicyError
+from gpu_cost.core.model import Decision
+from gpu_cost.decide.engine import decide
+from gpu_cost.perceive.snapshot import from_matrix
+from gpu_cost.sim.cluster import SimCluster, scenario_from_dict
 from tests.fixtures.core import NOW
 
 NODE = {"name": "g1", "gpus": 4, "model": "a100", "mem_total_mib": 40960}
@@ -120,7 +120,7 @@ def test_defaults_act_on_no_foreign_owner() -> None:
 
 
 def _ctx(dry_run: bool = True) -> ActionContext:
-    from gpu_cost.sources.nodes import NodeAccess
+    from gpu_cost.perceive.nodes import NodeAccess
 
     return ActionContext(policy=Policy(), dry_run=dry_run, now=time.time(), run_id="t",
                          extra={"node_access": NodeAccess(command=("wrapper",))})
@@ -133,7 +133,7 @@ def _decision(user: str | None, **evidence: object) -> Decision:
 
 
 def test_the_action_sends_the_owner_and_never_asks_for_a_system_account() -> None:
-    from gpu_cost.actions.node import kill_process
+    from gpu_cost.act.node import kill_process
 
     plain = kill_process(_decision("alice"), _ctx())
     assert plain.status == "skipped"
@@ -144,7 +144,7 @@ def test_the_action_sends_the_owner_and_never_asks_for_a_system_account() -> Non
 
 
 def test_the_action_refuses_a_decision_without_owner() -> None:
-    from gpu_cost.actions.node import kill_process
+    from gpu_cost.act.node import kill_process
 
     out = kill_process(_decision(None), _ctx(dry_run=False))
     assert out.status == "failed" and "names no owner" in (out.error or "")
@@ -155,7 +155,7 @@ def test_the_action_refuses_a_decision_without_owner() -> None:
 
 def _manual(pol: Policy, snap, dry_run: bool = False):  # type: ignore[no-untyped-def]
     """The manual reclaim's plan (the DAG's ``prepare`` calls these two) for a kill of the leftover process."""
-    from gpu_cost import reclaim
+    from gpu_cost.loop import reclaim
 
     (p,) = {(p.host, p.pid) for p in snap.processes}
     request = reclaim.parse_request({"target_kind": "process", "target_ids": [f"{p[0]}:{p[1]}"],
@@ -196,7 +196,7 @@ def test_the_manual_reclaim_never_kills_what_the_sweep_only_reports(owners: str,
     first = decide([f], pol, now=NOW, escalations={}).decisions[0]
     assert first.action == "advise" and manual.refused[0]["why"] in first.reason
     # an override of protections does not open it either
-    from gpu_cost import reclaim
+    from gpu_cost.loop import reclaim
 
     request = reclaim.parse_request({"target_kind": "process", "target_ids": [d.target.split(":", 1)[1].rsplit(":", 1)[0]],
                                      "action": "kill_process", "reason": "frees the GPU for the queue", "dry_run": False,

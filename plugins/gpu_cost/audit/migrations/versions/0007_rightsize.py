@@ -9,7 +9,7 @@
 * ``mem_max_mib``: the most framebuffer used on one of its GPUs in the window;
 * ``mem_total_mib``: the framebuffer of its GPUs (the smallest).
 
-``gpu_cost_rightsize`` holds the advice (``gpu_cost.rightsize``): one row per user and per job
+``gpu_cost_rightsize`` holds the advice (``gpu_cost.capacity.rightsize``): one row per user and per job
 class (user and name stem) with enough finished jobs, as of one data instant. A derived result:
 a re-run of the same instant replaces its rows. Frozen: never edit it; add a revision instead.
 

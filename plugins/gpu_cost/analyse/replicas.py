@@ -1,0 +1,230 @@
+"""Replica sets: the running jobs that are copies of one service, recognised by what they are.
+
+A serving deployment runs the same model N times (``llm-serve-3``, ``llm-serve-7f9c2``...) behind
+a load balancer. Judged one at a time, a replica the balancer starves for a day looks exactly
+like an abandoned job: GPUs idle, the model resident. Judged beside its siblings it is spare
+capacity of a service that is working, and the right answer is advice to size the set, never a
+kill of the one replica (whether or not a protection or an ``inference:`` pattern names it).
+
+A *replica set* (``replicas:`` in the policy) is ``min_members`` or more running jobs of
+
+* one owner,
+* one name stem: the name with its trailing replica indices and hashes stripped
+  (:func:`replica_stem`: ``llm-serve-3`` and ``llm-serve-7f9c2`` are both ``llm-serve``),
+* the same resident memory per GPU (the least framebuffer used over the rule window, the model's
+  footprint) within ``mem_tolerance`` of the larger, above ``rules.zombie.mem_min_mib``,
+
+all seen fresh in the snapshot now (side by side). The set *serves* when a member was busy
+(at or above ``rules.idle_allocation.util_max``) within the lookback, or its class baseline saw
+it wake from a quiet spell. Its evidence lists the set: its size, its members busy now (in the
+rule window), and its peak — the most members busy in one twelfth of the lookback (the notices'
+chart buckets) — and the advice: the replicas that peak needs with ``headroom``.
+
+Everything is read from the snapshot the rules get (the GPU frame's window and lookback columns,
+the class baselines in ``snapshot.classes``): no I/O, and nothing when no rule asks.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.model import Snapshot
+
+_SEP = re.compile(r"([-_.]+)")
+#: what Kubernetes generates for a pod's name: a template hash and a suffix in an alphabet without vowels
+_K8S_TOKEN = re.compile(r"^[bcdfghjklmnpqrstvwxz2456789]{5,10}$")
+
+
+def _replica_suffix(token: str) -> bool:
+    """True for a token that numbers or hashes a replica: digits; four or more letters and digits with a
+    digit; or five to ten characters of Kubernetes' generated-name alphabet (no vowels: no word)."""
+    return (token.isdigit() or (len(token) >= 4 and token.isalnum() and any(c.isdigit() for c in token))
+            or bool(_K8S_TOKEN.match(token)))
+
+
+def replica_stem(name: str) -> str:
+    """Return a job name without its trailing replica indices and hashes: ``llm-serve-7f9c2-x2k4p`` → ``llm-serve``.
+
+    A name that is nothing but an index keeps it (``7`` stays ``7``): a stem is never empty.
+    """
+    parts = _SEP.split(str(name or "").strip().lower())
+    while len(parts) >= 3 and _replica_suffix(parts[-1]):
+        del parts[-2:]  # the token and the separator before it
+    return "".join(parts)
+
+
+@dataclass(frozen=True)
+class ReplicaSet:
+    """One replica set as a sweep sees it.
+
+    :param key: ``owner|stem``
+    :param members: the members' job ids, sorted
+    :param footprint_mib: the members' median resident memory per GPU
+    :param busy_now: the members busy in the rule window
+    :param serving: the members busy within the lookback (or that woke, per their class baseline)
+    :param peak_busy: the most members busy in one bucket of the lookback (None: no chart)
+    :param needed: the replicas ``peak_busy`` needs with the policy's headroom (None: no chart)
+    """
+
+    key: str
+    owner: str
+    stem: str
+    members: tuple[str, ...]
+    footprint_mib: float
+    busy_now: tuple[str, ...]
+    serving: tuple[str, ...]
+    peak_busy: int | None
+    needed: int | None
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def serves_without(self, job_id: str) -> bool:
+        """True when a member other than ``job_id`` serves."""
+        return any(m != job_id for m in self.serving)
+
+    def advice(self) -> str:
+        """Return the advice for the set, in plain words."""
+        if self.needed is None:
+            return (f"{len(self.serving)} of its {self.size} replicas served in the lookback; "
+                    "size the set to the load it gets instead of stopping one replica")
+        if self.needed < self.size:
+            return (f"at its peak {self.peak_busy} of {self.size} replicas were busy at once: {self.needed} would carry "
+                    f"that with headroom; scale the set to {self.needed} (not stop one replica)")
+        return (f"at its peak {self.peak_busy} of {self.size} replicas were busy at once: the set is not oversized; "
+                "this replica is idle because little traffic reaches it (check the load balancing)")
+
+    def evidence(self) -> dict[str, Any]:
+        """Return the set as a finding's evidence shows it."""
+        return {"key": self.key, "owner": self.owner, "stem": self.stem, "size": self.size,
+                "members": list(self.members), "footprint_mib": round(self.footprint_mib),
+                "busy_now": len(self.busy_now), "serving": len(self.serving), "busy_at_peak": self.peak_busy,
+                "needed": self.needed, "advice": self.advice()}
+
+    def describe(self) -> str:
+        """Return the set in one line (the finding's ``inference`` reason and its signal)."""
+        peak = f", {self.peak_busy} busy at its recent peak" if self.peak_busy is not None else ""
+        return (f"one of {self.size} replicas of {self.stem!r} (owner {self.owner}, {self.footprint_mib / 1024:.1f} GiB "
+                f"resident each): {len(self.busy_now)} busy now{peak}")
+
+
+def replica_sets(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
+    """Return job id → its replica set, for the members of every set in ``snapshot`` (built once per GPU frame)."""
+    if not policy.replicas.enabled:
+        return {}
+    found: dict[str, ReplicaSet] = snapshot.memo("replica_sets", snapshot.gpus, lambda: _build(snapshot, policy))
+    return found
+
+
+def to_json(sets: Mapping[str, ReplicaSet]) -> dict[str, Any]:
+    """Return job id → set as plain data (a sharded run keeps the cluster's sets in the audit store)."""
+    return {jid: {**asdict(rs), "members": list(rs.members), "busy_now": list(rs.busy_now),
+                  "serving": list(rs.serving)} for jid, rs in sets.items()}
+
+
+def from_json(data: Mapping[str, Any]) -> dict[str, ReplicaSet]:
+    """Return the sets :func:`to_json` wrote."""
+    return {str(jid): ReplicaSet(**{**d, "members": tuple(d["members"]), "busy_now": tuple(d["busy_now"]),
+                                    "serving": tuple(d["serving"])}) for jid, d in data.items()}
+
+
+def use(snapshot: Snapshot, sets: Mapping[str, ReplicaSet]) -> None:
+    """Make ``snapshot`` (one node group's view) judge its jobs by the whole cluster's replica sets.
+
+    A set spans node groups: a member's siblings may sit in another group's view, so a view alone
+    would see a smaller set, or none, and could take a replica for a lone idle job.
+    """
+    cached: dict[str, ReplicaSet] = snapshot.memo("replica_sets", snapshot.gpus, dict)
+    cached.clear()
+    cached.update(sets)
+
+
+def spare(snapshot: Snapshot, policy: Policy, job_id: str) -> ReplicaSet | None:
+    """Return the set of ``job_id`` when it is a replica whose other members serve (spare capacity), else None."""
+    found = replica_sets(snapshot, policy).get(job_id)
+    return found if found is not None and found.serves_without(job_id) else None
+
+
+def _build(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
+    g = snapshot.gpus
+    if g.empty or "job_id" not in g:
+        return {}
+    cfg = policy.replicas
+    thr = policy.rules.idle_allocation.util_max
+    ids = g["job_id"].to_numpy(dtype=object)
+    stale = g["stale"].to_numpy(dtype=bool)
+    umax = g["util_max"].to_numpy(dtype=float)
+    memmin = g["mem_min_mib"].to_numpy(dtype=float)
+    umax_lb = g["util_max_lb"].to_numpy(dtype=float) if "util_max_lb" in g else np.full(len(g), np.nan)
+    charts = g["util_chart_lb"].to_numpy(dtype=object) if "util_chart_lb" in g else None
+    rows: dict[str, list[int]] = {}
+    for at, jid in enumerate(ids):
+        if jid:
+            rows.setdefault(str(jid), []).append(at)
+    groups: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    for job in snapshot.running_jobs():
+        pos = rows.get(job.job_id)
+        if not pos or len(pos) < len(job.gpu_keys()) or stale[pos].any() or np.isnan(umax[pos]).any():
+            continue  # not every GPU seen fresh: no data, no judgement
+        mem = memmin[pos]
+        if np.isnan(mem).any():
+            continue
+        footprint = float(np.median(mem))
+        if footprint <= policy.rules.zombie.mem_min_mib:
+            continue  # nothing resident: no model, no replica
+        groups.setdefault((job.user, replica_stem(job.name)), []).append((footprint, job.job_id))
+    out: dict[str, ReplicaSet] = {}
+    for (owner, stem), members in groups.items():
+        if len(members) < cfg.min_members:
+            continue
+        members.sort()
+        # members with the same footprint: runs where each is within the tolerance of the run's largest
+        runs: list[list[tuple[float, str]]] = []
+        for item in members:
+            if runs and item[0] - runs[-1][0][0] <= cfg.mem_tolerance * item[0]:
+                runs[-1].append(item)
+            else:
+                runs.append([item])
+        for run in runs:
+            if len(run) >= cfg.min_members:
+                made = _set(owner, stem, run, rows, umax, umax_lb, charts, thr, snapshot.classes, cfg.headroom)
+                out.update({jid: made for _, jid in run})
+    return out
+
+
+def _set(owner: str, stem: str, run: list[tuple[float, str]], rows: Mapping[str, list[int]], umax: np.ndarray,
+         umax_lb: np.ndarray, charts: np.ndarray | None, thr: float, classes: Mapping[str, Mapping[str, Any]],
+         headroom: float) -> ReplicaSet:
+    members = tuple(sorted(jid for _, jid in run))
+    busy_now = tuple(m for m in members if float(np.max(umax[rows[m]])) >= thr)
+    serving = tuple(m for m in members if m in busy_now or np.nan_to_num(umax_lb[rows[m]], nan=0.0).max() >= thr
+                    or int((classes.get(m) or {}).get("member_wakes") or 0) >= 1)
+    peak: int | None = None
+    if charts is not None:
+        busy_in: list[np.ndarray] = []
+        for m in members:
+            buckets = [_bucket_max(str(charts[p] or "")) for p in rows[m]]
+            if buckets and all(len(b) == len(buckets[0]) for b in buckets) and len(buckets[0]):
+                busy_in.append(np.fmax.reduce(np.vstack(buckets), axis=0) >= thr)
+        if busy_in and all(len(b) == len(busy_in[0]) for b in busy_in):
+            peak = int(np.vstack(busy_in).sum(axis=0).max())
+            peak = max(peak, len(busy_now))
+    needed = None if peak is None else max(1, math.ceil(peak * (1.0 + headroom)))
+    footprint = float(np.median([f for f, _ in run]))
+    return ReplicaSet(key=f"{owner}|{stem}", owner=owner, stem=stem, members=members, footprint_mib=footprint,
+                      busy_now=busy_now, serving=serving, peak_busy=peak, needed=needed)
+
+
+def _bucket_max(text: str) -> np.ndarray:
+    """Return a chart's bucket maxima (``"0,,85"`` → ``[0, nan, 85]``); an empty chart is no buckets."""
+    if not text:
+        return np.zeros(0)
+    return np.array([float(x) if x else np.nan for x in text.split(",")])

@@ -1,0 +1,334 @@
+"""Helpers shared by the rules: per-job GPU views and inference recognition."""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpu_cost.config.schema import InferenceConfig, InteractiveConfig, Policy
+from gpu_cost.core.model import Finding, Job, Snapshot
+
+
+class JobRows:
+    """The rows of a GPU frame per attributed job, and per-job reductions of a row mask in one pass.
+
+    The rules judge each running job on its rows; most jobs fail a plain test (a GPU busy, stale or
+    missing), which :meth:`any` and :meth:`count` answer for every job at once, so the per-job Python
+    work is left to the few candidates.
+
+    :param frame: a GPU frame with ``job_id`` (None, NaN or "" for a row of no job).
+    """
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        ids = frame["job_id"].to_numpy(dtype=object)
+        codes, uniques = pd.factorize(ids, use_na_sentinel=True)
+        blank = [k for k, u in enumerate(uniques) if u == ""]
+        if blank:  # "" is no job, as None is
+            codes = np.where(np.isin(codes, blank), -1, codes)
+        self._codes = codes
+        self._rows_of = np.flatnonzero(codes >= 0)
+        self._n = len(uniques)
+        order = self._rows_of[np.argsort(codes[self._rows_of], kind="stable")]
+        counts = np.bincount(codes[self._rows_of], minlength=self._n)
+        ends = np.cumsum(counts)
+        self.code: dict[str, int] = {}
+        self.rows: dict[str, np.ndarray] = {}
+        for k, u in enumerate(uniques):
+            if counts[k]:
+                key = str(u)
+                self.code[key] = k
+                self.rows[key] = order[ends[k] - counts[k]:ends[k]]
+
+    def count(self, mask: np.ndarray) -> np.ndarray:
+        """Return, per job code, how many of its rows ``mask`` holds."""
+        return np.bincount(self._codes[self._rows_of], weights=np.asarray(mask, dtype=bool)[self._rows_of],
+                           minlength=self._n).astype(np.int64)
+
+    def any(self, mask: np.ndarray) -> np.ndarray:
+        """Return, per job code, whether ``mask`` holds any of its rows."""
+        return self.count(mask) > 0
+
+    def nanmean(self, values: np.ndarray) -> np.ndarray:
+        """Return, per job code, the mean of its rows' ``values`` that are not NaN (NaN when none is): a prefilter,
+        equal to ``np.nanmean`` over the job's rows up to the last bits of rounding."""
+        v = np.asarray(values, dtype=float)[self._rows_of]
+        ok = ~np.isnan(v)
+        codes = self._codes[self._rows_of]
+        n = np.bincount(codes, weights=ok, minlength=self._n)
+        total = np.bincount(codes, weights=np.where(ok, v, 0.0), minlength=self._n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, total / n, np.nan)
+
+
+def job_index(snapshot: Snapshot) -> JobRows:
+    """Return the :class:`JobRows` of ``snapshot.gpus``, built once per frame: every window's view has its rows."""
+    index: JobRows = snapshot.memo("job_rows", snapshot.gpus, lambda: JobRows(snapshot.gpus))
+    return index
+
+
+def shared_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Return row positions per job among the sharers of a shared device (``attribution == "shared"``)."""
+    if "sharers" not in frame:
+        return {}
+    out: dict[str, list[int]] = {}
+    for pos, text in enumerate(frame["sharers"].to_numpy(dtype=object)):
+        for jid in str(text or "").split(","):
+            if jid:
+                out.setdefault(jid, []).append(pos)
+    return {k: np.array(v) for k, v in out.items()}
+
+
+class Devices:
+    """The frame's device ids and shares, read once per rule run (a rule asks per finding).
+
+    :param frame: a GPU frame (MIG columns optional).
+    """
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.hosts = frame["host"].to_numpy(dtype=object)
+        self.idx = frame["gpu"].to_numpy()
+        self.migs = frame["mig"].to_numpy(dtype=object) if "mig" in frame else None
+        self.shares = frame["share"].to_numpy(dtype=float) if "share" in frame else None
+        self.profiles = frame["mig_profile"].to_numpy(dtype=object) if "mig_profile" in frame else None
+
+    def __call__(self, pos: np.ndarray) -> tuple[tuple[str, ...], float | None]:
+        """Return the device ids of rows ``pos`` (``gpu01:3``, ``gpu01:0/mig2``) and their whole-GPU share.
+
+        The share is None when every row is a whole GPU: the finding's ``gpus`` already says what it holds.
+        """
+        from gpu_cost.core.model import device_id
+
+        migs = self.migs[pos] if self.migs is not None else [""] * len(pos)
+        ids = tuple(device_id(str(h), int(i), str(m or "")) for h, i, m in
+                    zip(self.hosts[pos], self.idx[pos], migs, strict=True))
+        if self.shares is None or not any(migs):
+            return ids, None
+        return ids, round(float(np.sum(self.shares[pos])), 4)
+
+    def mig_profiles(self, pos: np.ndarray) -> list[str]:
+        """Return the MIG profiles among rows ``pos``, sorted."""
+        return [] if self.profiles is None else sorted({str(x) for x in self.profiles[pos] if x})
+
+
+def per_node(ids: Iterable[str]) -> dict[str, int]:
+    """Return devices per node for device ids (``gpu01:3`` → ``{"gpu01": 1}``)."""
+    out: dict[str, int] = {}
+    for d in ids:
+        host = d.rsplit(":", 1)[0]
+        out[host] = out.get(host, 0) + 1
+    return out
+
+
+def declared_inference(job: Job, cfg: InferenceConfig) -> str | None:
+    """Return why the policy declares ``job`` an inference service, or None."""
+    return declared(job, cfg.partitions, cfg.name_patterns, cfg.labels)
+
+
+@functools.lru_cache(maxsize=256)
+def _any_glob(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """Return one regex matching a lower-cased name that any of ``patterns`` (case-insensitive globs) matches."""
+    return re.compile("|".join(f"(?:{fnmatch.translate(p.lower())})" for p in patterns))
+
+
+def declared(job: Job, partitions: Iterable[str], name_patterns: Iterable[str], labels: Iterable[str]) -> str | None:
+    """Return which of a policy's partitions, name globs (case-insensitive) or labels names ``job``, or None."""
+    if job.partition and job.partition in partitions:
+        return f"partition {job.partition}"
+    patterns = tuple(name_patterns)
+    if job.name and patterns:
+        name = job.name.lower()
+        if _any_glob(patterns).match(name):  # one test for the many jobs no glob names; then which one
+            for pat in patterns:
+                if fnmatch.fnmatchcase(name, pat.lower()):
+                    return f"name matches {pat}"
+    for label in labels:
+        if label in job.labels:
+            return f"label {label}"
+    return None
+
+
+def behaves_like_inference(bursts: Iterable[int], cfg: InferenceConfig) -> bool:
+    """Return True when the GPUs show repeated idle→busy bursts within the lookback."""
+    values = [int(b) for b in bursts]
+    return bool(values) and max(values) >= cfg.min_bursts
+
+
+def job_fields(job: Job) -> dict[str, object]:
+    """Return the Finding fields that describe a job."""
+    return {
+        "job_id": job.job_id,
+        "user": job.user,
+        "account": job.account,
+        "partition": job.partition,
+        "qos": job.qos,
+        "name": job.name,
+        "labels": job.labels,
+        "nodes": job.nodes,
+        "job_start_ts": job.start_ts,
+        "time_limit_s": job.time_limit_s,
+    }
+
+
+def r(value: float, digits: int = 1) -> float | None:
+    """Round for evidence; NaN becomes None so evidence stays valid JSON."""
+    if value is None or value != value:
+        return None
+    return round(float(value), digits)
+
+
+def interactive_session(job: Job, cfg: InteractiveConfig) -> str | None:
+    """Return why ``job`` is an interactive session (salloc, srun --pty, a notebook), or None."""
+    if cfg.batch_flag and job.batch is False:
+        return "no batch script (salloc or srun)"
+    return declared(job, cfg.partitions, cfg.name_patterns, cfg.labels)
+
+
+def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, interactive: bool) -> list[Finding]:
+    """Return a finding per running job whose allocated GPUs were all idle over ``cfg.window``.
+
+    The idle-allocation rule takes batch jobs (``interactive=False``), the idle-interactive rule
+    sessions (``interactive=True``): each job is judged by exactly one of them. A job with any GPU
+    missing or stale is skipped (no data, no action); so is a job showing progress (its log
+    written within the window, GPU power or its node's CPU busy: :func:`gpu_cost.analyse.evidence.progress`).
+    Services — declared in ``inference:``, bursty within the lookback, recognised by their class
+    baseline (:mod:`gpu_cost.analyse.baselines`), or idle replicas of a set whose other members serve
+    (:mod:`gpu_cost.analyse.replicas`; unless the job's own log says it finished or crashed) — are reported
+    with ``inference=True`` and only advised. Each finding carries its ``signals`` (what was read,
+    its value, why it counted), a ``confidence`` and ``mem_resident`` (the engine's test of a job
+    it cannot classify).
+    """
+    from gpu_cost.analyse import baselines, evidence, replicas
+    from gpu_cost.perceive.snapshot import sparkline
+
+    g = snapshot.view(cfg.window)
+    if g.empty:
+        return []
+    index = job_index(snapshot)
+    rows = index.rows
+    shared = shared_rows(g)
+    devices = Devices(g)
+    sharers = g["sharers"].to_numpy(dtype=object) if "sharers" in g else None
+    stale = g["stale"].to_numpy(dtype=bool)
+    umax = g["util_max"].to_numpy(dtype=float)
+    umean = g["util_mean"].to_numpy(dtype=float)
+    power = g["power_w"].to_numpy(dtype=float) if "power_w" in g else np.full(len(g), np.nan)
+    memmin = g["mem_min_mib"].to_numpy(dtype=float)
+    bursts = g["bursts_lb"].to_numpy()
+    umax_lb = g["util_max_lb"].to_numpy(dtype=float)
+    charts = g["util_chart_lb"].to_numpy(dtype=object) if "util_chart_lb" in g else None
+    with np.errstate(invalid="ignore"):
+        not_idle = index.any(stale | np.isnan(umax) | ~(umax < cfg.util_max))  # per job, all its own rows at once
+    findings = []
+    for job in snapshot.running_jobs():
+        on_shared = shared.get(job.job_id)
+        if on_shared is None:
+            code = index.code.get(job.job_id)
+            if code is None or not_idle[code]:
+                continue  # some GPU of the job is busy, stale or not seen
+        keys = job.gpu_keys()
+        if not keys or job.start_ts is None or snapshot.ts - job.start_ts < max(cfg.min_runtime, cfg.window):
+            continue
+        if bool(session := interactive_session(job, policy.interactive)) != interactive:
+            continue
+        pos = rows.get(job.job_id)
+        if on_shared is not None:
+            pos = on_shared if pos is None else np.concatenate([pos, on_shared])
+        if pos is None or len(pos) < len(keys):
+            continue  # some GPU of the job is not seen: no data, no action
+        if stale[pos].any() or np.isnan(umax[pos]).any() or not (umax[pos] < cfg.util_max).all():
+            continue
+        log = evidence.classify_log(snapshot.job_logs.get(job.job_id), policy.evidence.job_log, snapshot.ts,
+                                    cfg.window)
+        signs = evidence.progress(snapshot, job, list(power[pos]), log, policy)
+        if signs:
+            continue  # a data-loading or checkpointing phase: not waste
+        klass = snapshot.classes.get(job.job_id)
+        declared = declared_inference(job, policy.inference)
+        n_bursts = int(np.max(bursts[pos]))
+        behaviour = behaves_like_inference(bursts[pos], policy.inference)
+        service = baselines.is_service(klass)
+        mem = float(np.nanmin(memmin[pos])) if not np.isnan(memmin[pos]).all() else None
+        resident = None if mem is None else mem > policy.rules.zombie.mem_min_mib
+        conf, conf_why = evidence.confidence(log, klass, bursts=n_bursts, resident=resident)
+        spare = None if log.get("state") in ("finished", "crashed") else replicas.spare(snapshot, policy, job.job_id)
+        signals = [evidence.signal(
+            "GPU utilisation", f"max {r(float(np.max(umax[pos])))} % over {int(cfg.window) // 60} min",
+            f"every allocated GPU under {cfg.util_max:g} %")]
+        if mem is not None:
+            signals.append(evidence.signal("GPU memory", f"{mem / 1024:.1f} GiB held at least",
+                                           "memory resident: a model or a lingering process" if mem >
+                                           policy.rules.zombie.mem_min_mib else "empty: nothing on the GPUs"))
+        if log.get("read"):
+            signals.append(evidence.signal(
+                "Job log", log.get("line") or f"last written {log.get('written_s_ago')} s ago",
+                f"it says the job {log['state']}" if log.get("state") else "quiet: no progress lines"))
+        elif log.get("error"):
+            signals.append(evidence.signal("Job log", "not read", str(log["error"])))
+        if klass:
+            signals.append(evidence.signal("Class baseline", baselines.describe(klass),
+                                           "behaves like a service: advice only" if service else "no service pattern"))
+        if session:
+            signals.append(evidence.signal("Interactive session", session, "idle while someone types is normal: "
+                                           "a longer window and a gentler ladder"))
+        if spare is not None:
+            signals.append(evidence.signal("Replica set", spare.describe(),
+                                           f"spare capacity of a serving set: {spare.advice()}"))
+        ev: dict[str, Any] = {
+            "util_max": r(float(np.max(umax[pos]))), "util_mean": r(float(np.mean(umean[pos]))),
+            "window_s": cfg.window, "util_max_lookback": r(float(np.nanmax(umax_lb[pos]))),
+            "bursts_lookback": n_bursts, "runtime_s": round(snapshot.ts - job.start_ts),
+            "confidence": conf, "confidence_why": conf_why, "signals": signals, "mem_resident": resident,
+        }
+        if mem is not None:
+            ev["mem_min_mib"] = r(mem)
+        if charts is not None:
+            ev["chart"] = sparkline([str(c) for c in charts[pos] if c])
+            ev["chart_span_s"] = snapshot.lookback_s
+        if log.get("state"):
+            ev["log_state"], ev["log_line"] = log["state"], log.get("line")
+        if klass:
+            ev["class"] = {k: klass.get(k) for k in evidence.CLASS_KEYS}
+        if session:
+            ev["interactive"] = session
+        why_service = declared or (f"{n_bursts} bursts of activity in the lookback" if behaviour else None) or (
+            baselines.describe(klass) if service else None) or (spare.describe() if spare is not None else None)
+        if spare is not None:
+            ev["replica_set"] = spare.evidence()
+        if why_service:
+            ev["inference"] = why_service
+        hosts = sorted({h for h, _ in keys})
+        ids, share = devices(pos)
+        gpu_ids = tuple(f"{h}:{i}" for h, i in keys) if share is None else ids
+        if share is not None:
+            ev["gpu_share"] = share
+            ev["mig_profiles"] = devices.mig_profiles(pos)
+        if len(hosts) > 1:
+            # a multi-node job is judged over all its GPUs on all its nodes
+            ev["per_node"] = {h: {"gpus": n, "idle": n} for h, n in sorted(per_node(ids).items())}
+        refused = None
+        if on_shared is not None and sharers is not None:
+            mine = set(on_shared.tolist())
+            sharing = {ids[k]: str(sharers[p]).split(",") for k, p in enumerate(pos) if p in mine}
+            ev["shared"] = sharing
+            refused = (f"{len(sharing)} of its GPU(s) shared with other jobs "
+                       f"({', '.join(sorted({j for js in sharing.values() for j in js} - {job.job_id}))}): the "
+                       "device's utilisation is not this job's alone, so it is never acted on; advice only")
+            ev["refused"] = refused
+            signals.append(evidence.signal("Shared GPU", ", ".join(f"{d}: jobs {','.join(js)}" for d, js in sharing.items()),
+                                           "several jobs on one device: attributed by process, never acted on"))
+        findings.append(
+            Finding(
+                rule=rule, target_kind="job", target=f"job:{job.job_id}",
+                action="advise" if (why_service or refused) else "cancel", gpus=len(keys),
+                host=hosts[0] if len(hosts) == 1 else None, gpu_ids=gpu_ids,
+                inference=bool(why_service), evidence=ev, gpu_share=share,
+                **job_fields(job),  # type: ignore[arg-type]
+            )
+        )
+    return findings

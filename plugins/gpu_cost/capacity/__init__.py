@@ -1,0 +1,1 @@
+"""Capacity: forecasts, off-hours power, reservations for peaks, right-sizing at submission."""

@@ -1,0 +1,1 @@
+"""``gpu-cost``: the command line, the same functions the DAGs call."""

@@ -1,0 +1,1 @@
+"""Config: the policy file, its schema (from the rules' and actions' declarations) and its loader."""

@@ -1,0 +1,354 @@
+"""The one registry of actions and rules: each is declared once, next to its code.
+
+An action is declared by its executor module (``gpu_cost.act.slurm`` …) with
+``@register(ActionSpec(...))`` from :mod:`gpu_cost.act.base`; a rule by its rule module
+(``gpu_cost.analyse.rules.zombie`` …) with ``@register(RuleSpec(...))`` from :mod:`gpu_cost.analyse.rules`.
+Everything that used to repeat an action's or a rule's name is derived from here: which actions
+are destructive, end a job, are notices, free GPUs, may stand on a ladder or the manual form, how
+messages and the report name them, why a finding was raised (cloud-custodian's
+``c7n/registry.py`` is the model).
+
+This module imports nothing of the project: :mod:`gpu_cost.core.model` imports it, and the executor
+and rule modules (which import the model) are loaded on first use. The derived name sets
+(:func:`names`, :func:`by_kind`) are live views: they load the modules when first read and follow
+later registrations (a plugin's, a test's).
+
+The reference page ``docs/reference/actions-and-rules.md`` is :func:`reference_markdown`'s output;
+regenerate it with ``.venv/bin/python -m gpu_cost.core.registry > docs/reference/actions-and-rules.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from typing import Any
+
+#: target kinds an action may apply to
+KINDS = ("job", "user", "process", "node", "reservation")
+
+#: the modules that declare the shipped actions and rules (importing one registers what it declares)
+ACTION_MODULES = ("gpu_cost.act.notify", "gpu_cost.act.slurm", "gpu_cost.act.node", "gpu_cost.act.power",
+                  "gpu_cost.act.reservation")
+RULE_MODULES = ("gpu_cost.analyse.rules.zombie", "gpu_cost.analyse.rules.idle_allocation", "gpu_cost.analyse.rules.low_efficiency",
+                "gpu_cost.analyse.rules.idle_interactive", "gpu_cost.analyse.rules.partly_idle", "gpu_cost.analyse.rules.anomaly",
+                "gpu_cost.analyse.rules.idle_reservation")
+
+#: the cluster sources a policy's ``sweep.source`` and ``forecast.source`` name, by module. The simulator
+#: is one of them, a plug-in chosen by name as actions and rules are: the loop and the forecasts never
+#: import the simulation room, the simulation imports them.
+SOURCE_MODULES = {"sim": "gpu_cost.sim.cluster", "prometheus": "gpu_cost.perceive.live",
+                  "trace": "gpu_cost.perceive.trace"}
+
+
+def source(name: str) -> Any:
+    """Return the module of the cluster source ``name`` (imported on first use)."""
+    try:
+        return importlib.import_module(SOURCE_MODULES[name])
+    except KeyError:
+        raise ValueError(f"unknown source {name!r} (use {', '.join(SOURCE_MODULES)})") from None
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """What the policy, the engine, the messages and the report know about one action.
+
+    :param name: the policy's and the audit trail's name for it.
+    :param rank: mildest first; orders every derived list (ladders, the form, the report).
+    :param title: what a message calls it ("cancel the job").
+    :param verb: the report's verb ("cancel"; a dry-run says "would cancel").
+    :param doc: what it does, one or two sentences.
+    :param example: a YAML example of its use in a policy.
+    :param targets: the target kinds it applies to (``job``, ``user``, ``process``, ``node``, ``reservation``).
+    :param destructive: it takes resources away from someone (caps, approvals, dry-run brakes).
+    :param notice: it only tells people (advice, notice, escalation).
+    :param ends_job: it ends a job or a process (the kill family).
+    :param final: nothing may follow it on a ladder: the target is gone.
+    :param frees_gpus: its success gives GPUs back (the savings ledger, the report's dry-run estimate).
+    :param ladder: a rule's ladder may use it.
+    :param form: the manual reclaim form offers it.
+    :param then: when set, the only actions that may follow it on a ladder.
+    :param category: the report's event category as ``(key, label)``.
+    """
+
+    name: str
+    rank: int
+    title: str
+    verb: str
+    doc: str
+    example: str
+    targets: tuple[str, ...]
+    category: tuple[str, str]
+    destructive: bool = False
+    notice: bool = False
+    ends_job: bool = False
+    final: bool = False
+    frees_gpus: bool = False
+    ladder: bool = False
+    form: bool = False
+    then: tuple[str, ...] | None = None
+
+    @property
+    def would(self) -> str:
+        """The dry-run verb: ``would cancel``."""
+        return f"would {self.verb}"
+
+    @property
+    def touches_work(self) -> bool:
+        """Destructive on running work (a job, a process): its GPUs count in the GPU-share caps.
+        Powering a node down or changing a reservation touches no running job."""
+        return self.destructive and any(k not in ("node", "reservation") for k in self.targets)
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """What the policy, the engine, the messages and the report know about one rule.
+
+    :param name: the policy's key under ``rules:`` and the findings' ``rule``.
+    :param config: its policy section's dataclass (a field of :class:`~gpu_cost.config.schema.Rules`).
+    :param target: the kind of target its findings name (``job``, ``process``): decides which
+        ladder actions it may use.
+    :param title: what a message calls a finding of it.
+    :param label: the report's label for it.
+    :param doc: what it finds, one or two sentences.
+    :param example: a YAML example of its policy section.
+    :param why: the decision's reason for a finding.
+    :param window: the metrics window (seconds) it reads, given its config and the policy.
+    :param advice_only: its ladder may only hold notices (it never acts on work).
+    :param detect: the detector ``(snapshot, config, policy) -> findings``; set by the decorator.
+    """
+
+    name: str
+    config: type
+    target: str
+    title: str
+    label: str
+    doc: str
+    example: str
+    why: Callable[[Any], str]
+    window: Callable[[Any, Any], float]
+    advice_only: bool = False
+    detect: Callable[..., Any] | None = None
+
+
+_ACTIONS: dict[str, ActionSpec] = {}
+_RULES: dict[str, RuleSpec] = {}
+_version = [0]
+_loaded = {"actions": False, "rules": False}
+
+
+def add_action(spec: ActionSpec) -> ActionSpec:
+    """Register ``spec``; a second spec under the same name is an error (one declaration each)."""
+    old = _ACTIONS.get(spec.name)
+    if old is not None and old != spec:
+        raise ValueError(f"action {spec.name!r} is declared twice")
+    bad = set(spec.targets) - set(KINDS)
+    if bad:
+        raise ValueError(f"action {spec.name!r}: unknown target kind(s) {sorted(bad)}")
+    _ACTIONS[spec.name] = spec
+    _version[0] += 1
+    return spec
+
+
+def add_rule(spec: RuleSpec) -> RuleSpec:
+    """Register ``spec`` (with its detector); a different spec under the same name is an error."""
+    old = _RULES.get(spec.name)
+    if old is not None and (old.config, _where(old.detect)) != (spec.config, _where(spec.detect)):
+        raise ValueError(f"rule {spec.name!r} is declared twice")
+    _RULES[spec.name] = spec
+    _version[0] += 1
+    return spec
+
+
+def _where(fn: Any) -> tuple[str, str]:
+    return (getattr(fn, "__module__", ""), getattr(fn, "__qualname__", ""))
+
+
+def remove(name: str) -> None:
+    """Forget an action or rule (tests and plugins that registered one for a while)."""
+    _ACTIONS.pop(name, None)
+    _RULES.pop(name, None)
+    _version[0] += 1
+
+
+def _load(kind: str) -> None:
+    if _loaded[kind]:
+        return
+    _loaded[kind] = True
+    for mod in ACTION_MODULES if kind == "actions" else RULE_MODULES:
+        importlib.import_module(mod)
+
+
+def actions() -> dict[str, ActionSpec]:
+    """Every registered action, mildest first."""
+    _load("actions")
+    return dict(sorted(_ACTIONS.items(), key=lambda kv: (kv[1].rank, kv[0])))
+
+
+def rules() -> dict[str, RuleSpec]:
+    """Every registered rule, in registration order (the shipped modules' order)."""
+    _load("rules")
+    return dict(_RULES)
+
+
+def action(name: str) -> ActionSpec | None:
+    return actions().get(name)
+
+
+def rule(name: str) -> RuleSpec | None:
+    return rules().get(name)
+
+
+def _select(flags: Mapping[str, Any]) -> tuple[str, ...]:
+    out = []
+    for name, spec in actions().items():
+        if all(getattr(spec, k) == v if k != "target" else v in spec.targets for k, v in flags.items()):
+            out.append(name)
+    return tuple(out)
+
+
+class Names(AbstractSet[str]):
+    """A live, ordered, read-only set of action names selected by spec attributes.
+
+    Built at import time without importing anything; read (``in``, iteration, ``len``) it loads
+    the registry and follows later registrations. Iteration is mildest first.
+    """
+
+    def __init__(self, extra: tuple[str, ...] = (), **flags: Any) -> None:
+        self._extra = extra
+        self._flags = flags
+        self._seen = -1
+        self._cache: tuple[str, ...] = ()
+        self._set: frozenset[str] = frozenset()
+
+    def _names(self) -> tuple[str, ...]:
+        _load("actions")
+        if self._seen != _version[0]:
+            found = self._extra + _select(self._flags)
+            self._cache, self._set = found, frozenset(found)
+            self._seen = _version[0]  # last: a reader that sees it current sees both forms
+        return self._cache
+
+    def __contains__(self, x: object) -> bool:
+        self._names()
+        return x in self._set
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __getitem__(self, i: int) -> str:
+        return self._names()[i]
+
+    def __repr__(self) -> str:
+        return f"Names({', '.join(self._names())})"
+
+    @classmethod
+    def _from_iterable(cls, it: Any) -> frozenset[str]:  # type: ignore[override]
+        return frozenset(it)
+
+
+def names(**flags: Any) -> Names:
+    """Return the live set of actions whose spec attributes equal ``flags`` (``target=`` tests the kinds)."""
+    return Names(**flags)
+
+
+class ByKind(Mapping[str, tuple[str, ...]]):
+    """A live mapping of target kind → the actions (selected by ``flags``) that apply to it."""
+
+    def __init__(self, kinds: tuple[str, ...], **flags: Any) -> None:
+        self._kinds = kinds
+        self._flags = flags
+
+    def __getitem__(self, kind: str) -> tuple[str, ...]:
+        if kind not in self._kinds:
+            raise KeyError(kind)
+        return _select({**self._flags, "target": kind})
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kinds)
+
+    def __len__(self) -> int:
+        return len(self._kinds)
+
+
+def by_kind(kinds: tuple[str, ...] = KINDS, **flags: Any) -> ByKind:
+    return ByKind(kinds, **flags)
+
+
+def rule_actions(name: str) -> frozenset[str]:
+    """The ladder actions rule ``name`` may use: those for its target kind (only notices when advice-only)."""
+    spec = rules()[name]
+    return frozenset(
+        a for a, s in actions().items()
+        if s.ladder and spec.target in s.targets and (s.notice or not spec.advice_only)
+    )
+
+
+def categories() -> tuple[tuple[str, str, frozenset[str]], ...]:
+    """The report's event categories ``(key, label, actions)``, mildest first."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for name, spec in actions().items():
+        out.setdefault(spec.category, set()).add(name)
+    return tuple((k, label, frozenset(v)) for (k, label), v in out.items())
+
+
+def why(finding: Any) -> str:
+    """The decision reason for a finding: its rule's ``why``, or a plain one for a rule-less finding."""
+    spec = rules().get(finding.rule)
+    return spec.why(finding) if spec is not None else f"{finding.rule} on {finding.target}"
+
+
+def _doc(text: str) -> str:
+    return " ".join(inspect.cleandoc(text).split())
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", "<br>")
+
+
+def _yaml(example: str) -> str:
+    return "<code>" + _cell(inspect.cleandoc(example)).replace(" ", "&nbsp;") + "</code>"
+
+
+def reference_markdown() -> str:
+    """Return the Markdown reference of every action and rule (``docs/reference/actions-and-rules.md``)."""
+    lines = [
+        "# Actions and rules",
+        "",
+        "<!-- Generated from plugins/gpu_cost/core/registry.py: do not edit. Regenerate with",
+        "     .venv/bin/python -m gpu_cost.core.registry > docs/reference/actions-and-rules.md",
+        "     (tests/unit/test_registry.py fails when this file drifts from the registry). -->",
+        "",
+        "## Actions",
+        "",
+        "| action | what it does | applies to | destructive | ends the job | frees GPUs | ladder | form | YAML example |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    yes = {True: "yes", False: "no"}
+    for name, a in actions().items():
+        lines.append(
+            f"| `{name}` | {_cell(_doc(a.doc))} | {', '.join(a.targets)} | {yes[a.destructive]} | {yes[a.ends_job]} "
+            f"| {yes[a.frees_gpus]} | {yes[a.ladder]} | {yes[a.form]} | {_yaml(a.example)} |"
+        )
+    lines += [
+        "",
+        "## Rules",
+        "",
+        "| rule | what it finds | target | ladder actions | YAML example |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in rules().items():
+        allowed = ", ".join(a for a in actions() if a in rule_actions(name))
+        lines.append(f"| `{name}` | {_cell(_doc(r.doc))} | {r.target} | {allowed} | {_yaml(r.example)} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from gpu_cost.core.registry import reference_markdown as _reference  # the registered module, not __main__
+
+    print(_reference(), end="")

@@ -1,0 +1,1 @@
+"""Decide: the engine (guard, ladder, caps), protections, the cost of being wrong, snoozes, answers."""

@@ -1,0 +1,1 @@
+"""Perceive: Slurm, slurmrestd, Prometheus, the nodes, the GPU map, traces, attribution, snapshots, shards."""

@@ -1,0 +1,436 @@
+"""Turn raw GPU samples into the per-GPU window aggregates the rules read.
+
+One implementation for every source that has raw samples (simulator, trace files, replays): a
+dense GPU × time matrix reduced with NumPy. The Prometheus source computes the same columns in
+PromQL. Invalid samples (negative, above 100 %, NaN; memory negative or above
+:data:`MAX_MEM_MIB`) are dropped, never read as idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpu_cost.core.model import GPU_COLUMNS, MIG_COLUMNS
+
+#: framebuffer readings above this (2 TiB, several times any GPU's memory) are garbage, e.g. DCGM's
+#: blank value 0x7ffffff0 for a field the driver could not read: dropped, never read as memory held
+MAX_MEM_MIB = float(1 << 21)
+
+
+def _in_order(times: np.ndarray, *matrices: np.ndarray | None) -> tuple[Any, ...]:
+    """Return ``times`` and the matrices' columns in time order (as they are, no copy, when already sorted)."""
+    if len(times) < 2 or bool(np.all(times[1:] >= times[:-1])):
+        return (times, *matrices)
+    order = np.argsort(times, kind="stable")
+    return (times[order], *(None if x is None else x[:, order] for x in matrices))
+
+
+def _span(times: np.ndarray, start: float, end: float) -> slice:
+    """Return the columns of sorted ``times`` with ``start < times <= end``: a slice, so a view, not a copy."""
+    return slice(int(np.searchsorted(times, start, side="right")), int(np.searchsorted(times, end, side="right")))
+
+
+def _nanmean(x: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return each row's count of ``valid`` (not NaN) values and their mean (NaN when none): no copy of ``x``."""
+    n = np.count_nonzero(valid, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return n, np.add.reduce(x, axis=1, where=valid) / n
+
+
+def window_stats(
+    times: np.ndarray,
+    util: np.ndarray,
+    mem: np.ndarray,
+    now: float,
+    window_s: float,
+    sample_interval_s: float,
+    min_sample_ratio: float,
+    max_staleness_s: float,
+    power: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Return window aggregates (one value per GPU row) for samples in ``(now - window, now]``."""
+    times, util, mem, power = _in_order(times, util, mem, power)
+    sel = _span(times, now - window_s, now)
+    u = util[:, sel]
+    m = mem[:, sel]
+    n, mean = _nanmean(u, ~np.isnan(u))
+    expected = max(1, round(window_s / sample_interval_s))
+    nan = np.full(len(u), np.nan)
+    p = power[:, sel] if power is not None else None
+    out = {  # NaN-skipping reductions (fmax, fmin) over views: no copy of the samples
+        "util_mean": mean if u.shape[1] else nan,
+        "util_max": np.fmax.reduce(u, axis=1) if u.shape[1] else nan.copy(),
+        "mem_min_mib": np.fmin.reduce(m, axis=1) if m.shape[1] else nan.copy(),
+        "mem_max_mib": np.fmax.reduce(m, axis=1) if m.shape[1] else nan.copy(),
+        "power_w": _nanmean(p, ~np.isnan(p))[1] if p is not None and p.shape[1] else nan.copy(),
+    }
+    upto = _span(times, -np.inf, now)
+    any_valid = ~np.isnan(util[:, upto])
+    if any_valid.shape[1]:
+        last_idx = any_valid.shape[1] - 1 - np.argmax(any_valid[:, ::-1], axis=1)
+        last_ts = np.where(any_valid.any(axis=1), times[upto][last_idx], np.nan)
+    else:
+        last_ts = np.full(len(util), np.nan)
+    out["n_samples"] = n.astype(np.int64)
+    out["expected_samples"] = np.full(len(u), expected, dtype=np.int64)
+    out["last_ts"] = last_ts
+    out["stale"] = (n < min_sample_ratio * expected) | ~(now - np.nan_to_num(last_ts, nan=-np.inf) <= max_staleness_s)
+    return out
+
+
+def lookback_stats(times: np.ndarray, util: np.ndarray, now: float, lookback_s: float, busy_util: float) -> dict[str, np.ndarray]:
+    """Return lookback aggregates: mean/max utilisation, busy share and idle→busy transitions."""
+    times, util = _in_order(times, util)
+    u = util[:, _span(times, now - lookback_s, now)]
+    n, mean = _nanmean(u, ~np.isnan(u))
+    with np.errstate(invalid="ignore"):
+        busy = u > busy_util  # NaN compares False: a missing sample is neither busy nor quiet
+        mean = mean if u.shape[1] else np.full(len(u), np.nan)
+        mx = np.fmax.reduce(u, axis=1) if u.shape[1] else np.full(len(u), np.nan)
+        share = np.where(n > 0, busy.sum(axis=1) / np.maximum(n, 1), np.nan)
+        if u.shape[1] > 1:
+            # a burst starts where a quiet sample (under a quarter of the busy level) is followed by a
+            # busy one: a service waking up, not an input-bound job hovering around the busy level
+            idle = u[:, :-1] < busy_util / 4.0
+            bursts = (idle & busy[:, 1:]).sum(axis=1)
+        else:
+            bursts = np.zeros(len(u), dtype=np.int64)
+    return {"util_mean_lb": mean, "util_max_lb": mx, "busy_share_lb": share, "bursts_lb": bursts.astype(np.int64), "n_lb": n.astype(np.int64)}
+
+
+def mem_trend_stats(times: np.ndarray, mem: np.ndarray, now: float, lookback_s: float) -> dict[str, np.ndarray]:
+    """Return the framebuffer's trend over the lookback, per GPU row, from its valid samples.
+
+    ``mem_slope_mib_h_lb``: least-squares slope of used MiB against time, per hour (NaN under two
+    samples; 0 for constant memory); ``mem_r2_lb``: the fit's R² (NaN when memory is constant or
+    under three samples); ``mem_span_s_lb``: seconds between the first and the last valid sample
+    (NaN when none). One pass over the GPU × time matrix, no loop per GPU. The Prometheus source
+    computes the same with ``deriv`` and ``stdvar_over_time`` on the same sample grid.
+    """
+    times, mem = _in_order(times, mem)
+    sel = _span(times, now - lookback_s, now)
+    m = mem[:, sel]
+    rows = len(m)
+    if not m.shape[1]:
+        nan = np.full(rows, np.nan)
+        return {"mem_slope_mib_h_lb": nan, "mem_r2_lb": nan.copy(), "mem_span_s_lb": nan.copy()}
+    ts = times[sel].astype(float)
+    t = ts - ts.mean()  # centred: squares of epoch seconds would lose precision
+    valid = ~np.isnan(m)
+    n = np.count_nonzero(valid, axis=1)
+    safe_n = np.maximum(n, 1)
+    mean_t = np.einsum("ij,j->i", valid, t) / safe_n  # einsum reads the mask as it is: no float copy of it
+    sxx = np.einsum("ij,j->i", valid, t * t) - n * mean_t * mean_t
+    dy = np.where(valid, m, 0.0)  # the one full-size copy, centred in place below
+    mean_y = dy.sum(axis=1) / safe_n
+    dy -= mean_y[:, None]  # two passes for y: memory is large, its variance may be small
+    np.copyto(dy, 0.0, where=~valid)
+    syy = np.einsum("ij,ij->i", dy, dy)
+    sxy = dy @ t - mean_t * dy.sum(axis=1)
+    first = np.argmax(valid, axis=1)
+    last = valid.shape[1] - 1 - np.argmax(valid[:, ::-1], axis=1)
+    # constant memory exactly (the mean's rounding would leave a spurious tiny variance)
+    const = ((m == m[np.arange(rows), first][:, None]) | ~valid).all(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.where((n >= 2) & (sxx > 0), np.where(const, 0.0, sxy / sxx * 3600.0), np.nan)
+        r2 = np.where((n >= 3) & (sxx > 0) & (syy > 0) & ~const, np.clip(sxy * sxy / (sxx * syy), 0.0, 1.0), np.nan)
+    span = np.where(n > 0, ts[last] - ts[first], np.nan)
+    return {"mem_slope_mib_h_lb": slope, "mem_r2_lb": r2, "mem_span_s_lb": span}
+
+
+def clean(util: np.ndarray, mem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``util`` and ``mem`` with impossible values (negative, > 100 %, > MAX_MEM_MIB, ±inf) replaced by NaN.
+
+    An array with such a value is copied first; one without is returned as it is (as float), not
+    copied: a 100,000-GPU lookback is 288 MB an array. Read what is returned; do not change it unless
+    the arrays given were yours to change.
+    """
+    return _within(util, 100.0), _within(mem, MAX_MEM_MIB)
+
+
+def _within(values: np.ndarray, top: float) -> np.ndarray:
+    """Return ``values`` as float with those outside ``[0, top]`` (±inf too) set to NaN: a copy only when some are."""
+    v = np.asarray(values, dtype=float)
+    with np.errstate(invalid="ignore"):
+        bad = (v < 0) | (v > top)  # NaN compares False: already missing
+    if not bad.any():
+        return v
+    v = v.copy()
+    v[bad] = np.nan
+    return v
+
+
+def gpu_frame(
+    *,
+    hosts: np.ndarray,
+    gpus: np.ndarray,
+    uuids: np.ndarray,
+    models: np.ndarray,
+    mem_total: np.ndarray,
+    label_job: np.ndarray,
+    times: np.ndarray,
+    util: np.ndarray,
+    mem: np.ndarray,
+    power: np.ndarray | None,
+    now: float,
+    window_s: float,
+    lookback_s: float,
+    sample_interval_s: float,
+    min_sample_ratio: float,
+    max_staleness_s: float,
+    busy_util: float,
+    mig: Mapping[str, np.ndarray] | None = None,
+    rolling: RollingWindows | None = None,
+    cleaned: bool = False,
+) -> pd.DataFrame:
+    """Return the :data:`~gpu_cost.core.model.GPU_COLUMNS` frame from a dense sample matrix.
+
+    ``mig`` holds the :data:`~gpu_cost.core.model.MIG_COLUMNS` per row; they are added only when some
+    row is a MIG slice, so a cluster of whole GPUs gives the same frame as before.
+
+    :param rolling: running sums over the whole (clean) matrix ``times``/``util``/``mem`` are a slice
+        of: the window and lookback counts, sums and bursts come from them, not from the samples again.
+    :param cleaned: ``util`` and ``mem`` went through :func:`clean` already (a copy of each saved).
+    """
+    if rolling is None:
+        if not cleaned:
+            util, mem = clean(util, mem)
+        w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s, power)
+        lb = lookback_stats(times, util, now, lookback_s, busy_util)
+    else:
+        w = rolling.window(times, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s)
+        lb = rolling.lookback(times, now, lookback_s, busy_util)
+    trend = mem_trend_stats(times, mem, now, lookback_s)
+    frame = pd.DataFrame(
+        {
+            "host": hosts.astype(object),
+            "gpu": gpus.astype(np.int64),
+            "uuid": uuids.astype(object),
+            "model": models.astype(object),
+            "label_job_id": label_job.astype(object),
+            "mem_total_mib": mem_total.astype(float),
+            **w,
+            **lb,
+            **trend,
+            "util_chart_lb": chart_buckets(times, util, now, lookback_s),
+        }
+    )
+    frame = frame[list(GPU_COLUMNS)]
+    return with_mig(frame, mig)
+
+
+def with_mig(frame: pd.DataFrame, mig: Mapping[str, np.ndarray] | None) -> pd.DataFrame:
+    """Return ``frame`` with the MIG columns from ``mig`` when some row is a slice, else unchanged.
+
+    A slice's ``power_w`` is NaN: no exporter measures a slice's own power.
+    """
+    if not mig or not any(str(x) for x in mig.get("mig", ())):
+        return frame
+    out = frame.copy()
+    n = len(out)
+    for col in MIG_COLUMNS:
+        if col == "share":
+            out[col] = np.asarray(mig.get(col, np.ones(n)), dtype=float)
+        else:
+            out[col] = pd.Series([str(x or "") for x in mig.get(col, [""] * n)], index=out.index, dtype=object)
+    # device-level power on a slice is the whole GPU's (dcgm-exporter repeats it), not the slice's work
+    out.loc[out["mig"] != "", "power_w"] = np.nan
+    return out
+
+
+#: buckets of the utilisation chart a notice shows (the lookback in equal parts)
+CHART_BUCKETS = 12
+
+
+def chart_buckets(times: np.ndarray, util: np.ndarray, now: float, lookback: float,
+                  buckets: int = CHART_BUCKETS) -> list[str]:
+    """Return per GPU the max utilisation of each lookback bucket as a comma-separated string
+    (empty: no sample in the bucket); :func:`gpu_cost.perceive.snapshot.sparkline` draws it."""
+    n_g = util.shape[0]
+    if not len(times) or not n_g:
+        return [""] * n_g
+    edges = now - lookback + lookback * np.arange(buckets + 1) / buckets
+    idx = np.clip(np.searchsorted(edges, times, side="left") - 1, 0, buckets - 1)
+    out = np.full((n_g, buckets), np.nan)
+    # times are sorted, so each bucket is a run of columns: one fmax (NaN-skipping max) per run
+    present, first = np.unique(idx, return_index=True)
+    out[:, present] = np.fmax.reduceat(util, first, axis=1)
+    return chart_text(out)
+
+
+#: chart text by the bytes of its rounded row: most GPUs show the same few charts sweep after sweep
+_CHART_TEXT: dict[bytes, str] = {}
+
+
+def chart_text(maxima: np.ndarray) -> list[str]:
+    """Return each row of bucket maxima as the chart column's text: ``"0,0,85,,0"`` (empty: no data)."""
+    with np.errstate(invalid="ignore"):
+        rounded = np.where(np.isnan(maxima), -1.0, np.rint(maxima)).astype(np.int64)  # rint: round()'s half-even
+    if len(_CHART_TEXT) > 100_000:
+        _CHART_TEXT.clear()
+    out = []
+    for row in rounded:
+        key = row.tobytes()
+        text = _CHART_TEXT.get(key)
+        if text is None:
+            text = _CHART_TEXT[key] = ",".join("" if v < 0 else str(v) for v in row.tolist())
+        out.append(text)
+    return out
+
+
+def extra_window(
+    times: np.ndarray, util: np.ndarray, mem: np.ndarray, now: float, window_s: float, sample_interval_s: float,
+    min_sample_ratio: float, max_staleness_s: float, rolling: RollingWindows | None = None, cleaned: bool = False,
+) -> pd.DataFrame:
+    """Return the window columns for another window length (rules with their own window)."""
+    if rolling is not None:
+        return pd.DataFrame(rolling.window(times, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s))
+    if not cleaned:
+        util, mem = clean(util, mem)
+    w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s)
+    return pd.DataFrame(w)
+
+
+class RollingWindows:
+    """Running sums along the time axis of a whole clean GPU × time matrix, for windows that slide over it.
+
+    A window's sample count, utilisation sum, busy samples and idle→busy transitions are two
+    subtractions of these sums, whatever its length; its maxima and minima (exact, no rounding to
+    accumulate) are one NaN-skipping pass over its own columns. The replay slides the sweep's
+    lookback along a week of samples this way instead of aggregating it again at every sweep: the
+    aggregates are :func:`window_stats`' and :func:`lookback_stats`' (means equal to the last bits
+    of rounding). A slice passed to :meth:`window` / :meth:`lookback` is a run of this matrix's
+    columns, told apart by its times.
+
+    :param times: the sorted sample times (columns).
+    :param util: utilisation, already :func:`clean`; edits to it must be followed by :meth:`refresh`.
+    :param mem: framebuffer used, already :func:`clean`.
+    :param busy_util: the busy level of :func:`lookback_stats`.
+    """
+
+    def __init__(self, times: np.ndarray, util: np.ndarray, mem: np.ndarray, busy_util: float) -> None:
+        self.times, self.util, self.mem, self.busy_util = times, util, mem, busy_util
+        shape = (util.shape[0], util.shape[1] + 1)
+        self._n = np.zeros(shape, dtype=np.int32)
+        self._sum = np.zeros(shape)
+        self._busy = np.zeros(shape, dtype=np.int32)
+        self._bursts = np.zeros((util.shape[0], max(1, util.shape[1])), dtype=np.int32)
+        self._last = np.zeros(util.shape, dtype=np.int32)
+        self.refresh(np.arange(util.shape[0]))
+
+    def refresh(self, rows: np.ndarray) -> None:
+        """Recompute the sums of ``rows`` after their samples changed."""
+        for r in np.asarray(rows, dtype=np.int64):
+            u = self.util[r]
+            valid = ~np.isnan(u)
+            busy = valid & (u > self.busy_util)
+            np.cumsum(valid, out=self._n[r, 1:])
+            np.cumsum(np.where(valid, u, 0.0), out=self._sum[r, 1:])
+            np.cumsum(busy, out=self._busy[r, 1:])
+            # the transition from column j to j + 1 is counted at j + 1
+            np.cumsum(valid[:-1] & (u[:-1] < self.busy_util / 4.0) & busy[1:], out=self._bursts[r, 1:])
+            last = np.where(valid, np.arange(len(u), dtype=np.int32), -1).astype(np.int32)
+            np.maximum.accumulate(last, out=self._last[r])
+
+    def _start(self, times: np.ndarray) -> int:
+        """Return the column of this matrix where the slice ``times`` starts."""
+        return int(np.searchsorted(self.times, times[0], side="left")) if len(times) else 0
+
+    def window(self, times: np.ndarray, now: float, window_s: float, sample_interval_s: float,
+               min_sample_ratio: float, max_staleness_s: float) -> dict[str, np.ndarray]:
+        """Return :func:`window_stats` for the columns of ``times`` (a slice of this matrix's)."""
+        lo = self._start(times)
+        upto = lo + int(np.searchsorted(times, now, side="right"))
+        wlo = lo + int(np.searchsorted(times, now - window_s, side="right"))
+        n_g = self.util.shape[0]
+        n = self._n[:, upto] - self._n[:, wlo] if upto > wlo else np.zeros(n_g, dtype=np.int32)
+        nan = np.full(n_g, np.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(n > 0, (self._sum[:, upto] - self._sum[:, wlo]) / n, np.nan) if upto > wlo else nan
+        expected = max(1, round(window_s / sample_interval_s))
+        if upto > lo:
+            last = self._last[:, upto - 1]
+            last_ts = np.where(last >= lo, self.times[np.maximum(last, 0)], np.nan)
+        else:
+            last_ts = nan.copy()
+        return {
+            "util_mean": mean,
+            "util_max": np.fmax.reduce(self.util[:, wlo:upto], axis=1) if upto > wlo else nan.copy(),
+            "mem_min_mib": np.fmin.reduce(self.mem[:, wlo:upto], axis=1) if upto > wlo else nan.copy(),
+            "mem_max_mib": np.fmax.reduce(self.mem[:, wlo:upto], axis=1) if upto > wlo else nan.copy(),
+            "power_w": nan.copy(),
+            "n_samples": n.astype(np.int64),
+            "expected_samples": np.full(n_g, expected, dtype=np.int64),
+            "last_ts": last_ts,
+            "stale": (n < min_sample_ratio * expected) | ~(now - np.nan_to_num(last_ts, nan=-np.inf) <= max_staleness_s),
+        }
+
+    def lookback(self, times: np.ndarray, now: float, lookback_s: float, busy_util: float) -> dict[str, np.ndarray]:
+        """Return :func:`lookback_stats` for the columns of ``times`` (a slice of this matrix's)."""
+        if busy_util != self.busy_util:
+            raise ValueError(f"these running sums count busy above {self.busy_util}, not {busy_util}")
+        lo = self._start(times)
+        upto = lo + int(np.searchsorted(times, now, side="right"))
+        lo = lo + int(np.searchsorted(times, now - lookback_s, side="right"))
+        n_g = self.util.shape[0]
+        if upto <= lo:
+            nan = np.full(n_g, np.nan)
+            zero = np.zeros(n_g, dtype=np.int64)
+            return {"util_mean_lb": nan, "util_max_lb": nan.copy(), "busy_share_lb": nan.copy(), "bursts_lb": zero,
+                    "n_lb": zero.copy()}
+        n = self._n[:, upto] - self._n[:, lo]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(n > 0, (self._sum[:, upto] - self._sum[:, lo]) / n, np.nan)
+            share = np.where(n > 0, (self._busy[:, upto] - self._busy[:, lo]) / np.maximum(n, 1), np.nan)
+        bursts = (self._bursts[:, upto - 1] - self._bursts[:, lo]) if upto - lo > 1 else np.zeros(n_g, dtype=np.int64)
+        return {"util_mean_lb": mean, "util_max_lb": np.fmax.reduce(self.util[:, lo:upto], axis=1),
+                "busy_share_lb": share, "bursts_lb": bursts.astype(np.int64), "n_lb": n.astype(np.int64)}
+
+
+def to_dense(samples: pd.DataFrame, start: float, end: float) -> tuple[pd.DataFrame, np.ndarray, dict[str, np.ndarray]]:
+    """Pivot long trace samples in ``(start, end]`` to a dense matrix.
+
+    Return ``(gpu_index, times, arrays)`` where ``gpu_index`` has ``host, gpu`` (and ``uuid``,
+    ``mem_total_mib``, ``job_id`` when the samples carry them) per row, ``times`` the sorted
+    distinct sample times, and ``arrays`` ``util``, ``mem``, ``power``, ``job`` (GPU × time).
+    """
+    s = samples[(samples["ts"] > start) & (samples["ts"] <= end)]
+    keys = s[["host", "gpu"]].drop_duplicates().sort_values(["host", "gpu"]).reset_index(drop=True)
+    if s.empty:
+        empty = np.zeros((len(keys), 0))
+        return keys, np.zeros(0), {"util": empty, "mem": empty, "power": empty, "job": empty.astype(object)}
+    row_of = pd.MultiIndex.from_frame(keys).get_indexer(pd.MultiIndex.from_frame(s[["host", "gpu"]]))
+    times, col_of = np.unique(s["ts"].to_numpy(dtype=float), return_inverse=True)
+    shape = (len(keys), len(times))
+
+    def fill(col: str, default: float = np.nan) -> np.ndarray:
+        out = np.full(shape, default)
+        if col in s.columns:
+            out[row_of, col_of] = pd.to_numeric(s[col], errors="coerce").to_numpy(dtype=float)
+        return out
+
+    arrays = {"util": fill("util"), "mem": fill("mem_used_mib"), "power": fill("power_w")}
+    job = np.full(shape, "", dtype=object)
+    if "job_id" in s.columns:
+        job[row_of, col_of] = s["job_id"].fillna("").astype(str).to_numpy()
+    arrays["job"] = job
+    last = s.sort_values("ts").groupby(["host", "gpu"], sort=True).last().reset_index()
+    for col in ("uuid", "mem_total_mib", "model"):
+        if col in last.columns:
+            keys[col] = last[col].to_numpy()
+    return keys, times, arrays
+
+
+def last_label(job: np.ndarray) -> np.ndarray:
+    """Return, per GPU row, the job label of its newest sample ("" when none)."""
+    if job.shape[1] == 0:
+        return np.full(job.shape[0], "", dtype=object)
+    return job[:, -1]
+
+
+def windows_needed(windows: Iterable[float]) -> list[float]:
+    return sorted({float(w) for w in windows})

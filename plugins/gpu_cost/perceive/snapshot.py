@@ -1,0 +1,129 @@
+"""Build a :class:`~gpu_cost.core.model.Snapshot` from dense samples (simulator, traces, replays)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.model import GpuProcess, Job, Node, Snapshot
+from gpu_cost.core.perf import gc_paused
+from gpu_cost.core.redact import redact_all
+from gpu_cost.perceive.aggregate import RollingWindows, clean, extra_window, gpu_frame
+from gpu_cost.perceive.correlate import attribute
+
+
+def rule_windows(policy: Policy) -> tuple[float, list[float]]:
+    """Return the primary window (the first registered rule's: zombie's) and the other windows the rules need."""
+    from gpu_cost.core import registry
+
+    windows = [spec.window(cfg, policy) for name, spec in registry.rules().items()
+               if (cfg := getattr(policy.rules, name, None)) is not None]
+    primary, others = windows[0], set(windows[1:])
+    return primary, sorted(w for w in others if abs(w - primary) > 1e-6 and w > 0)
+
+
+@gc_paused()
+def from_matrix(
+    *,
+    policy: Policy,
+    now: float,
+    source: str,
+    hosts: np.ndarray,
+    gpus: np.ndarray,
+    uuids: np.ndarray,
+    models: np.ndarray,
+    mem_total: np.ndarray,
+    times: np.ndarray,
+    util: np.ndarray,
+    mem: np.ndarray,
+    power: np.ndarray | None,
+    job: np.ndarray,
+    jobs: Sequence[Job],
+    processes: Sequence[GpuProcess],
+    nodes: Sequence[Node],
+    problems: Sequence[str] = (),
+    mig: Mapping[str, np.ndarray] | None = None,
+    rolling: RollingWindows | None = None,
+) -> Snapshot:
+    """Aggregate a GPU × time matrix and join it with jobs and processes (``mig``: the rows' MIG columns).
+
+    :param rolling: running sums over the whole matrix ``util``/``mem`` are a slice of (a replay);
+        the slice is then taken as clean.
+    """
+    sw = policy.sweep
+    primary, others = rule_windows(policy)
+    label = job[:, -1] if job.shape[1] else np.full(len(hosts), "", dtype=object)
+    cleaned = rolling is not None
+    if not cleaned and others:
+        util, mem = clean(util, mem)  # once for every window, not once per window
+        cleaned = True
+    frame = gpu_frame(
+        hosts=hosts, gpus=gpus, uuids=uuids, models=models, mem_total=mem_total, label_job=label, times=times,
+        util=util, mem=mem, power=power, now=now, window_s=primary, lookback_s=sw.lookback,
+        sample_interval_s=sw.sample_interval, min_sample_ratio=sw.min_sample_ratio,
+        max_staleness_s=sw.max_staleness, busy_util=sw.busy_util, mig=mig, rolling=rolling, cleaned=cleaned,
+    )
+    windows = {
+        w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness,
+                        rolling=rolling, cleaned=cleaned)
+        for w in others
+    }
+    frame, disagreements = attribute(frame, jobs, processes)
+    found = redact_all(problems)  # they are stored, returned and alerted on: no credentials
+    if len(frame) and frame["stale"].all():
+        found.append("every GPU series is stale or missing")
+    return Snapshot(
+        ts=now, window_s=primary, lookback_s=sw.lookback, source=source, gpus=frame, jobs=tuple(jobs),
+        processes=tuple(processes), nodes=tuple(nodes), problems=tuple(found), disagreements=tuple(disagreements),
+        sample_interval_s=sw.sample_interval, windows=windows,
+    )
+
+
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(charts: Sequence[str]) -> str:
+    """Return one bar per bucket, the max over ``charts`` (one per GPU): ``▁▁▁▁▆▁▁▁▁▁▁▁``; ``·`` = no data."""
+    rows = [_chart_values(c) for c in charts if c]
+    if not rows:
+        return ""
+    # a bucket's top over the GPUs (no data is -1, under any value), as wide as the narrowest chart
+    tops = rows[0] if len(rows) == 1 else [max(bucket) for bucket in zip(*rows, strict=False)]
+    return "".join("·" if top < 0 else _BARS[min(len(_BARS) - 1, int(top / 100 * len(_BARS)))] for top in tops)
+
+
+@functools.lru_cache(maxsize=65536)
+def _chart_values(text: str) -> tuple[float, ...]:
+    """Return a chart column's bucket values, -1 for a bucket with no data (most GPUs repeat a few charts)."""
+    return tuple(float(x) if x != "" else -1.0 for x in text.split(","))
+
+
+def from_samples(
+    *,
+    policy: Policy,
+    now: float,
+    source: str,
+    samples: pd.DataFrame,
+    jobs: Sequence[Job],
+    processes: Sequence[GpuProcess] = (),
+    nodes: Sequence[Node] = (),
+    problems: Sequence[str] = (),
+) -> Snapshot:
+    """Aggregate long trace-format samples (the lookback before ``now``) into a snapshot."""
+    from gpu_cost.perceive.aggregate import to_dense
+
+    keys, times, arrays = to_dense(samples, now - policy.sweep.lookback, now)
+    n = len(keys)
+    return from_matrix(
+        policy=policy, now=now, source=source,
+        hosts=keys["host"].to_numpy(dtype=object), gpus=keys["gpu"].to_numpy(dtype=np.int64),
+        uuids=keys["uuid"].fillna("").to_numpy(dtype=object) if "uuid" in keys else np.full(n, "", dtype=object),
+        models=keys["model"].fillna("").to_numpy(dtype=object) if "model" in keys else np.full(n, "", dtype=object),
+        mem_total=keys["mem_total_mib"].to_numpy(dtype=float) if "mem_total_mib" in keys else np.full(n, np.nan),
+        times=times, util=arrays["util"], mem=arrays["mem"], power=arrays["power"], job=arrays["job"],
+        jobs=jobs, processes=processes, nodes=nodes, problems=problems,
+    )

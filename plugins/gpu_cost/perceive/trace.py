@@ -1,0 +1,182 @@
+"""Trace files (CSV or Parquet) in the design's trace format: samples and jobs, for any instant.
+
+samples: ``ts, host, gpu, util, mem_used_mib`` required; ``mem_total_mib, power_w, job_id, pid,
+user`` optional. jobs: ``job_id, user, start_ts`` required; ``account, partition, name, state,
+submit_ts, end_ts, time_limit_s, gpus, nodes, gpu_ids, labels`` optional. Times are ISO 8601 or
+epoch seconds (UTC). Faults name the file and the column.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpu_cost.core.errors import TraceError
+from gpu_cost.core.model import Job, labels_from_comment
+
+SAMPLE_COLUMNS = ("ts", "host", "gpu", "util", "mem_used_mib")
+JOB_COLUMNS = ("job_id", "user", "start_ts")
+
+
+def read_table(path: str | Path, what: str, columns: tuple[str, ...] | None = None, *,
+               categories: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Read a CSV or Parquet trace file (only ``columns`` that exist, when given); errors name the file.
+
+    ``categories``: columns read as pandas categoricals of their text (a 10 M-row week's host, job
+    and user columns take a few MB of codes instead of ~140 MB of strings each).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{p}: {what} file not found")
+    try:
+        if p.suffix.lower() in (".parquet", ".pq"):
+            if columns is None and not categories:
+                return pd.read_parquet(p)
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            schema = pq.read_schema(p)
+            wanted = [c for c in (columns if columns is not None else schema.names) if c in schema.names]
+            text = [c for c in categories if c in wanted
+                    and (pa.types.is_string(schema.field(c).type) or pa.types.is_large_string(schema.field(c).type))]
+            # one column at a time, each handed back to the system once converted: a week's samples are
+            # 80 MB a column, and the whole table beside its frame would double the read's peak
+            frame = pd.DataFrame(index=pd.RangeIndex(pq.read_metadata(p).num_rows))
+            for c in wanted:
+                table = pq.read_table(p, columns=[c], read_dictionary=[c] if c in text else None)
+                frame[c] = table.to_pandas(self_destruct=True)[c]
+                del table
+                release_arrow_memory()
+            return frame
+        dtype = dict.fromkeys(categories, "category")
+        if columns is not None:
+            return pd.read_csv(p, low_memory=False, usecols=lambda c: c in columns, dtype=dtype)
+        return pd.read_csv(p, low_memory=False, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{p}: cannot read {what}: {exc}") from None
+
+
+def release_arrow_memory() -> None:
+    """Hand the memory Arrow keeps for reuse back to the system (columns read from Parquet live in Arrow's pool:
+    once dropped, their memory stays with the pool until asked for)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+
+
+def _epoch_col(values: pd.Series, source: str, col: str) -> np.ndarray:
+    if pd.api.types.is_numeric_dtype(values):
+        return values.to_numpy(dtype=float)
+    try:
+        parsed = pd.to_datetime(values, utc=True, errors="raise", format="mixed")
+    except (ValueError, TypeError) as exc:
+        num = pd.to_numeric(values, errors="coerce")
+        if num.notna().sum() == values.notna().sum():
+            return num.to_numpy(dtype=float)
+        raise TraceError(f"{source}: column {col}: not ISO 8601 or epoch seconds ({exc})") from None
+    out = (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(dtype=float)
+    return out
+
+
+def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.DataFrame:
+    """Return samples with the required columns checked and ``ts`` as epoch seconds."""
+    missing = [c for c in SAMPLE_COLUMNS if c not in samples.columns]
+    if missing:
+        raise TraceError(f"{source}: samples lack column(s) {', '.join(missing)} "
+                         f"(required: {', '.join(SAMPLE_COLUMNS)})")
+    out = samples
+    if not pd.api.types.is_numeric_dtype(out["ts"]):
+        out = out.assign(ts=_epoch_col(out["ts"], source, "ts"))
+    if not pd.api.types.is_integer_dtype(out["gpu"]):
+        gpu = pd.to_numeric(out["gpu"], errors="coerce")
+        if gpu.isna().any():
+            raise TraceError(f"{source}: column gpu must hold GPU indices (integers)")
+        out = out.assign(gpu=gpu.astype(np.int64))
+    negative = np.flatnonzero(out["gpu"].to_numpy() < 0)
+    if len(negative):
+        raise TraceError(f"{source}: column gpu must hold GPU indices (0 or more); row {int(negative[0]) + 1} "
+                         f"has {int(out['gpu'].iloc[int(negative[0])])}")
+    return out
+
+
+def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
+    """Return jobs with the required columns checked and times as epoch seconds."""
+    missing = [c for c in JOB_COLUMNS if c not in jobs.columns]
+    if missing:
+        raise TraceError(f"{source}: jobs lack column(s) {', '.join(missing)} (required: {', '.join(JOB_COLUMNS)})")
+    out = jobs.copy()
+    out["job_id"] = out["job_id"].astype(str)
+    out["user"] = out["user"].fillna("").astype(str)
+    for col in ("start_ts", "end_ts", "submit_ts", "linger_end_ts"):
+        if col in out.columns:
+            out[col] = _epoch_col(out[col], source, col)
+    for col in ("account", "partition", "name", "labels", "gpu_ids", "nodes", "state", "qos"):
+        if col in out.columns:
+            out[col] = out[col].fillna("").astype(str)
+    return out
+
+
+
+def read_samples(path: str | Path) -> pd.DataFrame:
+    """Read and check a samples file."""
+    return normalise_samples(read_table(path, "samples"), str(path))
+
+
+def read_jobs(path: str | Path) -> pd.DataFrame:
+    """Read and check a jobs file."""
+    return normalise_jobs(read_table(path, "jobs"), str(path))
+
+
+def jobs_at(jobs: pd.DataFrame, samples: pd.DataFrame, t: float) -> list[Job]:
+    """Return the jobs running at ``t``; GPUs from ``gpu_ids`` (``host:idx,...``) or the samples' job labels."""
+    out = []
+    recent = samples[(samples["ts"] <= t) & (samples["ts"] > t - 3600)] if "job_id" in samples.columns else None
+    for rec in jobs.to_dict("records"):
+        start = rec.get("start_ts")
+        if start is None or start != start or start > t:
+            continue
+        end = rec.get("end_ts")
+        if end is not None and end == end and not math.isinf(end) and end <= t:
+            continue
+        jid = str(rec["job_id"])
+        alloc: dict[str, list[int]] = {}
+        for part in str(rec.get("gpu_ids") or "").split(","):
+            host, _, gpu = part.strip().rpartition(":")
+            if host and gpu.isdigit():
+                alloc.setdefault(host, []).append(int(gpu))
+        if not alloc and recent is not None:
+            mine = recent[recent["job_id"].astype(str) == jid][["host", "gpu"]].drop_duplicates()
+            for host, gpu in mine.itertuples(index=False):
+                alloc.setdefault(str(host), []).append(int(gpu))
+        labels = tuple(x for x in str(rec.get("labels") or "").replace(";", ",").split(",") if x)
+        labels += labels_from_comment(str(rec.get("comment") or ""))
+        limit = rec.get("time_limit_s")
+        out.append(Job(
+            job_id=jid, user=str(rec.get("user") or ""), state="RUNNING", start_ts=float(start),
+            account=str(rec.get("account") or ""), partition=str(rec.get("partition") or ""),
+            qos=str(rec.get("qos") or ""), name=str(rec.get("name") or ""),
+            time_limit_s=float(limit) if limit is not None and limit == limit else None,
+            nodes=tuple(sorted(alloc)), gpu_alloc=tuple((h, tuple(sorted(i))) for h, i in sorted(alloc.items())),
+            gpus_requested=sum(len(v) for v in alloc.values()), labels=labels,
+        ))
+    return out
+
+
+def snapshot(policy: Any, now: float, samples: str | Path | pd.DataFrame, jobs: str | Path | pd.DataFrame) -> Any:
+    """Return the snapshot of a trace at ``now`` (processes are unknown in a trace)."""
+    from gpu_cost.perceive.snapshot import from_samples
+
+    s = read_samples(samples) if isinstance(samples, str | Path) else normalise_samples(samples)
+    j = read_jobs(jobs) if isinstance(jobs, str | Path) else normalise_jobs(jobs)
+    window = s[(s["ts"] > now - policy.sweep.lookback) & (s["ts"] <= now)]
+    problems = [] if len(window) else [f"trace has no samples in the {policy.sweep.lookback:g}s before {now:g}"]
+    return from_samples(policy=policy, now=now, source="trace", samples=window, jobs=jobs_at(j, s, now),
+                        problems=problems)
+
+
+__all__ = ["JOB_COLUMNS", "SAMPLE_COLUMNS", "jobs_at", "normalise_jobs", "normalise_samples", "read_jobs",
+           "read_samples", "read_table", "snapshot"]

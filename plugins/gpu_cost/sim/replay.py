@@ -1,0 +1,941 @@
+"""What-if replay: run the sweep's own rules and engine over a trace, in simulated time.
+
+The trace (samples + jobs, the project's trace format) is made dense once — one GPU x time
+matrix — and a sweep is simulated every ``sweep.interval``: the window before each instant is a
+slice of that matrix, the snapshot, rules, engine, escalation ladder, protections, snoozes and
+caps are the production ones, and escalation state lives in a throwaway audit store (a temporary SQLite file).
+By default the policy is replayed *as if enforced* (``mode``), and decisions that need approval
+are taken as approved (``approvals``): ``approve``, ``reject``, or ``owner`` — only the target
+owner's own "release it now" answer (:func:`gpu_cost.decide.answers.owner_releases`, from the store the
+replay is given) lets a destructive rung act; without one nothing destructive happens. Every
+destructive rung that needed a human (under ``owner``: every destructive rung) is listed in
+``human_asked`` with the confidence the human would have seen, and counted in ``human_asked_count``.
+
+Simulated effects: a kill (``terminate``, ``kill``, ``cancel``, ``kill_process``) frees the
+allocation from the kill on — its GPUs read idle and empty, the job leaves the running set — and
+frees ``GPUs x (would-have-ended - kill)`` GPU-hours (``reclaimed_gpu_hours``). A kill is *false*
+when the killed GPUs were active (utilisation at or above the rule's idle threshold) within the
+rule window before the kill or at any time after it in the trace. Other actions (notices, demote,
+hold, requeue) change nothing in the trace.
+
+``reclaimed_gpu_hours`` uses the trace's own end of each job, which nobody knows when acting. The
+savings ledger books what the live agent would have booked, through the same
+:func:`gpu_cost.act.savings.saving_row` (bounded by the waste already seen on the target), with
+the usage record every sweep writes, so the report's *re-used* figure comes out of the same
+:func:`gpu_cost.report.ledger.reused`: ``ledger`` gives *freed*, *re-used* and, beside them, the
+idle GPU-hours measured in the trace on the acted targets before each action — the invariant
+``re-used <= freed <= observed waste`` holds per target.
+
+A jobs-only trace (no samples) cannot show idle or zombie GPUs: the replay says so and reports
+only the allocated GPU-hours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpu_cost.config.schema import Policy
+from gpu_cost.core.errors import TraceError
+from gpu_cost.core.model import KILL_ACTIONS, Decision, GpuProcess, Job, labels_from_comment
+from gpu_cost.core.registry import names as _action_names
+from gpu_cost.core.timeutil import iso
+from gpu_cost.perceive.trace import (
+    SAMPLE_COLUMNS,
+    _epoch_col,
+    normalise_jobs,
+    normalise_samples,
+    read_table,
+    release_arrow_memory,
+)
+
+logger = logging.getLogger(__name__)
+#: the replay's first sweep waits for rule windows up to this long to fill
+FIRST_SWEEP_MAX_WAIT = 3600.0
+#: actions that tell someone (the first one is the "first notice")
+NOTICE_ACTIONS = _action_names(notice=True)
+#: how a replay answers what needs a human (``owner``: only the owner's release, none without one)
+APPROVALS = ("approve", "reject", "owner")
+
+JOBS_ONLY_NOTE = ("jobs-only trace: it has no GPU samples, so no rule can see an idle allocation or a zombie "
+                  "process and the policy would decide nothing; only allocated GPU-hours are reported. "
+                  "Replay a trace with samples (ts, host, gpu, util, mem_used_mib) to test a policy.")
+
+
+# -- reading traces --------------------------------------------------------------------------
+#: sample columns a replay reads (others are left on disk: a 10 M-row trace must fit in memory)
+REPLAY_SAMPLE_COLUMNS = (*SAMPLE_COLUMNS, "job_id", "pid", "user", "model")
+#: the samples' text columns, read as categoricals: the replay only ever factorises them
+TEXT_COLUMNS = ("host", "job_id", "user", "model")
+
+
+def _text_codes(col: pd.Series, missing: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(codes, names)``: each row's code into the sorted distinct texts ``names`` (a missing value reads ``missing``).
+
+    Categorical or not, a column is factorised once and only its distinct values become text:
+    ``1`` and ``"1"`` are one name, as ``astype(str)`` would make them.
+    """
+    codes, uniq = pd.factorize(col, use_na_sentinel=True)
+    texts = np.array([*[str(x) for x in uniq], missing], dtype=object)
+    names, inverse = np.unique(texts, return_inverse=True)
+    return inverse[np.where(codes < 0, len(texts) - 1, codes)], names
+
+
+def _small_unique(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``np.unique(key, return_inverse=True)`` for small non-negative integers (host x GPU numbers),
+    without sorting ten million of them: a table of the values present."""
+    if not len(key):
+        return key.copy(), np.zeros(0, dtype=np.int64)
+    present = np.zeros(int(key.max()) + 1, dtype=bool)
+    present[key] = True
+    rank = np.cumsum(present, dtype=np.int64) - 1
+    return np.nonzero(present)[0].astype(key.dtype), rank[key]
+
+
+def _sorted_factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``np.unique(values, return_inverse=True)`` for many rows of few distinct values (sample times):
+    hashed once, then only the distinct values are sorted."""
+    codes, uniq = pd.factorize(values, use_na_sentinel=False)
+    order = np.argsort(uniq, kind="stable")
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[order] = np.arange(len(uniq))
+    return np.asarray(uniq)[order], rank[codes]
+
+
+# -- the replay ------------------------------------------------------------------------------
+@dataclass
+class _Alloc:
+    """A job as the replay tracks it: its record, GPU rows and (simulated) end."""
+
+    job: Job
+    rows: np.ndarray
+    start: float
+    end: float  # when the trace says it ended (inf: still running at the trace end)
+    killed_at: float | None = None
+
+
+@dataclass
+class ReplayResult:
+    """What a replay found; :meth:`to_dict` is the ``gpu-cost replay --json`` payload."""
+
+    policy: str
+    mode: str
+    start: float | None = None
+    end: float | None = None
+    gpus: int = 0
+    jobs: int = 0
+    sweeps: int = 0
+    sample_interval_s: float = 0.0
+    gpu_hours: float = 0.0
+    allocated_gpu_hours: float = 0.0
+    idle_gpu_hours: float | None = 0.0
+    #: idle GPU-hours still held at the end (the same measure as ``idle_gpu_hours``, after the simulated kills)
+    idle_left_gpu_hours: float | None = None
+    reclaimed_gpu_hours: float = 0.0
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    false_kills: int = 0
+    false_kill_targets: list[str] = field(default_factory=list)
+    kills: int = 0
+    decisions: dict[str, int] = field(default_factory=dict)
+    approvals_requested: int = 0
+    #: every destructive rung that needed a human: ``{ts, target, job_id, rule, action, rung, user, confidence,
+    #: kind, asked, answer, reason}`` (``asked``: approver, or owner under ``--approvals owner``)
+    human_asked: list[dict[str, Any]] = field(default_factory=list)
+    human_asked_count: int = 0
+    capped_sweeps: int = 0
+    #: destructive actions the rolling caps held back (caps.rolling / caps.entry_points.sweep)
+    rolling_capped: int = 0
+    degraded_sweeps: int = 0
+    notes: list[str] = field(default_factory=list)
+    #: the savings ledger as the agent would have booked it: freed, re-used, observed waste on the targets
+    ledger: dict[str, Any] = field(default_factory=dict)
+    #: GPU-hours reclaimed per kind of job killed: service, training, interactive (ground truth when the trace has it)
+    reclaimed_by_kind: dict[str, float] = field(default_factory=dict)
+    #: idle GPU-hours measured on the killed targets before the kill, as a share of all idle GPU-hours
+    idle_acted_share: float | None = None
+    #: with a ground-truth ``behaviour`` column: per behaviour, jobs, found, notified, killed, false kills,
+    #: GPU-hours reclaimed by those kills (``reclaimed_gpu_hours``: the text summary prints these, not
+    #: ``reclaimed_by_kind``, so "killed" and "reclaimed" count the same jobs), median seconds from the
+    #: job's start (a zombie: its job's end; at the earliest the trace's start) to the first notice
+    by_behaviour: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in ("gpu_hours", "allocated_gpu_hours", "reclaimed_gpu_hours"):
+            d[k] = round(d[k], 2)
+        for k in ("idle_gpu_hours", "idle_left_gpu_hours"):
+            if d[k] is not None:
+                d[k] = round(d[k], 2)
+        d["start"] = iso(self.start) if self.start is not None else None
+        d["end"] = iso(self.end) if self.end is not None else None
+        d["reclaimed_share_of_idle"] = (round(self.reclaimed_gpu_hours / self.idle_gpu_hours, 3)
+                                        if self.idle_gpu_hours else None)
+        d["seconds"] = round(self.seconds, 1)
+        return d
+
+
+def replay_files(samples: str | Path | None, jobs: str | Path, policy: Policy, *, mode: str | None = "enforce",
+                 approvals: str = "approve", logs: str | Path | None = None, store: Any = None) -> ReplayResult:
+    """Read trace files and replay ``policy`` over them (see :func:`replay`).
+
+    :param logs: job log lines (``ts, job_id, stream, line``); default ``logs.csv`` beside ``jobs``
+        when it exists.
+    """
+    holder, jdf, ldf, notes = _read_trace(samples, jobs, logs)
+    # the replay drops the samples once they are dense: keep no other reference to them here
+    res = replay(holder, jdf, policy, mode=mode, approvals=approvals, logs=ldf, store=store)
+    res.notes[:0] = notes
+    return res
+
+
+def _read_trace(samples: str | Path | None, jobs: str | Path, logs: str | Path | None
+                ) -> tuple[list[pd.DataFrame] | None, pd.DataFrame, pd.DataFrame | None, list[str]]:
+    """Return ``([samples] or None, jobs, logs, notes)`` read from trace files (logs: ``logs.csv`` beside the jobs by default)."""
+    jdf = normalise_jobs(read_table(jobs, "jobs"), str(jobs))
+    notes = []
+    if logs is None and (Path(jobs).parent / "logs.csv").is_file():
+        logs = Path(jobs).parent / "logs.csv"
+        notes.append(f"job logs read from {logs} (beside the jobs file)")
+    ldf = read_logs(logs) if logs else None
+    if not samples:
+        return None, jdf, ldf, notes
+    return [normalise_samples(read_table(samples, "samples", REPLAY_SAMPLE_COLUMNS, categories=TEXT_COLUMNS),
+                              str(samples))], jdf, ldf, notes
+
+
+#: the dense matrices a replay reads; a simulated kill edits the first four: each replay gets its own copy of those
+_MATRICES = ("util", "mem", "job_code", "pid", "times", "hosts", "gpu_idx", "uuids", "mem_total", "models",
+             "job_names", "pid_start", "user", "user_names")
+
+
+@dataclass
+class PreparedTrace:
+    """A trace read and made dense once, replayed under many policies (``gpu-cost tune``).
+
+    Each :meth:`replay` copies the matrices a simulated kill edits and shares the rest, so N
+    replays read and prepare the trace once. ``idle_measure`` (``(util_max %, mem_min MiB)``) measures
+    ``idle_gpu_hours`` and ``idle_left_gpu_hours`` of every replay alike (None: each policy's own thresholds).
+    """
+
+    jobs: pd.DataFrame
+    logs: pd.DataFrame | None
+    #: the dense matrices (:data:`_MATRICES`); None: a jobs-only trace
+    matrices: dict[str, Any] | None
+    notes: list[str] = field(default_factory=list)
+    idle_measure: tuple[float, float] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.matrices is None
+
+    def replay(self, policy: Policy, *, mode: str | None = "enforce", approvals: str = "approve",
+               store: Any = None) -> ReplayResult:
+        """Replay ``policy`` over the prepared trace (:func:`replay`)."""
+        return replay(self, self.jobs, policy, mode=mode, approvals=approvals, logs=self.logs, store=store)
+
+
+def prepare_files(samples: str | Path | None, jobs: str | Path, logs: str | Path | None = None) -> PreparedTrace:
+    """Read trace files once and make them dense, for many replays (:class:`PreparedTrace`)."""
+    holder, jdf, ldf, notes = _read_trace(samples, jobs, logs)
+    return prepare(holder, jdf, ldf, notes=notes)
+
+
+def prepare(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFrame, logs: pd.DataFrame | None = None,
+            *, notes: list[str] | None = None) -> PreparedTrace:
+    """Make a trace (normalised frames; a one-element list hands the samples over) dense once (:class:`PreparedTrace`)."""
+    frame = (samples.pop() if samples else None) if isinstance(samples, list) else samples
+    jobs = normalise_jobs(jobs) if "start_ts" in jobs and not pd.api.types.is_float_dtype(jobs["start_ts"]) else jobs
+    if frame is None or frame.empty:
+        return PreparedTrace(jobs, logs, None, list(notes or []))
+    # the matrices are built by the replay's own code, on an engine that is never run
+    dense = _Replay.__new__(_Replay)
+    dense.res = ReplayResult(policy="", mode="")
+    dense._dense(frame, consume=isinstance(samples, list))
+    release_arrow_memory()
+    return PreparedTrace(jobs, logs, {k: getattr(dense, k, None) for k in _MATRICES}, [*(notes or []), *dense.res.notes])
+
+
+LOG_COLUMNS = ("ts", "job_id", "line")
+
+
+def read_logs(path: str | Path) -> pd.DataFrame:
+    """Read a trace's job log lines (``ts, job_id, [stream,] line``), sorted by time."""
+    df = read_table(path, "logs")
+    missing = [c for c in LOG_COLUMNS if c not in df.columns]
+    if missing:
+        raise TraceError(f"{path}: job logs need columns {', '.join(LOG_COLUMNS)}; missing {', '.join(missing)}")
+    df = df.assign(ts=_epoch_col(df["ts"], str(path), "ts"), job_id=df["job_id"].astype(str),
+                   line=df["line"].fillna("").astype(str))
+    return df.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def replay(samples: pd.DataFrame | list[pd.DataFrame] | PreparedTrace | None, jobs: pd.DataFrame, policy: Policy, *,
+           mode: str | None = "enforce", approvals: str = "approve", logs: pd.DataFrame | None = None,
+           store: Any = None) -> ReplayResult:
+    """Replay ``policy`` over a trace.
+
+    :param samples: trace samples (normalised); None for a jobs-only trace. A one-element list
+        hands the frame over: it is emptied once the dense matrices are built, to save memory. A
+        :class:`PreparedTrace` is replayed on copies of its matrices.
+    :param mode: ``enforce`` (default: as if enforced), ``notify``, ``dry-run``; None keeps the policy's.
+    :param approvals: ``approve`` (decisions needing a human are taken as approved), ``reject``, or ``owner``
+        (a destructive rung acts only once the target's owner answered "release it now"; none otherwise).
+    :param logs: job log lines (``ts, job_id, line``): each sweep reads the lines written by then,
+        as the live sweep reads a job's StdOut tail.
+    :param store: the audit store the replay's sweeps write to (escalations, decisions, usage,
+        baselines); default a throwaway one (:meth:`AuditStore.scratch`). A store given keeps what it held (a verifier
+        model, class baselines, outcomes learnt from earlier weeks) and what the replay adds.
+    """
+    t0 = time.time()
+    if approvals not in APPROVALS:
+        raise TraceError(f"approvals must be one of {', '.join(APPROVALS)}, got {approvals!r}")
+    policy = _with_mode(policy, mode or policy.mode)
+    jobs = normalise_jobs(jobs) if "start_ts" in jobs and not pd.api.types.is_float_dtype(jobs["start_ts"]) else jobs
+    res = ReplayResult(policy=policy.source, mode=policy.mode, jobs=len(jobs))
+    if isinstance(samples, list):
+        frame = samples.pop() if samples else None
+    else:
+        frame = samples
+    if frame is None or frame.empty:
+        _jobs_only(jobs, res)
+        res.seconds = time.time() - t0
+        return res
+    engine = _Replay(frame, jobs, policy, approvals, res, logs, consume=isinstance(samples, list))
+    engine.store = store
+    del frame
+    engine.run()
+    res.seconds = time.time() - t0
+    logger.info("replay: %d sweeps over %d GPUs in %.1fs: %d kills (%d false), %.1f GPU-h reclaimed", res.sweeps,
+                res.gpus, res.seconds, res.kills, res.false_kills, res.reclaimed_gpu_hours)
+    return res
+
+
+def _with_mode(policy: Policy, mode: str) -> Policy:
+    if mode not in ("dry-run", "notify", "enforce"):
+        raise TraceError(f"mode must be dry-run, notify or enforce, got {mode!r}")
+    new = dataclasses.replace(policy, mode=mode)  # type: ignore[arg-type]
+    object.__setattr__(new, "source", policy.source)
+    return new
+
+
+def _jobs_only(jobs: pd.DataFrame, res: ReplayResult) -> None:
+    start = jobs["start_ts"].to_numpy(dtype=float)
+    end = jobs["end_ts"].to_numpy(dtype=float) if "end_ts" in jobs else np.full(len(jobs), np.nan)
+    gpus = pd.to_numeric(jobs["gpus"], errors="coerce").fillna(0).to_numpy(dtype=float) if "gpus" in jobs else \
+        np.zeros(len(jobs))
+    ok = ~np.isnan(start) & ~np.isnan(end) & (end >= start)
+    res.allocated_gpu_hours = float(np.sum(gpus[ok] * (end[ok] - start[ok])) / 3600.0)
+    res.gpu_hours = res.allocated_gpu_hours
+    res.idle_gpu_hours = None
+    if ok.any():
+        res.start, res.end = float(np.min(start[ok])), float(np.max(end[ok]))
+    res.notes.append(JOBS_ONLY_NOTE)
+    if "gpus" not in jobs:
+        res.notes.append("the jobs have no gpus column: allocated GPU-hours count as 0")
+
+
+class _Replay:
+    """The simulation loop; state is the dense matrices (edited by simulated kills) and an audit store."""
+
+    def __init__(self, samples: pd.DataFrame | PreparedTrace, jobs: pd.DataFrame, policy: Policy, approvals: str,
+                 res: ReplayResult, logs: pd.DataFrame | None = None, *, consume: bool = False) -> None:
+        self.res = res
+        self.approvals = approvals
+        #: job id -> (times, lines, the log's size after each line) of its log, sorted: a sweep at t reads the
+        #: lines written by t
+        self.logs: dict[str, tuple[np.ndarray, list[str], np.ndarray]] = {}
+        if logs is not None and len(logs):
+            for jid, part in logs.groupby("job_id", sort=False):
+                lines = part["line"].tolist()
+                sizes = np.cumsum([len(x) + 1 for x in lines], dtype=np.int64)
+                self.logs[str(jid)] = (part["ts"].to_numpy(dtype=float), lines, sizes)
+        #: job id -> ground-truth behaviour, when the trace has one (a simulated trace's ``behaviour``)
+        self.truth: dict[str, str] = ({str(j): str(b) for j, b in zip(jobs["job_id"], jobs["behaviour"], strict=True)
+                                       if b == b and b} if "behaviour" in jobs.columns else {})
+        #: target -> (first finding ts, first notice ts)
+        self.first_seen: dict[str, float] = {}
+        self.first_notice: dict[str, float] = {}
+        #: process target -> the job its process belonged to
+        self._proc_job: dict[str, str] = {}
+        #: destructive actions carried out so far, in trace time, for the engine's rolling caps
+        self.history: list[dict[str, Any]] = []
+        #: decision id -> its entry in ``res.human_asked`` (a request is listed once)
+        self._asked_at: dict[str, dict[str, Any]] = {}
+        #: decision id -> idle GPU-hours measured on its target before the kill
+        self.waste_seen: dict[str, float] = {}
+        #: the audit store to replay into (None: a throwaway one)
+        self.store: Any = None
+        #: (util_max %, mem_min MiB) measuring idle GPU-hours; None: the policy's idle_allocation / zombie thresholds
+        self.idle_measure: tuple[float, float] | None = None
+        if isinstance(samples, PreparedTrace):
+            self._adopt(samples)
+        else:
+            self._dense(samples, consume)
+        if consume:
+            release_arrow_memory()  # the last columns dropped
+        n_g = len(self.hosts)
+        times = self.times
+        self.row_of = {(h, int(g)): i for i, (h, g) in enumerate(zip(self.hosts, self.gpu_idx, strict=True))}
+        self.dt = float(np.median(np.diff(times))) if len(times) > 1 else float(policy.sweep.sample_interval)
+        if abs(self.dt - policy.sweep.sample_interval) > 1e-6:
+            res.notes.append(f"the trace samples every {self.dt:g}s; replayed with sweep.sample_interval={self.dt:g}s "
+                             f"instead of the policy's {policy.sweep.sample_interval:g}s")
+            sweep_cfg = dataclasses.replace(policy.sweep, sample_interval=self.dt)
+            src = policy.source
+            policy = dataclasses.replace(policy, sweep=sweep_cfg)
+            object.__setattr__(policy, "source", src)
+        self.policy = policy
+        self.allocs = self._allocs(jobs)
+        res.gpus, res.start, res.end, res.sample_interval_s = n_g, float(times[0]), float(times[-1]), self.dt
+        self._totals()
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _dense(self, s: pd.DataFrame, consume: bool = False) -> None:
+        """Make the GPU x time matrices once (what :func:`gpu_cost.perceive.aggregate.to_dense` does, without copying the frame).
+
+        Strings (job ids, users) become integer codes into small name tables, so a 10 M-row
+        trace costs a few hundred MB, not gigabytes of Python strings. ``consume``: the frame was
+        handed over, and each column is dropped from it once it is in its matrix (a week's column
+        is 80 MB: they need not all be held beside the matrices).
+        """
+        from gpu_cost.perceive.aggregate import clean
+
+        def take(col: str) -> pd.Series:
+            values = s[col]
+            if consume:
+                del s[col]
+                release_arrow_memory()  # the columns dropped before this one
+            return values
+
+        host_codes, host_names = _text_codes(take("host"), "nan")
+        gpu = take("gpu").to_numpy(dtype=np.int64)
+        width = int(gpu.max()) + 1 if len(gpu) else 1
+        key = host_codes.astype(np.int64) * width + gpu
+        del host_codes, gpu
+        ukeys, rows = _small_unique(key)
+        del key
+        times, cols = _sorted_factorize(take("ts").to_numpy(dtype=float))
+        self.times = times
+        self.hosts = np.asarray(host_names, dtype=object)[ukeys // width]
+        self.gpu_idx = (ukeys % width).astype(np.int64)
+        n_g = len(ukeys)
+        self.uuids = np.full(n_g, "", dtype=object)
+        self.mem_total = np.full(n_g, np.nan)
+        self.models = np.full(n_g, "", dtype=object)
+        if "model" in s.columns:
+            mc, mn = _text_codes(take("model"))
+            self.models[rows] = mn[mc]
+            del mc
+        shape = (n_g, len(times))
+        # one flat index into the matrices instead of a row and a column index per sample
+        flat = rows.astype(np.int64) * shape[1] + cols
+        del rows, cols
+
+        def fill(values: np.ndarray, dtype: Any = float, default: Any = np.nan) -> np.ndarray:
+            out = np.full(shape, default, dtype=dtype)
+            out.ravel()[flat] = values
+            return out
+
+        util = fill(pd.to_numeric(take("util"), errors="coerce").to_numpy(dtype=float))
+        mem = fill(pd.to_numeric(take("mem_used_mib"), errors="coerce").to_numpy(dtype=float))
+        self.util, self.mem = clean(util, mem)
+        del util, mem
+        self.job_names = np.array([""], dtype=object)
+        if "job_id" in s.columns:
+            # the names are sorted and always hold the missing label "": it is code 0, as unlabelled cells
+            jc, self.job_names = _text_codes(take("job_id"))
+            self.job_code = fill(jc.astype(np.int32), np.int32, 0)
+            del jc
+        else:
+            self.job_code = np.zeros(shape, dtype=np.int32)
+        self.pid = self.pid_start = self.user = None
+        if "pid" not in s.columns:
+            self.res.notes.append("the samples have no pid column: zombie GPUs can be reported, not killed "
+                                  "(a process kill needs the process)")
+            return
+        pids = pd.to_numeric(take("pid"), errors="coerce").fillna(0).to_numpy(dtype=np.int64)
+        # process ids fit 32 bits on Linux (pid_max is at most 2^22): half the memory of a week's matrix
+        small = not len(pids) or (int(pids.min()) >= np.iinfo(np.int32).min and int(pids.max()) <= np.iinfo(np.int32).max)
+        pid = fill(pids.astype(np.int32) if small else pids, np.int32 if small else np.int64, 0)
+        del pids
+        # column where the current process of each GPU started (a PID change starts a new one)
+        start = np.zeros(shape, dtype=np.int32)
+        change = np.ones(shape, dtype=bool)
+        change[:, 1:] = pid[:, 1:] != pid[:, :-1]
+        start[change] = np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape)[change]
+        del change
+        np.maximum.accumulate(start, axis=1, out=start)
+        self.pid, self.pid_start = pid, start
+        if "user" in s.columns:
+            uc, un = _text_codes(take("user"))
+            self.user = fill(uc.astype(np.int32), np.int32, -1)
+            self.user_names = np.array([*un, ""], dtype=object)
+            del uc
+
+    def _adopt(self, prepared: PreparedTrace) -> None:
+        """Take a prepared trace's matrices: a copy of those a simulated kill edits, the others shared."""
+        assert prepared.matrices is not None
+        for k in _MATRICES:
+            value = prepared.matrices[k]
+            setattr(self, k, value.copy() if k in _MATRICES[:4] and value is not None else value)
+        self.res.notes.extend(prepared.notes)
+        self.idle_measure = prepared.idle_measure
+
+    def _labels(self, rows: Any, cols: Any) -> np.ndarray:
+        """Return the job labels of these cells (``""``: none), as the samples gave them."""
+        return self.job_names[self.job_code[rows, cols]]
+
+    def _allocs(self, jobs: pd.DataFrame) -> dict[str, _Alloc]:
+        by_label = self._rows_by_label()
+        t_end = float(self.times[-1])
+        out: dict[str, _Alloc] = {}
+        cols = set(jobs.columns)
+        for rec in jobs.to_dict("records"):
+            jid = str(rec["job_id"])
+            start = rec.get("start_ts")
+            if start is None or start != start:
+                continue
+            end = rec.get("end_ts")
+            end = math.inf if end is None or end != end else float(end)
+            if end < self.times[0] or start > t_end:
+                continue
+            rows = self._rows_of_ids(rec.get("gpu_ids", "")) if "gpu_ids" in cols else np.zeros(0, dtype=np.int64)
+            if not len(rows):
+                rows = by_label.get(jid, np.zeros(0, dtype=np.int64))
+            alloc: dict[str, list[int]] = {}
+            for r in rows:
+                alloc.setdefault(str(self.hosts[r]), []).append(int(self.gpu_idx[r]))
+            labels = tuple(x for x in str(rec.get("labels", "") or "").replace(";", ",").split(",") if x)
+            labels += labels_from_comment(str(rec.get("comment", "") or ""))
+            limit = rec.get("time_limit_s")
+            job = Job(
+                job_id=jid, user=str(rec.get("user") or ""), state="RUNNING", start_ts=float(start),
+                account=str(rec.get("account") or ""), partition=str(rec.get("partition") or ""),
+                qos=str(rec.get("qos") or ""), name=str(rec.get("name") or ""),
+                time_limit_s=float(limit) if limit is not None and limit == limit else None,
+                nodes=tuple(sorted(alloc)), gpu_alloc=tuple((h, tuple(sorted(i))) for h, i in sorted(alloc.items())),
+                gpus_requested=len(rows), labels=labels, batch=_flag(rec.get("batch")),
+            )
+            out[jid] = _Alloc(job, np.sort(rows), float(start), end)
+        return out
+
+    def _rows_by_label(self) -> dict[str, np.ndarray]:
+        """Return job id → GPU rows whose samples carry that job label."""
+        out: dict[str, list[int]] = {}
+        for r in range(self.job_code.shape[0]):
+            for code in np.unique(self.job_code[r]):
+                if code:
+                    out.setdefault(str(self.job_names[code]), []).append(r)
+        return {name: np.array(v, dtype=np.int64) for name, v in out.items()}
+
+    def _rows_of_ids(self, text: Any) -> np.ndarray:
+        rows = []
+        for part in str(text or "").split(","):
+            host, _, gpu = part.strip().rpartition(":")
+            if host and gpu.isdigit() and (host, int(gpu)) in self.row_of:
+                rows.append(self.row_of[(host, int(gpu))])
+        return np.array(rows, dtype=np.int64)
+
+    def _totals(self) -> None:
+        valid = ~np.isnan(self.util)
+        h = self.dt / 3600.0
+        self.res.gpu_hours = float(valid.sum() * h)
+        self.res.allocated_gpu_hours = float((self.job_code != 0).sum() * h)
+        self.res.idle_gpu_hours = self._idle_hours()
+
+    def _idle_hours(self) -> float:
+        """Return the GPU-hours held (by a job, or memory above the zombie floor) while idle, in the matrices now."""
+        p = self.policy
+        util_max, mem_min = self.idle_measure or (p.rules.idle_allocation.util_max, p.rules.zombie.mem_min_mib)
+        held = (self.job_code != 0) | (np.nan_to_num(self.mem, nan=0.0) > mem_min)
+        idle = ~np.isnan(self.util) & (np.nan_to_num(self.util, nan=100.0) < util_max)
+        return float((held & idle).sum() * self.dt / 3600.0)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        from gpu_cost.analyse import baselines
+        from gpu_cost.analyse.rules import run_rules
+        from gpu_cost.audit.store import AuditStore
+        from gpu_cost.loop import sweep
+        from gpu_cost.perceive.snapshot import from_matrix, rule_windows
+        from gpu_cost.report.usage import record_usage
+
+        p = self.policy
+        store = (self.store or AuditStore.scratch()).ensure_schema()
+        primary, others = rule_windows(p)
+        # the first sweep once the short windows are filled; a rule with a longer one (sessions: 2 h) reads
+        # its window as stale until then, and stale is never idle
+        first = float(self.times[0]) + max(w for w in [primary, *others, p.rules.idle_allocation.window]
+                                           if w <= FIRST_SWEEP_MAX_WAIT or w == primary)
+        step = p.sweep.interval
+        t = math.ceil(first / step) * step
+        last = float(self.times[-1])
+        lookback = p.sweep.lookback
+        from gpu_cost.perceive.aggregate import RollingWindows
+
+        # the lookback slides along the trace: its sums run along it once, each sweep reads them
+        self.rolling = RollingWindows(self.times, self.util, self.mem, p.sweep.busy_util)
+        starts = np.array([a.start for a in self.allocs.values()])
+        ends = np.array([a.end for a in self.allocs.values()])
+        alloc_list = list(self.allocs.values())
+        while t <= last + 1e-6:
+            lo = int(np.searchsorted(self.times, t - lookback, side="right"))
+            hi = int(np.searchsorted(self.times, t, side="right"))
+            live = np.nonzero((starts <= t) & (ends > t))[0]
+            jobs = [alloc_list[i].job for i in live if (alloc_list[i].killed_at or math.inf) > t]
+            running = {j.job_id for j in jobs}
+            snap = from_matrix(
+                policy=p, now=t, source="replay", hosts=self.hosts, gpus=self.gpu_idx, uuids=self.uuids,
+                models=self.models, mem_total=self.mem_total, times=self.times[lo:hi], util=self.util[:, lo:hi],
+                mem=self.mem[:, lo:hi], power=None, job=self._labels(slice(None), slice(max(lo, hi - 1), hi)), jobs=jobs,
+                processes=self._procs_at(hi - 1, running) if hi > lo else [], nodes=(), rolling=self.rolling,
+            )
+            if snap.degraded:
+                self.res.degraded_sweeps += 1
+            run_id = f"replay:{int(t)}"
+            snap.job_logs = self._logs_at(snap, t)
+            baselines.observe(store, snap, p, run_id=run_id)  # learnt from the trace up to t, never after
+            findings = run_rules(snap, p)
+            for f in findings:
+                if f.target not in self.first_seen:
+                    self.first_seen[f.target] = t
+                    if f.target_kind == "process":
+                        self._proc_job[f.target] = self._job_of_process(f.job_id, f.gpu_ids, t)
+            plan = sweep.plan(findings, snap, p, store, t, predicted_end={})
+            sweep.record(plan, store, run_id, t)
+            record_usage(store, snap, p, run_id=run_id)
+            for d in plan.decisions:
+                self.res.decisions[d.action] = self.res.decisions.get(d.action, 0) + 1
+            if plan.cap_violation:
+                self.res.capped_sweeps += 1
+            else:
+                self._act(plan.decisions, store, t, snap.gpu_count())
+            self.res.sweeps += 1
+            t += step
+        self._ledger(store, last)
+        self._outcomes()
+        self.res.idle_left_gpu_hours = self._idle_hours()
+
+    def _ledger(self, store: Any, until: float) -> None:
+        """Fill ``res.ledger`` from the savings the kills booked (the report's own functions)."""
+        from gpu_cost.report.ledger import reused
+
+        rows = store.query("SELECT * FROM gpu_cost_savings ORDER BY ts")
+        by_saving = reused(store, rows, until + self.policy.sweep.interval)
+        targets = []
+        for r in rows:
+            sid = str(r["saving_id"])
+            targets.append({"saving_id": sid, "target": r["target"], "freed_gpu_hours": round(float(r["gpu_hours"]), 4),
+                            "reused_gpu_hours": round(by_saving.get(sid, 0.0), 4),
+                            "observed_waste_gpu_hours": round(self.waste_seen.get(str(r["decision_id"]), 0.0), 4),
+                            "basis": r["basis"]})
+        self.res.ledger = {
+            "freed_gpu_hours": round(sum(x["freed_gpu_hours"] for x in targets), 2),
+            "reused_gpu_hours": round(sum(x["reused_gpu_hours"] for x in targets), 2),
+            "observed_waste_gpu_hours": round(sum(x["observed_waste_gpu_hours"] for x in targets), 2),
+            "freed_usd": round(sum(float(r["usd"] or 0.0) for r in rows), 2),
+            "savings": len(targets), "targets": targets,
+        }
+
+    def _logs_at(self, snap: Any, t: float) -> dict[str, dict[str, Any]]:
+        """Return the log tails a live sweep at ``t`` would have read (the same candidates, the same bound)."""
+        from gpu_cost.analyse.evidence import tail_lines
+        from gpu_cost.perceive.live import log_candidates
+
+        if not self.logs:
+            return {}
+        cfg = self.policy.evidence.job_log
+        out = {}
+        for job in log_candidates(snap, self.policy):
+            found = self.logs.get(job.job_id)
+            if found is None:
+                continue
+            times, lines, sizes = found
+            n = int(np.searchsorted(times, t, side="right"))
+            text = tail_lines(lines[max(0, n - 400):n], cfg.max_bytes)
+            out[job.job_id] = {"path": f"slurm-{job.job_id}.out", "text": text,
+                               "size": int(sizes[n - 1]) if n else 0, "mtime": float(times[n - 1]) if n else None}
+        return out
+
+    def _outcomes(self) -> None:
+        """Sum up, per kind of job, what was reclaimed and how soon the owners were told."""
+        by_kind: dict[str, float] = {}
+        for a in self.res.actions:
+            if a.get("freed_gpu_hours") is None:
+                continue
+            kind = self._kind(a)
+            by_kind[kind] = round(by_kind.get(kind, 0.0) + float(a["freed_gpu_hours"]), 3)
+        self.res.reclaimed_by_kind = by_kind
+        if self.res.idle_gpu_hours:
+            self.res.idle_acted_share = round(sum(self.waste_seen.values()) / self.res.idle_gpu_hours, 3)
+        if not self.truth:
+            return
+        out: dict[str, dict[str, Any]] = {}
+        for jid, beh in sorted(self.truth.items()):
+            alloc = self.allocs.get(jid)
+            if alloc is None:
+                continue
+            row = out.setdefault(beh, {"jobs": 0, "found": 0, "notified": 0, "killed": 0, "false_kills": 0,
+                                       "first_notice_after_start_s": []})
+            row["jobs"] += 1
+            targets = [t for t in self.first_seen if t == f"job:{jid}" or self._proc_job.get(t) == jid]
+            if targets:
+                row["found"] += 1
+            notices = [self.first_notice[t] for t in targets if t in self.first_notice]
+            if notices:
+                row["notified"] += 1
+                zombie = any(t.startswith("proc:") for t in targets) and alloc.end != math.inf
+                ref = alloc.end if zombie else alloc.start
+                row["first_notice_after_start_s"].append(min(notices) - max(ref, float(self.times[0])))
+        for row in out.values():
+            row["reclaimed_gpu_hours"] = 0.0
+        for act in self.res.actions:
+            job_of = act.get("job_id") or self._proc_job.get(str(act["target"]), "")
+            truth = self.truth.get(str(job_of))
+            if act["action"] in KILL_ACTIONS and truth in out:
+                out[str(truth)]["killed"] += 1
+                out[str(truth)]["false_kills"] += int(bool(act.get("false_kill")))
+            if act.get("freed_gpu_hours") is not None and truth in out:
+                # the kill's GPU time counts for the behaviour of the job it ended (an idle job, a zombie's):
+                # the same jobs the row's "killed" counts, one definition for both
+                row = out[str(truth)]
+                row["reclaimed_gpu_hours"] = round(row["reclaimed_gpu_hours"] + float(act["freed_gpu_hours"]), 3)
+        for row in out.values():
+            delays = row.pop("first_notice_after_start_s")
+            row["median_first_notice_s"] = round(float(np.median(delays))) if delays else None
+        self.res.by_behaviour = out
+
+    def _job_of_process(self, job_id: str | None, gpu_ids: Any, t: float) -> str:
+        """Return the job label the process's GPU carried when the process was last seen (its job's id)."""
+        if job_id:
+            return str(job_id)
+        col = int(np.searchsorted(self.times, t, side="right")) - 1
+        for gid in gpu_ids or []:
+            host, _, gpu = str(gid).rpartition(":")
+            row = self.row_of.get((host, int(gpu))) if gpu.isdigit() else None
+            if row is None or col < 0:
+                continue
+            labels = self._labels(row, slice(0, col + 1))
+            named = np.nonzero(labels != "")[0]
+            if len(named):
+                return str(labels[named[-1]])
+        return ""
+
+    def _kind(self, action: Mapping[str, Any]) -> str:
+        """Return the kind of the acted job: the trace's ground truth when it has one, else the agent's view."""
+        beh = self.truth.get(str(action.get("job_id")))
+        if beh:
+            return "service" if beh in ("service", "inference", "replica") else ("interactive" if beh == "interactive" else
+                                                                     "training")
+        return str(action.get("kind") or "training")
+
+    def _procs_at(self, col: int, running: set[str]) -> list[GpuProcess]:
+        if self.pid is None or col < 0:
+            return []
+        pids = self.pid[:, col]
+        labels = self._labels(slice(None), col)
+        rows = np.nonzero(pids > 0)[0]
+        out = []
+        for r in rows:
+            label = labels[r]
+            if label and label in running:
+                continue  # a running job's own process: the allocation already attributes the GPU
+            user = ""
+            if self.user is not None:
+                user = str(self.user_names[self.user[r, col]])  # -1 (no user) is the trailing ""
+            mem = self.mem[r, col]
+            out.append(GpuProcess(
+                host=str(self.hosts[r]), pid=int(pids[r]), gpu_uuid=str(self.uuids[r]), gpu=int(self.gpu_idx[r]),
+                used_mib=float(mem) if mem == mem else 0.0, start_ts=float(int(self.times[self.pid_start[r, col]])),  # type: ignore[index]
+                job_id=str(label) or None, user=user,
+            ))
+        return out
+
+    def _act(self, decisions: list[Decision], store: Any, t: float, total_gpus: int) -> None:
+        """Carry out the engine's acting decisions in simulation; the approvals and the rolling caps
+        (the engine's own :func:`~gpu_cost.decide.engine.rolling_cap_violation`, counted in trace time)
+        decide what happens, as the dispatcher's do on a cluster."""
+        from gpu_cost.decide.engine import rolling_cap_violation
+
+        released = {}
+        if self.approvals == "owner" and any(d.acts and d.destructive for d in decisions):
+            from gpu_cost.decide.answers import owner_releases
+
+            released = owner_releases(store, sorted({d.target for d in decisions if d.acts and d.destructive}))
+        for d in decisions:
+            if not d.acts:
+                continue
+            if d.requires_approval:
+                self.res.approvals_requested += 1
+            if d.destructive and (d.requires_approval or self.approvals == "owner"):
+                ok = (self.approvals == "approve" or
+                      (self.approvals == "owner" and released.get(d.target, math.inf) <= t))
+                self._asked(d, t, ok)
+                if self.approvals == "owner" and not ok:
+                    continue  # the request waits for the owner's answer: asked again next sweep, listed once
+                if not ok:
+                    store.set_approval(d.decision_id, "rejected", "replay", t)
+                    continue
+            elif d.requires_approval and self.approvals != "approve":
+                store.set_approval(d.decision_id, "rejected", "replay", t)
+                continue
+            if d.destructive:
+                if rolling_cap_violation([h for h in self.history if h["started_at"] > t - 86400.0], d, self.policy,
+                                         entry="sweep", total_gpus=total_gpus, now=t):
+                    self.res.rolling_capped += 1
+                    continue
+                self.history.append({"started_at": t, "gpus": d.gpus, "entry": "sweep", "target": d.target,
+                                     "action": d.action})
+            store.execute("advance_escalation", {"rule": d.rule, "target": d.target, "track": "live",
+                                                 "episode": d.episode, "rung": d.rung, "now": t})
+            entry = {"ts": iso(t), "target": d.target, "job_id": d.job_id, "rule": d.rule, "action": d.action,
+                     "user": d.user, "gpus": d.gpus, "requires_approval": d.requires_approval}
+            if d.action in NOTICE_ACTIONS:
+                self.first_notice.setdefault(d.target, t)
+            klass = d.evidence.get("class") or {}
+            entry["kind"] = "service" if d.evidence.get("inference") else (
+                "interactive" if d.evidence.get("interactive") else str(klass.get("kind") or "training"))
+            if d.action in KILL_ACTIONS:
+                entry.update(self._kill(d, t))
+                self._book(d, store, t)
+            self.res.actions.append(entry)
+
+    def _asked(self, d: Decision, t: float, yes: bool) -> None:
+        """Record a destructive rung a human was asked about (once per decision), with what the request showed them."""
+        asked = self._asked_at.get(d.decision_id)
+        if asked is not None:
+            if yes:
+                asked["answer"] = f"released by the owner at {iso(t)}"
+            return
+        klass = d.evidence.get("class") or {}
+        answer = {"approve": "approved", "reject": "rejected"}.get(self.approvals) or (
+            "released by the owner" if yes else "no release by the owner")
+        self.res.human_asked.append({
+            "ts": iso(t), "target": d.target, "job_id": d.job_id, "rule": d.rule, "action": d.action, "rung": d.rung,
+            "user": d.user, "confidence": d.evidence.get("confidence"),
+            "kind": "service" if d.evidence.get("inference") else str(klass.get("kind") or "unknown"),
+            "asked": "owner" if self.approvals == "owner" else "approver", "answer": answer, "reason": d.reason})
+        self._asked_at[d.decision_id] = self.res.human_asked[-1]
+        self.res.human_asked_count = len(self.res.human_asked)
+
+    def _book(self, d: Decision, store: Any, t: float) -> None:
+        """Book the kill's saving in the ledger, as the dispatcher's savings hook does after a live action."""
+        from gpu_cost.act.savings import saving_row
+
+        if d.decision_id not in self.waste_seen:
+            return  # not in the trace: nothing was freed
+        model = ""
+        ids = list(d.evidence.get("gpu_ids") or [])
+        if ids:
+            host, _, gpu = str(ids[0]).rpartition(":")
+            row = self.row_of.get((host, int(gpu))) if gpu.isdigit() else None
+            model = str(self.models[row]) if row is not None else ""
+        saving = saving_row(d, self.policy, store, t, model)
+        if saving is not None:
+            store.execute("insert_saving", {**saving, "run_id": f"replay:{int(t)}", "data_ts": t})
+
+    def _kill(self, d: Decision, t: float) -> dict[str, Any]:
+        p = self.policy
+        kc = int(np.searchsorted(self.times, t, side="right"))
+        if d.target_kind == "job" and d.job_id in self.allocs:
+            a = self.allocs[d.job_id]
+            rows = a.rows
+            ec = np.full(len(rows), int(np.searchsorted(self.times, a.end, side="left")) if a.end != math.inf
+                         else len(self.times))
+            ends = np.full(len(rows), min(a.end, float(self.times[-1]) + self.dt))
+            a.killed_at = t
+            window, thr = p.rules.idle_allocation.window, p.rules.idle_allocation.util_max
+        elif d.target_kind == "process" and self.pid is not None:
+            rows = np.array([self.row_of[(h, int(g))] for h, _, g in (x.rpartition(":") for x in d.evidence.get(
+                "gpu_ids", [])) if (h, int(g)) in self.row_of], dtype=np.int64)
+            pid = int(d.evidence.get("pid") or 0)
+            ec = np.empty(len(rows), dtype=np.int64)
+            for i, r in enumerate(rows):
+                other = np.nonzero(self.pid[r, kc:] != pid)[0]
+                ec[i] = kc + int(other[0]) if len(other) else len(self.times)
+            ends = np.array([float(self.times[c]) if c < len(self.times) else float(self.times[-1]) + self.dt
+                             for c in ec])
+            window, thr = p.rules.zombie.window, p.rules.zombie.util_max
+        else:
+            return {"freed_gpu_hours": 0.0, "false_kill": False, "note": "target not in the trace"}
+        self.res.kills += 1
+        wc = int(np.searchsorted(self.times, t - window, side="right"))
+        # the waste measured on the target before the kill: its idle GPU samples since it started
+        if d.target_kind == "job":
+            sc = int(np.searchsorted(self.times, self.allocs[str(d.job_id)].start, side="left"))
+            seen = [self.util[r, sc:kc] for r in rows]
+        else:
+            pid = int(d.evidence.get("pid") or 0)
+            seen = [self.util[r, :kc][self.pid[r, :kc] == pid] for r in rows]  # type: ignore[index]
+        self.waste_seen[d.decision_id] = float(sum(
+            np.count_nonzero(np.nan_to_num(u, nan=np.inf) < thr) for u in seen)) * self.dt / 3600.0
+        active = False
+        for i, r in enumerate(rows):
+            seg = self.util[r, wc:ec[i]]
+            if np.any(np.nan_to_num(seg, nan=0.0) >= thr):
+                active = True
+            self.util[r, kc:ec[i]] = 0.0
+            self.mem[r, kc:ec[i]] = 0.0
+            self.job_code[r, kc:ec[i]] = 0
+            if self.pid is not None:
+                self.pid[r, kc:ec[i]] = 0
+        self.rolling.refresh(rows)  # the freed GPUs read idle from the kill on
+        freed = float(np.sum(np.maximum(0.0, ends - t)) / 3600.0)
+        self.res.reclaimed_gpu_hours += freed
+        if active:
+            self.res.false_kills += 1
+            self.res.false_kill_targets.append(d.target)
+        return {"freed_gpu_hours": round(freed, 3), "false_kill": active}
+
+
+def summary_text(r: Mapping[str, Any]) -> str:
+    """Return the human summary of a replay payload."""
+    lines = [f"replay of {r['policy']} as {r['mode']}: {r['gpus']} GPUs, {r['jobs']} jobs, {r['sweeps']} sweeps "
+             f"({r['start']} → {r['end']}) in {r['seconds']}s"]
+    idle = "n/a" if r["idle_gpu_hours"] is None else f"{r['idle_gpu_hours']:,.1f}"
+    lines.append(f"  GPU-hours {r['gpu_hours']:,.1f}  allocated {r['allocated_gpu_hours']:,.1f}  idle (held) {idle}")
+    lines.append(f"  reclaimed {r['reclaimed_gpu_hours']:,.1f} GPU-h by {r['kills']} kill(s); "
+                 f"false kills: {r['false_kills']}")
+    led = r.get("ledger") or {}
+    if led.get("savings"):
+        lines.append(f"  savings ledger: freed {led['freed_gpu_hours']:,.1f} GPU-h, re-used by other jobs "
+                     f"{led['reused_gpu_hours']:,.1f}; waste observed on those targets {led['observed_waste_gpu_hours']:,.1f}")
+    if r.get("reclaimed_by_kind") and not r.get("by_behaviour"):
+        # without ground truth, the agent's view of each job; with it, the per-behaviour rows below say it
+        kinds = ", ".join(f"{k} {v:,.1f}" for k, v in sorted(r["reclaimed_by_kind"].items()))
+        lines.append(f"  reclaimed by kind of job (GPU-h): {kinds}")
+    if r.get("idle_acted_share") is not None:
+        lines.append(f"  idle GPU-hours on the killed targets: {100 * r['idle_acted_share']:.1f} % of all idle GPU-hours")
+    for beh, row in sorted((r.get("by_behaviour") or {}).items()):
+        first = "" if row["median_first_notice_s"] is None else f", first notice after {row['median_first_notice_s'] / 60:.0f} min"
+        lines.append(f"  {beh}: {row['jobs']} job(s), found {row['found']}, notified {row['notified']}, killed "
+                     f"{row['killed']} ({row['false_kills']} false), reclaimed "
+                     f"{row.get('reclaimed_gpu_hours') or 0.0:,.1f} GPU-h{first}")
+    lines.append(f"  decisions: {r['decisions']}; approvals requested {r['approvals_requested']}; "
+                 f"capped sweeps {r['capped_sweeps']}")
+    asked = r.get("human_asked") or []
+    if asked:
+        conf = sorted(float(a["confidence"]) for a in asked if a.get("confidence") is not None)
+        shown = f"; confidence shown {conf[0]:.2f}-{conf[-1]:.2f}" if conf else ""
+        lines.append(f"  destructive rungs a human was asked about: {len(asked)}{shown}")
+    lines += [f"  note: {n}" for n in r["notes"]]
+    return "\n".join(lines)
+
+
+def _flag(value: Any) -> bool | None:
+    """Return a trace's boolean column value (True/False, 1/0, "true"/"false"), None when absent."""
+    if value is None or value != value or value == "":
+        return None
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "y", "t")
+    return bool(value)
