@@ -24,8 +24,8 @@ time (docs/rightsizing.md); `gpu-cost rightsize show` prints it.
 
 **Knobs.** Params `policy` (a policy of `GPU_COST_POLICY_DIR`, by name), `source` (`sim` / `slurm` / `store` / `trace`) and `jobs`
 (for `trace`: a jobs trace file of the trace folder `GPU_COST_TRACE_DIR`, default `$GPU_COST_HOME/traces`,
-by name; a path, a URL, `..` or a symlink out of the folder fails `extract`, naming the param); or
-`GPU_COST_FORECAST_SOURCE` / `GPU_COST_SOURCE`.
+by name; a path, a URL, `..` or a symlink out of the folder fails `extract`, naming the param); `source`
+`configured` (the default) reads `GPU_COST_FORECAST_SOURCE`, else `GPU_COST_SOURCE`, else the policy's.
 `GPU_COST_FORECAST_SCHEDULE` (cron, default `0 2 * * *`; `none`: manual triggers only).
 
 **Owner / triage.** GPU platform team. `extract` failing: the history source is unreachable (see
@@ -59,8 +59,8 @@ DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 2, "retry_delay": dt.timedel
     doc_md=__doc__,
     params={
         "policy": runtime.policy_param(),
-        "source": Param(None, type=["null", "string"], enum=[None, "sim", "slurm", "store", "trace"],
-                        description="Job history source; empty: GPU_COST_FORECAST_SOURCE, GPU_COST_SOURCE or the policy's"),
+        "source": runtime.source_param(["sim", "slurm", "store", "trace"], env=forecast_tasks.SOURCE_ENV,
+                                       what="Where the run reads the job history from"),
         "jobs": Param(None, type=["null", "string"], pattern=runtime.NESTED_NAME.pattern, title="Jobs trace",
                       description="Source trace: a jobs trace file of the deployment's trace folder "
                                   "(GPU_COST_TRACE_DIR), by name (jobs.csv, 2026/jobs.parquet), never a path or URL"),

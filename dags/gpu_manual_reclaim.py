@@ -61,8 +61,7 @@ PARAMS = {
     "override_justification": Param(None, type=["null", "string"], maxLength=500, title="Override justification",
                                     description=f"Required (at least {MIN_REASON} characters) when overriding."),
     "policy": runtime.policy_param(),
-    "source": Param(None, type=["null", "string"], enum=[None, "sim", "prometheus"], title="Data source",
-                    description="Empty: GPU_COST_SOURCE or the policy's."),
+    "source": runtime.source_param(["sim", "prometheus"]),
 }
 
 

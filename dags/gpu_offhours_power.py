@@ -54,8 +54,7 @@ DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 1, "retry_delay": dt.timedel
     params={
         "dry_run": Param(True, type="boolean", description="Record what would be done; power nothing"),
         "policy": runtime.policy_param(),
-        "source": Param(None, type=["null", "string"], enum=[None, "sim", "slurm", "prometheus"],
-                        description="sim, slurm (nodes and jobs only) or prometheus (with GPU metrics)"),
+        "source": runtime.source_param(["sim", "slurm", "prometheus"]),
     },
 )
 def gpu_offhours_power() -> None:

@@ -20,7 +20,8 @@ install it the way policies are installed.
 `summary.md`, `pareto.png`, `tune.json`, `proposed.yaml`.
 
 **Knobs.** Params `days` (history replayed, 1-90), `space` (a search space of the tune folder
-`GPU_COST_TUNE_DIR`, default `include/tune`, by name), `policy`, `max_candidates` (a larger grid is
+`GPU_COST_TUNE_DIR`, default `include/tune`, by name: the form suggests the shipped ones, a typed name the
+folder lacks fails `plan`, naming the ones it holds), `policy`, `max_candidates` (a larger grid is
 sampled at random), `seed`. See docs/tune.md for the space format and how the trace is rebuilt.
 
 **Owner / triage.** GPU platform team. "no usage rows" means no sweep recorded usage in the window
@@ -38,7 +39,6 @@ from airflow.sdk import Param, dag, task
 from gpu_cost.airflow import runtime, tune_tasks
 
 DEFAULT_ARGS = {"owner": "gpu-platform", "retries": 1, "retry_delay": dt.timedelta(minutes=2)}
-SPACES = tune_tasks.space_names() or [tune_tasks.DEFAULT_SPACE]
 
 
 @dag(
@@ -54,9 +54,7 @@ SPACES = tune_tasks.space_names() or [tune_tasks.DEFAULT_SPACE]
         "days": Param(tune_tasks.DEFAULT_DAYS, type="integer", minimum=tune_tasks.MIN_DAYS,
                       maximum=tune_tasks.MAX_DAYS, title="Days of history",
                       description="Replay the audit store's usage rows of this many days before the run."),
-        "space": Param(tune_tasks.DEFAULT_SPACE if tune_tasks.DEFAULT_SPACE in SPACES else SPACES[0], type="string",
-                       enum=SPACES, title="Search space",
-                       description="A search space of the deployment's tune folder (GPU_COST_TUNE_DIR), by name."),
+        "space": tune_tasks.space_param(),
         "policy": runtime.policy_param(),
         "max_candidates": Param(48, type="integer", minimum=1, maximum=500, title="Most candidates",
                                 description="The whole grid when it has at most this many, else this many drawn "

@@ -21,9 +21,10 @@ snapshots together and ONE `decide` takes every group's findings (one engine, ca
 `notify` tells people and does nothing destructive, `enforce` acts.
 
 **Knobs.** Params `policy` (a policy of the deployment's directory `GPU_COST_POLICY_DIR`, by
-name, never a path) and `source` (`sim` / `prometheus`), or the environment variables
-`GPU_COST_POLICY` and `GPU_COST_SOURCE`; `GPU_COST_SWEEP_SCHEDULE` (cron,
-default every 5 minutes; `none`: manual triggers only); `GPU_COST_SLURM=local|ssh` says
+name, never a path; the form suggests the shipped names, a typed name the directory lacks fails
+`check_policy`) and `source` (`configured`, the default: `GPU_COST_SOURCE`, else the policy's; or
+`sim` / `prometheus`), or the environment variables `GPU_COST_POLICY` and `GPU_COST_SOURCE`;
+`GPU_COST_SWEEP_SCHEDULE` (cron, default every 5 minutes; `none`: manual triggers only); `GPU_COST_SLURM=local|ssh` says
 where Slurm commands run.
 
 **Owner / triage.** GPU platform team. `gpu-cost audit --job ID` shows what the agent decided
@@ -45,7 +46,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pendulum
-from airflow.sdk import Param, PokeReturnValue, dag, task
+from airflow.sdk import PokeReturnValue, dag, task
 
 from gpu_cost.airflow import runtime, sweep_tasks
 from gpu_cost.airflow.approval import RecordingApprovalOperator
@@ -74,8 +75,7 @@ SCHEDULE = runtime.schedule("GPU_COST_SWEEP_SCHEDULE", "*/5 * * * *")
     doc_md=__doc__,
     params={
         "policy": runtime.policy_param(),
-        "source": Param(None, type=["null", "string"], enum=[None, "sim", "prometheus"],
-                        description="Data source; empty: GPU_COST_SOURCE or the policy's"),
+        "source": runtime.source_param(["sim", "prometheus"]),
     },
 )
 def gpu_zombie_sweep() -> None:

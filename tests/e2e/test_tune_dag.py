@@ -47,7 +47,7 @@ def test_tune_dag_replays_candidates_on_the_usage_rows_and_writes_its_report(  #
     spaces = tmp_path / "spaces"
     spaces.mkdir()
     (spaces / "small.yaml").write_text(SPACE)
-    monkeypatch.setenv("GPU_COST_TUNE_DIR", str(spaces))  # read when the DAG file is parsed: the form's enum
+    monkeypatch.setenv("GPU_COST_TUNE_DIR", str(spaces))  # read when the run starts, never when the file is parsed
     monkeypatch.setenv("GPU_COST_POLICY_DIR", str(tmp_path / "policies"))
     policy = _policy(tmp_path / "policies")
     running = paths.default_policy()
@@ -55,7 +55,7 @@ def test_tune_dag_replays_candidates_on_the_usage_rows_and_writes_its_report(  #
     seed_week(AuditStore(f"sqlite:///{db}").ensure_schema(), load_policy(None), WHEN.timestamp(), nodes=2, days=1)
 
     dag = fresh_dag(DAG_ID)
-    assert dag.params.get_param("space").schema["enum"] == ["small"]
+    assert dag.params.get_param("space").schema["examples"] == ["default"]  # the shipped names, not the folder's
     dr = dag.test(run_conf={"days": 1, "space": "small", "max_candidates": 4, "policy": policy}, logical_date=WHEN)
     states = {ti.task_id: ti.state for ti in dr.get_task_instances()}
     assert dr.state == "success", states

@@ -60,7 +60,8 @@ def test_the_form_field_itself_refuses_a_path(policy_dir: Path) -> None:
     from gpu_cost.airflow import runtime
 
     param = runtime.policy_param()
-    assert isinstance(param, Param) and param.schema["examples"] == ["prod"]
+    # the form suggests the shipped names, never the directory's (a new file must not re-version the DAG)
+    assert isinstance(param, Param) and param.schema["examples"] == list(runtime.SHIPPED_POLICIES)
     assert param.resolve("prod") == "prod"
     with pytest.raises(ParamValidationError):
         param.resolve("/work/include/policy/default.yaml")

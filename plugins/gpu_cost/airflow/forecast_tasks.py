@@ -23,6 +23,8 @@ def _instant(context: Mapping[str, Any], policy: Any) -> float:
     return float(t // 3600 * 3600)
 
 
+#: where the nightly run's configured history source comes from before the policy's ``sweep.source``
+SOURCE_ENV = ("GPU_COST_FORECAST_SOURCE", *runtime.SOURCE_ENV)
 #: the folder a run's ``jobs`` param names a trace of (``GPU_COST_TRACE_DIR``; default ``<GPU_COST_HOME>/traces``)
 TRACE_DIR_ENV = "GPU_COST_TRACE_DIR"
 
@@ -69,8 +71,7 @@ def extract(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
     if not policy.forecast.enabled:
         logger.info("forecast disabled in %s: nothing to do", policy.source)
         return {"now": _instant(context, policy), "keys": [], "disabled": True, "run_id": run_id}
-    source = params.get("source") or os.environ.get("GPU_COST_FORECAST_SOURCE") or os.environ.get("GPU_COST_SOURCE") \
-        or policy.sweep.source
+    source = runtime.source_from(policy, params, env=SOURCE_ENV)
     now = _instant(context, policy)
     ref = nightly.extract(policy, now, str(source), store, jobs_path=jobs_path, run_id=run_id)
     ref["run_id"] = run_id
@@ -111,7 +112,8 @@ def finish(ref: Mapping[str, Any], results: Sequence[Mapping[str, Any]], runtime
     """Write the backtest rows; return the night's figures (the DAG's XCom result)."""
     from gpu_cost.capacity.forecast import nightly
 
-    return nightly.finish(runtime.store(), float(ref["now"]), list(results or []), runtime_out, run_id=ref.get("run_id"))
+    return nightly.finish(runtime.store(), float(ref["now"]), runtime.mapped_values(results), runtime_out,
+                          run_id=ref.get("run_id"))
 
 
 def train_verifier(ref: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -152,18 +152,38 @@ def named_file(folder: Path, name: object, *, param: str) -> Path | None:
     return None
 
 
-def policy_param() -> Any:
-    """Return the DAG param that names a run's policy: a name from the policy directory, never a path.
+#: the policies the package ships in ``include/policy/``, with what each is: constant for a release, so the
+#: trigger forms offer them without listing a folder at parse time (a new file there would make a new
+#: version of every DAG). A run may name any policy of :func:`policy_dir`; :func:`resolve_policy` checks it.
+SHIPPED_POLICIES: dict[str, str] = {"default": "the shipped policy, dry-run: records what it would do, acts on nothing"}
 
-    The form offers the directory's policies (read when the DAG file is parsed: a local listing,
-    no connection); the name is checked again when the run starts (:func:`resolve_policy`).
+
+def name_param(default: str | None, shipped: Mapping[str, str], *, title: str, what: str) -> Any:
+    """Return a form field that names a file of a configured folder (a policy, a search space).
+
+    Free text (the deployment's own names are typed) with the ``shipped`` names offered as suggestions
+    and explained in the description. Nothing here reads the folder: the serialized DAG, and so its
+    version, stays the same when files are added; the name is checked when the run starts. ``what``
+    says which folder, and what an empty value means where ``default`` is None.
     """
     from airflow.sdk import Param
 
-    return Param(None, type=["null", "string"], pattern=POLICY_NAME.pattern, examples=policy_names() or None,
-                 title="Policy",
-                 description="A policy of the deployment's policy directory (GPU_COST_POLICY_DIR), by name; "
-                             "empty: the deployment's default (GPU_COST_POLICY). The run pins it when it starts.")
+    offered = "; ".join(f"{name}: {label}" for name, label in shipped.items())
+    return Param(default, type=["null", "string"] if default is None else "string", pattern=POLICY_NAME.pattern,
+                 examples=list(shipped), title=title,
+                 description=f"{what} Shipped with the package: {offered}. Type your deployment's own names; a "
+                             "name the folder does not hold fails the run's first task, naming the ones it holds.")
+
+
+def policy_param() -> Any:
+    """Return the DAG param that names a run's policy: a name from the policy directory, never a path.
+
+    The form suggests the shipped policies (:data:`SHIPPED_POLICIES`) and takes any name typed; the
+    name is checked when the run starts (:func:`resolve_policy`), which pins the policy.
+    """
+    return name_param(None, SHIPPED_POLICIES, title="Policy",
+                      what="A policy of the deployment's policy directory (GPU_COST_POLICY_DIR), by name, never a "
+                           "path; empty: the deployment's default (GPU_COST_POLICY). The run pins it when it starts.")
 
 
 def resolve_policy(name: str | None) -> Path:
@@ -233,10 +253,54 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def source_from(policy: Policy, params: Mapping[str, Any] | None = None) -> str:
-    """Return the source: the run's ``source`` param, ``GPU_COST_SOURCE``, or the policy's."""
-    chosen = (params or {}).get("source") or os.environ.get("GPU_COST_SOURCE") or policy.sweep.source
-    return str(chosen)
+#: the word a data source field offers for "what the deployment configured"; an older run's None (or no
+#: ``source`` at all, from the REST API or the CLI) means the same
+CONFIGURED_SOURCE = "configured"
+#: where the configured source comes from before the policy's ``sweep.source``
+SOURCE_ENV: tuple[str, ...] = ("GPU_COST_SOURCE",)
+#: what each data source a run may choose reads, in the forms' words
+SOURCE_LABELS: dict[str, str] = {
+    "sim": "Simulator (sim)",
+    "prometheus": "Prometheus GPU metrics (prometheus)",
+    "slurm": "Slurm alone: nodes and jobs, no GPU metrics (slurm)",
+    "store": "The audit store's own job rows (store)",
+    "trace": "A jobs trace of the trace folder (trace)",
+}
+
+
+def source_param(choices: Sequence[str], *, env: Sequence[str] = SOURCE_ENV,
+                 what: str = "Where the run reads the cluster from") -> Any:
+    """Return a DAG's "Data source" field: ``configured`` (the default) or one of ``choices``, each with a label.
+
+    The one form of every DAG's source param. None stays valid for a run triggered through the REST
+    API or the CLI with an older conf (it is listed last, labelled, so the form never shows "null");
+    :func:`source_from` maps both back to ``env``, else the policy's ``sweep.source``.
+    """
+    from airflow.sdk import Param
+
+    unknown = [c for c in choices if c not in SOURCE_LABELS]
+    if unknown:
+        raise ValueError(f"no label for the data source(s) {', '.join(unknown)}: add them to SOURCE_LABELS")
+    where = ", else ".join([*env, "the policy's sweep.source"])
+    display = {CONFIGURED_SOURCE: f"As configured ({where})", **{c: SOURCE_LABELS[c] for c in choices},
+               "null": "Not set: as configured"}
+    return Param(CONFIGURED_SOURCE, type=["null", "string"], enum=[CONFIGURED_SOURCE, *choices, None],
+                 values_display=display, title="Data source",
+                 description=f"{what}; \"As configured\": {where}.")
+
+
+def source_from(policy: Policy, params: Mapping[str, Any] | None = None, *, env: Sequence[str] = SOURCE_ENV) -> str:
+    """Return the run's data source: its ``source`` param, else the first of ``env`` set, else the policy's.
+
+    ``configured`` (the forms' default), None and an absent param all mean "as configured".
+    """
+    asked = (params or {}).get("source")
+    if asked and asked != CONFIGURED_SOURCE:
+        return str(asked)
+    for var in env:
+        if os.environ.get(var):
+            return str(os.environ[var])
+    return str(policy.sweep.source)
 
 
 def data_instant(context: Mapping[str, Any], policy: Policy) -> float:
@@ -279,6 +343,16 @@ def approver_store(agent: AuditStore) -> AuditStore:
 
     url = approver_url()
     return agent if url is None or url == agent.url else AuditStore(url).ensure_schema()
+
+
+def mapped_values(values: Sequence[Any] | None) -> list[Any]:
+    """Return the XCom values of a mapped task (a downstream task's argument ``task.expand(...)``) as a list.
+
+    Airflow hands them over as a lazy sequence. Iterating it reads one value at a time until a read
+    finds none, and the task supervisor logs that last read as an ERROR ("XCom not found ...
+    offset=N"), every run, though nothing is wrong. A slice reads them all at once, in map index order.
+    """
+    return list(values[:]) if values is not None else []
 
 
 #: the rule of the alert row a run records when a task's XCom input disagrees with the audit store

@@ -37,8 +37,22 @@ def space_dir() -> Path:
     return Path(override) if override else paths.include_dir() / "tune"
 
 
+#: the search spaces the package ships in ``include/tune/``, with what each tunes: constant for a release, so
+#: the form offers them without listing the tune folder at parse time (:func:`runtime.name_param`)
+SHIPPED_SPACES: dict[str, str] = {"default": "the shipped space: idle-allocation and zombie windows, thresholds "
+                                             "and ladder delays, baselines on or off"}
+
+
+def space_param() -> Any:
+    """Return the ``space`` field of the tune form: a name of :func:`space_dir`, checked when the run starts."""
+    return runtime.name_param(DEFAULT_SPACE, SHIPPED_SPACES, title="Search space",
+                              what=f"A search space of the deployment's tune folder ({TUNE_DIR_ENV}), by name, "
+                                   "never a path.")
+
+
 def space_names() -> list[str]:
-    """Return the search spaces a run may name (file stems of :func:`space_dir`; read at parse time: a local listing)."""
+    """Return the search spaces a run may name (file stems of :func:`space_dir`); read when a run starts, never
+    when the DAG file is parsed."""
     return runtime.named_files(space_dir())
 
 
