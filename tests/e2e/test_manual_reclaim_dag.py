@@ -86,6 +86,7 @@ def test_kind_specific_ids_are_refused_by_prepare_and_nothing_acts(dag, slack) -
     assert dr.state == "failed" and states["prepare"] == "failed" and states["act"] == "upstream_failed"
     run = AuditStore().get_run(f"{DAG_ID}:{dr.run_id}")
     assert run["status"] == "refused" and "'gpu01' is not a Slurm job id" in run["problems"]
+    assert run["mode"] == "enforce"  # its policy's mode; "refused" is the run's status, never a mode
     assert _decisions(dr) == [] and slack.requests == []
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_cost.airflow import runtime
+from gpu_cost.core.errors import GpuCostError
 from gpu_cost.loop import reclaim
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,8 @@ def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
     """Validate the request, resolve its targets, decide under the policy, record the decisions.
 
     A bad request raises :class:`~gpu_cost.loop.reclaim.ReclaimRequestError` before anything acts; it
-    is recorded as a ``refused`` run in ``gpu_cost_runs``.
+    is recorded in ``gpu_cost_runs`` with status ``refused`` and the mode it would have run in (its
+    policy's, the request's when milder; none when the policy could not be loaded).
     """
     from gpu_cost.act.base import SIMULATED_SOURCES
     from gpu_cost.core.errors import PolicyError
@@ -40,19 +42,21 @@ def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
     store = runtime.store()
     source = str(params.get("source") or "")
     now = time.time()
+    mode: str | None = None  # a run's mode is a policy's: none until one is loaded
     try:
         try:
             policy = runtime.pin_policy(store, run_id, params)
         except PolicyError as exc:
             raise reclaim.ReclaimRequestError(f"manual reclaim refused before any action: {exc}") from exc
+        mode = policy.mode
         source = runtime.source_from(policy, params)
         now = runtime.data_instant(context, policy)
         request = reclaim.parse_request(params, requested_by(context))
+        mode = reclaim.run_mode(request, policy)
         if source in SIMULATED_SOURCES and not request.dry_run and request.action in DESTRUCTIVE_ACTIONS:
             raise reclaim.ReclaimRequestError(
                 f"manual reclaim refused before any action: source {source} is simulated data, and simulated "
                 f"data never drives a real executor ({request.action}); use dry_run, or a live source")
-        mode = reclaim.run_mode(request, policy)
         store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode=mode)
         snap = sweep.collect(policy, now, source)
         from gpu_cost.analyse import baselines
@@ -60,7 +64,7 @@ def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
         baselines.observe(store, snap, policy, run_id=run_id, learn=False)  # a service needs a human's approval
         p = reclaim.plan(request, policy, snap, now=now, run_key=run_id)
     except reclaim.ReclaimRequestError as exc:
-        store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode="refused")
+        store.begin_run(run_id, dag_id=DAG_ID, started_at=time.time(), data_ts=now, source=source, mode=mode)
         store.finish_run(run_id, status="refused", finished_at=time.time(), problems=[str(exc)])
         raise
     # the act steps read the cluster's size (the rolling GPU-share caps) from here, never from XCom
@@ -93,39 +97,26 @@ def act(prep: Mapping[str, Any] | None, branch: str, context: Mapping[str, Any])
     """
     from airflow.sdk.exceptions import AirflowFailException
 
-    from gpu_cost.act.dispatch import execute
-    from gpu_cost.airflow.sweep_tasks import action_context, stored_decisions
-    from gpu_cost.core.errors import AuditError
-    from gpu_cost.core.model import Snapshot
-    from gpu_cost.decide.engine import check_caps, may_act
+    from gpu_cost.act.step import act_run
+    from gpu_cost.airflow.sweep_tasks import action_context
 
     if branch not in ("automatic", "approved"):
         raise ValueError(f"act: unknown branch {branch!r} (automatic or approved)")
     run_id = runtime.audit_run_id(context)
     store = runtime.store()
     policy = runtime.run_policy(store, run_id)
-    run = store.get_run(run_id) or {}
-    stored = [(d, r) for d, r in stored_decisions(store, run_id) if d.requires_approval == (branch == "approved")]
-    runnable = [d for d, r in stored if may_act(r, approved_only=branch == "approved")]
-    held = [d.decision_id for d, _ in stored if d not in runnable]
-    if run.get("data_ts") is None:
-        raise AirflowFailException(f"run {run_id} has no data instant in the audit store: nothing acts")
-    now = float(run["data_ts"])
+
+    def ctx(now: float, total: int, run: Mapping[str, Any]) -> Any:
+        return action_context(policy, now, run_id, store=store, source=run.get("source"), cluster_gpus=total)
+
     try:
-        total = Snapshot.from_json(store.load_snapshot(run_id)).gpu_count()
-    except AuditError:
-        total = 0  # unknown: check_caps refuses destructive actions on running work
-    violation = check_caps(runnable, policy, total)
-    if violation:
-        for d in runnable:
-            store.set_decision_status(d.decision_id, "capped")
-        raise AirflowFailException(f"manual reclaim {branch}: cap exceeded, nothing acted: {violation}")
-    ctx = action_context(policy, now, run_id, store=store, source=run.get("source"), cluster_gpus=total)
-    results = execute(runnable, ctx, store) if runnable else []
-    for r in results:
+        out = act_run(store, run_id, policy, "approved" if branch == "approved" else "automatic", context=ctx)
+    except GpuCostError as exc:  # a cap, no data instant: nothing acted
+        raise AirflowFailException(f"manual reclaim {branch}: {exc}") from exc
+    for r in out.results:
         logger.info("%s action %s → %s%s", branch, r.get("action_id") or r.get("decision_id"), r["status"],
                     f" ({r['error']})" if r.get("error") else "")
-    return {"branch": branch, "results": results, "held": held}
+    return {"branch": branch, "results": out.results, "held": out.held}
 
 
 def finish(prep: Mapping[str, Any] | None, approval: Mapping[str, Any] | None,

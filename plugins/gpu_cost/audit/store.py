@@ -31,7 +31,7 @@ from sqlalchemy.engine import Engine
 from gpu_cost.audit.connection import APPROVER_CONN_ID, audit_url, redact
 from gpu_cost.core import paths
 from gpu_cost.core.errors import AuditError
-from gpu_cost.core.model import Decision
+from gpu_cost.core.model import MODES, RUN_STATUSES, Decision
 from gpu_cost.core.timeutil import epoch, iso
 
 logger = logging.getLogger(__name__)
@@ -42,6 +42,16 @@ _RESULT_INSTANT = {"upsert_usage": "ts", "upsert_job_usage": "ts", "insert_savin
 #: columns a later migration added to a write, NULL when the writer names them not (a row built by
 #: code, a test or a tool of the earlier shape)
 _OPTIONAL = {"upsert_job_usage": ("gpus_needed", "mem_max_mib", "mem_total_mib")}
+
+#: the columns of a write that take a word of a vocabulary, and its words (defined once, in
+#: :mod:`gpu_cost.core.model`): a mode is the policy's, a status what happened to a run; NULL is
+#: "not known" (a run whose policy could not be loaded has no mode). The store's tables carry no CHECK
+#: constraint (adding one needs a migration), so the write path holds them.
+_VOCABULARY: dict[str, dict[str, tuple[str, ...]]] = {
+    "insert_run": {"mode": MODES},
+    "finish_run": {"status": RUN_STATUSES},
+    "insert_decision": {"mode": MODES},
+}
 
 _TIME_COLUMNS = {
     "started_at", "finished_at", "data_ts", "ts", "approved_at", "first_seen", "last_seen", "last_action_at",
@@ -214,6 +224,8 @@ class AuditStore:
         rows = [_bind(_defaults(name, p)) for p in batch]
         if not rows:
             return 0
+        if name in _VOCABULARY:
+            _check_vocabulary(name, rows)
         if order is not None:
             try:
                 pick = operator.itemgetter(*order) if len(order) > 1 else (lambda r: (r[order[0]],))
@@ -273,12 +285,16 @@ class AuditStore:
                 yield _row(r)
 
     # -- runs and snapshots -----------------------------------------------------------------
-    def begin_run(self, run_id: str, *, dag_id: str, started_at: float, data_ts: float, source: str, mode: str) -> None:
+    def begin_run(self, run_id: str, *, dag_id: str, started_at: float, data_ts: float, source: str,
+                  mode: str | None) -> None:
+        """Write a run's log row; ``mode`` is one of :data:`~gpu_cost.core.model.MODES`, None when no policy was
+        loaded (anything else is refused: what happened to the run is its status, :meth:`finish_run`)."""
         self.execute("insert_run", {"run_id": run_id, "dag_id": dag_id, "started_at": started_at, "data_ts": data_ts,
                                     "source": source, "mode": mode})
 
     def finish_run(self, run_id: str, *, status: str, finished_at: float, problems: Iterable[str] = (),
                    counts: Mapping[str, Any] | None = None) -> None:
+        """Append a run's status event; ``status`` is one of :data:`~gpu_cost.core.model.RUN_STATUSES`."""
         self.execute("finish_run", {"run_id": run_id, "status": status, "finished_at": finished_at,
                                     "problems": json.dumps(list(problems)), "counts": json.dumps(dict(counts or {}))})
 
@@ -395,6 +411,17 @@ def decision_row(d: Decision, run_id: str, status: str = "decided") -> dict[str,
         "gpu_hours_at_risk": round(d.gpu_hours_at_risk, 4), "gpu_hours_saved": round(d.gpu_hours_saved, 4),
         "evidence": json.dumps(dict(d.evidence), default=str),
     }
+
+
+def _check_vocabulary(name: str, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Raise AuditError naming the write, the column, the value and the words allowed, before any row is written."""
+    for column, words in _VOCABULARY[name].items():
+        for r in rows:
+            value = r.get(column)
+            if value is not None and value not in words:
+                raise AuditError(f"audit write {name}: {column} {value!r} is not one of {', '.join(words)}"
+                                 + (" (a run's mode is its policy's; what happened to it is its status)"
+                                    if column == "mode" and value in RUN_STATUSES else ""))
 
 
 def _defaults(name: str, params: Mapping[str, Any]) -> Mapping[str, Any]:

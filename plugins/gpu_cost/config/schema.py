@@ -12,7 +12,9 @@ from typing import Annotated, Any, Literal
 
 from gpu_cost.config.typed import Dur, OneOf, Range, Regex
 from gpu_cost.core import registry
+from gpu_cost.core.model import MODES
 
+#: a policy mode, as the type checker knows it: :data:`gpu_cost.core.model.MODES` spelled out (a test holds them equal)
 Mode = Literal["dry-run", "notify", "enforce"]
 Level = Literal["never", "notify_only", "approval"]
 Percent = Annotated[float, Range(0, 100)]
@@ -806,7 +808,7 @@ class Policy:
         return person.manager if person else None
 
 
-_MODE_ORDER = {"dry-run": 0, "notify": 1, "enforce": 2}
+_MODE_ORDER = {m: i for i, m in enumerate(MODES)}  # the one list, mildest first
 
 
 def milder(a: str, b: str) -> str:

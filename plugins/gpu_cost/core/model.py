@@ -604,7 +604,15 @@ ACTIONS = registry.Names(extra=("none",))
 DESTRUCTIVE_ACTIONS = registry.names(destructive=True)
 #: Actions that end a job or a process.
 KILL_ACTIONS = registry.names(ends_job=True)
+#: The policy's modes, mildest first: what a run, or a decision, was allowed to do (``mode`` of
+#: ``gpu_cost_runs`` and ``gpu_cost_decisions``; ``Mode`` in :mod:`gpu_cost.config.schema` spells the same).
+#: Never what happened to a run: that is its status (:data:`RUN_STATUSES`).
 MODES = ("dry-run", "notify", "enforce")
+#: What happened to a run (``status`` of ``gpu_cost_runs``): ``running`` until its first event (the
+#: view's default, never written), then ``awaiting_approval``, and how it ended: ``ok``, ``degraded``
+#: (decided on partial data), ``stale`` (no fresh metrics), ``capped`` (a cap stopped it), ``rejected``
+#: (the approver said no), ``refused`` (a manual request refused before anything was decided), ``failed``.
+RUN_STATUSES = ("running", "awaiting_approval", "ok", "degraded", "stale", "capped", "rejected", "refused", "failed")
 
 
 def decision_id(rule: str, target: str, episode: int, rung: int, track: str = "live") -> str:

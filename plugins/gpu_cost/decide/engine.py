@@ -388,6 +388,19 @@ class Verdict:
     stakes_at_risk: float
     stakes_saved: float
     evidence: dict[str, Any]
+    #: why a destructive action is only recorded (the mode's ceiling, ``notify``, degraded data, the
+    #: verifier's wait), the first such reason; None when nothing holds it back
+    held: str | None = None
+
+
+def approval_reason(why: str, *, asked: bool) -> str:
+    """Return how a decision's reason states an approval it needs, from the flag the decision carries.
+
+    ``approval required (why)`` only on a decision that waits for a human (``requires_approval``);
+    ``would need approval (why)`` on one that acts on nothing (dry-run, held back, refused), as its
+    action reads ``would cancel``: the reason and the flag cannot disagree.
+    """
+    return f"approval required ({why})" if asked else f"would need approval ({why})"
 
 
 def guard(f: Finding, action: str, policy: Policy, *, now: float, ask: Ask = Ask(), degraded: bool = False,
@@ -417,7 +430,14 @@ def _guarded(f: Finding, action: str, policy: Policy, prot: Protection | None, *
     reasons: list[str] = []
     evidence: dict[str, Any] = {}
     refusal: str | None = None
-    needs_approval = False
+    held: str | None = None
+    # the approvals the action needs: (where in reasons, what leads the sentence, why); their
+    # sentences are written at the end, from the flag (approval_reason)
+    asks: list[tuple[int, str, str]] = []
+
+    def need_approval(why: str, lead: str = "") -> None:
+        asks.append((len(reasons), lead, why))
+        reasons.append("")
     destructive = action in DESTRUCTIVE_ACTIONS
     level = prot.level if prot else None
     manual = ask.entry == "manual"
@@ -433,8 +453,8 @@ def _guarded(f: Finding, action: str, policy: Policy, prot: Protection | None, *
                                         "justification": ask.override}
                 evidence["approvers"] = approvers
                 reasons.append(f"protection {prot.name!r} ({level}) OVERRIDDEN by {ask.requested_by or 'an operator'}: "
-                               f"{ask.override}; a second person must approve ({', '.join(approvers)})")
-                needs_approval = True
+                               f"{ask.override}")
+                need_approval(f"a second person: {', '.join(approvers)}")
         elif manual:
             refusal = (f"protected by {prot.name!r} ({level}); not acted on — set override_protections "
                        "with a justification to override")
@@ -445,8 +465,7 @@ def _guarded(f: Finding, action: str, policy: Policy, prot: Protection | None, *
         if refusal:
             reasons.append(refusal)
     elif prot is not None and level == "approval" and destructive:
-        needs_approval = True
-        reasons.append(f"approval required (protection {prot.name})")
+        need_approval(f"protection {prot.name}")
     destructive = action in DESTRUCTIVE_ACTIONS
     if manual and destructive:
         who = ask.requested_by
@@ -480,9 +499,7 @@ def _guarded(f: Finding, action: str, policy: Policy, prot: Protection | None, *
                 action, destructive = "none", False
             else:
                 evidence.setdefault("approvers", approvers)
-                needs_approval = True
-                reasons.append(f"{doubt}: a second operator must approve "
-                               f"({', '.join(evidence['approvers'])})")
+                need_approval(f"a second operator: {', '.join(evidence['approvers'])}", lead=f"{doubt}: ")
     whose = reservation_standing(f.target_kind, f.evidence) if destructive else None
     if whose == FOREIGN:
         # only the agent's own reservations (its name prefix and its audit row) are released on its word
@@ -491,9 +508,7 @@ def _guarded(f: Finding, action: str, policy: Policy, prot: Protection | None, *
         reasons.append(refusal)
         action, destructive = "none", False
     elif whose == OPTED_IN:
-        needs_approval = True
-        reasons.append("approval required (someone else's reservation, named in "
-                       "rules.idle_reservation.release_foreign)")
+        need_approval("someone else's reservation, named in rules.idle_reservation.release_foreign")
     withheld = not_ours(f.evidence) if destructive else None
     if withheld is not None:
         # a process of root, a system account or a container (the zombie rule's own verdict): never
@@ -509,30 +524,30 @@ def _guarded(f: Finding, action: str, policy: Policy, prot: Protection | None, *
         action, destructive = "none", False
     if inference and destructive:
         evidence["inference"] = inference
-        needs_approval = True
-        reasons.append(f"looks like an inference service ({inference}): approval required")
+        need_approval(f"looks like an inference service: {inference}")
     ceiling = policy.rule_mode(f.rule) if not manual else policy.mode
     mode = milder(ceiling, ask.mode) if ask.mode else ceiling
     if ask.mode and mode != ask.mode:
-        reasons.append(f"asked for {ask.mode}, the policy's mode {ceiling} is the ceiling")
+        held = f"asked for {ask.mode}, the policy's mode {ceiling} is the ceiling"
+        reasons.append(held)
     shadow = False
     if destructive and mode == "notify":
         shadow = True
         reasons.append(f"mode notify: would {action}")
+        held = held or reasons[-1]
     if destructive and degraded:
         shadow = True
         why = f" ({'; '.join(problems)})" if problems else ""
         reasons.append(f"degraded data{why}: would {action}")
+        held = held or reasons[-1]
     st = stakes(f, now, predicted, policy.cost.open_ended)
     if destructive and st.at_risk > policy.approval.gpu_hours_at_risk:
-        needs_approval = True
-        reasons.append(f"approval required ({st.at_risk:.1f} GPU-h at risk)")
+        need_approval(f"{st.at_risk:.1f} GPU-h at risk")
     conf = f.evidence.get("confidence")
     # the agent's own confidence in its finding; a manual request is a person's, judged above (unsure)
     if destructive and not manual and conf is not None and float(conf) < policy.evidence.min_confidence:
-        needs_approval = True
-        reasons.append(f"approval required (confidence {float(conf):.2f} is below evidence.min_confidence "
-                       f"{policy.evidence.min_confidence:g})")
+        need_approval(f"confidence {float(conf):.2f} is below evidence.min_confidence "
+                      f"{policy.evidence.min_confidence:g}")
     ver = f.evidence.get("verifier")
     p_waste = ver.get("p_waste") if isinstance(ver, Mapping) else None
     if destructive and p_waste is not None and policy.verifier.enabled and \
@@ -543,16 +558,20 @@ def _guarded(f: Finding, action: str, policy: Policy, prot: Protection | None, *
         if policy.verifier.on_doubt == "wait":
             shadow = True
             reasons.append(f"{doubt}: waits (would {action})")
+            held = held or reasons[-1]
         else:
-            needs_approval = True
-            reasons.append(f"approval required ({doubt})")
+            need_approval(doubt)
     eff_mode = "dry-run" if shadow else mode
     track = "shadow" if shadow else track_of(mode)
     evidence["stakes_basis"] = st.basis
-    return Verdict(action=action, mode=eff_mode, track=track,
-                   requires_approval=needs_approval and action != "none" and eff_mode != "dry-run",
+    # a human is asked only where something would act; the reason's wording follows this one flag
+    requires_approval = bool(asks) and action != "none" and eff_mode != "dry-run"
+    for at, lead, why in asks:
+        reasons[at] = lead + approval_reason(why, asked=requires_approval)
+    return Verdict(action=action, mode=eff_mode, track=track, requires_approval=requires_approval,
                    reasons=reasons, protection=prot.name if prot else None, level=level, refusal=refusal,
-                   stakes_at_risk=st.at_risk, stakes_saved=st.saved, evidence=evidence)
+                   stakes_at_risk=st.at_risk, stakes_saved=st.saved, evidence=evidence,
+                   held=held if destructive and eff_mode == "dry-run" else None)
 
 
 def identity_of(f: Finding) -> dict[str, Any]:

@@ -323,9 +323,9 @@ def _decide(f: Finding, request: Request, policy: Policy, snap: Snapshot, now: f
     v = guard(f, request.action, policy, now=now, ask=ask, degraded=snap.degraded, problems=snap.problems,
               inference=inference)
     refusal = v.refusal
-    if refusal is None and request.action in DESTRUCTIVE_ACTIONS and v.mode == "dry-run" and not request.dry_run:
+    if refusal is None and request.action in DESTRUCTIVE_ACTIONS and not request.dry_run:
         # held back (degraded data, the policy's mode): say so in the refusals the operator reads
-        refusal = next((r for r in v.reasons if "would" in r or "ceiling" in r), None)
+        refusal = v.held
     evidence: dict[str, Any] = dict(f.evidence)
     evidence.update(v.evidence)
     evidence.update({"gpu_ids": list(f.gpu_ids), "requested_by": request.requested_by, "request_reason": request.reason,

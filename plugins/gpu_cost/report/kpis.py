@@ -31,6 +31,7 @@ from gpu_cost.capacity import rightsize
 from gpu_cost.config.schema import Policy
 from gpu_cost.core import registry, timeutil
 from gpu_cost.core.errors import GpuCostError
+from gpu_cost.core.model import MODES
 from gpu_cost.core.timeutil import iso, utc
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,48 @@ def period_label(since: float, until: float, timezone: str) -> str:
     return span
 
 
+WEEK_S = 7 * 86400.0
+#: the share of a period its sweeps must cover for the report to speak of the whole period
+FULL_COVER = 0.9
+
+
+def previous_step(since: float, until: float) -> float:
+    """Return how far back the periods a report is compared with lie: a week, or the period's own
+    length when it is longer (so "the period before" never overlaps the one it is compared with)."""
+    return max(WEEK_S, until - since)
+
+
+def duration_text(seconds: float) -> str:
+    """A length of time for a column heading: ``45 min``, ``10 h``, ``3.5 days``."""
+    if seconds < 3600:
+        return f"{max(1, round(seconds / 60))} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.0f} h" if seconds >= 10 * 3600 else f"{seconds / 3600:.3g} h"
+    return f"{seconds / 86400:.3g} days"
+
+
+def columns(since: float, until: float, measured_s: float) -> dict[str, Any]:
+    """Return what a report's figures are of and what they are compared with, as its columns say it.
+
+    ``this``: "this week" only for a week its sweeps covered; else the hours measured ("these 10 h"),
+    or the period's length when it was covered. ``versus``: "vs last week" when the period is a week;
+    a shorter period is compared with the same hours a week before, a longer one with the period before.
+    """
+    span = until - since
+    is_week = abs(span - WEEK_S) < 7200
+    covered = measured_s <= 0 or measured_s >= FULL_COVER * span  # nothing measured: the period is all there is
+    this = "this week" if is_week and covered else f"these {duration_text(span if covered else measured_s)}"
+    step = previous_step(since, until)
+    if is_week:
+        versus = "vs last week"
+    elif step == WEEK_S:
+        versus = f"vs the same {duration_text(span)} a week before"
+    else:
+        versus = f"vs the {duration_text(span)} before"
+    return {"is_week": is_week, "this": this, "versus": versus,
+            "measured": duration_text(measured_s) if measured_s > 0 else "nothing"}
+
+
 # -- pure pieces (unit-tested on hand-made rows) ---------------------------------------------------
 def _h(seconds: float) -> float:
     return round(float(seconds) / 3600.0, 2)
@@ -140,19 +183,28 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def usage_totals(by_ts: Iterable[Mapping[str, Any]], since: float, until: float) -> dict[str, Any]:
-    """Return the cluster totals from per-sweep sums (rows with total, alloc, busy, idle_alloc, zombie, util)."""
+    """Return the cluster totals from per-sweep sums (rows with interval_s, total, alloc, busy, idle_alloc,
+    zombie, util).
+
+    ``measured_hours``: the time the sweeps cover (each sweep's ``interval_s``, at most the period);
+    ``gpus_avg``: the GPUs the cluster had over that time (None when nothing was measured). A period
+    the agent measured 10 hours of has the GPUs of those 10 hours, not a tenth of them spread over a week.
+    """
     t = dict.fromkeys(("total", "alloc", "busy", "idle_alloc", "zombie", "util"), 0.0)
     n = 0
+    covered = 0.0
     for r in by_ts:
         n += 1
+        covered += float(r.get("interval_s") or 0.0)
         for k in t:
             t[k] += float(r.get(k) or 0.0)
-    span = max(1.0, until - since)
+    measured = min(covered, max(0.0, until - since))
     # utilisation of allocated GPUs: busy work on allocated GPUs is not split out per row, so
     # use utilisation summed over owned groups (see by_owner) when available; here all GPUs.
     return {
         "sweeps": n,
-        "gpus_avg": round(t["total"] / span, 1),
+        "measured_hours": _h(measured),
+        "gpus_avg": round(t["total"] / covered, 1) if covered > 0 else None,
         "gpu_hours": _h(t["total"]),
         "allocated_gpu_hours": _h(t["alloc"]),
         "busy_gpu_hours": _h(t["busy"]),
@@ -524,12 +576,15 @@ def compute(store: AuditStore, policy: Policy, since: float, until: float, trend
                "freed_gpu_hours": freed["gpu_hours"]}
     # the periods before, back to back: a period longer than a week steps back by its own length, so
     # "last week" never overlaps the period it is compared with
-    step = max(7 * 86400.0, until - since)
+    step = previous_step(since, until)
     previous = [_week_summary(store, policy, since - step * k, until - step * k) for k in range(1, trend_weeks + 1)]
-    modes = sorted({str(r["mode"]) for r in runs if r.get("mode")})
+    # the policy's modes the period's runs ran in, mildest first; a run with none (its policy never
+    # loaded) or an older agent's non-mode ("refused" was once written there) is no mode
+    modes = [m for m in MODES if any(r.get("mode") == m for r in runs)]
     result = {
         "period": {"since": iso(since), "until": iso(until), "timezone": tzname,
-                   "label": period_label(since, until, tzname)},
+                   "label": period_label(since, until, tzname), "measured_hours": totals["measured_hours"],
+                   **columns(since, until, totals["measured_hours"] * 3600.0)},
         "currency": policy.cost.currency,
         "gpu_hour_price": rate,
         "policy": {"source": _shown_path(policy.source), "mode": policy.mode},

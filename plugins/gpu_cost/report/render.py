@@ -123,16 +123,18 @@ def _signed(v: Any, digits: int = 1, unit: str = "") -> str:
     return f"{float(v):+,.{digits}f}{unit}"
 
 
-def _delta(entry: Mapping[str, Any] | None, good: str = "up", scale: float = 1.0, unit: str = "", digits: int = 1) -> dict[str, str]:
-    """Return text and tone (good / bad / flat) of a change against last week."""
+def _delta(entry: Mapping[str, Any] | None, versus: str, good: str = "up", scale: float = 1.0, unit: str = "",
+           digits: int = 1) -> dict[str, str]:
+    """Return text and tone (good / bad / flat) of a change against the period before; ``versus`` names
+    it as the report's columns do (``k.period.versus``: "vs last week", "vs the same 10 h a week before")."""
     if not entry or entry.get("vs_last_week") is None:
-        return {"text": "no previous week", "tone": "flat"}
+        return {"text": "no previous data", "tone": "flat"}
     d = float(entry["vs_last_week"]) * scale
     if abs(d) < 10 ** -digits / 2:
-        return {"text": "unchanged vs last week", "tone": "flat"}
+        return {"text": f"unchanged {versus}", "tone": "flat"}
     better = (d > 0) == (good == "up")
     arrow = "▲" if d > 0 else "▼"
-    return {"text": f"{arrow} {abs(d):,.{digits}f}{unit} vs last week", "tone": "good" if better else "bad"}
+    return {"text": f"{arrow} {abs(d):,.{digits}f}{unit} {versus}", "tone": "good" if better else "bad"}
 
 
 def render_html(kpis: Mapping[str, Any], images: Mapping[str, bytes]) -> str:

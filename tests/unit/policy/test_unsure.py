@@ -86,7 +86,7 @@ def test_an_operators_request_needs_a_second_operator() -> None:
     v = guard(ambiguous(), "cancel", policy_from(ENFORCE), now=NOW,
               ask=Ask(entry="manual", mode="enforce", requested_by="ops"))
     assert v.action == "cancel" and v.requires_approval and v.evidence["approvers"] == ["lead"]
-    assert any("a second operator must approve (lead)" in r for r in v.reasons)
+    assert any("approval required (a second operator: lead)" in r for r in v.reasons)
     alone = guard(ambiguous(), "cancel", policy_from(ENFORCE.replace("[ops, lead]", "[ops]")), now=NOW,
                   ask=Ask(entry="manual", mode="enforce", requested_by="ops"))
     assert alone.action == "none" and "needs a second operator" in (alone.refusal or "")

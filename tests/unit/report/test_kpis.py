@@ -61,7 +61,7 @@ def test_cluster_totals_match_hand_computation(filled, policy) -> None:  # type:
     assert c["util_alloc_pct"] == pytest.approx(100 * 8.8 / 20, abs=0.05)   # 44 %
     assert c["idle_cost"] == 2 * 2 * 2.0 + 3 * 2 * 4.0  # bob on a100 + carol on h100 = 32
     assert c["zombie_cost"] == 4.0
-    assert c["gpus_avg"] == pytest.approx(24 / (7 * 24), abs=0.05)
+    assert c["gpus_avg"] == 12.0 and c["measured_hours"] == 2.0  # the GPUs of the 2 h measured, not spread over the week
 
 
 def test_idle_by_team_and_user(filled, policy) -> None:  # type: ignore[no-untyped-def]
