@@ -27,12 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import signal
-import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -110,76 +105,14 @@ def live(parses: int = 10, bytecode: bool = True, interval: int = 3, timeout: fl
     """Run a real dag-processor over the DAG files until each is parsed ``parses`` times; return a row per file.
 
     ``bytecode``: let Python cache compiled modules (beside the copies in the temporary home), else
-    compile the project's modules on every parse.
+    compile the project's modules on every parse. The processor run is :func:`bench.dag_parse.processor_parses`.
     """
-    home = Path(tempfile.mkdtemp(prefix="gpu-cost-bench-parse-live-"))
-    dags = home / "dags"
-    dags.mkdir()
-    plugins = home / "plugins"  # a copy with no .pyc, ahead of the installed package on sys.path
-    shutil.copytree(ROOT / "plugins", plugins, ignore=shutil.ignore_patterns("__pycache__"))
-    for f in sorted((ROOT / "dags").glob("*.py")):
-        shutil.copy(f, dags / f.name)
-    (dags / "trivial_dag.py").write_text(TRIVIAL_DAG)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"))}
-    if not bytecode:
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.update({
-        "PYTHONPATH": os.pathsep.join([str(plugins), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "GPU_COST_INCLUDE": str(ROOT / "include"),
-        "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": str(interval),
-        "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "2",
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
-        "GPU_COST_HOME": str(home / "gpu_cost"), "GPU_COST_SOURCE": "sim",
-    })
-    airflow = str(Path(sys.executable).with_name("airflow"))
-    subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, check=True, timeout=300)
-    log = (home / "dag-processor.log").open("wb")
-    proc = subprocess.Popen([airflow, "dag-processor"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    seen: dict[str, dict[str, float]] = {}  # file -> {parsed at: duration}
-    files = {f.name for f in dags.glob("*.py")}
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"dag-processor exited {proc.returncode}: "
-                                   f"{(home / 'dag-processor.log').read_text()[-2000:]}")
-            try:
-                with sqlite3.connect(home / "airflow.db", timeout=5) as db:
-                    rows = db.execute("SELECT fileloc, last_parsed_time, last_parse_duration FROM dag "
-                                      "WHERE last_parse_duration IS NOT NULL").fetchall()
-            except sqlite3.OperationalError:
-                rows = []
-            for fileloc, at, duration in rows:
-                seen.setdefault(Path(fileloc).name, {})[str(at)] = float(duration)
-            if all(len(seen.get(f, {})) >= parses for f in files):
-                break
-            time.sleep(0.5)
-        else:
-            raise RuntimeError(f"not every file was parsed {parses} times in {timeout:.0f} s: "
-                               f"{ {f: len(seen.get(f, {})) for f in sorted(files)} }")
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
-        pyc = len(list(home.glob("plugins/**/*.pyc"))) + len(list(dags.glob("**/*.pyc")))
-        shutil.rmtree(home, ignore_errors=True)
-    out = []
-    for f in sorted(files, key=lambda x: (x == "trivial_dag.py", x)):
-        durations = list(seen[f].values())
-        out.append({"dag_file": f if f != "trivial_dag.py" else "(trivial DAG)",
-                    "bytecode": "cached" if bytecode else "none", "project_pyc": pyc, "parses": len(durations),
-                    "median_s": statistics.median(durations), "max_s": max(durations),
-                    "median_under_0_1s": statistics.median(durations) < 0.1, "max_under_0_3s": max(durations) < 0.3})
-    return out
+    from bench.dag_parse import processor_parses
+
+    seen, pyc = processor_parses(parses, bytecode=bytecode, interval=interval, timeout=timeout)
+    return [{"dag_file": f, "bytecode": "cached" if bytecode else "none", "project_pyc": pyc, "parses": len(d),
+             "median_s": statistics.median(d), "max_s": max(d), "median_under_0_1s": statistics.median(d) < 0.1,
+             "max_under_0_3s": max(d) < 0.3} for f, d in seen.items()]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,8 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("bench.replay_hard", []),
     ("bench.verifier_month", []),
     ("bench.parse", []),
+    # what a running dag-processor reports for each file (mean and max of 10 parses)
+    ("bench.dag_parse", []),
     ("bench.slurm_json", []),
     ("bench.approval_skip", []),
     ("bench.forecast", []),

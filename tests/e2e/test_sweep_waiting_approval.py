@@ -7,6 +7,10 @@ asks about the demotion and waits. While it waits, a second run (triggered over 
 act on what is due (the zombie's second notice), not ask about the demotion again, and finish; the
 first run's audit row says ``awaiting_approval`` meanwhile. Then a Reject over REST ends the first
 run, nothing demoted.
+
+The same deployment then runs the nightly forecast (``gpu_forecast_nightly``, mapped fits). Healthy
+runs log no ERROR: neither the scheduler (whose log also holds what the task supervisors log, such
+as a failed XCom read) nor the dag-processor nor any task of these runs.
 """
 
 from __future__ import annotations
@@ -19,13 +23,16 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+import yaml
 
 from gpu_cost.audit.store import AuditStore
 from tests.fixtures.airflow_server import AirflowServer, deployment
+from tests.fixtures.core import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.timeout(600)]
 
 DAG_ID = "gpu_zombie_sweep"
+FORECAST_ID = "gpu_forecast_nightly"
 POLICY = """
 mode: enforce
 approval: {gpu_hours_at_risk: 1, timeout: 20m}
@@ -43,7 +50,11 @@ def server(session_tmp: Path, _slack_server: Any) -> Iterator[AirflowServer]:
     home.mkdir(parents=True, exist_ok=True)
     policy = home / "policy.yaml"
     policy.write_text(POLICY, encoding="utf-8")
-    with deployment(home, (f"{DAG_ID}.py",), _slack_server.webhook_url("/services/T0/B0/SWEEPSECRET"),
+    # the nightly's policy (a policy of the deployment's directory, the default policy's folder): a small history
+    nightly = yaml.safe_load((ROOT / "include" / "policy" / "default.yaml").read_text())
+    nightly["forecast"].update({"series_per_task": 2, "sim_days": 15, "history": "15d"})
+    (home / "nightly.yaml").write_text(yaml.safe_dump(nightly), encoding="utf-8")
+    with deployment(home, (f"{DAG_ID}.py", f"{FORECAST_ID}.py"), _slack_server.webhook_url("/services/T0/B0/SWEEPSECRET"),
                     {"GPU_COST_POLICY": str(policy), "GPU_COST_APPROVAL_NOTIFY": "0",
                      "GPU_COST_SWEEP_SCHEDULE": "none"}) as s:
         yield s
@@ -110,3 +121,21 @@ def test_a_run_waiting_for_approval_does_not_hold_up_the_next(server: AirflowSer
                        {"d": demote[0]["decision_id"]}) == []
     assert store.get_run(f"{DAG_ID}:{first}")["status"] == "ok"
     assert json.loads(store.get_run(f"{DAG_ID}:{first}")["counts"])["approval"] == "rejected"
+    # nothing went wrong, and nothing says so: no ERROR from the scheduler, the dag-processor or a sweep task
+    errors = server.error_lines(DAG_ID)
+    assert not errors, "\n".join(errors)
+
+
+def test_a_nightly_forecast_run_logs_no_error(server: AirflowServer) -> None:
+    run = str(server.api(f"/api/v2/dags/{FORECAST_ID}/dagRuns", "POST",
+                         {"logical_date": None, "conf": {"policy": "nightly", "source": "sim"}})["dag_run_id"])
+    state = server.wait_for(lambda: server.dag_run(FORECAST_ID, run)["state"] in ("success", "failed")
+                            and server.dag_run(FORECAST_ID, run)["state"], "the forecast run to finish", timeout=300,
+                            every=2.0)
+    assert state == "success", server.logs_tail()
+    tis = server.api(f"/api/v2/dags/{FORECAST_ID}/dagRuns/{quote(run, safe='')}/taskInstances?limit=100")
+    fits = [ti for ti in tis["task_instances"] if ti["task_id"] == "fit_demand"]
+    assert len(fits) >= 2 and all(ti["state"] == "success" for ti in fits), fits  # really mapped
+    # the scheduler's whole log (the sweeps' runs too when this module ran them) and the nightly's tasks
+    errors = server.error_lines(FORECAST_ID)
+    assert not errors, "\n".join(errors)
