@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from gpu_cost.act import dispatch
 from gpu_cost.act.base import ActionContext
-from gpu_cost.airflow.sweep_tasks import act_on, stored_decisions
+from gpu_cost.airflow.sweep_tasks import stored_decisions
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.config.loader import load_policy
 from gpu_cost.decide.engine import may_act
@@ -67,7 +68,7 @@ def test_the_shipped_policy_in_enforce_on_the_simulator_never_deletes_an_adminis
         acting = [d for d, row in stored_decisions(store, run_id) if may_act(row)]
         ctx = ActionContext(policy=policy, dry_run=False, now=float(out["ts"]), run_id=run_id, source="sim",
                             extra={"store": store})
-        results = act_on(acting, policy, store, run_id, float(out["ts"]), ctx=ctx)["results"]
+        results = dispatch.execute(acting, ctx, store)
         sent += [d.target for d, res in zip(acting, results, strict=True)
                  if d.rule == "idle_reservation" and res["status"] == "succeeded"]
     assert sorted(sent) == sorted(THEIRS), "each notice went out once"

@@ -118,25 +118,26 @@ def test_snapshot_problems_are_redacted(policy: Any) -> None:
 
 
 def test_health_alert_is_redacted(store: Any, policy: Any, monkeypatch: pytest.MonkeyPatch,
-                                  caplog: pytest.LogCaptureFixture) -> None:
+                                  caplog: pytest.LogCaptureFixture, slack_sink: Any) -> None:
     import dataclasses
+    import json
 
     from gpu_cost.loop import health
 
-    sent: list[str] = []
-
-    def send(store: Any, d: Any, channel: str, text: str, *args: Any) -> dict[str, Any]:
-        sent.append(text)
-        return {"sent": True}
-
-    monkeypatch.setattr(health, "_send", send)
+    # the ops channel is a local Slack webhook sink: the alert goes through the one act path
+    monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_SLACK",
+                       json.dumps({"conn_type": "slackwebhook", "password": slack_sink.webhook_url()}))
     policy = dataclasses.replace(policy, notifications=dataclasses.replace(policy.notifications, slack_channel="#ops"))
     store.begin_run("r1", dag_id="gpu_zombie_sweep", started_at=1.0, data_ts=1.0, source="prometheus", mode="dry-run")
     with caplog.at_level(logging.INFO, logger="gpu_cost"):
         out = health.degraded_alert(store, policy, run_id="r1", dag_id="gpu_zombie_sweep", status="degraded",
                                     problems=[f"prometheus: Prometheus at {URL} cannot be reached"], now=1.0)
+    sent = slack_sink.texts()
     assert out is not None and out["sent"] and sent
     rows = store.query("SELECT reason, evidence FROM gpu_cost_decisions")
+    (action,) = store.query("SELECT action, status, output FROM gpu_cost_actions")
+    assert (action["action"], action["status"]) == ("alert_ops", "succeeded")
+    assert SECRET not in str(action)
     assert "agent:***@" in sent[0] and "agent:***@" in rows[0]["reason"]
     assert SECRET not in sent[0] + str(rows) + caplog.text
 

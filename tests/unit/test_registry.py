@@ -31,11 +31,11 @@ REFERENCE = ROOT / "docs" / "reference" / "actions-and-rules.md"
 
 # What the code held as hand-written literals before the registry (a regression shows here).
 OLD_ACTIONS = ("none", "advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel",
-               "kill_process", "power_down", "power_up", "reserve", "release_reservation")
+               "kill_process", "power_down", "power_up", "reserve", "release_reservation", "alert_ops")
 OLD_DESTRUCTIVE = {"demote", "hold", "requeue", "terminate", "kill", "cancel", "kill_process", "power_down",
                    "reserve", "release_reservation"}
 OLD_KILL = {"terminate", "kill", "cancel", "kill_process"}
-OLD_NOTICE = {"advise", "notify", "notify_manager"}
+OLD_NOTICE = {"advise", "notify", "notify_manager", "alert_ops"}
 OLD_LADDER = ("advise", "notify", "notify_manager", "demote", "hold", "requeue", "terminate", "kill", "cancel",
               "kill_process", "release_reservation")
 OLD_FORM = ("notify", "demote", "cancel", "kill_process", "power_down")
@@ -57,7 +57,7 @@ OLD_RULE_ACTIONS = {
     "idle_reservation": {"advise", "notify", "notify_manager", "release_reservation"},
 }
 OLD_CATEGORIES = {
-    "notifications": ("Notifications", {"notify", "notify_manager", "advise"}),
+    "notifications": ("Notifications", {"notify", "notify_manager", "advise", "alert_ops"}),
     "demotions": ("Demotions", {"demote"}),
     "cancels": ("Jobs cancelled", {"cancel", "terminate", "kill"}),
     "holds": ("Holds / requeues", {"hold", "requeue"}),

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 #: modules that register executors when imported
 EXECUTOR_MODULES = ("gpu_cost.act.slurm", "gpu_cost.act.node", "gpu_cost.act.notify", "gpu_cost.act.power",
-                    "gpu_cost.act.reservation", "gpu_cost.act.savings")  # the savings ledger registers its SAVINGS_HOOKS entry
+                    "gpu_cost.act.reservation", "gpu_cost.act.ops", "gpu_cost.act.savings")  # the savings ledger registers its SAVINGS_HOOKS entry
 
 #: called after a successful action to write its saving (set by the savings ledger)
 SAVINGS_HOOKS: list[Callable[[AuditStore, Decision, Outcome, ActionContext], None]] = []

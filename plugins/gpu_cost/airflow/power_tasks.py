@@ -231,17 +231,20 @@ def needs_approval(plan: Mapping[str, Any]) -> bool:
 
 
 def act_task(plan: Mapping[str, Any], action: str, context: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Carry out this run's ``action`` decisions as the audit store has them (audit rows around each).
+    """Carry out this run's ``action`` decisions through the one act step (audit rows around each).
 
     The run is the task's own (``context``) or, without a context, the one XCom names; the
-    decisions, their mode and their approvals come from the store, never from XCom.
+    decisions, their mode and their approvals come from the store, never from XCom
+    (:func:`gpu_cost.act.step.act_run`). Approved power-downs are planned again at the answer's
+    time: a node that is no longer idle (or no longer in the plan) is not powered down. A cap
+    exceeded fails the task, nothing acted.
     """
-    from gpu_cost.act.dispatch import execute
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from gpu_cost.act.step import act_run
     from gpu_cost.airflow import runtime
     from gpu_cost.airflow.sweep_tasks import action_context
-    from gpu_cost.core.errors import AuditError
-    from gpu_cost.core.model import Decision, Snapshot
-    from gpu_cost.decide.engine import check_caps, may_act
+    from gpu_cost.core.errors import AuditError, GpuCostError
 
     run_id = runtime.audit_run_id(context) if context is not None else str(plan["run_id"])
     if plan.get("run_id") not in (None, run_id):
@@ -250,26 +253,54 @@ def act_task(plan: Mapping[str, Any], action: str, context: Mapping[str, Any] | 
     run = store.get_run(run_id)
     if run is None:
         raise AuditError(f"no audit row for run {run_id}: nothing planned, nothing to act on")
-    rows = [r for r in store.decisions_of_run(run_id) if r["rule"] in RULES and r["action"] == action]
-    acting = [Decision.from_row(r) for r in rows if may_act(r)]
-    dry_run = run["mode"] == "dry-run"
-    if dry_run or not acting:
-        logger.info("%s: %d decision(s) of %s, none to act on (mode %s)", action, len(rows), run_id, run["mode"])
-        return {"action": action, "acted": 0, "results": [], "dry_run": dry_run}
+    if run["mode"] == "dry-run":
+        logger.info("%s: run %s is a dry run, nothing acts", action, run_id)
+        return {"action": action, "acted": 0, "results": [], "dry_run": True}
     policy = runtime.run_policy(store, run_id)
-    snap = Snapshot.from_json(store.load_snapshot(run_id))
-    total = snap.gpu_count()
-    violation = check_caps(acting, policy, total)
-    if violation:
-        for d in acting:
-            store.set_decision_status(d.decision_id, "capped")
-        logger.error("%s: cap exceeded, nothing acted: %s", action, violation)
-        return {"action": action, "acted": 0, "results": [], "dry_run": False, "cap_violation": violation}
-    ctx = action_context(policy, float(run["data_ts"]), run_id, store=store, source=run.get("source"),
-                         cluster_gpus=total)
-    results = execute(acting, ctx, store)
-    logger.info("%s on %s: %s", action, [d.target for d in acting], [r.get("status") for r in results])
-    return {"action": action, "acted": sum(1 for r in results if r.get("status") == "succeeded"), "results": results}
+
+    def ctx(now: float, total: int, row: Mapping[str, Any]) -> Any:
+        return action_context(policy, now, run_id, store=store, source=row.get("source"), cluster_gpus=total)
+
+    def again(decisions: list[Any], row: Mapping[str, Any], now: float) -> tuple[list[Any], dict[str, str]]:
+        return replan_approved(decisions, policy, store, row, now)
+
+    try:
+        out = act_run(store, run_id, policy, "all", context=ctx, reverify=again, one_run_at_a_time=True,
+                      select=lambda r: r["rule"] in RULES and r["action"] == action)
+    except GpuCostError as exc:  # a cap, another run acting, no data instant: nothing acted
+        raise AirflowFailException(f"{action}: {exc}") from exc
+    logger.info("%s on %s: %s", action, [d.target for d in out.chosen], out.by_status())
+    return {"action": action, "acted": out.by_status().get("succeeded", 0), "results": out.results,
+            "dry_run": False, "expired": out.expired}
+
+
+def replan_approved(decisions: Sequence[Any], policy: Policy, store: Any, run: Mapping[str, Any],
+                    now: float) -> tuple[list[Any], dict[str, str]]:
+    """Return the approved decisions that still hold when the answer came, and why the others expired.
+
+    A power-down is planned again at the run's data instant plus the time the answer took (floored
+    to the sample interval): its node must still be one the plan powers down (idle, no job started
+    on it meanwhile, not held). Power-ups and reservations stand as approved. The others are marked
+    ``expired`` and not carried out.
+    """
+    started = float(run.get("started_at") or time.time())
+    step = policy.sweep.sample_interval
+    at = float((now + max(0.0, time.time() - started)) // step * step)
+    downs = [d for d in decisions if d.action == "power_down"]
+    if not downs:
+        return list(decisions), {}
+    try:
+        plan, _ = make_plan(policy, at, str(run.get("source") or policy.sweep.source), store)
+        still = {c.node for c in plan.down}
+        why = "no longer in the power plan at the answer's time (busy, held or kept up)"
+    except Exception as exc:  # no data at the answer's time: nothing destructive
+        logger.warning("power: re-planning at the answer's time failed: %s", exc)
+        still, why = set(), f"could not plan again at the answer's time: {exc}"
+    expired = {d.decision_id: f"{d.target}: {why}" for d in downs if (d.host or d.target.split(":", 1)[-1]) not in still}
+    for did, reason in expired.items():
+        store.set_decision_status(did, "expired")
+        logger.warning("approved power decision %s not carried out: %s", did, reason)
+    return [d for d in decisions if d.decision_id not in expired], expired
 
 
 def record_task(plan: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:

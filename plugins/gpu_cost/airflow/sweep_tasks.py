@@ -1,7 +1,7 @@
 """Task bodies of ``gpu_zombie_sweep``: each returns a small JSON-able value for XCom.
 
-The acting building blocks (:func:`action_context`, :func:`act_on`) are shared with the manual
-reclaim DAG, which records its own decisions and then acts on them the same way.
+The executors' context (:func:`action_context`) is shared with the manual reclaim and the power
+DAGs; all three act through the one act step, :func:`gpu_cost.act.step.act_run`.
 
 What the run found and decided travels through the audit store, never XCom: each group's
 findings and the engine's plan are parked beside the run's snapshot (``gpu_cost_snapshots``,
@@ -120,7 +120,7 @@ def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: M
     Unsharded the group's snapshot is the run's already. ``log_jobs`` names the jobs whose logs the
     run keeps (the cluster's first candidates), for the groups' ``detect``.
     """
-    parts = sorted((dict(p) for p in parts), key=lambda p: int(p["shard"]))
+    parts = sorted((dict(p) for p in runtime.mapped_values(parts)), key=lambda p: int(p["shard"]))
     if not parts:
         raise GpuCostError("no shard of the sweep reported a snapshot")
     if len(parts) == 1:
@@ -250,7 +250,7 @@ def decide(ref: Mapping[str, Any], found: Sequence[Mapping[str, Any]], context: 
     of = policy.sweep.shards
     parked = [as_findings(json.loads(store.load_snapshot(findings_key(run_id, i, of)))) for i in range(of)]
     stored = [{"shard": i, "of": of, "findings": len(part)} for i, part in enumerate(parked)]
-    claimed = [dict(f) if isinstance(f, Mapping) else {"entry": f} for f in found or []]
+    claimed = [dict(f) if isinstance(f, Mapping) else {"entry": f} for f in runtime.mapped_values(found)]
     if sorted(map(_dumps, claimed)) != sorted(map(_dumps, stored)):
         runtime.record_tampering(store, run_id, task="decide", now=now, problems=[
             f"detect's XCom ({_dumps(claimed)[:300]}) differs from what the node groups stored "
@@ -395,90 +395,51 @@ def action_context(policy: Policy, now: float, run_id: str | None, *, dry_run: b
 
 
 
-def concurrent_run(store: AuditStore, run_id: str, dag_id: str, data_ts: float, window_s: float) -> str | None:
-    """Return the id of another unfinished run of ``dag_id`` on the same data, or None."""
-    since = time.time() - 6 * 3600
-    for row in store.fetch("running_runs", {"dag_id": dag_id, "run_id": run_id, "since": since}):
-        other = row.get("data_ts")
-        if other is not None and abs(float(other) - data_ts) <= window_s:
-            return str(row["run_id"])
-    return None
-
-
-def act_on(decisions: Sequence[Decision], policy: Policy, store: AuditStore, run_id: str, now: float,
-           ctx: Any = None) -> dict[str, Any]:
-    """Execute acting decisions through the dispatcher (audit row before and after, once per id)."""
-    from gpu_cost.act import dispatch
-
-    ctx = ctx or action_context(policy, now, run_id, store=store)
-    results = dispatch.execute(list(decisions), ctx, store)
-    by_status: dict[str, int] = {}
-    for r in results:
-        by_status[r["status"]] = by_status.get(r["status"], 0) + 1
-    return {"results": results, "by_status": by_status}
-
-
 def stored_decisions(store: AuditStore, run_id: str) -> list[tuple[Decision, dict[str, Any]]]:
     """Return the run's live decisions as the audit store holds them (never XCom), with their rows."""
+    from gpu_cost.act.step import live_rows
     from gpu_cost.core.model import Decision
 
-    return [(Decision.from_row(r), r) for r in store.decisions_of_run(run_id)
-            if r["mode"] != "dry-run" and r["action"] != "none" and r["status"] not in ("recorded", "snoozed")]
+    return [(Decision.from_row(r), r) for r in live_rows(store, run_id)]
 
 
 def act(ref: Mapping[str, Any], which: str, context: Mapping[str, Any]) -> dict[str, Any]:
-    """Carry out the run's ``automatic`` or ``approved`` decisions; abort the run on a cap violation.
+    """Carry out the run's ``automatic`` or ``approved`` decisions through the one act step.
 
-    What acts is read from the audit store by the run's id: the run's decisions, their approval
-    answers and the policy pinned when the run started. XCom only names the run. Raises
-    AirflowFailException (no retry) when a cap is exceeded — after marking the decisions
-    ``capped`` and the run ``capped`` with the reason — and when another run of the sweep is
-    acting on the same data.
+    What acts is read from the audit store by the run's id (:func:`gpu_cost.act.step.act_run`): the
+    run's decisions, their approval answers and the policy pinned when the run started. XCom only
+    names the run. Raises AirflowFailException (no retry) when a cap is exceeded — after marking the
+    decisions ``capped`` and the run ``capped`` with the reason — and when another run of the sweep
+    is acting on the same data. Approved decisions are judged again on data as recent as the answer.
     """
     from airflow.sdk.exceptions import AirflowFailException
 
-    from gpu_cost.core.model import Snapshot
-    from gpu_cost.decide.engine import check_caps, may_act
+    from gpu_cost.act.step import CapExceeded, RunConflict, act_run
 
     run_id = runtime.audit_run_id(context)
     store = runtime.store()
     policy = runtime.run_policy(store, run_id)
-    run = store.get_run(run_id) or {}
-    if run.get("data_ts") is None:
-        raise AirflowFailException(f"run {run_id} has no data instant in the audit store: nothing acts")
-    now = float(run["data_ts"])
-    snap = Snapshot.from_json(store.load_snapshot(run_id))
-    total = snap.gpu_count()
-    stored = stored_decisions(store, run_id)
-    acting = [d for d, _ in stored]
-    violation = check_caps(acting, policy, total)
-    if violation:
-        for d in acting:
-            store.set_decision_status(d.decision_id, "capped")
-        store.finish_run(run_id, status="capped", finished_at=time.time(), problems=[violation],
-                         counts={"decisions": len(acting), "capped": len(acting)})
-        raise AirflowFailException(f"cap exceeded, nothing acted: {violation}")
-    from gpu_cost.act import locks
 
-    dag_id = run_id.split(":", 1)[0]
-    # approved decisions were asked about once, by this run alone (later runs wait on them), and are
-    # re-checked below: the run guard is for deciding on the same data, not for a human's answer
-    other = None if which == "approved" else (
-        concurrent_run(store, run_id, dag_id, now, policy.sweep.interval / 2) or locks.run_conflict(store, run_id, dag_id))
-    if other:
-        raise AirflowFailException(f"another sweep run ({other}) is unfinished on the same data: not acting twice")
-    expired: dict[str, str] = {}
-    if which == "approved":
-        chosen = [d for d, r in stored if may_act(r, approved_only=True)]
-        chosen, expired = reverify_approved(chosen, policy, store, {"run_id": run_id, "now": now,
-                                                                    "source": run.get("source")})
-    else:
-        chosen = [d for d, r in stored if not d.requires_approval and may_act(r)]
-    ctx = action_context(policy, now, run_id, store=store, source=run.get("source"), cluster_gpus=total)
-    out = act_on(chosen, policy, store, run_id, now, ctx)
-    logger.info("acted on %d %s decision(s): %s", len(chosen), which, out["by_status"])
-    return {"which": which, "decisions": len(chosen), "by_status": out["by_status"], "expired": expired,
-            "failed": [r["decision_id"] for r in out["results"] if r["status"] == "failed"]}
+    def again(decisions: list[Decision], run: Mapping[str, Any], now: float) -> tuple[list[Decision], dict[str, str]]:
+        return reverify_approved(decisions, policy, store, {"run_id": run_id, "now": now, "source": run.get("source")})
+
+    def ctx(now: float, total: int, run: Mapping[str, Any]) -> Any:
+        return action_context(policy, now, run_id, store=store, source=run.get("source"), cluster_gpus=total)
+
+    try:
+        out = act_run(store, run_id, policy, "approved" if which == "approved" else "automatic", context=ctx,
+                      reverify=again, one_run_at_a_time=True,
+                      same_data_window_s=policy.sweep.interval / 2)
+    except CapExceeded as exc:
+        n = len(store.decisions_of_run(run_id))
+        store.finish_run(run_id, status="capped", finished_at=time.time(), problems=[str(exc)],
+                         counts={"decisions": n, "capped": sum(1 for r in store.decisions_of_run(run_id)
+                                                               if r["status"] == "capped")})
+        raise AirflowFailException(str(exc)) from exc
+    except (RunConflict, GpuCostError) as exc:
+        raise AirflowFailException(str(exc)) from exc
+    return {"which": which, "decisions": len(out.chosen), "by_status": out.by_status(), "expired": out.expired,
+            "failed": out.failed()}
 
 
 def reverify_approved(decisions: Sequence[Decision], policy: Policy, store: AuditStore,
@@ -665,5 +626,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Decision", "Finding", "act", "act_on", "action_context", "check_policy", "collect", "decide", "detect",
+__all__ = ["Decision", "Finding", "act", "action_context", "check_policy", "collect", "decide", "detect",
            "finish", "merge", "metrics_fresh", "record", "route", "shards"]

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 #: target kinds an action may apply to
-KINDS = ("job", "user", "process", "node", "reservation")
+KINDS = ("job", "user", "process", "node", "reservation", "agent")
 
 #: the modules that declare the shipped actions and rules (importing one registers what it declares)
 ACTION_MODULES = ("gpu_cost.act.notify", "gpu_cost.act.slurm", "gpu_cost.act.node", "gpu_cost.act.power",
-                  "gpu_cost.act.reservation")
+                  "gpu_cost.act.reservation", "gpu_cost.act.ops")
 RULE_MODULES = ("gpu_cost.analyse.rules.zombie", "gpu_cost.analyse.rules.idle_allocation", "gpu_cost.analyse.rules.low_efficiency",
                 "gpu_cost.analyse.rules.idle_interactive", "gpu_cost.analyse.rules.partly_idle", "gpu_cost.analyse.rules.anomaly",
                 "gpu_cost.analyse.rules.idle_reservation")

@@ -7,8 +7,9 @@ records no decision.) :func:`degraded_alert` raises the alert only when the run 
 unhealthy and the previous finished run of the same DAG was healthy (or there was none): the
 start of an episode. It records a decision with rule ``agent_health`` (target ``agent:<dag_id>``,
 evidence: the problems) and, when ``notifications.slack_channel`` is configured, posts to it
-through the Slack connection of :mod:`gpu_cost.act.channels.slack` (``gpu_cost_slack``), with the
-audit row written before the post and updated after, as for every action. The decision id comes
+through the one act path: the ``alert_ops`` action (:mod:`gpu_cost.act.ops`, the Slack connection
+``gpu_cost_slack``) dispatched by :func:`gpu_cost.act.dispatch.execute`, with the audit row written
+before the post and updated after, as for every action. The decision id comes
 from the run id, so a retried task never alerts twice. The problems are redacted
 (:func:`gpu_cost.core.redact.redact`) before they are quoted anywhere.
 
@@ -26,8 +27,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpu_cost.act import dispatch
+from gpu_cost.act.base import ActionContext
 from gpu_cost.config.schema import Policy
-from gpu_cost.core.connections import airflow_connection
 from gpu_cost.core.model import Decision
 from gpu_cost.core.redact import redact_all
 
@@ -80,51 +82,26 @@ def degraded_alert(store: AuditStore, policy: Policy, *, run_id: str, dag_id: st
     did = alert_id(dag_id, run_id)
     text = (f":warning: GPU cost agent `{dag_id}`: run `{run_id}` is *{status}* — nothing destructive acts until "
             f"the data is whole again.\n" + "\n".join(f"• {p}" for p in problems[:10]))
-    d = Decision(decision_id=did, ts=now, rule=RULE, target_kind="agent", target=f"agent:{dag_id}", action="notify",
-                 mode="notify", reason=f"run {status}: {'; '.join(problems)[:500]}",
-                 evidence={"run_status": status, "problems": list(problems),
+    d = Decision(decision_id=did, ts=now, rule=RULE, target_kind="agent", target=f"agent:{dag_id}",
+                 action="alert_ops", mode="notify", reason=f"run {status}: {'; '.join(problems)[:500]}",
+                 evidence={"run_status": status, "problems": list(problems), "text": text,
                            "previous_run": prev["run_id"] if prev else None,
                            "previous_status": prev["status"] if prev else None})
-    store.record_decisions([d], run_id, status="recorded")
-    logger.warning("agent health: %s run %s is %s (%s); alert %s", dag_id, run_id, status, "; ".join(problems), did)
-    out: dict[str, Any] = {"decision_id": did, "status": status, "sent": False}
     channel = policy.notifications.slack_channel
+    store.record_decisions([d], run_id, status="decided" if channel else "recorded")
+    logger.warning("agent health: %s run %s is %s (%s); alert %s", dag_id, run_id, status, "; ".join(problems), did)
     if not channel:
-        out["why"] = "notifications.slack_channel is not configured: recorded only"
-        return out
-    out.update(_send(store, d, channel, text, run_id, sleep or time.sleep, slack_conn_id))
+        return {"decision_id": did, "status": status, "sent": False,
+                "why": "notifications.slack_channel is not configured: recorded only"}
+    # the one act path: the audit row before the post and after it, once per decision id
+    ctx = ActionContext(policy=policy, dry_run=False, now=now, run_id=run_id, sleep=sleep or time.sleep,
+                        extra={"store": store, **({"slack_conn_id": slack_conn_id} if slack_conn_id else {})})
+    (res,) = dispatch.execute([d], ctx, store)
+    out: dict[str, Any] = {"decision_id": did, "status": status, "sent": res["status"] == "succeeded",
+                           "action_id": res.get("action_id")}
+    if res.get("error"):
+        out["why" if res["status"] == "skipped" else "error"] = res["error"]
     return out
-
-
-def _send(store: AuditStore, d: Decision, channel: str, text: str, run_id: str, sleep: Callable[[float], None],
-          slack_conn_id: str | None) -> dict[str, Any]:
-    from gpu_cost.act.channels import slack
-    from gpu_cost.core.redact import connection_secrets
-
-    conn_id = slack_conn_id or slack.SLACK_CONN_ID
-    aid = f"{d.decision_id}:notify"
-    if not store.action_started(action_id=aid, decision_id=d.decision_id, run_id=run_id, action="notify",
-                                target=d.target, executor=__name__, dry_run=False, started_at=time.time(),
-                                command=f"slack {channel}"):
-        row = store.get_action(aid)
-        if row is not None and row["status"] != "started":
-            return {"sent": row["status"] == "succeeded", "action_id": aid, "repeated": False}
-        store.execute("action_retry", {"action_id": aid})
-    conn = airflow_connection(conn_id)
-    if conn is None:
-        store.action_finished(aid, "failed", time.time(), error=f"connection {conn_id} is not configured")
-        store.set_decision_status(d.decision_id, "failed")
-        return {"sent": False, "action_id": aid, "error": f"connection {conn_id} is not configured"}
-    secrets = connection_secrets(conn)
-    if conn.conn_type == "slackwebhook":
-        dl = slack.send_webhook(conn_id, text, sleep=sleep, secrets=secrets)
-    else:
-        dl = slack.send_api(conn_id, channel, text, sleep=sleep, secrets=secrets)
-    dl.to = [channel]
-    store.action_finished(aid, "succeeded" if dl.ok else "failed", time.time(), output=dl.describe(),
-                          error=dl.error)
-    store.set_decision_status(d.decision_id, "acted" if dl.ok else "failed")
-    return {"sent": dl.ok, "action_id": aid, "error": dl.error}
 
 
 __all__ = ["RULE", "UNHEALTHY", "alert_id", "degraded_alert", "previous_run"]

@@ -4,7 +4,7 @@ Used by the demo (its store holds one real sweep) and by the tests. The week is 
 waited for: :func:`gpu_cost.loop.sweep.run_once` at hourly steps over a generated 7-day cluster
 (``generate_scenario(days=7)``, anchored at the end of the week), each sweep's usage written with
 :func:`gpu_cost.report.usage.record_usage`, and the acting decisions carried out through the real
-dispatcher (:func:`gpu_cost.act.dispatch.execute`: audit rows before and after, escalation,
+one act step (:func:`gpu_cost.act.step.act_run`: the run's caps, then audit rows before and after, escalation,
 savings ledger). Only the effect is simulated, as the cluster is: while the replay runs, the
 executors are the simulator's own, which end the job (or the lingering process) in the scenario
 so later sweeps see the GPUs free. Runs are recorded under ``dag_id = gpu-cost-seed``.
@@ -123,6 +123,10 @@ class _SimEffects:
     def __init__(self, scenario: Any) -> None:
         self.scenario = scenario
 
+    def gpus(self) -> int:
+        """The simulated cluster's GPU count (what a snapshot would say)."""
+        return int(sum(n.gpus for n in self.scenario.nodes))
+
     def __call__(self, d: Decision, ctx: ActionContext) -> Outcome:
         anchor = float(self.scenario.anchor)
         offset = ctx.now - anchor
@@ -193,7 +197,7 @@ def seed_week(store: AuditStore, policy: Policy, end: float, *, nodes: int = 8, 
     """
     # importing the ledger registers its hook (the dispatcher does the same with its executor modules)
     import gpu_cost.act.savings  # noqa: F401
-    from gpu_cost.act import dispatch
+    from gpu_cost.act.step import CapExceeded, act_run
     from gpu_cost.loop import sweep
     from gpu_cost.report.usage import record_usage
 
@@ -219,7 +223,7 @@ def seed_week(store: AuditStore, policy: Policy, end: float, *, nodes: int = 8, 
                 record_usage(store, snap, pol, step_s)
             counts["sweeps"] += 1
             counts["decisions"] += len(out["decisions"])
-            acting = []
+            # the simulated on-call answers what the run asked; then the one act step carries out what may act
             for row in store.decisions_of_run(run_id):
                 if row["mode"] == "dry-run" or row["action"] == "none" or row["status"] != "decided":
                     continue
@@ -229,12 +233,15 @@ def seed_week(store: AuditStore, policy: Policy, end: float, *, nodes: int = 8, 
                     counts["approved" if ok else "rejected"] += 1
                     if not ok:
                         store.set_decision_status(row["decision_id"], "rejected")
-                        continue
-                acting.append(decision_from_row(row))
-            if acting:
-                ctx = ActionContext(policy=pol, dry_run=False, now=t, run_id=run_id)
-                results = dispatch.execute(acting, ctx, store)
-                counts["executed"] += sum(1 for r in results if r["status"] == "succeeded")
+            def context(now: float, total: int, run: Any, rid: str = run_id) -> ActionContext:
+                return ActionContext(policy=pol, dry_run=False, now=now, run_id=rid, cluster_gpus=total)
+
+            try:
+                out_act = act_run(store, run_id, pol, "all", simulated_gpus=effects.gpus(), context=context)
+                counts["executed"] += out_act.by_status().get("succeeded", 0)
+            except CapExceeded as exc:
+                counts["capped"] = counts.get("capped", 0) + 1
+                logger.info("seeded week, %s: %s", run_id, exc)
     counts["seconds"] = round(time.time() - started, 1)
     logger.info("seeded week ending %s: %s", end, counts)
     return counts

@@ -1,0 +1,172 @@
+"""The one act step (:func:`gpu_cost.act.step.act_run`): every way in carries out exactly what the sweep would.
+
+A property test over random runs: decisions on every target kind (job, process, node, reservation),
+in every mode, with and without a human's answer, in every decision status, on clusters of known and
+unknown size. Whichever way in hands the run to the step (the sweep's two branches, the manual
+reclaim's two, the power DAG's one per action), what reaches an executor is exactly the decisions
+the sweep's own rule allows (:func:`gpu_cost.decide.engine.may_act`, the batch caps) — never more,
+never twice. The executors are a recorder: the cluster is what this test simulates, the store is real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpu_cost.act import dispatch
+from gpu_cost.act.base import REGISTRY, ActionContext, Outcome
+from gpu_cost.act.step import CapExceeded, act_run
+from gpu_cost.audit.store import AuditStore
+from gpu_cost.config.loader import load_policy
+from gpu_cost.core.model import Decision, Snapshot
+from gpu_cost.decide.engine import check_caps, may_act
+from tests.fixtures.core import NOW, ROOT
+
+BASE = load_policy(ROOT / "include" / "policy" / "default.yaml")
+ACTIONS_BY_KIND = {"job": ("notify", "demote", "cancel"), "process": ("notify", "kill_process"),
+                   "node": ("power_down", "power_up"), "reservation": ("notify", "release_reservation")}
+
+
+class Recorder:
+    """An executor for every action: records what reached it (the simulated cluster)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, d: Decision, ctx: ActionContext) -> Outcome:
+        self.calls.append(d.decision_id)
+        return Outcome("succeeded", output="recorded")
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Recorder]:
+    dispatch.load_executors()
+    saved = dict(REGISTRY)
+    rec = Recorder()
+    try:
+        for name in saved:
+            REGISTRY[name] = rec
+        yield rec
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(saved)
+
+
+@st.composite
+def runs(draw: Any) -> tuple[list[tuple[Decision, str, str | None]], int, int]:
+    """A run's decisions (each with its stored status and answer), the cluster's size, the per-run cap."""
+    n = draw(st.integers(1, 8))
+    out = []
+    for i in range(n):
+        kind = draw(st.sampled_from(sorted(ACTIONS_BY_KIND)))
+        action = draw(st.sampled_from(ACTIONS_BY_KIND[kind] + ("none",)))
+        d = Decision(decision_id=f"d{i}", ts=NOW, rule=draw(st.sampled_from(["idle_allocation", "offhours", "zombie"])),
+                     target_kind=kind, target=f"{kind}:{i}", action=action,
+                     mode=draw(st.sampled_from(["dry-run", "notify", "enforce"])),
+                     gpus=draw(st.integers(0, 8)), user="alice",
+                     requires_approval=draw(st.booleans()), reason="test")
+        status = draw(st.sampled_from(["decided", "decided", "recorded", "snoozed", "capped", "expired", "failed"]))
+        answer = draw(st.sampled_from([None, "approved", "rejected", "timed_out"])) if d.requires_approval else None
+        out.append((d, status, answer))
+    return out, draw(st.sampled_from([0, 16, 64, 1024])), draw(st.integers(1, 10))
+
+
+def _store(tmp: Any, decisions: list[tuple[Decision, str, str | None]], gpus: int, run_id: str) -> AuditStore:
+    store = AuditStore(f"sqlite:///{tmp}").ensure_schema()
+    store.begin_run(run_id, dag_id=run_id.split(":", 1)[0], started_at=NOW, data_ts=NOW, source="sim", mode="enforce")
+    if gpus:
+        import pandas as pd
+
+        frame = pd.DataFrame({"host": [f"n{i // 8}" for i in range(gpus)], "gpu": [i % 8 for i in range(gpus)]})
+        store.save_snapshot(run_id, NOW, Snapshot(ts=NOW, window_s=300.0, lookback_s=3600.0, source="sim",
+                                                  gpus=frame).to_json())
+    for d, status, answer in decisions:
+        store.record_decisions([d], run_id, status=status)
+        if answer is not None:
+            store.set_approval(d.decision_id, answer, "lead", NOW)
+    return store
+
+
+ENTRIES = [("gpu_zombie_sweep", "automatic"), ("gpu_zombie_sweep", "approved"), ("gpu_manual_reclaim", "automatic"),
+           ("gpu_manual_reclaim", "approved"), ("gpu_offhours_power", "all")]
+
+
+@pytest.mark.parametrize(("dag_id", "branch"), ENTRIES)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(case=runs())
+def test_every_way_in_acts_exactly_where_the_sweep_would(tmp_path_factory: Any, dag_id: str, branch: str,
+                                                         case: Any) -> None:
+    decisions, gpus, per_run = case
+    policy = dataclasses.replace(BASE, mode="enforce", caps=dataclasses.replace(BASE.caps, max_actions_per_run=per_run))
+    run_id = f"{dag_id}:r"
+    store = _store(tmp_path_factory.mktemp("s") / "audit.db", decisions, gpus, run_id)
+    rows = {r["decision_id"]: r for r in store.decisions_of_run(run_id)}
+    # the sweep's own rule, written out independently of the step
+    in_branch = {did for did, r in rows.items()
+                 if r["mode"] != "dry-run" and r["action"] != "none" and r["status"] not in ("recorded", "snoozed")
+                 and (branch == "all" or bool(r["requires_approval"]) == (branch == "approved"))
+                 and may_act(r, approved_only=branch == "approved")}
+    plan = [Decision.from_row(r) for r in rows.values()
+            if r["mode"] != "dry-run" and r["action"] != "none" and r["status"] not in ("recorded", "snoozed")]
+    capped = check_caps(plan, policy, gpus)  # the caps hold the run's whole plan, whichever branch acts
+
+    def ctx(now: float, total: int, run: Any) -> ActionContext:
+        assert total == gpus  # the size the run's snapshot recorded, never a caller's
+        return ActionContext(policy=policy, dry_run=False, now=now, run_id=run_id, extra={"store": store})
+
+    with recording() as rec:
+        if capped:
+            with pytest.raises(CapExceeded):
+                act_run(store, run_id, policy, branch, context=ctx)  # type: ignore[arg-type]
+            assert rec.calls == []
+            assert {r["decision_id"] for r in store.decisions_of_run(run_id) if r["status"] == "capped"} >= {
+                d.decision_id for d in plan}
+            return
+        out = act_run(store, run_id, policy, branch, context=ctx)  # type: ignore[arg-type]
+        assert sorted(rec.calls) == sorted(in_branch)
+        assert {d.decision_id for d in out.chosen} == in_branch
+        # a retried task (a worker lost after acting) carries out nothing twice
+        act_run(store, run_id, policy, branch, context=ctx)  # type: ignore[arg-type]
+        assert sorted(rec.calls) == sorted(in_branch)
+
+
+def test_an_unknown_cluster_size_refuses_destructive_actions_at_every_way_in(tmp_path: Any) -> None:
+    d = Decision(decision_id="k", ts=NOW, rule="idle_allocation", target_kind="job", target="job:1", action="cancel",
+                 mode="enforce", gpus=4, user="alice", reason="idle")
+    for dag_id, branch in ENTRIES:
+        if branch == "approved":
+            continue
+        run_id = f"{dag_id}:unknown"
+        store = _store(tmp_path / f"{dag_id}.db", [(d, "decided", None)], 0, run_id)
+        with recording() as rec, pytest.raises(CapExceeded, match="unknown size"):
+            act_run(store, run_id, dataclasses.replace(BASE, mode="enforce"), branch,  # type: ignore[arg-type]
+                    context=lambda now, total, run: ActionContext(policy=BASE, dry_run=False, now=now, run_id=run_id))
+        assert rec.calls == [] and store.decisions_of_run(run_id)[0]["status"] == "capped"
+
+
+def test_the_health_alert_is_an_action_of_the_one_path(tmp_path: Any, slack_sink: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from gpu_cost.loop import health
+
+    monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_SLACK",
+                       json.dumps({"conn_type": "slackwebhook", "password": slack_sink.webhook_url()}))
+    slack_sink.reset()
+    policy = dataclasses.replace(BASE, notifications=dataclasses.replace(BASE.notifications, slack_channel="#ops"))
+    store = AuditStore(f"sqlite:///{tmp_path / 'a.db'}").ensure_schema()
+    store.begin_run("gpu_zombie_sweep:h", dag_id="gpu_zombie_sweep", started_at=NOW, data_ts=NOW, source="sim",
+                    mode="enforce")
+    for _ in range(2):  # a retried finish task posts once
+        health.degraded_alert(store, policy, run_id="gpu_zombie_sweep:h", dag_id="gpu_zombie_sweep",
+                              status="degraded", problems=["prometheus: down"], now=NOW)
+    (row,) = store.query("SELECT action, status, executor FROM gpu_cost_actions")
+    assert row["action"] == "alert_ops" and row["status"] == "succeeded" and row["executor"] == "gpu_cost.act.ops"
+    assert len(slack_sink.texts()) == 1 and "prometheus: down" in slack_sink.texts()[0]
