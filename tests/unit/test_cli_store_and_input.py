@@ -30,7 +30,7 @@ import time_machine
 
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.cli import main as cli
-from gpu_cost.cli import project
+from gpu_cost.cli import options, project
 from gpu_cost.cli.commands.sweep import no_action
 from gpu_cost.core.errors import GpuCostError
 from gpu_cost.core.timeutil import iso, parse_duration_strict
@@ -51,7 +51,7 @@ def bare_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.setenv("GPU_COST_HOME", str(home))
-    monkeypatch.delenv(cli.DB_ENV, raising=False)
+    monkeypatch.delenv(options.DB_ENV, raising=False)
     monkeypatch.delenv(CONN_ENV, raising=False)
     monkeypatch.setenv("GPU_COST_AIRFLOW_LOOKUP", "0")
     monkeypatch.chdir(work)
@@ -93,43 +93,43 @@ def test_db_flag_beats_env_beats_connection_beats_project_file_beats_default(
         bare_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     flag, env, conn = tmp_path / "flag.db", tmp_path / "env.db", tmp_path / "conn.db"
     pfile = project_file(bare_env, '[store]\ndb = "stores/audit.db"\n')
-    monkeypatch.setenv(cli.DB_ENV, str(env))
+    monkeypatch.setenv(options.DB_ENV, str(env))
     monkeypatch.setenv(CONN_ENV, sqlite_conn(conn))
 
-    assert cli.resolve_store(str(flag)) == cli.StoreChoice(f"sqlite:///{flag}", "--db")
-    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{env}", "GPU_COST_DB")
-    monkeypatch.setenv(cli.DB_ENV, "   ")  # blank counts as unset
-    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{conn}", "connection")
-    monkeypatch.delenv(cli.DB_ENV)
-    assert cli.resolve_store("") == cli.StoreChoice(f"sqlite:///{conn}", "connection")  # an empty --db too
+    assert options.resolve_store(str(flag)) == options.StoreChoice(f"sqlite:///{flag}", "--db")
+    assert options.resolve_store(None) == options.StoreChoice(f"sqlite:///{env}", "GPU_COST_DB")
+    monkeypatch.setenv(options.DB_ENV, "   ")  # blank counts as unset
+    assert options.resolve_store(None) == options.StoreChoice(f"sqlite:///{conn}", "connection")
+    monkeypatch.delenv(options.DB_ENV)
+    assert options.resolve_store("") == options.StoreChoice(f"sqlite:///{conn}", "connection")  # an empty --db too
     monkeypatch.delenv(CONN_ENV)
     named = bare_env / "stores" / "audit.db"
-    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{named}", "project", str(pfile))
+    assert options.resolve_store(None) == options.StoreChoice(f"sqlite:///{named}", "project", str(pfile))
     pfile.unlink()
     default = tmp_path / "home" / "audit.db"
-    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{default}", "default")
+    assert options.resolve_store(None) == options.StoreChoice(f"sqlite:///{default}", "default")
 
 
 def test_each_origin_is_said_by_name(bare_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pfile = project_file(bare_env, '[store]\ndb = "a.db"\n')
-    choice = cli.resolve_store(None)
+    choice = options.resolve_store(None)
     assert choice.label() == f"sqlite:///{bare_env / 'a.db'} (project file {pfile})"
     assert choice.to_dict() == {"url": f"sqlite:///{bare_env / 'a.db'}", "origin": "project", "file": str(pfile)}
-    assert cli.resolve_store("x.db").label().endswith("(from --db)")
+    assert options.resolve_store("x.db").label().endswith("(from --db)")
     monkeypatch.setenv(CONN_ENV, sqlite_conn(tmp_path / "c.db"))
-    assert cli.resolve_store(None).label().endswith("(connection gpu_cost_db)")
-    monkeypatch.setenv(cli.DB_ENV, str(tmp_path / "e.db"))
-    assert cli.resolve_store(None).label().endswith("(from GPU_COST_DB)")
+    assert options.resolve_store(None).label().endswith("(connection gpu_cost_db)")
+    monkeypatch.setenv(options.DB_ENV, str(tmp_path / "e.db"))
+    assert options.resolve_store(None).label().endswith("(from GPU_COST_DB)")
     pfile.unlink()
-    monkeypatch.delenv(cli.DB_ENV)
+    monkeypatch.delenv(options.DB_ENV)
     monkeypatch.delenv(CONN_ENV)
-    assert cli.resolve_store(None).label().endswith("(default)")
+    assert options.resolve_store(None).label().endswith("(default)")
 
 
 def test_a_relative_db_path_is_made_absolute_from_the_working_directory(bare_env: Path) -> None:
-    choice = cli.resolve_store("stores/a.db")
-    assert choice == cli.StoreChoice(f"sqlite:///{bare_env / 'stores' / 'a.db'}", "--db")
-    assert cli.resolve_store("sqlite:///x.db").url == "sqlite:///x.db"  # a URL is taken as it is
+    choice = options.resolve_store("stores/a.db")
+    assert choice == options.StoreChoice(f"sqlite:///{bare_env / 'stores' / 'a.db'}", "--db")
+    assert options.resolve_store("sqlite:///x.db").url == "sqlite:///x.db"  # a URL is taken as it is
 
 
 def test_the_nearest_project_file_counts_and_its_paths_count_from_its_folder(
@@ -138,14 +138,14 @@ def test_the_nearest_project_file_counts_and_its_paths_count_from_its_folder(
     deep = bare_env / "a" / "b"
     deep.mkdir(parents=True)
     monkeypatch.chdir(deep)  # found in a parent, as git finds .git; relative to the file, not to here
-    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{bare_env / '.demo' / 'audit.db'}", "project",
+    assert options.resolve_store(None) == options.StoreChoice(f"sqlite:///{bare_env / '.demo' / 'audit.db'}", "project",
                                                       str(outer))
     inner = project_file(bare_env / "a", '[store]\ndb = "postgresql://agent:pw@db/gpu"\n')
-    near = cli.resolve_store(None)  # the nearest one wins; a URL is taken as it is (driver added)
-    assert near == cli.StoreChoice("postgresql+psycopg2://agent:pw@db/gpu", "project", str(inner))
+    near = options.resolve_store(None)  # the nearest one wins; a URL is taken as it is (driver added)
+    assert near == options.StoreChoice("postgresql+psycopg2://agent:pw@db/gpu", "project", str(inner))
     assert "pw" not in near.label()
     inner.write_text("# no [store] here\n", encoding="utf-8")
-    assert cli.resolve_store(None).origin == "default"  # a file that names no store names none
+    assert options.resolve_store(None).origin == "default"  # a file that names no store names none
 
 
 def test_no_timestamp_decides_the_store(bare_env: Path, tmp_path: Path) -> None:
@@ -155,10 +155,10 @@ def test_no_timestamp_decides_the_store(bare_env: Path, tmp_path: Path) -> None:
     demo = store_at(bare_env / ".demo" / "audit.db")
     later = Path(default.path or "").stat().st_mtime + 10
     os.utime(demo.path or "", (later, later))  # the demo's store is the newer one
-    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{default.path}", "default")
+    assert options.resolve_store(None) == options.StoreChoice(f"sqlite:///{default.path}", "default")
     pfile = project_file(bare_env, '[store]\ndb = ".demo/audit.db"\n')
     os.utime(default.path or "", (later + 10, later + 10))  # now the default file is the newer one
-    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{demo.path}", "project", str(pfile))
+    assert options.resolve_store(None) == options.StoreChoice(f"sqlite:///{demo.path}", "project", str(pfile))
 
 
 @pytest.mark.parametrize(("body", "says"), [
@@ -173,39 +173,39 @@ def test_a_malformed_project_file_is_an_error_naming_the_file_and_the_key(
         bare_env: Path, capsys: pytest.CaptureFixture[str], body: str, says: str) -> None:
     pfile = project_file(bare_env, body)
     with pytest.raises(GpuCostError) as exc:
-        cli.resolve_store(None)
+        options.resolve_store(None)
     assert str(exc.value).startswith(f"{pfile}: ") and says in str(exc.value), str(exc.value)
     code, out, err = run(capsys, "audit", "--job", "1", "--json")
     assert code == 2 and one_json(out)["error"] == str(exc.value)
     assert "Traceback" not in err
-    assert cli.resolve_store("elsewhere.db").origin == "--db"  # a named store does not read the file
+    assert options.resolve_store("elsewhere.db").origin == "--db"  # a named store does not read the file
 
 
 def test_the_project_file_never_beats_a_configured_store(bare_env: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     project_file(bare_env, '[store]\ndb = ".demo/audit.db"\n')
     monkeypatch.setenv(CONN_ENV, sqlite_conn(tmp_path / "conn.db"))
-    assert cli.resolve_store(None).origin == "connection"
-    monkeypatch.setenv(cli.DB_ENV, str(tmp_path / "env.db"))
-    assert cli.resolve_store(None).origin == "GPU_COST_DB"
+    assert options.resolve_store(None).origin == "connection"
+    monkeypatch.setenv(options.DB_ENV, str(tmp_path / "env.db"))
+    assert options.resolve_store(None).origin == "GPU_COST_DB"
 
 
 def test_postgres_urls_get_the_driver_and_never_show_the_password(bare_env: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    choice = cli.resolve_store("postgres://u:secret@h/db")
-    assert choice == cli.StoreChoice("postgresql+psycopg2://u:secret@h/db", "--db")
-    assert cli.resolve_store("postgresql://u:secret@h:5433/db").url == "postgresql+psycopg2://u:secret@h:5433/db"
+    choice = options.resolve_store("postgres://u:secret@h/db")
+    assert choice == options.StoreChoice("postgresql+psycopg2://u:secret@h/db", "--db")
+    assert options.resolve_store("postgresql://u:secret@h:5433/db").url == "postgresql+psycopg2://u:secret@h:5433/db"
     shown = [choice.label(), json.dumps(choice.to_dict())]
     assert choice.to_dict() == {"url": "postgresql+psycopg2://u:***@h/db", "origin": "--db"}
     assert choice.label() == "postgresql+psycopg2://u:***@h/db (from --db)"
 
-    monkeypatch.setenv(cli.DB_ENV, "postgresql://agent:s3cr3t@db.example/gpu")
-    env = cli.resolve_store(None)
+    monkeypatch.setenv(options.DB_ENV, "postgresql://agent:s3cr3t@db.example/gpu")
+    env = options.resolve_store(None)
     assert env.url == "postgresql+psycopg2://agent:s3cr3t@db.example/gpu" and env.origin == "GPU_COST_DB"
-    monkeypatch.delenv(cli.DB_ENV)
+    monkeypatch.delenv(options.DB_ENV)
     monkeypatch.setenv(CONN_ENV, json.dumps({"conn_type": "postgres", "host": "pg", "port": 5432, "login": "agent",
                                              "password": "p@ss/w:rd", "schema": "gpu"}))
-    conn = cli.resolve_store(None)
+    conn = options.resolve_store(None)
     assert conn.origin == "connection" and conn.url.startswith("postgresql+psycopg2://agent:")
     assert conn.label().endswith("(connection gpu_cost_db)")
     for c in (env, conn):
@@ -351,7 +351,7 @@ def test_audit_from_env_and_connection_says_so(bare_env: Path, tmp_path: Path, m
     assert one_json(out)["store"] == {"url": f"sqlite:///{conn}", "origin": "connection"}
     env = tmp_path / "env.db"
     store_at(env)
-    monkeypatch.setenv(cli.DB_ENV, str(env))
+    monkeypatch.setenv(options.DB_ENV, str(env))
     code, out, _ = run(capsys, "audit", "--job", "1")
     assert code == 1 and out.rstrip("\n").splitlines()[-1] == f"store: sqlite:///{env} (from GPU_COST_DB)"
 
@@ -451,9 +451,9 @@ def test_since_takes_a_leading_minus_as_the_same_time_ago(bare_env: Path, tmp_pa
         assert one_json(out)["filters"] == {"since": iso(NOW - 3 * 86400)}
         code, out, _ = run(capsys, "audit", "--since", "3d", "--db", str(db), "--json")
         assert one_json(out)["filters"] == {"since": iso(NOW - 3 * 86400)}
-    assert cli.instant_arg("-7d", "--until", before=NOW) == cli.instant_arg("7d", "--until", before=NOW) == NOW - 7 * 86400
+    assert options.instant_arg("-7d", "--until", before=NOW) == options.instant_arg("7d", "--until", before=NOW) == NOW - 7 * 86400
     with pytest.raises(GpuCostError, match="--since '-3x': not "):
-        cli.instant_arg("-3x", "--since", before=NOW)
+        options.instant_arg("-3x", "--since", before=NOW)
 
 
 # -- durations need a unit ------------------------------------------------------------------------
@@ -471,9 +471,9 @@ def test_parse_duration_strict() -> None:
 def test_duration_arg_names_the_flag_and_the_value() -> None:
     from gpu_cost.core.errors import GpuCostError
 
-    assert cli.duration_arg("90m", "--for") == 5400
+    assert options.duration_arg("90m", "--for") == 5400
     with pytest.raises(GpuCostError) as exc:
-        cli.duration_arg("4", "--for")
+        options.duration_arg("4", "--for")
     assert str(exc.value).startswith("--for '4': ") and "unit" in str(exc.value)
 
 

@@ -974,11 +974,11 @@ def _live(policy: Any, scenario: Any, nodes: StubNodes, **kw: Any) -> Any:
 
 
 def test_live_snapshot_reads_the_logs_of_idle_jobs(policy, scenario) -> None:  # type: ignore[no-untyped-def]
-    from gpu_cost.analyse import evidence
+    from gpu_cost.perceive import live
 
     nodes = StubNodes()
     snap = _live(policy, scenario, nodes)
-    expected = [j.job_id for j in evidence.log_candidates(snap, policy)]
+    expected = [j.job_id for j in live.log_candidates(snap, policy)]
     assert expected and nodes.asked == [(expected, policy.evidence.job_log.max_bytes)]
     assert sorted(snap.job_logs) == sorted(expected) and all(v["error"] for v in snap.job_logs.values())
     assert not [p for p in snap.problems if "log" in p], "an unreadable log is not a problem of the snapshot"

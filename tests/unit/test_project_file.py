@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpu_cost.cli import main as cli
-from gpu_cost.cli import project
+from gpu_cost.cli import options, project
 from gpu_cost.cli.commands import demo
 from tests.fixtures.core import NOW, ROOT
 
@@ -33,7 +32,7 @@ def bare_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.setenv("GPU_COST_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv(cli.DB_ENV, raising=False)
+    monkeypatch.delenv(options.DB_ENV, raising=False)
     monkeypatch.delenv(CONN_ENV, raising=False)
     monkeypatch.setenv("GPU_COST_AIRFLOW_LOOKUP", "0")
     monkeypatch.chdir(work)
@@ -49,7 +48,7 @@ def test_the_demo_writes_a_project_file_naming_its_store(bare_env: Path) -> None
     pfile = bare_env / project.FILE_NAME
     assert out == {"file": str(pfile), "written": True, "names_it": True, "note": None}
     assert project.read(pfile) == {"store": {"db": ".demo/audit.db"}}  # relative: the folder may move
-    assert cli.resolve_store(None) == cli.StoreChoice(f"sqlite:///{db}", "project", str(pfile))
+    assert options.resolve_store(None) == options.StoreChoice(f"sqlite:///{db}", "project", str(pfile))
     before = pfile.read_text(encoding="utf-8")
     again = project.name_store(bare_env, db)  # a second demo: the file names it already
     assert (again["written"], again["names_it"]) == (False, True) and pfile.read_text(encoding="utf-8") == before
@@ -98,7 +97,7 @@ def test_the_summary_says_the_project_file_names_the_store(bare_env: Path, monke
     assert f"{bare_env / project.FILE_NAME} names it: later gpu-cost commands in this folder (or below) read it" in text
     assert all("--db" not in cmd for cmd, _ in demo.next_commands(result, home))
     # GPU_COST_DB comes before the project file: the summary says so, and what to type
-    monkeypatch.setenv(cli.DB_ENV, str(bare_env / "ops.db"))
+    monkeypatch.setenv(options.DB_ENV, str(bare_env / "ops.db"))
     result = _result(home, project_file=demo._name_store(home / "audit.db"))
     assert "later commands here read sqlite:///" in "\n".join(demo.summary(result, home))
     assert demo.next_commands(result, home)[0][0].endswith("--db .demo/audit.db")
@@ -129,7 +128,7 @@ def test_the_console_script_keeps_reading_the_demos_store_after_power_plan(tmp_p
     assert exe.is_file(), f"{exe}: run make setup"
     work, home = tmp_path / "work", tmp_path / "home"
     (work / "sub").mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if k not in (CONN_ENV, cli.DB_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in (CONN_ENV, options.DB_ENV)}
     env.update(GPU_COST_HOME=str(home), GPU_COST_AIRFLOW_LOOKUP="0")
     project.name_store(work, work / ".demo" / "audit.db")  # as `gpu-cost demo` leaves it
 

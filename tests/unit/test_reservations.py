@@ -82,7 +82,7 @@ def test_the_rule_finds_unused_nodes_of_an_active_reservation() -> None:
                                                                     "vision")
     # GPU metrics show both idle: the finding says for how long
     assert f.evidence["unused_nodes"] == ["gpu01", "gpu02"] and f.evidence["gpus_idle_for_s"] == 2 * 3600
-    assert "run none of its jobs (their GPUs idle for 120 min)" in __import__("gpu_cost").registry.why(f)
+    assert "run none of its jobs (their GPUs idle for 120 min)" in __import__("gpu_cost.core.registry").core.registry.why(f)
     # one node runs a job of it: the other is unused
     (f,) = run_rules(_snap((_resv(),), (_job("7"),), gpus=idle), p, ["idle_reservation"])
     assert f.evidence["unused_nodes"] == ["gpu02"] and f.evidence["used_nodes"] == ["gpu01"] and f.gpus == 8
