@@ -13,8 +13,9 @@ from gpu_cost.act.base import ActionContext
 from gpu_cost.act.dispatch import execute
 from gpu_cost.airflow.power_tasks import reservation_decisions
 from gpu_cost.analyse.rules import run_rules
+from gpu_cost.analyse.rules.idle_reservation import IdleReservationRule
 from gpu_cost.capacity import reservations
-from gpu_cost.config.schema import IdleReservationRule, Policy, ReservationsConfig, Rules, Rung
+from gpu_cost.config.schema import Policy, ReservationsConfig, Rules, Rung
 from gpu_cost.core.model import Snapshot, empty_gpu_frame
 from gpu_cost.decide.engine import decide
 from gpu_cost.loop import sweep
@@ -32,7 +33,7 @@ def _policy(**resv) -> Policy:
     cfg = dataclasses.replace(ReservationsConfig(), enabled=True, **{"min_gpus": 2, "max_nodes": 2,
                                                                      "approval_over_nodes": 1, **resv})
     return dataclasses.replace(Policy(), mode="enforce", reservations=cfg,
-                               rules=dataclasses.replace(Rules(), idle_reservation=rule))
+                               rules=Rules(idle_reservation=rule))
 
 
 def _snapshot(src: SlurmSource, ts: float, p: Policy | None = None, *, metrics: bool = True) -> Snapshot:

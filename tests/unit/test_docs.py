@@ -26,7 +26,8 @@ import pytest
 
 from gpu_cost.cli import docgen
 from gpu_cost.cli.main import build_parser
-from gpu_cost.config.schema import Policy
+from gpu_cost.config.schema import Policy, Rules
+from gpu_cost.core import registry
 from tests.fixtures.core import ROOT
 
 README = ROOT / "README.md"
@@ -64,17 +65,45 @@ def test_the_generated_references_depend_on_neither_the_terminal_nor_the_folder(
 
 
 def test_docgen_check_names_a_drifted_page(tmp_path: Path) -> None:
-    for rel, text in docgen.pages().items():
+    for rel, text in docgen.generated().items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text, encoding="utf-8")
     assert docgen.drifted(tmp_path) == []
     (tmp_path / docgen.POLICY_PAGE).write_text("# edited by hand\n", encoding="utf-8")
     assert docgen.drifted(tmp_path) == [docgen.POLICY_PAGE]
+    # a generated block edited by hand, or lost, is drift too; the text around a block is the page's own
+    index = tmp_path / docgen.INDEX_PAGE
+    text = index.read_text(encoding="utf-8")
+    index.write_text(text.replace("| `zombie` |", "| `zombie (edited)` |"), encoding="utf-8")
+    assert docgen.drifted(tmp_path) == [docgen.POLICY_PAGE, docgen.INDEX_PAGE]
+    index.write_text(text.replace("## What it finds", "## What the agent finds"), encoding="utf-8")
+    assert docgen.INDEX_PAGE not in docgen.drifted(tmp_path)
+    index.write_text(text.replace("<!-- /generated -->", ""), encoding="utf-8")
+    assert docgen.INDEX_PAGE in docgen.drifted(tmp_path)
+    with pytest.raises(ValueError, match="lost its generated block"):
+        docgen.generated(tmp_path)
+
+
+def test_the_home_pages_rules_table_is_the_registry() -> None:
+    """docs/index.md keeps no hand-written list of rules: its table is every registered rule, in order,
+    with its default ladder from the rule module's settings (issue 35)."""
+    page = (DOCS / "index.md").read_text(encoding="utf-8")
+    block = page.split("<!-- generated: rules-table -->", 1)[1].split("<!-- /generated -->", 1)[0]
+    rows = [line for line in block.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == list(registry.rules())
+    zombie = rows[0]
+    assert "`notify`, then `kill_process` after 15m" in zombie
+    assert page.count("| rule |") == 1, "docs/index.md has a rules table outside its generated block"
 
 
 # -- independent walks of the schema and the parsers -----------------------------------------------
 def _schema_paths(cls: type, prefix: str = "") -> list[str]:
     out = []
+    if cls is Rules:  # one section per registered rule, declared by its module
+        for name, spec in registry.rules().items():
+            out.append(f"{prefix}.{name}")
+            out += _schema_paths(spec.config, f"{prefix}.{name}")
+        return out
     hints = typing.get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -84,7 +113,7 @@ def _schema_paths(cls: type, prefix: str = "") -> list[str]:
         tp = hints[f.name]
         while get_origin(tp) is Annotated:
             tp = get_args(tp)[0]
-        if dataclasses.is_dataclass(tp):
+        if dataclasses.is_dataclass(tp) or tp is Rules:
             out += _schema_paths(tp, path)  # type: ignore[arg-type]
         elif get_origin(tp) is tuple and dataclasses.is_dataclass(get_args(tp)[0]):
             out += _schema_paths(get_args(tp)[0], path + "[]")

@@ -10,8 +10,9 @@ import pytest
 from gpu_cost.act.base import ActionContext
 from gpu_cost.act.reservation import create_argv, release_reservation, reserve
 from gpu_cost.analyse.rules import run_rules
+from gpu_cost.analyse.rules.idle_reservation import IdleReservationRule
 from gpu_cost.capacity.reservations import decisions_for, plan_reservations
-from gpu_cost.config.schema import IdleReservationRule, Match, Policy, Protection, ReservationsConfig, Rules
+from gpu_cost.config.schema import Match, Policy, Protection, ReservationsConfig, Rules
 from gpu_cost.core.errors import SourceError
 from gpu_cost.core.model import Job, Node, Reservation, Snapshot, empty_gpu_frame
 from gpu_cost.decide.engine import may_act
@@ -95,7 +96,7 @@ def test_the_rule_finds_unused_nodes_of_an_active_reservation() -> None:
                                   "inactive"])
 def test_the_rule_leaves_alone_what_is_not_idle_or_not_seen(case: str) -> None:
     rule = dataclasses.replace(IdleReservationRule(), exclude_names=("keep-*",))
-    p = dataclasses.replace(Policy(), rules=dataclasses.replace(Rules(), idle_reservation=rule))
+    p = dataclasses.replace(Policy(), rules=Rules(idle_reservation=rule))
     resv, jobs, gpus = _resv(), (), None
     if case == "young":
         resv = _resv(start_ts=NOW - 600)

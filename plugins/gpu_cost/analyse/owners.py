@@ -18,13 +18,22 @@ its ``UID_MIN`` or with a ``nologin``/``false`` shell, which only it can see.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from gpu_cost.config.schema import ZombieRule
 from gpu_cost.core.model import GpuProcess
 
 
-def foreign_owner(p: GpuProcess, cfg: ZombieRule) -> str | None:
+class OwnerSettings(Protocol):
+    """The owner settings of ``rules.zombie`` (its :class:`~gpu_cost.analyse.rules.zombie.ZombieRule`)."""
+
+    @property
+    def act_on_owners(self) -> tuple[str, ...]: ...
+
+    @property
+    def system_users(self) -> tuple[str, ...]: ...
+
+
+def foreign_owner(p: GpuProcess, cfg: OwnerSettings) -> str | None:
     """Return why a process is not ours by default (``root``, ``system``, ``container:<runtime>``), or None."""
     if p.container:
         runtime, sep, _ = p.container.partition(":")
@@ -36,7 +45,7 @@ def foreign_owner(p: GpuProcess, cfg: ZombieRule) -> str | None:
     return None
 
 
-def owner_allowed(kind: str, user: str, cfg: ZombieRule) -> str | None:
+def owner_allowed(kind: str, user: str, cfg: OwnerSettings) -> str | None:
     """Return the ``act_on_owners`` entry that lets the agent act on a foreign owner, or None."""
     if kind == "root" or kind.startswith("container"):
         return None  # the node wrapper refuses them whatever the policy says
@@ -46,7 +55,7 @@ def owner_allowed(kind: str, user: str, cfg: ZombieRule) -> str | None:
     return user if user and user in allowed else None
 
 
-def owner_evidence(p: GpuProcess, cfg: ZombieRule) -> dict[str, Any]:
+def owner_evidence(p: GpuProcess, cfg: OwnerSettings) -> dict[str, Any]:
     """Return the evidence a finding on process ``p`` carries about its owner (empty for a person's)."""
     kind = foreign_owner(p, cfg)
     if kind is None:

@@ -1,4 +1,5 @@
-"""Generate the reference pages that must not drift from the code: the CLI and the policy.
+"""Generate the documentation that must not drift from the code: the CLI and policy references, the
+rules table of the home page and the shipped policy on the policy page.
 
 - ``docs/reference/cli.md`` from :func:`gpu_cost.cli.main.build_parser`: every subcommand (nested ones
   such as ``db current`` included), its help and description, a synopsis and a table of its
@@ -10,9 +11,14 @@
   comment above the field in ``schema.py``, else the comment on that key's line in the shipped
   policy ``include/policy/default.yaml``; each section is described by its class docstring.
 
+- The blocks between ``<!-- generated: NAME -->`` and ``<!-- /generated -->`` in hand-written pages:
+  ``rules-table`` in ``docs/index.md`` (every registered rule, what it finds and its default ladder,
+  from the rule modules' declarations) and ``shipped-policy`` in ``docs/policy.md`` (the shipped
+  policy file, byte for byte). The text around them is left as it is.
+
 Run from the repository root::
 
-    .venv/bin/python -m gpu_cost.cli.docgen           # (re)write both pages
+    .venv/bin/python -m gpu_cost.cli.docgen           # (re)write the pages and the blocks
     .venv/bin/python -m gpu_cost.cli.docgen --check   # exit 1 naming every page that drifted
 
 ``tests/unit/test_docs.py`` fails when a committed page differs from what this module generates.
@@ -40,6 +46,10 @@ REGENERATE = ".venv/bin/python -m gpu_cost.cli.docgen"
 CLI_PAGE = "docs/reference/cli.md"
 POLICY_PAGE = "docs/reference/policy.md"
 SHIPPED_POLICY = "include/policy/default.yaml"
+INDEX_PAGE = "docs/index.md"
+POLICY_GUIDE = "docs/policy.md"
+#: a generated block inside a hand-written page
+_REGION = re.compile(r"(<!-- generated: (?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- /generated -->)", re.S)
 
 
 def _banner(source: str) -> str:
@@ -260,7 +270,8 @@ def _unwrap(tp: Any) -> tuple[Any, tuple[Any, ...]]:
 
 
 def _is_section(tp: Any) -> bool:
-    return dataclasses.is_dataclass(tp) and isinstance(tp, type)
+    """A dataclass, or a section that builds itself (``rules:``, whose keys are the registered rules)."""
+    return isinstance(tp, type) and (dataclasses.is_dataclass(tp) or callable(getattr(tp, "from_policy", None)))
 
 
 def _exact_duration(seconds: float) -> str:
@@ -518,6 +529,11 @@ def sections(root: type | None = None) -> list[Section]:
 
 
 def _walk(cls: type, path: str, doc: str, shipped: dict[str, str], out: list[Section]) -> None:
+    from gpu_cost.config.schema import Rules
+
+    if cls is Rules:  # its keys are the registered rules, each a section declared by its module
+        _walk_rules(path, doc, shipped, out)
+        return
     hints = typing.get_type_hints(cls, include_extras=True)
     comments = field_comments(cls)
     keys: list[Key] = []
@@ -551,6 +567,20 @@ def _walk(cls: type, path: str, doc: str, shipped: dict[str, str], out: list[Sec
         _walk(child_cls, child_path, child_doc, shipped, out)
 
 
+def _walk_rules(path: str, doc: str, shipped: dict[str, str], out: list[Section]) -> None:
+    from gpu_cost.config.schema import Rules
+    from gpu_cost.core import registry
+
+    keys: list[Key] = []
+    specs = registry.rules()
+    for name, spec in specs.items():
+        child_doc = _class_doc(spec.config)
+        keys.append(Key(f"{path}.{name}", "section", "", "", child_doc.split("\n\n")[0], section=True))
+    out.append(Section(path, Rules, doc, tuple(keys)))
+    for name, spec in specs.items():
+        _walk(spec.config, f"{path}.{name}", _class_doc(spec.config), shipped, out)
+
+
 def policy_keys() -> list[str]:
     """Return the dotted path of every key of the policy schema (sections included)."""
     return [k.path for s in sections() for k in s.keys]
@@ -582,18 +612,84 @@ def policy_markdown() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+# -- blocks inside hand-written pages ---------------------------------------------------------
+def _ladder(rungs: Sequence[Any]) -> str:
+    return ", then ".join(_code(r.action) + (f" after {format_duration(r.after)}" if r.after else "") for r in rungs)
+
+
+def rules_table() -> str:
+    """Return the home page's table of the registered rules: what each finds and its default ladder."""
+    from gpu_cost.core import registry
+
+    rows = [[_code(name), _text(spec.doc, cell=True), _ladder(spec.config().ladder)]
+            for name, spec in registry.rules().items()]
+    return "\n".join(_table(["rule", "what it finds", "default ladder"], rows)) + "\n"
+
+
+def shipped_policy() -> str:
+    """Return the policy page's copy of the shipped policy: the file, byte for byte, as a YAML block."""
+    return "```yaml\n" + (ROOT / SHIPPED_POLICY).read_text(encoding="utf-8") + "```\n"
+
+
+#: the generated blocks of hand-written pages: page → block name → what fills it
+BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
+    INDEX_PAGE: {"rules-table": rules_table},
+    POLICY_GUIDE: {"shipped-policy": shipped_policy},
+}
+
+
+def fill(text: str, blocks: Mapping[str, Callable[[], str]], rel: str) -> str:
+    """Return ``text`` with each of its generated blocks rewritten; a block missing or unknown is an error."""
+    seen: set[str] = set()
+
+    def body(m: re.Match[str]) -> str:
+        name = m.group("name")
+        if name not in blocks:
+            raise ValueError(f"{rel}: unknown generated block {name!r} (known: {', '.join(blocks)})")
+        seen.add(name)
+        return m.group(1) + "\n" + blocks[name]() + "\n" + m.group(4)  # blank lines: Markdown sees the block
+
+    out = _REGION.sub(body, text)
+    missing = [name for name in blocks if name not in seen]
+    if missing:
+        raise ValueError(f"{rel} lost its generated block(s) {', '.join(missing)}: "
+                         f"put back <!-- generated: {missing[0]} --> ... <!-- /generated -->")
+    return out
+
+
 # -- writing and checking ---------------------------------------------------------------------
 def pages() -> dict[str, str]:
     """Return ``{path relative to the repository root: content}`` of every page this module generates."""
     return {CLI_PAGE: cli_markdown(), POLICY_PAGE: policy_markdown()}
 
 
+def generated(root: Path = ROOT) -> dict[str, str]:
+    """Return ``{path: content}`` of the generated pages and of the pages with generated blocks as they
+    should read (the blocks filled in the text under ``root``); a page without its blocks raises ValueError."""
+    out = pages()
+    for rel, blocks in BLOCKS.items():
+        path = root / rel
+        if not path.is_file():
+            raise ValueError(f"{rel} is missing under {root.name or root}: it holds generated blocks")
+        out[rel] = fill(path.read_text(encoding="utf-8"), blocks, rel)
+    return out
+
+
 def drifted(root: Path = ROOT) -> list[str]:
-    """Return the generated pages whose file under ``root`` differs from what the code generates now."""
+    """Return the generated pages and blocks whose file under ``root`` differs from what the code generates now."""
     out = []
     for rel, text in pages().items():
         path = root / rel
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            out.append(rel)
+    for rel, blocks in BLOCKS.items():
+        path = root / rel
+        try:
+            current = path.read_text(encoding="utf-8")
+            stale = fill(current, blocks, rel) != current
+        except (OSError, ValueError):
+            stale = True
+        if stale:
             out.append(rel)
     return out
 
@@ -607,7 +703,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rel in stale:
             sys.stderr.write(f"{rel} drifted from the code; regenerate it with {REGENERATE}\n")
         return 1 if stale else 0
-    for rel, text in pages().items():
+    try:
+        texts = generated()
+    except ValueError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 1
+    for rel, text in texts.items():
         path = ROOT / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.is_file() or path.read_text(encoding="utf-8") != text:

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from gpu_cost.config.schema import Policy, Window
-from gpu_cost.config.typed import build
+from gpu_cost.config.typed import Invalid, build
 from gpu_cost.core import paths, registry
 from gpu_cost.core.errors import PolicyError
 from gpu_cost.core.timeutil import format_duration
@@ -104,7 +104,7 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
     sweep = policy.sweep
     if sweep.max_staleness >= sweep.lookback:
         raise PolicyError(src, "sweep.max_staleness", "must be shorter than sweep.lookback")
-    for name in registry.rules():
+    for name, spec in registry.rules().items():
         rule = policy.rule(name)
         base = f"rules.{name}"
         window = getattr(rule, "window", None)
@@ -139,18 +139,11 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
         if "kill" in actions and "terminate" in actions and actions.index("kill") < actions.index("terminate"):
             raise PolicyError(src, f"{base}.ladder", "'kill' comes before 'terminate': SIGKILL before SIGTERM")
         _check_ladder_order(src, base, actions)
-        if rule.enabled and name == "idle_allocation" and "demote" in actions:
-            d = policy.demote
-            if d.nice == 0 and not d.qos and not d.partition:
-                raise PolicyError(src, "demote", f"{base}.ladder has a demote rung but demote sets no nice, qos or "
-                                                 "partition: the rung would change nothing")
-    _check_owners(src, policy)
-    _check_reservation_owners(src, policy)
-    le, idle = policy.rules.low_efficiency, policy.rules.idle_allocation
-    if le.enabled and idle.enabled and le.util_mean_max <= idle.util_max:
-        raise PolicyError(src, "rules.low_efficiency.util_mean_max",
-                          f"{le.util_mean_max:g}% is not above rules.idle_allocation.util_max={idle.util_max:g}%: "
-                          "every job under it is idle_allocation's, so the rule could never fire")
+        if spec.check is not None:  # what the rule's own module checks: names, its settings against others
+            try:
+                spec.check(rule, policy)
+            except Invalid as exc:
+                raise PolicyError(src, exc.key if exc.top else f"{base}.{exc.key}", exc.reason) from None
     if policy.mode == "enforce" and policy.caps.max_actions_per_run == 0:
         raise PolicyError(src, "caps.max_actions_per_run", "is 0 while mode is enforce: nothing could ever act")
     if policy.mode == "enforce" and policy.caps.max_gpu_share == 0 and _has_destructive(policy):
@@ -225,46 +218,6 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
         twice = sorted({c for c in via if via.count(c) > 1})
         if twice:
             raise PolicyError(src, where, f"names {', '.join(twice)} twice: a channel is tried once")
-
-
-#: rungs that end the target: nothing milder can follow them
-_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}\$?$")
-
-
-def _check_owners(src: str, policy: Policy) -> None:
-    z = policy.rules.zombie
-    for key, names in (("act_on_owners", z.act_on_owners), ("system_users", z.system_users)):
-        for i, owner in enumerate(names):
-            if key == "act_on_owners" and owner == "root":
-                raise PolicyError(src, f"rules.zombie.{key}[{i}]", "root's processes are never killed (the node "
-                                                                   "wrapper refuses uid 0): they are only reported")
-            if key == "act_on_owners" and owner == "container":
-                raise PolicyError(src, f"rules.zombie.{key}[{i}]", "processes in a container are never killed (the "
-                                  "node wrapper refuses them): they are only reported; stop them through their "
-                                  "runtime")
-            if not _USER.match(owner):
-                raise PolicyError(src, f"rules.zombie.{key}[{i}]", f"{owner!r} is not a user name"
-                                  + (" (or the word system)" if key == "act_on_owners" else ""))
-
-
-def _check_reservation_owners(src: str, policy: Policy) -> None:
-    """Check who is told about, and whose reservations may be released by, the idle-reservation rule."""
-    rule = policy.rules.idle_reservation
-    base = "rules.idle_reservation"
-    for key, names in (("administrators", rule.administrators), ("release_foreign.users", rule.release_foreign.users)):
-        if len(set(names)) != len(names):
-            raise PolicyError(src, f"{base}.{key}", "lists a user twice")
-        for i, user in enumerate(names):
-            if not _USER.match(user):
-                raise PolicyError(src, f"{base}.{key}[{i}]", f"{user!r} is not a user name")
-    for i, pat in enumerate(rule.release_foreign.names):
-        where = f"{base}.release_foreign.names[{i}]"
-        if not pat.strip() or set(pat.strip()) <= {"*"}:
-            raise PolicyError(src, where, f"{pat!r} would let the agent release every reservation: name them")
-        try:
-            re.compile(fnmatch.translate(pat))
-        except re.error as exc:
-            raise PolicyError(src, where, f"bad pattern: {exc}") from None
 
 
 def _check_ladder_order(src: str, base: str, actions: Sequence[str]) -> None:

@@ -7,10 +7,13 @@ from this module (``python -m gpu_cost.cli.docgen``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import FrozenInstanceError, dataclass, field
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from gpu_cost.config.typed import Dur, OneOf, Range, Regex
+from gpu_cost.config.typed import Dur, OneOf, Range, Regex, build, mapping, unknown_key
 from gpu_cost.core import registry
 from gpu_cost.core.model import MODES
 
@@ -21,6 +24,8 @@ Percent = Annotated[float, Range(0, 100)]
 Seconds = Annotated[float, Dur(), Range(0, 366 * 86400)]
 Share = Annotated[float, Range(0, 1)]
 Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+#: a Slurm / Unix user name (the policy's user lists are checked against it)
+USER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}\$?$")
 
 #: the actions a rule's ladder may use: those the registry declares ``ladder=True``, mildest first
 LADDER_ACTIONS = registry.names(ladder=True)
@@ -55,166 +60,94 @@ class SweepConfig:
     shards: Annotated[int, Range(1, 1024)] = 1
 
 
-@dataclass(frozen=True)
-class ZombieRule:
-    """GPU memory held with ~0 % utilisation by processes of no running job."""
+class Rules(Mapping[str, Any]):
+    """The rules' sections, one per registered rule, keyed by its name.
 
-    enabled: bool = True
-    mode: Mode | None = None
-    util_max: Percent = 5.0
-    mem_min_mib: Annotated[float, Range(0, 10_000_000)] = 1024.0
-    window: Annotated[float, Dur(), Range(60, 86400)] = 900.0
-    ladder: tuple[Rung, ...] = (Rung("notify", 0.0), Rung("kill_process", 900.0))
-    #: processes outside Slurm that are not ours: those of a system account named in
-    #: ``system_users`` are only reported unless listed here, by the word ``system`` or by the
-    #: owner's user name. Processes of root, of a system uid (under the node's ``UID_MIN``, or a
-    #: ``nologin``/``false`` shell) and in a container are never killed: the node wrapper refuses them.
-    act_on_owners: tuple[str, ...] = ()
-    #: account names that count as system accounts whatever their uid
-    system_users: tuple[str, ...] = ("nobody",)
+    Each rule's module declares its section's dataclass (``RuleSpec.config``: fields, defaults, the
+    ladder's default) beside its detector; a rule the policy leaves out takes those defaults, and a
+    rule a deployment adds (``GPU_COST_RULE_MODULES``) is a key like the shipped ones."""
 
+    __slots__ = ("_defaults", "_given")
 
-@dataclass(frozen=True)
-class IdleAllocationRule:
-    """A running job whose allocated GPUs are all idle."""
+    def __init__(self, sections: Mapping[str, Any] | None = None, /, **named: Any) -> None:
+        given = {**(sections or {}), **named}
+        if given:
+            specs = registry.rules()
+            for name, cfg in given.items():
+                spec = specs.get(name)
+                if spec is None:
+                    raise TypeError(f"no rule {name!r} is registered (known: {', '.join(specs)})")
+                if not isinstance(cfg, spec.config):
+                    raise TypeError(f"rules.{name} must be a {spec.config.__name__}, got {type(cfg).__name__}")
+        object.__setattr__(self, "_given", MappingProxyType(given))
+        object.__setattr__(self, "_defaults", {})
 
-    enabled: bool = True
-    mode: Mode | None = None
-    util_max: Percent = 5.0
-    window: Annotated[float, Dur(), Range(60, 86400)] = 900.0
-    #: a job must have run this long before its GPUs can count as idle (start-up, data loading)
-    min_runtime: Seconds = 900.0
-    ladder: tuple[Rung, ...] = (
-        Rung("notify", 0.0),
-        Rung("notify_manager", 3600.0),
-        Rung("demote", 3600.0),
-        Rung("terminate", 3600.0),
-        Rung("kill", 600.0),
-    )
+    @classmethod
+    def from_policy(cls, value: Any, source: str, path: str) -> Rules:
+        """Build the section from the policy's ``rules:`` mapping; each rule's keys are checked by its dataclass."""
+        raw = mapping(value, source, path)
+        specs = registry.rules()
+        aliases = {name.replace("_", "-"): name for name in specs}
+        sections: dict[str, Any] = {}
+        for key, data in raw.items():
+            name = aliases.get(str(key), str(key))
+            if name not in specs:
+                raise unknown_key(source, path, str(key), specs)
+            sections[name] = build(specs[name].config, data, source, f"{path}.{key}" if path else str(key))
+        return cls(sections)
 
+    def replace(self, **sections: Any) -> Rules:
+        """Return a copy with ``sections`` (rule name → its dataclass) in place of the ones here."""
+        return Rules({**self._given, **sections})
 
-@dataclass(frozen=True)
-class LowEfficiencyRule:
-    """A job using its GPUs poorly for a long time: advice to the owner, never a kill."""
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._given[name]
+        except KeyError:
+            pass
+        spec = registry.rule(name)
+        if spec is None:
+            raise KeyError(name)
+        cfg = self._defaults.get(name)
+        if type(cfg) is not spec.config:
+            cfg = self._defaults[name] = spec.config()
+        return cfg
 
-    enabled: bool = True
-    mode: Mode | None = None
-    util_mean_max: Percent = 20.0
-    min_runtime: Seconds = 3600.0
-    ladder: tuple[Rung, ...] = (Rung("advise", 0.0),)
+    def __getattr__(self, name: str) -> Any:
+        """``rules.zombie`` is ``rules["zombie"]``."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no rule {name!r}") from None
 
+    def __iter__(self) -> Iterator[str]:
+        names = list(registry.rules())
+        return iter(names + [n for n in self._given if n not in names])
 
-@dataclass(frozen=True)
-class PartlyIdleRule:
-    """A running job some of whose GPUs (on one node or many) stay idle while the others work:
-    right-sizing advice to the owner, never a cancel or a kill."""
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
-    enabled: bool = True
-    mode: Mode | None = None
-    util_max: Percent = 5.0
-    #: unset: an hour, or the whole lookback when that is shorter
-    window: Annotated[float, Dur(), Range(60, 86400)] | None = None
-    min_runtime: Seconds = 3600.0
-    #: at least this many of the job's GPUs idle ...
-    min_idle_gpus: Annotated[int, Range(1, 100_000)] = 1
-    #: ... and at least this share of them
-    min_idle_share: Annotated[float, Range(0.0, 1.0)] = 0.25
-    ladder: tuple[Rung, ...] = (Rung("advise", 0.0),)
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Rules):
+            return NotImplemented
+        return dict(self.items()) == dict(other.items())
 
+    def __hash__(self) -> int:
+        return hash(tuple(self.items()))
 
-@dataclass(frozen=True)
-class IdleInteractiveRule:
-    """An interactive session (salloc, srun --pty, a notebook) whose GPUs stay idle for long.
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to rules.{name}: use rules.replace({name}=...)")
 
-    Idle while someone types is normal: the window is hours, not minutes, and the ladder is
-    gentler. Sessions are recognised by ``interactive:``; ``idle_allocation`` leaves them to this rule.
-    """
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete rules.{name}")
 
-    enabled: bool = True
-    mode: Mode | None = None
-    util_max: Percent = 5.0
-    window: Annotated[float, Dur(), Range(60, 7 * 86400)] = 2 * 3600.0
-    min_runtime: Seconds = 3600.0
-    ladder: tuple[Rung, ...] = (
-        Rung("notify", 0.0),
-        Rung("notify_manager", 4 * 3600.0),
-        Rung("terminate", 4 * 3600.0),
-        Rung("kill", 600.0),
-    )
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Rules, (dict(self._given),))
 
-
-@dataclass(frozen=True)
-class AnomalyRule:
-    """A job far off its class's baseline: a framebuffer that grows steadily (a leak), a run much
-    longer than its class's without progress, or a CPU/GPU mix unlike its class's. Advice or a
-    notice, never destructive on its own."""
-
-    enabled: bool = True
-    mode: Mode | None = None
-    #: a leak: memory grows at least this fast, steadily (fit R² at least ``leak_min_r2``) over the lookback
-    leak_min_mib_per_h: Annotated[float, Range(1, 10_000_000)] = 1024.0
-    leak_min_r2: Share = 0.9
-    #: and over at least this long
-    leak_min_span: Annotated[float, Dur(), Range(600, 7 * 86400)] = 3 * 3600.0
-    #: an overrun: runtime above the class's p90 run time times this, with no progress in the window
-    overrun_factor: Annotated[float, Range(1, 100)] = 2.0
-    #: a CPU/GPU mix: the node's CPU while the GPUs work at least this many times above (or below) its class's
-    mix_factor: Annotated[float, Range(1.5, 100)] = 3.0
-    ladder: tuple[Rung, ...] = (Rung("advise", 0.0),)
-
-
-@dataclass(frozen=True)
-class ReleaseForeign:
-    """Someone else's reservations the agent may release, each only once a human approves: those
-    whose every user is in ``users``, or whose name matches one of ``names`` (globs). Empty (the
-    default): other people's reservations are only reported to ``administrators``."""
-
-    #: Slurm users whose reservations may be released (a reservation of several users: all of them listed)
-    users: tuple[str, ...] = ()
-    #: reservation names (globs, e.g. ``scratch-*``) that may be released
-    names: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class IdleReservationRule:
-    """A Slurm reservation whose nodes sit unused: reserved, started at least ``window`` ago, no
-    job running or waiting in them, and GPU metrics showing their GPUs idle over the window (a
-    node without GPU metrics is unknown, never unused). Notice first, then ``release_reservation``
-    frees the unused nodes of the agent's own reservations (named with ``reservations.prefix``
-    and recorded as made by it in the audit store): it deletes one nobody uses and shrinks one
-    that is partly used to the nodes its jobs hold. Anyone else's reservation gets notices to
-    ``administrators`` only, unless ``release_foreign`` names it; even then a human approves."""
-
-    enabled: bool = True
-    mode: Mode | None = None
-    util_max: Percent = 5.0
-    #: unset: two hours, or the whole lookback when that is shorter
-    window: Annotated[float, Dur(), Range(60, 7 * 86400)] | None = None
-    ladder: tuple[Rung, ...] = (Rung("notify", 0.0), Rung("release_reservation", 2 * 3600.0))
-    #: reservations with any of these Slurm flags are never found (maintenance windows are not waste)
-    exclude_flags: tuple[str, ...] = ("MAINT",)
-    #: reservation names (globs) never found
-    exclude_names: tuple[str, ...] = ()
-    #: who is told about a reservation that names no user (its first account's owner otherwise unknown)
-    owner: str = ""
-    #: who is told about someone else's idle reservation (users named in ``people:``); empty: its first user, else ``owner``
-    administrators: tuple[str, ...] = ()
-    #: someone else's reservations that may be released at all, each with a human's approval
-    release_foreign: ReleaseForeign = field(default_factory=ReleaseForeign)
-
-
-@dataclass(frozen=True)
-class Rules:
-    """The rules' policy sections: one field per rule registered by ``gpu_cost.analyse.rules.*``, typed by
-    its config dataclass (tests/unit/test_registry.py checks the two agree)."""
-
-    zombie: ZombieRule = field(default_factory=ZombieRule)
-    idle_allocation: IdleAllocationRule = field(default_factory=IdleAllocationRule)
-    low_efficiency: LowEfficiencyRule = field(default_factory=LowEfficiencyRule)
-    idle_interactive: IdleInteractiveRule = field(default_factory=IdleInteractiveRule)
-    partly_idle: PartlyIdleRule = field(default_factory=PartlyIdleRule)
-    anomaly: AnomalyRule = field(default_factory=AnomalyRule)
-    idle_reservation: IdleReservationRule = field(default_factory=IdleReservationRule)
+    def __repr__(self) -> str:
+        return f"Rules({', '.join(f'{k}={v!r}' for k, v in self._given.items())})"
 
 
 @dataclass(frozen=True)
@@ -792,15 +725,11 @@ class Policy:
         return milder(self.mode, own) if own else self.mode
 
     def rule(self, name: str) -> Any:
-        """Return rule ``name``'s section: the policy's, or its registered config's defaults when
-        :class:`Rules` has no field for it (a rule registered by a plugin or a test)."""
-        cfg = getattr(self.rules, name, None)
-        if cfg is None:
-            spec = registry.rule(name)
-            if spec is None:
-                raise AttributeError(f"no rule {name!r}")
-            cfg = spec.config()
-        return cfg
+        """Return rule ``name``'s section: the policy's, or its registered dataclass's defaults."""
+        try:
+            return self.rules[name]
+        except KeyError:
+            raise AttributeError(f"no rule {name!r}") from None
 
     def manager_of(self, user: str | None) -> str | None:
         """Return the manager of ``user`` from ``people``, or None."""

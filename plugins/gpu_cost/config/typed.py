@@ -5,7 +5,9 @@ A tiny, strict cousin of pydantic: unknown keys, wrong types and out-of-range va
 understood: ``bool``, ``int``, ``float``, ``str``, ``Literal``, ``X | None``, ``tuple[T, ...]``,
 ``dict[str, T]``, nested dataclasses, and ``Annotated`` markers :class:`Dur` (durations such as
 ``15m``), :class:`Range` (bounds), :class:`Regex` (a pattern that must compile) and :class:`OneOf` (text from a set known only at run time,
-such as the registered actions).
+such as the registered actions). A class with a ``from_policy(value, source, path)`` classmethod builds
+itself: the ``rules:`` section (:class:`gpu_cost.config.schema.Rules`), whose keys are the registered rules.
+What types cannot say a section's own check says by raising :class:`Invalid`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,17 @@ class Regex:
     """Marks a ``str`` field read as a regular expression (Python syntax); a bad one is an error that names it."""
 
 
+class Invalid(ValueError):
+    """A setting refused by a section's own check: ``key`` is its path inside the section
+    (``act_on_owners[0]``), or, with ``top``, a path from the top of the policy (``demote``)."""
+
+    def __init__(self, key: str, reason: str, *, top: bool = False) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+        self.top = top
+
+
 @dataclass(frozen=True)
 class OneOf:
     """Marks a ``str`` field whose allowed values ``values()`` returns when the policy is read."""
@@ -59,6 +72,9 @@ def _convert(tp: Any, value: Any, source: str, path: str, marks: tuple[Any, ...]
     if origin is Annotated:
         base, *extra = get_args(tp)
         return _convert(base, value, source, path, tuple(extra))
+    hook = getattr(tp, "from_policy", None) if isinstance(tp, type) else None
+    if callable(hook):  # a section that builds itself (``rules:``: its keys are the registered rules)
+        return hook(value, source, path)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return _dataclass(tp, value, source, path)
     if origin in (Union, types.UnionType):
@@ -144,10 +160,7 @@ def _convert(tp: Any, value: Any, source: str, path: str, marks: tuple[Any, ...]
 
 
 def _dataclass(cls: type, value: Any, source: str, path: str) -> Any:
-    if value is None:
-        value = {}
-    if not isinstance(value, Mapping):
-        raise PolicyError(source, path or "(top)", f"must be a mapping, got {type(value).__name__} {_short(value)}")
+    value = mapping(value, source, path)
     hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     aliases = {name.replace("_", "-"): name for name in fields}
@@ -155,9 +168,7 @@ def _dataclass(cls: type, value: Any, source: str, path: str) -> Any:
     for key, raw in value.items():
         name = aliases.get(str(key), str(key))
         if name not in fields:
-            near = _nearest(str(key), list(fields))
-            hint = f" (did you mean {near!r}?)" if near else ""
-            raise PolicyError(source, _join(path, str(key)), f"unknown key{hint}; allowed: {', '.join(sorted(fields))}")
+            raise unknown_key(source, path, str(key), fields)
         kwargs[name] = _convert(hints[name], raw, source, _join(path, str(key)), ())
     for name, f in fields.items():
         if name in kwargs:
@@ -180,6 +191,23 @@ def _bounded(value: Any, marks: tuple[Any, ...], source: str, path: str) -> Any:
             if m.hi is not None and value > m.hi:
                 raise PolicyError(source, path, f"must be ≤ {m.hi:g}, got {value!r}")
     return value
+
+
+def mapping(value: Any, source: str, path: str) -> Mapping[Any, Any]:
+    """Return ``value`` (None: empty) as a section's mapping, or raise PolicyError naming ``path``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise PolicyError(source, path or "(top)", f"must be a mapping, got {type(value).__name__} {_short(value)}")
+    return value
+
+
+def unknown_key(source: str, path: str, key: str, allowed: Iterable[str]) -> PolicyError:
+    """Return the error for ``key``, not one of ``allowed``, in the section at ``path``."""
+    names = sorted(allowed)
+    near = _nearest(key, names)
+    hint = f" (did you mean {near!r}?)" if near else ""
+    return PolicyError(source, _join(path, key), f"unknown key{hint}; allowed: {', '.join(names)}")
 
 
 def _join(path: str, key: str) -> str:

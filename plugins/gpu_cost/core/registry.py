@@ -3,10 +3,18 @@
 An action is declared by its executor module (``gpu_cost.act.slurm`` …) with
 ``@register(ActionSpec(...))`` from :mod:`gpu_cost.act.base`; a rule by its rule module
 (``gpu_cost.analyse.rules.zombie`` …) with ``@register(RuleSpec(...))`` from :mod:`gpu_cost.analyse.rules`.
-Everything that used to repeat an action's or a rule's name is derived from here: which actions
-are destructive, end a job, are notices, free GPUs, may stand on a ladder or the manual form, how
-messages and the report name them, why a finding was raised (cloud-custodian's
-``c7n/registry.py`` is the model).
+A rule module is the whole rule: its detector, its settings dataclass (fields, defaults, its
+ladder's default, validation in ``RuleSpec.check``) and its wording. The policy's ``rules:``
+section (:class:`gpu_cost.config.schema.Rules`), the references and the documentation's rules
+table are built from the registered specs. Everything that used to repeat an action's or a rule's
+name is derived from here: which actions are destructive, end a job, are notices, free GPUs, may
+stand on a ladder or the manual form, how messages and the report name them, why a finding was
+raised (cloud-custodian's ``c7n/registry.py`` is the model).
+
+Rules are discovered, not listed: every module of the package :data:`RULE_PACKAGE`, plus the
+modules a deployment names in the ``GPU_COST_RULE_MODULES`` setting (comma-separated module
+names on the workers' ``sys.path``, e.g. ``site_rules.gpu_hog``). Adding a rule is one module
+plus its entry in the policy.
 
 This module imports nothing of the project: :mod:`gpu_cost.core.model` imports it, and the executor
 and rule modules (which import the model) are loaded on first use. The derived name sets
@@ -21,6 +29,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import pkgutil
+import re
 from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -32,9 +43,10 @@ KINDS = ("job", "user", "process", "node", "reservation", "agent")
 #: the modules that declare the shipped actions and rules (importing one registers what it declares)
 ACTION_MODULES = ("gpu_cost.act.notify", "gpu_cost.act.slurm", "gpu_cost.act.node", "gpu_cost.act.power",
                   "gpu_cost.act.reservation", "gpu_cost.act.ops")
-RULE_MODULES = ("gpu_cost.analyse.rules.zombie", "gpu_cost.analyse.rules.idle_allocation", "gpu_cost.analyse.rules.low_efficiency",
-                "gpu_cost.analyse.rules.idle_interactive", "gpu_cost.analyse.rules.partly_idle", "gpu_cost.analyse.rules.anomaly",
-                "gpu_cost.analyse.rules.idle_reservation")
+#: the package whose every module is loaded for rules (a module that registers none is a helper)
+RULE_PACKAGE = "gpu_cost.analyse.rules"
+#: the setting (environment variable) naming a deployment's own rule modules, comma-separated
+RULE_MODULES_SETTING = "GPU_COST_RULE_MODULES"
 
 #: the cluster sources a policy's ``sweep.source`` and ``forecast.source`` name, by module. The simulator
 #: is one of them, a plug-in chosen by name as actions and rules are: the loop and the forecasts never
@@ -106,8 +118,9 @@ class ActionSpec:
 class RuleSpec:
     """What the policy, the engine, the messages and the report know about one rule.
 
-    :param name: the policy's key under ``rules:`` and the findings' ``rule``.
-    :param config: its policy section's dataclass (a field of :class:`~gpu_cost.config.schema.Rules`).
+    :param name: the policy's key under ``rules:`` and the findings' ``rule`` (a lower-case identifier).
+    :param config: its policy section's dataclass, declared in the rule's module: fields, defaults (the
+        ladder's default included) and, with ``#:`` comments, the reference's descriptions.
     :param target: the kind of target its findings name (``job``, ``process``): decides which
         ladder actions it may use.
     :param title: what a message calls a finding of it.
@@ -117,6 +130,11 @@ class RuleSpec:
     :param why: the decision's reason for a finding.
     :param window: the metrics window (seconds) it reads, given its config and the policy.
     :param advice_only: its ladder may only hold notices (it never acts on work).
+    :param rank: orders the rules (the snapshot's primary window is the first rule's, the references
+        list them in this order); a deployment's rule keeps the default and comes after the shipped ones.
+    :param check: ``(config, policy) -> None``, what the section's types cannot check (names, a
+        setting against another section); it raises :class:`gpu_cost.config.typed.Invalid` naming the
+        key inside the section, which the loader reports as ``<file>: rules.<name>.<key>: <reason>``.
     :param detect: the detector ``(snapshot, config, policy) -> findings``; set by the decorator.
     """
 
@@ -130,6 +148,8 @@ class RuleSpec:
     why: Callable[[Any], str]
     window: Callable[[Any, Any], float]
     advice_only: bool = False
+    rank: int = 1000
+    check: Callable[[Any, Any], None] | None = None
     detect: Callable[..., Any] | None = None
 
 
@@ -137,6 +157,11 @@ _ACTIONS: dict[str, ActionSpec] = {}
 _RULES: dict[str, RuleSpec] = {}
 _version = [0]
 _loaded = {"actions": False, "rules": False}
+#: the value of the rule-modules setting last loaded (a later value loads the modules it adds)
+_rule_setting = [""]
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+#: the rules by rank as of registry version ``[0]``
+_ranked: list[Any] = [-1, {}]
 
 
 def add_action(spec: ActionSpec) -> ActionSpec:
@@ -154,6 +179,8 @@ def add_action(spec: ActionSpec) -> ActionSpec:
 
 def add_rule(spec: RuleSpec) -> RuleSpec:
     """Register ``spec`` (with its detector); a different spec under the same name is an error."""
+    if not _NAME.match(spec.name):
+        raise ValueError(f"rule {spec.name!r}: a rule's name is a policy key: lower-case letters, digits and _")
     old = _RULES.get(spec.name)
     if old is not None and (old.config, _where(old.detect)) != (spec.config, _where(spec.detect)):
         raise ValueError(f"rule {spec.name!r} is declared twice")
@@ -174,11 +201,40 @@ def remove(name: str) -> None:
 
 
 def _load(kind: str) -> None:
+    if kind == "rules":
+        setting = os.environ.get(RULE_MODULES_SETTING, "")
+        if setting != _rule_setting[0]:
+            for mod in setting_modules(setting):
+                _import_named(mod)  # a module already imported registers nothing again
+            _rule_setting[0] = setting  # after: a module that cannot be imported is an error on every read
     if _loaded[kind]:
         return
     _loaded[kind] = True
-    for mod in ACTION_MODULES if kind == "actions" else RULE_MODULES:
+    for mod in ACTION_MODULES if kind == "actions" else rule_modules(deployment=False):
         importlib.import_module(mod)
+
+
+def setting_modules(setting: str | None = None) -> tuple[str, ...]:
+    """Return the module names in the rule-modules setting (``setting``, else the environment's)."""
+    if setting is None:
+        setting = os.environ.get(RULE_MODULES_SETTING, "")
+    return tuple(m for m in (part.strip() for part in setting.replace(";", ",").split(",")) if m)
+
+
+def _import_named(mod: str) -> None:
+    try:
+        importlib.import_module(mod)
+    except ImportError as exc:
+        raise ImportError(f"{RULE_MODULES_SETTING} names {mod!r}, which cannot be imported: {exc}") from exc
+
+
+def rule_modules(*, deployment: bool = True) -> tuple[str, ...]:
+    """Return the modules rules are loaded from: every module of :data:`RULE_PACKAGE` (sorted), then,
+    with ``deployment``, those named in the ``GPU_COST_RULE_MODULES`` setting."""
+    package = importlib.import_module(RULE_PACKAGE)
+    found = tuple(f"{RULE_PACKAGE}.{m.name}" for m in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name)
+                  if not m.name.startswith("_"))
+    return found + (setting_modules() if deployment else ())
 
 
 def actions() -> dict[str, ActionSpec]:
@@ -188,9 +244,13 @@ def actions() -> dict[str, ActionSpec]:
 
 
 def rules() -> dict[str, RuleSpec]:
-    """Every registered rule, in registration order (the shipped modules' order)."""
+    """Every registered rule, by rank (the shipped rules' order), then in registration order."""
     _load("rules")
-    return dict(_RULES)
+    if _ranked[0] != _version[0]:
+        order = {name: i for i, name in enumerate(_RULES)}
+        _ranked[1] = dict(sorted(_RULES.items(), key=lambda kv: (kv[1].rank, order[kv[0]])))
+        _ranked[0] = _version[0]
+    return dict(_ranked[1])
 
 
 def action(name: str) -> ActionSpec | None:

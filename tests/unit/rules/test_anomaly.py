@@ -118,13 +118,13 @@ def test_no_leak_without_steady_growth(shape: str) -> None:
 def test_thresholds_come_from_the_policy() -> None:
     s = snap(leaking(2048))
     p = Policy()
-    strict = dataclasses.replace(p, rules=dataclasses.replace(p.rules, anomaly=dataclasses.replace(
+    strict = dataclasses.replace(p, rules=p.rules.replace(anomaly=dataclasses.replace(
         p.rules.anomaly, leak_min_mib_per_h=4096.0)))
     assert anomalies(s, strict) == []
-    long_span = dataclasses.replace(p, rules=dataclasses.replace(p.rules, anomaly=dataclasses.replace(
+    long_span = dataclasses.replace(p, rules=p.rules.replace(anomaly=dataclasses.replace(
         p.rules.anomaly, leak_min_span=7 * 3600.0)))
     assert anomalies(s, long_span) == []  # 6 h of lookback never spans 7 h
-    off = dataclasses.replace(p, rules=dataclasses.replace(p.rules, anomaly=dataclasses.replace(p.rules.anomaly, enabled=False)))
+    off = dataclasses.replace(p, rules=p.rules.replace(anomaly=dataclasses.replace(p.rules.anomaly, enabled=False)))
     assert anomalies(s, off) == []
 
 

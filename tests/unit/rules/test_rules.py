@@ -118,14 +118,14 @@ def test_one_stale_gpu_saves_the_whole_job() -> None:
 
 def test_disabled_rule_finds_nothing() -> None:
     p = Policy()
-    p = dataclasses.replace(p, rules=dataclasses.replace(p.rules, idle_allocation=dataclasses.replace(p.rules.idle_allocation, enabled=False)))
+    p = dataclasses.replace(p, rules=p.rules.replace(idle_allocation=dataclasses.replace(p.rules.idle_allocation, enabled=False)))
     assert findings_for(one_job(behaviour="idle", busy_first="30m"), policy=p) == []
 
 
 @pytest.mark.parametrize("util_max", [0.1, 5.0])
 def test_threshold_comes_from_policy(util_max: float) -> None:
     p = Policy()
-    p = dataclasses.replace(p, rules=dataclasses.replace(p.rules, idle_allocation=dataclasses.replace(p.rules.idle_allocation, util_max=util_max)))
+    p = dataclasses.replace(p, rules=p.rules.replace(idle_allocation=dataclasses.replace(p.rules.idle_allocation, util_max=util_max)))
     fs = findings_for(one_job(behaviour="idle", busy_first="30m"), policy=p)
     # idle GPUs report 0-0.4 % noise: a 0.1 % threshold sees activity, 5 % sees idleness
     assert any(f.rule == "idle_allocation" for f in fs) is (util_max == 5.0)

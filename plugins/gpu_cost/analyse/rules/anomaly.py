@@ -34,16 +34,39 @@ A job with any GPU missing or stale is skipped: no data, no finding. The rule is
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import numpy as np
 
 from gpu_cost.analyse.evidence import classify_log, progress, signal
 from gpu_cost.analyse.rules import register
 from gpu_cost.analyse.rules.common import behaves_like_inference, declared_inference, job_fields, job_index, r
-from gpu_cost.config.schema import AnomalyRule, Policy
+from gpu_cost.config.schema import Mode, Policy, Rung, Share
+from gpu_cost.config.typed import Dur, Range
 from gpu_cost.core.model import Finding, Job, Snapshot
 from gpu_cost.core.registry import RuleSpec
+
+
+@dataclass(frozen=True)
+class AnomalyRule:
+    """A job far off its class's baseline: a framebuffer that grows steadily (a leak), a run much
+    longer than its class's without progress, or a CPU/GPU mix unlike its class's. Advice or a
+    notice, never destructive on its own."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    #: a leak: memory grows at least this fast, steadily (fit R² at least ``leak_min_r2``) over the lookback
+    leak_min_mib_per_h: Annotated[float, Range(1, 10_000_000)] = 1024.0
+    leak_min_r2: Share = 0.9
+    #: and over at least this long
+    leak_min_span: Annotated[float, Dur(), Range(600, 7 * 86400)] = 3 * 3600.0
+    #: an overrun: runtime above the class's p90 run time times this, with no progress in the window
+    overrun_factor: Annotated[float, Range(1, 100)] = 2.0
+    #: a CPU/GPU mix: the node's CPU while the GPUs work at least this many times above (or below) its class's
+    mix_factor: Annotated[float, Range(1.5, 100)] = 3.0
+    ladder: tuple[Rung, ...] = (Rung("advise", 0.0),)
+
 
 #: the GPU frame's trend columns the leak check reads (an older stored snapshot may lack them)
 TREND = ("mem_slope_mib_h_lb", "mem_r2_lb", "mem_span_s_lb")
@@ -79,7 +102,7 @@ def why(f: Finding) -> str:
 
 
 SPEC = RuleSpec(
-    "anomaly", config=AnomalyRule, target="job", title="a job far off its class's baseline",
+    "anomaly", config=AnomalyRule, rank=60, target="job", title="a job far off its class's baseline",
     label="Anomalies", why=why, advice_only=True,
     # the primary window (zombie's, the first rule's): mean power is aggregated there only
     window=lambda cfg, policy: policy.rules.zombie.window,

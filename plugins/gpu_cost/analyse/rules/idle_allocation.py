@@ -24,11 +24,34 @@ the others work is ``partly_idle``'s advice.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Annotated
+
 from gpu_cost.analyse.rules import register
 from gpu_cost.analyse.rules.common import idle_jobs
-from gpu_cost.config.schema import IdleAllocationRule, Policy
+from gpu_cost.config.schema import Mode, Percent, Policy, Rung, Seconds
+from gpu_cost.config.typed import Dur, Invalid, Range
 from gpu_cost.core.model import Finding, Snapshot
 from gpu_cost.core.registry import RuleSpec
+
+
+@dataclass(frozen=True)
+class IdleAllocationRule:
+    """A running job whose allocated GPUs are all idle."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    util_max: Percent = 5.0
+    window: Annotated[float, Dur(), Range(60, 86400)] = 900.0
+    #: a job must have run this long before its GPUs can count as idle (start-up, data loading)
+    min_runtime: Seconds = 900.0
+    ladder: tuple[Rung, ...] = (
+        Rung("notify", 0.0),
+        Rung("notify_manager", 3600.0),
+        Rung("demote", 3600.0),
+        Rung("terminate", 3600.0),
+        Rung("kill", 600.0),
+    )
 
 
 def why(f: Finding) -> str:
@@ -49,8 +72,16 @@ def why(f: Finding) -> str:
     return text
 
 
+def check(cfg: IdleAllocationRule, policy: Policy) -> None:
+    """Refuse a demote rung that would change nothing."""
+    d = policy.demote
+    if cfg.enabled and any(r.action == "demote" for r in cfg.ladder) and d.nice == 0 and not d.qos and not d.partition:
+        raise Invalid("demote", "rules.idle_allocation.ladder has a demote rung but demote sets no nice, qos or "
+                                "partition: the rung would change nothing", top=True)
+
+
 SPEC = RuleSpec(
-    "idle_allocation", config=IdleAllocationRule, target="job", title="a running job whose GPUs are all idle",
+    "idle_allocation", config=IdleAllocationRule, rank=20, check=check, target="job", title="a running job whose GPUs are all idle",
     label="Idle allocations", why=why, window=lambda cfg, policy: cfg.window,
     doc="A running job whose allocated GPUs all stay idle for the whole window (after ``min_runtime``); "
         "inference services are only advised.",

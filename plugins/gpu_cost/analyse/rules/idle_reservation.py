@@ -34,11 +34,55 @@ reservation closes the episode. Maintenance reservations (``MAINT``) and names i
 from __future__ import annotations
 
 import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Annotated
 
 from gpu_cost.analyse.rules import register
-from gpu_cost.config.schema import IdleReservationRule, Policy
+from gpu_cost.config.schema import USER_NAME, Mode, Percent, Policy, Rung
+from gpu_cost.config.typed import Dur, Invalid, Range
 from gpu_cost.core.model import AGENT, FOREIGN, OPTED_IN, Finding, Reservation, Snapshot, reservation_standing
 from gpu_cost.core.registry import RuleSpec
+
+
+@dataclass(frozen=True)
+class ReleaseForeign:
+    """Someone else's reservations the agent may release, each only once a human approves: those
+    whose every user is in ``users``, or whose name matches one of ``names`` (globs). Empty (the
+    default): other people's reservations are only reported to ``administrators``."""
+
+    #: Slurm users whose reservations may be released (a reservation of several users: all of them listed)
+    users: tuple[str, ...] = ()
+    #: reservation names (globs, e.g. ``scratch-*``) that may be released
+    names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class IdleReservationRule:
+    """A Slurm reservation whose nodes sit unused: reserved, started at least ``window`` ago, no
+    job running or waiting in them, and GPU metrics showing their GPUs idle over the window (a
+    node without GPU metrics is unknown, never unused). Notice first, then ``release_reservation``
+    frees the unused nodes of the agent's own reservations (named with ``reservations.prefix``
+    and recorded as made by it in the audit store): it deletes one nobody uses and shrinks one
+    that is partly used to the nodes its jobs hold. Anyone else's reservation gets notices to
+    ``administrators`` only, unless ``release_foreign`` names it; even then a human approves."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    util_max: Percent = 5.0
+    #: unset: two hours, or the whole lookback when that is shorter
+    window: Annotated[float, Dur(), Range(60, 7 * 86400)] | None = None
+    ladder: tuple[Rung, ...] = (Rung("notify", 0.0), Rung("release_reservation", 2 * 3600.0))
+    #: reservations with any of these Slurm flags are never found (maintenance windows are not waste)
+    exclude_flags: tuple[str, ...] = ("MAINT",)
+    #: reservation names (globs) never found
+    exclude_names: tuple[str, ...] = ()
+    #: who is told about a reservation that names no user (its first account's owner otherwise unknown)
+    owner: str = ""
+    #: who is told about someone else's idle reservation (users named in ``people:``); empty: its first user, else ``owner``
+    administrators: tuple[str, ...] = ()
+    #: someone else's reservations that may be released at all, each with a human's approval
+    release_foreign: ReleaseForeign = field(default_factory=ReleaseForeign)
 
 
 def why(f: Finding) -> str:
@@ -83,8 +127,26 @@ def window_of(cfg: IdleReservationRule, policy: Policy) -> float:
     return float(cfg.window) if cfg.window is not None else min(DEFAULT_WINDOW_S, policy.sweep.lookback)
 
 
+def check(cfg: IdleReservationRule, policy: Policy) -> None:
+    """Check who is told about, and whose reservations may be released by, this rule."""
+    for key, names in (("administrators", cfg.administrators), ("release_foreign.users", cfg.release_foreign.users)):
+        if len(set(names)) != len(names):
+            raise Invalid(key, "lists a user twice")
+        for i, user in enumerate(names):
+            if not USER_NAME.match(user):
+                raise Invalid(f"{key}[{i}]", f"{user!r} is not a user name")
+    for i, pat in enumerate(cfg.release_foreign.names):
+        where = f"release_foreign.names[{i}]"
+        if not pat.strip() or set(pat.strip()) <= {"*"}:
+            raise Invalid(where, f"{pat!r} would let the agent release every reservation: name them")
+        try:
+            re.compile(fnmatch.translate(pat))
+        except re.error as exc:
+            raise Invalid(where, f"bad pattern: {exc}") from None
+
+
 SPEC = RuleSpec(
-    "idle_reservation", config=IdleReservationRule, target="reservation", title="a reservation whose nodes sit unused",
+    "idle_reservation", config=IdleReservationRule, rank=70, check=check, target="reservation", title="a reservation whose nodes sit unused",
     label="Idle reservations", why=why, window=window_of,
     doc="An active Slurm reservation, begun at least ``window`` ago, with nodes no job of it uses, whose GPUs the "
         "metrics show idle (no metrics: not found), and no job waiting for it; ``release_reservation`` deletes or "

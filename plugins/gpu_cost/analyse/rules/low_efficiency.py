@@ -20,6 +20,7 @@ fewer GPUs.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,9 +28,22 @@ import numpy as np
 from gpu_cost.analyse.evidence import classify_log, nodes_to_itself, signal
 from gpu_cost.analyse.rules import register
 from gpu_cost.analyse.rules.common import behaves_like_inference, declared_inference, job_fields, job_index, r
-from gpu_cost.config.schema import LowEfficiencyRule, Policy
+from gpu_cost.config.schema import Mode, Percent, Policy, Rung, Seconds
+from gpu_cost.config.typed import Invalid
 from gpu_cost.core.model import Finding, Job, Snapshot
 from gpu_cost.core.registry import RuleSpec
+
+
+@dataclass(frozen=True)
+class LowEfficiencyRule:
+    """A job using its GPUs poorly for a long time: advice to the owner, never a kill."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    util_mean_max: Percent = 20.0
+    min_runtime: Seconds = 3600.0
+    ladder: tuple[Rung, ...] = (Rung("advise", 0.0),)
+
 
 #: how sure low-efficiency advice is: the utilisation itself is the finding
 ADVICE_CONFIDENCE = 0.8
@@ -71,8 +85,17 @@ def input_signs(snapshot: Snapshot, job: Job, policy: Policy, window: float) -> 
     return signs
 
 
+def check(cfg: LowEfficiencyRule, policy: Policy) -> None:
+    """Refuse a threshold under which every job is ``idle_allocation``'s: the rule could never fire."""
+    idle = policy.rule("idle_allocation")
+    if cfg.enabled and idle.enabled and cfg.util_mean_max <= idle.util_max:
+        raise Invalid("util_mean_max", f"{cfg.util_mean_max:g}% is not above rules.idle_allocation.util_max="
+                                       f"{idle.util_max:g}%: every job under it is idle_allocation's, so the rule "
+                                       "could never fire")
+
+
 SPEC = RuleSpec(
-    "low_efficiency", config=LowEfficiencyRule, target="job", title="a job using its GPUs poorly",
+    "low_efficiency", config=LowEfficiencyRule, rank=30, check=check, target="job", title="a job using its GPUs poorly",
     label="Low efficiency", why=why, advice_only=True,
     window=lambda cfg, policy: min(cfg.min_runtime, policy.sweep.lookback),
     doc="A job that has run at least ``min_runtime`` with a low mean utilisation: advice to the owner, "

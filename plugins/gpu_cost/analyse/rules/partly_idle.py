@@ -20,14 +20,37 @@ job with a GPU missing, stale or shared with other jobs is left alone (no data, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Annotated
+
 import numpy as np
 
 from gpu_cost.analyse.evidence import signal
 from gpu_cost.analyse.rules import register
 from gpu_cost.analyse.rules.common import Devices, job_fields, job_index, per_node, r, shared_rows
-from gpu_cost.config.schema import PartlyIdleRule, Policy
+from gpu_cost.config.schema import Mode, Percent, Policy, Rung, Seconds
+from gpu_cost.config.typed import Dur, Range
 from gpu_cost.core.model import Finding, Snapshot
 from gpu_cost.core.registry import RuleSpec
+
+
+@dataclass(frozen=True)
+class PartlyIdleRule:
+    """A running job some of whose GPUs (on one node or many) stay idle while the others work:
+    right-sizing advice to the owner, never a cancel or a kill."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    util_max: Percent = 5.0
+    #: unset: an hour, or the whole lookback when that is shorter
+    window: Annotated[float, Dur(), Range(60, 86400)] | None = None
+    min_runtime: Seconds = 3600.0
+    #: at least this many of the job's GPUs idle ...
+    min_idle_gpus: Annotated[int, Range(1, 100_000)] = 1
+    #: ... and at least this share of them
+    min_idle_share: Annotated[float, Range(0.0, 1.0)] = 0.25
+    ladder: tuple[Rung, ...] = (Rung("advise", 0.0),)
+
 
 #: how sure the advice is: the per-GPU utilisation is the finding
 ADVICE_CONFIDENCE = 0.8
@@ -53,7 +76,7 @@ def why(f: Finding) -> str:
 
 
 SPEC = RuleSpec(
-    "partly_idle", config=PartlyIdleRule, target="job", title="a job some of whose GPUs sit idle",
+    "partly_idle", config=PartlyIdleRule, rank=50, target="job", title="a job some of whose GPUs sit idle",
     label="Partly idle jobs", why=why, advice_only=True, window=lambda cfg, policy: window_of(cfg, policy),
     doc="A running job (on one node or many) some of whose GPUs stay idle for the whole window while the "
         "others work: right-sizing advice to the owner, never a cancel.",

@@ -30,14 +30,37 @@ from :mod:`gpu_cost.analyse.owners`, the same for the manual reclaim.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
+from typing import Annotated
 
 from gpu_cost.analyse.evidence import signal
 from gpu_cost.analyse.owners import not_ours, owner_evidence
 from gpu_cost.analyse.rules import register
 from gpu_cost.analyse.rules.common import r
-from gpu_cost.config.schema import Policy, ZombieRule
+from gpu_cost.config.schema import USER_NAME, Mode, Percent, Policy, Rung
+from gpu_cost.config.typed import Dur, Invalid, Range
 from gpu_cost.core.model import Finding, GpuProcess, Snapshot, device_id
 from gpu_cost.core.registry import RuleSpec
+
+
+@dataclass(frozen=True)
+class ZombieRule:
+    """GPU memory held with ~0 % utilisation by processes of no running job."""
+
+    enabled: bool = True
+    mode: Mode | None = None
+    util_max: Percent = 5.0
+    mem_min_mib: Annotated[float, Range(0, 10_000_000)] = 1024.0
+    window: Annotated[float, Dur(), Range(60, 86400)] = 900.0
+    ladder: tuple[Rung, ...] = (Rung("notify", 0.0), Rung("kill_process", 900.0))
+    #: processes outside Slurm that are not ours: those of a system account named in
+    #: ``system_users`` are only reported unless listed here, by the word ``system`` or by the
+    #: owner's user name. Processes of root, of a system uid (under the node's ``UID_MIN``, or a
+    #: ``nologin``/``false`` shell) and in a container are never killed: the node wrapper refuses them.
+    act_on_owners: tuple[str, ...] = ()
+    #: account names that count as system accounts whatever their uid
+    system_users: tuple[str, ...] = ("nobody",)
+
 
 #: how sure a zombie finding is: its process is in no running job and computes nothing
 ZOMBIE_CONFIDENCE = 0.9
@@ -54,8 +77,23 @@ def why(f: Finding) -> str:
     return text
 
 
+def check(cfg: ZombieRule, policy: Policy) -> None:
+    """Refuse owners the node wrapper never acts on, and names that are no user names."""
+    for key, names in (("act_on_owners", cfg.act_on_owners), ("system_users", cfg.system_users)):
+        for i, owner in enumerate(names):
+            if key == "act_on_owners" and owner == "root":
+                raise Invalid(f"{key}[{i}]", "root's processes are never killed (the node wrapper refuses uid 0): "
+                                             "they are only reported")
+            if key == "act_on_owners" and owner == "container":
+                raise Invalid(f"{key}[{i}]", "processes in a container are never killed (the node wrapper refuses "
+                                             "them): they are only reported; stop them through their runtime")
+            if not USER_NAME.match(owner):
+                raise Invalid(f"{key}[{i}]", f"{owner!r} is not a user name"
+                              + (" (or the word system)" if key == "act_on_owners" else ""))
+
+
 SPEC = RuleSpec(
-    "zombie", config=ZombieRule, target="process", title="GPU memory held by a process of no running job",
+    "zombie", config=ZombieRule, rank=10, check=check, target="process", title="GPU memory held by a process of no running job",
     label="Zombie processes", why=why, window=lambda cfg, policy: cfg.window,
     doc="GPU memory held at ~0 % utilisation for the whole window by a process of no running job; one "
         "finding per orphan process (per GPU without process data: then only notices).",
