@@ -27,6 +27,7 @@ import pytest
 from gpu_cost.cli import docgen
 from gpu_cost.cli.main import build_parser
 from gpu_cost.config.schema import Policy, Rules
+from gpu_cost.config.typed import SPREAD
 from gpu_cost.core import registry
 from tests.fixtures.core import ROOT
 
@@ -108,6 +109,12 @@ def _schema_paths(cls: type, prefix: str = "") -> list[str]:
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
+        if f.metadata.get(SPREAD):  # the actions' sections, top-level keys declared by their executor modules
+            for name, spec in registry.action_sections().items():
+                assert spec.config is not None
+                out.append(f"{prefix}.{name}" if prefix else name)
+                out += _schema_paths(spec.config, f"{prefix}.{name}" if prefix else name)
+            continue
         path = f"{prefix}.{f.name}" if prefix else f.name
         out.append(path)
         tp = hints[f.name]
@@ -126,6 +133,7 @@ def test_every_policy_key_is_in_the_policy_reference() -> None:
     page = (ROOT / docgen.POLICY_PAGE).read_text(encoding="utf-8")
     paths = _schema_paths(Policy)
     assert len(paths) > 100 and "rules.idle_allocation.ladder[].after" in paths and "caps.rolling.max_actions_per_day" in paths
+    assert "demote.nice" in paths and "actions" not in paths
     missing = [p for p in paths if f"| `{p}` |" not in page]
     assert not missing, f"policy keys missing from {docgen.POLICY_PAGE}: {missing}; regenerate with {REGENERATE}"
 

@@ -7,7 +7,8 @@ argument lists run by ``ctx.slurm`` (locally, or on a login node over the SSH pr
 name full of quotes and ``;`` never reaches a shell.
 
 =========== ============================================================================
-``demote``  ``scontrol update jobid=<id> nice=<policy.demote.nice> [qos=..] [partition=..]``
+``demote``  ``scontrol update jobid=<id> nice=<demote.nice> [qos=..] [partition=..]`` (the policy's
+            ``demote:`` section, :class:`DemoteConfig`, declared here)
 ``hold``    ``scontrol hold <id>`` (pending jobs)
 ``requeue`` ``scontrol requeue <id>``
 ``terminate`` ``scancel --signal=TERM --full <id>`` (a pending job: plain ``scancel``)
@@ -30,8 +31,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated
 
 from gpu_cost.act.base import ActionContext, Outcome, register
+from gpu_cost.config.schema import Policy
+from gpu_cost.config.typed import Invalid, Range
+from gpu_cost.core import registry
 from gpu_cost.core.errors import SourceError
 from gpu_cost.core.model import Decision, Job
 from gpu_cost.core.registry import ActionSpec
@@ -186,9 +192,30 @@ def _run(ctx: ActionContext, argv: Sequence[str]) -> Completed:
 
 
 # -- executors ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DemoteConfig:
+    """How ``demote`` lowers a job: a nice value, and/or a move to a preemptible QOS or partition."""
+
+    nice: Annotated[int, Range(0, 2_147_483_645)] = 10000
+    qos: str | None = None
+    partition: str | None = None
+
+
+def check_demote(cfg: DemoteConfig, policy: Policy) -> None:
+    """Refuse settings that would make a demote rung of an enabled rule change nothing."""
+    if cfg.nice or cfg.qos or cfg.partition:
+        return
+    for name in registry.rules():
+        rule = policy.rule(name)
+        if rule.enabled and any(r.action == "demote" for r in rule.ladder):
+            raise Invalid("", f"rules.{name}.ladder has a demote rung but demote sets no nice, qos or "
+                              "partition: the rung would change nothing")
+
+
 @register(ActionSpec(
     "demote", rank=4, title="lower the job's priority", verb="demote", targets=("job", "user"),
     category=("demotions", "Demotions"), destructive=True, ladder=True, form=True,
+    config=DemoteConfig, check=check_demote,
     doc="Lower a running job's priority (``scontrol update jobid=<id> nice=<n>``, and a preemptible "
         "``qos`` / ``partition`` when ``demote:`` names one); the job keeps running.",
     example="""
@@ -204,7 +231,7 @@ def demote(d: Decision, ctx: ActionContext) -> Outcome:
 
         demote: {nice: 10000, qos: preemptible, partition: null}
     """
-    cfg = ctx.policy.demote
+    cfg: DemoteConfig = ctx.policy.actions["demote"]
     jid = job_id_of(d)
     argv = ["scontrol", "update", f"jobid={jid}", f"nice={int(cfg.nice)}"]
     if cfg.qos:

@@ -9,7 +9,9 @@ rules table of the home page and the shipped policy on the policy page.
   path, its type in plain words, its bounds (the :class:`~gpu_cost.config.typed.Range` and
   :class:`~gpu_cost.config.typed.Dur` markers), its default, and its description: the ``#:``
   comment above the field in ``schema.py``, else the comment on that key's line in the shipped
-  policy ``include/policy/default.yaml``; each section is described by its class docstring.
+  policy ``include/policy/default.yaml``; each section is described by its class docstring. The
+  rules' sections and the actions' top-level sections (``demote``) come from the dataclasses their
+  modules register.
 
 - The blocks between ``<!-- generated: NAME -->`` and ``<!-- /generated -->`` in hand-written pages:
   ``rules-table`` in ``docs/index.md`` (every registered rule, what it finds and its default ladder,
@@ -530,6 +532,7 @@ def sections(root: type | None = None) -> list[Section]:
 
 def _walk(cls: type, path: str, doc: str, shipped: dict[str, str], out: list[Section]) -> None:
     from gpu_cost.config.schema import Rules
+    from gpu_cost.config.typed import SPREAD
 
     if cls is Rules:  # its keys are the registered rules, each a section declared by its module
         _walk_rules(path, doc, shipped, out)
@@ -540,6 +543,13 @@ def _walk(cls: type, path: str, doc: str, shipped: dict[str, str], out: list[Sec
     nested: list[tuple[type, str, str]] = []
     for f in dataclasses.fields(cls):
         if not f.init:
+            continue
+        if f.metadata.get(SPREAD):  # no key itself: the sections its type's modules declare (``demote``)
+            for name, config in hints[f.name].configs().items():
+                key_path = f"{path}.{name}" if path else name
+                child_doc = _class_doc(config)
+                keys.append(Key(key_path, "section", "", "", child_doc.split("\n\n")[0], section=True))
+                nested.append((config, key_path, child_doc))
             continue
         tp = hints[f.name]
         key_path = f"{path}.{f.name}" if path else f.name

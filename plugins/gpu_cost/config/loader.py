@@ -6,7 +6,7 @@ import datetime as dt
 import fnmatch
 import re
 import zoneinfo
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,10 +140,10 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
             raise PolicyError(src, f"{base}.ladder", "'kill' comes before 'terminate': SIGKILL before SIGTERM")
         _check_ladder_order(src, base, actions)
         if spec.check is not None:  # what the rule's own module checks: names, its settings against others
-            try:
-                spec.check(rule, policy)
-            except Invalid as exc:
-                raise PolicyError(src, exc.key if exc.top else f"{base}.{exc.key}", exc.reason) from None
+            _own_check(spec.check, rule, policy, base)
+    for section, action in registry.action_sections().items():
+        if action.check is not None:  # what the action's own module checks of its section
+            _own_check(action.check, policy.actions[section], policy, section)
     if policy.mode == "enforce" and policy.caps.max_actions_per_run == 0:
         raise PolicyError(src, "caps.max_actions_per_run", "is 0 while mode is enforce: nothing could ever act")
     if policy.mode == "enforce" and policy.caps.max_gpu_share == 0 and _has_destructive(policy):
@@ -218,6 +218,16 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
         twice = sorted({c for c in via if via.count(c) > 1})
         if twice:
             raise PolicyError(src, where, f"names {', '.join(twice)} twice: a channel is tried once")
+
+
+def _own_check(check: Callable[[Any, Any], None], cfg: Any, policy: Policy, base: str) -> None:
+    """Run a rule's or an action's own ``check`` of its section ``cfg`` at ``base``; its :class:`Invalid`
+    becomes the PolicyError naming ``<base>.<key>`` (the section itself for an empty key)."""
+    try:
+        check(cfg, policy)
+    except Invalid as exc:
+        where = f"{base}.{exc.key}" if exc.key else base
+        raise PolicyError(policy.source, where, exc.reason) from None
 
 
 def _check_ladder_order(src: str, base: str, actions: Sequence[str]) -> None:

@@ -1,7 +1,9 @@
 """The policy: a human-edited YAML file, loaded at task run time into frozen typed objects.
 
 Every section below is a frozen dataclass; its fields are the YAML keys (``snake_case``, or the
-same with dashes). The annotated reference is ``include/policy/default.yaml``; ``docs/reference/policy.md`` is generated
+same with dashes). The rules' sections (``rules:``) and the actions' (top-level keys such as
+``demote:``) are declared by the rule and executor modules that own them (:class:`Rules`,
+:class:`Actions`). The annotated reference is ``include/policy/default.yaml``; ``docs/reference/policy.md`` is generated
 from this module (``python -m gpu_cost.cli.docgen``).
 """
 
@@ -11,9 +13,9 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import FrozenInstanceError, dataclass, field
 from types import MappingProxyType
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from gpu_cost.config.typed import Dur, OneOf, Range, Regex, build, mapping, unknown_key
+from gpu_cost.config.typed import SPREAD, Dur, OneOf, Range, Regex, build, mapping, unknown_key
 from gpu_cost.core import registry
 from gpu_cost.core.model import MODES
 
@@ -60,57 +62,68 @@ class SweepConfig:
     shards: Annotated[int, Range(1, 1024)] = 1
 
 
-class Rules(Mapping[str, Any]):
-    """The rules' sections, one per registered rule, keyed by its name.
-
-    Each rule's module declares its section's dataclass (``RuleSpec.config``: fields, defaults, the
-    ladder's default) beside its detector; a rule the policy leaves out takes those defaults, and a
-    rule a deployment adds (``GPU_COST_RULE_MODULES``) is a key like the shipped ones."""
+class Sections(Mapping[str, Any]):
+    """Settings sections declared by registered modules, keyed by name: a frozen mapping whose keys are
+    the registered names (:meth:`configs`) and whose values are their dataclasses. A name the policy
+    leaves out takes its dataclass's defaults. :class:`Rules` and :class:`Actions` are the two kinds."""
 
     __slots__ = ("_defaults", "_given")
+    #: what one name is, as errors say it
+    _what = "section"
+
+    @classmethod
+    def configs(cls) -> dict[str, type]:
+        """The registered names, in order, and each one's dataclass."""
+        raise NotImplementedError
+
+    @classmethod
+    def _path(cls, name: str) -> str:
+        """Where section ``name`` is in the policy."""
+        return name
 
     def __init__(self, sections: Mapping[str, Any] | None = None, /, **named: Any) -> None:
         given = {**(sections or {}), **named}
         if given:
-            specs = registry.rules()
+            configs = self.configs()
             for name, cfg in given.items():
-                spec = specs.get(name)
-                if spec is None:
-                    raise TypeError(f"no rule {name!r} is registered (known: {', '.join(specs)})")
-                if not isinstance(cfg, spec.config):
-                    raise TypeError(f"rules.{name} must be a {spec.config.__name__}, got {type(cfg).__name__}")
+                config = configs.get(name)
+                if config is None:
+                    raise TypeError(f"no {self._what} {name!r} is registered (known: {', '.join(configs)})")
+                if not isinstance(cfg, config):
+                    raise TypeError(f"{self._path(name)} must be a {config.__name__}, got {type(cfg).__name__}")
         object.__setattr__(self, "_given", MappingProxyType(given))
         object.__setattr__(self, "_defaults", {})
 
     @classmethod
-    def from_policy(cls, value: Any, source: str, path: str) -> Rules:
-        """Build the section from the policy's ``rules:`` mapping; each rule's keys are checked by its dataclass."""
+    def from_policy(cls, value: Any, source: str, path: str) -> Sections:
+        """Build the sections from the policy's mapping ``value`` at ``path``; each one's keys are checked by
+        its dataclass, and errors name ``<path>.<name>.<key>``."""
         raw = mapping(value, source, path)
-        specs = registry.rules()
-        aliases = {name.replace("_", "-"): name for name in specs}
+        configs = cls.configs()
+        aliases = {name.replace("_", "-"): name for name in configs}
         sections: dict[str, Any] = {}
         for key, data in raw.items():
             name = aliases.get(str(key), str(key))
-            if name not in specs:
-                raise unknown_key(source, path, str(key), specs)
-            sections[name] = build(specs[name].config, data, source, f"{path}.{key}" if path else str(key))
+            if name not in configs:
+                raise unknown_key(source, path, str(key), configs)
+            sections[name] = build(configs[name], data, source, f"{path}.{key}" if path else str(key))
         return cls(sections)
 
-    def replace(self, **sections: Any) -> Rules:
-        """Return a copy with ``sections`` (rule name → its dataclass) in place of the ones here."""
-        return Rules({**self._given, **sections})
+    def replace(self, **sections: Any) -> Sections:
+        """Return a copy with ``sections`` (name → its dataclass) in place of the ones here."""
+        return type(self)({**self._given, **sections})
 
     def __getitem__(self, name: str) -> Any:
         try:
             return self._given[name]
         except KeyError:
             pass
-        spec = registry.rule(name)
-        if spec is None:
+        config = self.configs().get(name)
+        if config is None:
             raise KeyError(name)
         cfg = self._defaults.get(name)
-        if type(cfg) is not spec.config:
-            cfg = self._defaults[name] = spec.config()
+        if type(cfg) is not config:
+            cfg = self._defaults[name] = config()
         return cfg
 
     def __getattr__(self, name: str) -> Any:
@@ -120,17 +133,17 @@ class Rules(Mapping[str, Any]):
         try:
             return self[name]
         except KeyError:
-            raise AttributeError(f"no rule {name!r}") from None
+            raise AttributeError(f"no {self._what} {name!r}") from None
 
     def __iter__(self) -> Iterator[str]:
-        names = list(registry.rules())
+        names = list(self.configs())
         return iter(names + [n for n in self._given if n not in names])
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Rules):
+        if not isinstance(other, Sections) or type(other) is not type(self):
             return NotImplemented
         return dict(self.items()) == dict(other.items())
 
@@ -138,16 +151,51 @@ class Rules(Mapping[str, Any]):
         return hash(tuple(self.items()))
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenInstanceError(f"cannot assign to rules.{name}: use rules.replace({name}=...)")
+        raise FrozenInstanceError(f"cannot assign to {self._path(name)}: use .replace({name}=...)")
 
     def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete rules.{name}")
+        raise FrozenInstanceError(f"cannot delete {self._path(name)}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Rules, (dict(self._given),))
+        return (type(self), (dict(self._given),))
 
     def __repr__(self) -> str:
-        return f"Rules({', '.join(f'{k}={v!r}' for k, v in self._given.items())})"
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._given.items())})"
+
+
+class Rules(Sections):
+    """The rules' sections, one per registered rule, keyed by its name.
+
+    Each rule's module declares its section's dataclass (``RuleSpec.config``: fields, defaults, the
+    ladder's default) beside its detector; a rule the policy leaves out takes those defaults, and a
+    rule a deployment adds (``GPU_COST_RULE_MODULES``) is a key like the shipped ones."""
+
+    __slots__ = ()
+    _what = "rule"
+
+    @classmethod
+    def configs(cls) -> dict[str, type]:
+        return {name: spec.config for name, spec in registry.rules().items()}
+
+    @classmethod
+    def _path(cls, name: str) -> str:
+        return f"rules.{name}"
+
+
+class Actions(Sections):
+    """The actions' settings: one top-level section of the policy per registered action that declares
+    one (``demote:``), keyed by the section's name.
+
+    Each executor module declares its section's dataclass (``ActionSpec.config``: fields, defaults)
+    and its check beside the executor; an action a deployment adds (``GPU_COST_ACTION_MODULES``) with
+    settings is a top-level key like ``demote``. Read one as ``policy.actions.demote``."""
+
+    __slots__ = ()
+    _what = "action section"
+
+    @classmethod
+    def configs(cls) -> dict[str, type]:
+        return {name: spec.config for name, spec in registry.action_sections().items() if spec.config is not None}
 
 
 @dataclass(frozen=True)
@@ -369,15 +417,6 @@ class ManualConfig:
     operators: tuple[str, ...] = ()
     owners_may_reclaim: bool = True
     override_approvers: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class DemoteConfig:
-    """How ``demote`` lowers a job: a nice value, and/or a move to a preemptible QOS or partition."""
-
-    nice: Annotated[int, Range(0, 2_147_483_645)] = 10000
-    qos: str | None = None
-    partition: str | None = None
 
 
 @dataclass(frozen=True)
@@ -700,7 +739,9 @@ class Policy:
     approval: ApprovalConfig = field(default_factory=ApprovalConfig)
     caps: Caps = field(default_factory=Caps)
     manual: ManualConfig = field(default_factory=ManualConfig)
-    demote: DemoteConfig = field(default_factory=DemoteConfig)
+    #: the actions' settings, each a top-level section (``demote:``) declared by its executor module;
+    #: ``actions`` itself is no key of the file
+    actions: Actions = field(default_factory=Actions, metadata={SPREAD: True})
     people: dict[str, Person] = field(default_factory=dict)
     notifications: NotificationConfig = field(default_factory=NotificationConfig)
     snooze: SnoozeConfig = field(default_factory=SnoozeConfig)
@@ -714,6 +755,15 @@ class Policy:
     report: ReportConfig = field(default_factory=ReportConfig)
     #: where the policy came from (set by the loader, not a YAML key)
     source: str = field(default="<defaults>", init=False, compare=False)
+
+    if not TYPE_CHECKING:  # at run time only: the type checker still refuses a misspelt attribute
+
+        def __getattr__(self, name: str) -> Any:
+            """``policy.demote`` is ``policy.actions.demote``: an action's section, as the file spells it."""
+            actions = self.__dict__.get("actions") if not name.startswith("_") else None
+            if actions is None or name not in actions.configs():
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            return actions[name]
 
     def rule_mode(self, rule: str) -> str:
         """Return the effective mode of a rule: the milder of the global and the rule's own."""

@@ -7,7 +7,10 @@ understood: ``bool``, ``int``, ``float``, ``str``, ``Literal``, ``X | None``, ``
 ``15m``), :class:`Range` (bounds), :class:`Regex` (a pattern that must compile) and :class:`OneOf` (text from a set known only at run time,
 such as the registered actions). A class with a ``from_policy(value, source, path)`` classmethod builds
 itself: the ``rules:`` section (:class:`gpu_cost.config.schema.Rules`), whose keys are the registered rules.
-What types cannot say a section's own check says by raising :class:`Invalid`.
+A field whose metadata sets :data:`SPREAD` is no key of its own: it takes the keys of its parent that its
+type's ``configs()`` names (the actions' top-level sections, :class:`gpu_cost.config.schema.Actions`), built
+by its ``from_policy`` at the parent's path. What types cannot say a section's own check says by raising
+:class:`Invalid`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from gpu_cost.core.errors import PolicyError
 from gpu_cost.core.timeutil import parse_duration
 
 T = TypeVar("T")
+
+#: a dataclass field's metadata key: the field takes its parent's keys that its type's ``configs()`` names
+SPREAD = "spread"
 
 
 @dataclass(frozen=True)
@@ -46,13 +52,12 @@ class Regex:
 
 class Invalid(ValueError):
     """A setting refused by a section's own check: ``key`` is its path inside the section
-    (``act_on_owners[0]``), or, with ``top``, a path from the top of the policy (``demote``)."""
+    (``act_on_owners[0]``); ``""`` refuses the section as a whole."""
 
-    def __init__(self, key: str, reason: str, *, top: bool = False) -> None:
-        super().__init__(f"{key}: {reason}")
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}" if key else reason)
         self.key = key
         self.reason = reason
-        self.top = top
 
 
 @dataclass(frozen=True)
@@ -162,14 +167,28 @@ def _convert(tp: Any, value: Any, source: str, path: str, marks: tuple[Any, ...]
 def _dataclass(cls: type, value: Any, source: str, path: str) -> Any:
     value = mapping(value, source, path)
     hints = typing.get_type_hints(cls, include_extras=True)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and not f.metadata.get(SPREAD)}
     aliases = {name.replace("_", "-"): name for name in fields}
+    spread: dict[str, str] = {}  # a key another field takes → that field
+    for f in dataclasses.fields(cls):
+        if f.init and f.metadata.get(SPREAD):
+            for key in hints[f.name].configs():
+                if key in fields:
+                    raise PolicyError(source, _join(path, key), f"is a section of its own and also declared by "
+                                                                f"a registered module ({f.name}): rename that one")
+                spread[key] = spread[key.replace("_", "-")] = f.name
     kwargs: dict[str, Any] = {}
+    taken: dict[str, dict[str, Any]] = {}
     for key, raw in value.items():
         name = aliases.get(str(key), str(key))
         if name not in fields:
-            raise unknown_key(source, path, str(key), fields)
+            if str(key) not in spread:
+                raise unknown_key(source, path, str(key), [*fields, *(k for k in spread if "-" not in k)])
+            taken.setdefault(spread[str(key)], {})[str(key)] = raw
+            continue
         kwargs[name] = _convert(hints[name], raw, source, _join(path, str(key)), ())
+    for name, raw_sections in taken.items():
+        kwargs[name] = hints[name].from_policy(raw_sections, source, path)
     for name, f in fields.items():
         if name in kwargs:
             continue

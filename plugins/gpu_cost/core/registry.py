@@ -4,8 +4,11 @@ An action is declared by its executor module (``gpu_cost.act.slurm`` …) with
 ``@register(ActionSpec(...))`` from :mod:`gpu_cost.act.base`; a rule by its rule module
 (``gpu_cost.analyse.rules.zombie`` …) with ``@register(RuleSpec(...))`` from :mod:`gpu_cost.analyse.rules`.
 A rule module is the whole rule: its detector, its settings dataclass (fields, defaults, its
-ladder's default, validation in ``RuleSpec.check``) and its wording. The policy's ``rules:``
-section (:class:`gpu_cost.config.schema.Rules`), the references and the documentation's rules
+ladder's default, validation in ``RuleSpec.check``) and its wording. An executor module is the whole
+action the same way: its executor, its wording and, when it has settings, their dataclass and
+validation (``ActionSpec.config`` and ``check``: ``demote:`` is :class:`gpu_cost.act.slurm.DemoteConfig`).
+The policy's ``rules:`` section (:class:`gpu_cost.config.schema.Rules`), its top-level action
+sections (:class:`gpu_cost.config.schema.Actions`), the references and the documentation's rules
 table are built from the registered specs. Everything that used to repeat an action's or a rule's
 name is derived from here: which actions are destructive, end a job, are notices, free GPUs, may
 stand on a ladder or the manual form, how messages and the report name them, why a finding was
@@ -14,7 +17,9 @@ raised (cloud-custodian's ``c7n/registry.py`` is the model).
 Rules are discovered, not listed: every module of the package :data:`RULE_PACKAGE`, plus the
 modules a deployment names in the ``GPU_COST_RULE_MODULES`` setting (comma-separated module
 names on the workers' ``sys.path``, e.g. ``site_rules.gpu_hog``). Adding a rule is one module
-plus its entry in the policy.
+plus its entry in the policy. Actions come from the one list :data:`ACTION_MODULES` (the registry
+and dispatch both load it; scanning the whole ``gpu_cost.act`` package would import dispatch and
+the audit store whenever a policy is read), plus those named in ``GPU_COST_ACTION_MODULES``.
 
 This module imports nothing of the project: :mod:`gpu_cost.core.model` imports it, and the executor
 and rule modules (which import the model) are loaded on first use. The derived name sets
@@ -27,6 +32,7 @@ regenerate it with ``.venv/bin/python -m gpu_cost.core.registry > docs/reference
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -40,13 +46,15 @@ from typing import Any
 #: target kinds an action may apply to
 KINDS = ("job", "user", "process", "node", "reservation", "agent")
 
-#: the modules that declare the shipped actions and rules (importing one registers what it declares)
+#: the modules that declare the shipped actions (importing one registers its actions and executors):
+#: the one list the registry and dispatch load
 ACTION_MODULES = ("gpu_cost.act.notify", "gpu_cost.act.slurm", "gpu_cost.act.node", "gpu_cost.act.power",
                   "gpu_cost.act.reservation", "gpu_cost.act.ops")
 #: the package whose every module is loaded for rules (a module that registers none is a helper)
 RULE_PACKAGE = "gpu_cost.analyse.rules"
-#: the setting (environment variable) naming a deployment's own rule modules, comma-separated
+#: the settings (environment variables) naming a deployment's own rule and action modules, comma-separated
 RULE_MODULES_SETTING = "GPU_COST_RULE_MODULES"
+ACTION_MODULES_SETTING = "GPU_COST_ACTION_MODULES"
 
 #: the cluster sources a policy's ``sweep.source`` and ``forecast.source`` name, by module. The simulator
 #: is one of them, a plug-in chosen by name as actions and rules are: the loop and the forecasts never
@@ -83,6 +91,13 @@ class ActionSpec:
     :param form: the manual reclaim form offers it.
     :param then: when set, the only actions that may follow it on a ladder.
     :param category: the report's event category as ``(key, label)``.
+    :param config: its settings' dataclass, declared in its module (fields, defaults and, with ``#:``
+        comments, the reference's descriptions): the policy's top-level section ``section``. None: no settings.
+    :param section: the policy's key for those settings (default: the action's name); actions carried out by
+        one executor may share one section (the same ``config``).
+    :param check: ``(config, policy) -> None``, what the section's types cannot check; it raises
+        :class:`gpu_cost.config.typed.Invalid` naming the key inside the section (``""``: the section),
+        which the loader reports as ``<file>: <section>.<key>: <reason>``.
     """
 
     name: str
@@ -101,6 +116,15 @@ class ActionSpec:
     ladder: bool = False
     form: bool = False
     then: tuple[str, ...] | None = None
+    config: type | None = None
+    section: str | None = None
+    check: Callable[[Any, Any], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.config is None and (self.section is not None or self.check is not None):
+            raise ValueError(f"action {self.name!r}: a settings section or check needs its config dataclass")
+        if self.config is not None and self.section is None:
+            object.__setattr__(self, "section", self.name)
 
     @property
     def would(self) -> str:
@@ -157,21 +181,33 @@ _ACTIONS: dict[str, ActionSpec] = {}
 _RULES: dict[str, RuleSpec] = {}
 _version = [0]
 _loaded = {"actions": False, "rules": False}
-#: the value of the rule-modules setting last loaded (a later value loads the modules it adds)
-_rule_setting = [""]
+#: each kind's setting naming a deployment's modules
+_SETTINGS = {"actions": ACTION_MODULES_SETTING, "rules": RULE_MODULES_SETTING}
+#: the value of each setting last loaded (a later value loads the modules it adds)
+_setting_seen = {"actions": "", "rules": ""}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 #: the rules by rank as of registry version ``[0]``
 _ranked: list[Any] = [-1, {}]
 
 
 def add_action(spec: ActionSpec) -> ActionSpec:
-    """Register ``spec``; a second spec under the same name is an error (one declaration each)."""
+    """Register ``spec``; a second spec under the same name is an error (one declaration each), and so is
+    a settings section another action declares with a different dataclass."""
     old = _ACTIONS.get(spec.name)
-    if old is not None and old != spec:
+    if old is not None and _identity(old) != _identity(spec):
         raise ValueError(f"action {spec.name!r} is declared twice")
     bad = set(spec.targets) - set(KINDS)
     if bad:
         raise ValueError(f"action {spec.name!r}: unknown target kind(s) {sorted(bad)}")
+    if spec.section is not None:
+        if not _NAME.match(spec.section):
+            raise ValueError(f"action {spec.name!r}: its section {spec.section!r} is a policy key: "
+                             "lower-case letters, digits and _")
+        for other in _ACTIONS.values():
+            if other.name != spec.name and other.section == spec.section and \
+                    _where(other.config) != _where(spec.config):
+                raise ValueError(f"action {spec.name!r}: section {spec.section!r} is action {other.name!r}'s, "
+                                 "with another dataclass")
     _ACTIONS[spec.name] = spec
     _version[0] += 1
     return spec
@@ -193,6 +229,13 @@ def _where(fn: Any) -> tuple[str, str]:
     return (getattr(fn, "__module__", ""), getattr(fn, "__qualname__", ""))
 
 
+def _identity(spec: ActionSpec) -> tuple[Any, ...]:
+    """An action's declaration, its classes and functions by where they are defined (a module imported
+    again declares the same action)."""
+    return (dataclasses.replace(spec, config=None, section=None, check=None), spec.section,
+            _where(spec.config), _where(spec.check))
+
+
 def remove(name: str) -> None:
     """Forget an action or rule (tests and plugins that registered one for a while)."""
     _ACTIONS.pop(name, None)
@@ -201,12 +244,12 @@ def remove(name: str) -> None:
 
 
 def _load(kind: str) -> None:
-    if kind == "rules":
-        setting = os.environ.get(RULE_MODULES_SETTING, "")
-        if setting != _rule_setting[0]:
-            for mod in setting_modules(setting):
-                _import_named(mod)  # a module already imported registers nothing again
-            _rule_setting[0] = setting  # after: a module that cannot be imported is an error on every read
+    name = _SETTINGS[kind]
+    setting = os.environ.get(name, "")
+    if setting != _setting_seen[kind]:
+        for mod in setting_modules(setting):
+            _import_named(mod, name)  # a module already imported registers nothing again
+        _setting_seen[kind] = setting  # after: a module that cannot be imported is an error on every read
     if _loaded[kind]:
         return
     _loaded[kind] = True
@@ -214,18 +257,18 @@ def _load(kind: str) -> None:
         importlib.import_module(mod)
 
 
-def setting_modules(setting: str | None = None) -> tuple[str, ...]:
-    """Return the module names in the rule-modules setting (``setting``, else the environment's)."""
+def setting_modules(setting: str | None = None, name: str = RULE_MODULES_SETTING) -> tuple[str, ...]:
+    """Return the module names in the setting ``name`` (its value ``setting``, else the environment's)."""
     if setting is None:
-        setting = os.environ.get(RULE_MODULES_SETTING, "")
+        setting = os.environ.get(name, "")
     return tuple(m for m in (part.strip() for part in setting.replace(";", ",").split(",")) if m)
 
 
-def _import_named(mod: str) -> None:
+def _import_named(mod: str, setting: str) -> None:
     try:
         importlib.import_module(mod)
     except ImportError as exc:
-        raise ImportError(f"{RULE_MODULES_SETTING} names {mod!r}, which cannot be imported: {exc}") from exc
+        raise ImportError(f"{setting} names {mod!r}, which cannot be imported: {exc}") from exc
 
 
 def rule_modules(*, deployment: bool = True) -> tuple[str, ...]:
@@ -237,10 +280,26 @@ def rule_modules(*, deployment: bool = True) -> tuple[str, ...]:
     return found + (setting_modules() if deployment else ())
 
 
+def action_modules(*, deployment: bool = True) -> tuple[str, ...]:
+    """Return the modules actions are loaded from: :data:`ACTION_MODULES`, then, with ``deployment``,
+    those named in the ``GPU_COST_ACTION_MODULES`` setting."""
+    return ACTION_MODULES + (setting_modules(name=ACTION_MODULES_SETTING) if deployment else ())
+
+
 def actions() -> dict[str, ActionSpec]:
     """Every registered action, mildest first."""
     _load("actions")
     return dict(sorted(_ACTIONS.items(), key=lambda kv: (kv[1].rank, kv[0])))
+
+
+def action_sections() -> dict[str, ActionSpec]:
+    """The actions' settings sections (the policy's top-level keys such as ``demote``) → the mildest
+    action that declares each, mildest first."""
+    out: dict[str, ActionSpec] = {}
+    for spec in actions().values():
+        if spec.section is not None:
+            out.setdefault(spec.section, spec)
+    return out
 
 
 def rules() -> dict[str, RuleSpec]:
@@ -386,14 +445,16 @@ def reference_markdown() -> str:
         "",
         "## Actions",
         "",
-        "| action | what it does | applies to | destructive | ends the job | frees GPUs | ladder | form | YAML example |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| action | what it does | applies to | destructive | ends the job | frees GPUs | ladder | form | settings "
+        "| YAML example |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     yes = {True: "yes", False: "no"}
     for name, a in actions().items():
+        settings = f"`{a.section}:`" if a.section else ""
         lines.append(
             f"| `{name}` | {_cell(_doc(a.doc))} | {', '.join(a.targets)} | {yes[a.destructive]} | {yes[a.ends_job]} "
-            f"| {yes[a.frees_gpus]} | {yes[a.ladder]} | {yes[a.form]} | {_yaml(a.example)} |"
+            f"| {yes[a.frees_gpus]} | {yes[a.ladder]} | {yes[a.form]} | {settings} | {_yaml(a.example)} |"
         )
     lines += [
         "",

@@ -30,7 +30,7 @@ from typing import Annotated
 from gpu_cost.analyse.rules import register
 from gpu_cost.analyse.rules.common import idle_jobs
 from gpu_cost.config.schema import Mode, Percent, Policy, Rung, Seconds
-from gpu_cost.config.typed import Dur, Invalid, Range
+from gpu_cost.config.typed import Dur, Range
 from gpu_cost.core.model import Finding, Snapshot
 from gpu_cost.core.registry import RuleSpec
 
@@ -72,16 +72,8 @@ def why(f: Finding) -> str:
     return text
 
 
-def check(cfg: IdleAllocationRule, policy: Policy) -> None:
-    """Refuse a demote rung that would change nothing."""
-    d = policy.demote
-    if cfg.enabled and any(r.action == "demote" for r in cfg.ladder) and d.nice == 0 and not d.qos and not d.partition:
-        raise Invalid("demote", "rules.idle_allocation.ladder has a demote rung but demote sets no nice, qos or "
-                                "partition: the rung would change nothing", top=True)
-
-
 SPEC = RuleSpec(
-    "idle_allocation", config=IdleAllocationRule, rank=20, check=check, target="job", title="a running job whose GPUs are all idle",
+    "idle_allocation", config=IdleAllocationRule, rank=20, target="job", title="a running job whose GPUs are all idle",
     label="Idle allocations", why=why, window=lambda cfg, policy: cfg.window,
     doc="A running job whose allocated GPUs all stay idle for the whole window (after ``min_runtime``); "
         "inference services are only advised.",
