@@ -171,6 +171,10 @@ WHERE excluded.data_ts >= gpu_cost_usage.data_ts;
 -- name: usage_between
 SELECT * FROM gpu_cost_usage WHERE ts > :since AND ts <= :until;
 
+-- name: gpu_models_of_host
+-- the GPU models one host's usage rows name in (since, until]
+SELECT DISTINCT gpu_model FROM gpu_cost_usage WHERE host = :host AND ts > :since AND ts <= :until AND gpu_model <> '';
+
 -- name: usage_instants_before
 -- the data instants of the last sweeps before :ts: a sweep's usage covers the time since the first
 SELECT DISTINCT ts FROM gpu_cost_usage WHERE ts < :ts ORDER BY ts DESC LIMIT :limit;

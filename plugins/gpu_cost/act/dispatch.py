@@ -7,41 +7,66 @@ row without an end means a worker died mid-action, and the executor is asked to 
 idempotently (every executor re-checks the target before acting: a job already gone counts as
 done). Then the executor runs and the row is updated (``succeeded`` / ``failed`` / ``skipped``),
 the live escalation ladder advances on success, and a saving is written for effects that free GPUs.
+
+An executor that acts on a *simulated* cluster (the replay's trace) says so (``simulated = True``): its
+cluster's clock is the context's instant (``ctx.now``, trace time), so its audit rows are stamped, and
+with ``touches_cluster`` its rolling caps counted, in that time; and simulated data may drive it (it
+reaches nothing real).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from gpu_cost.act.base import REGISTRY, SIMULATED_SOURCES, ActionContext, Outcome
+from gpu_cost.act.base import REGISTRY, SIMULATED_SOURCES, ActionContext, Executor, Outcome
 from gpu_cost.audit.store import AuditStore
 from gpu_cost.core.errors import AuditError
 from gpu_cost.core.model import Decision
 
 logger = logging.getLogger(__name__)
 
-#: modules that register executors when imported
-EXECUTOR_MODULES = ("gpu_cost.act.slurm", "gpu_cost.act.node", "gpu_cost.act.notify", "gpu_cost.act.power",
-                    "gpu_cost.act.reservation", "gpu_cost.act.ops", "gpu_cost.act.savings")  # the savings ledger registers its SAVINGS_HOOKS entry
+#: modules that register hooks of the dispatch when imported (the savings ledger: its SAVINGS_HOOKS entry);
+#: the executors' modules are the registry's one list of action modules (core.registry.ACTION_MODULES, plus
+#: those a deployment names in GPU_COST_ACTION_MODULES)
+HOOK_MODULES = ("gpu_cost.act.savings",)
 
 #: called after a successful action to write its saving (set by the savings ledger)
 SAVINGS_HOOKS: list[Callable[[AuditStore, Decision, Outcome, ActionContext], None]] = []
 
 
 def load_executors() -> dict[str, Any]:
-    """Import the executor modules that exist in this build and return the registry."""
+    """Import every action module the registry loads (importing one registers its executors) and the hook
+    modules; return the executors by action name."""
     import importlib
 
-    for name in EXECUTOR_MODULES:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
+    from gpu_cost.core import registry
+
+    registry.actions()
+    for name in HOOK_MODULES:
+        importlib.import_module(name)
     return REGISTRY
+
+
+@contextlib.contextmanager
+def simulated_executors(effects: Executor) -> Iterator[None]:
+    """While the block runs, ``effects`` (a simulation's executor) carries out every action; the real
+    executors are back after it, whatever happens."""
+    from gpu_cost.core.model import ACTIONS
+
+    load_executors()  # import the real ones first, so none registers over the simulation's mid-run
+    saved = dict(REGISTRY)
+    try:
+        for a in ACTIONS:
+            if a != "none":
+                REGISTRY[a] = effects
+        yield
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(saved)
 
 
 #: attempts of one action before a failure is final (its ladder then stops for the episode)
@@ -71,6 +96,12 @@ def execute(decisions: Iterable[Decision], ctx: ActionContext, store: AuditStore
     return results
 
 
+def clock(executor: Any, ctx: ActionContext) -> float:
+    """Return the time now on the cluster ``executor`` acts on: the wall clock, or for a simulated
+    cluster's executor (``simulated``) the context's instant (a replay's trace time)."""
+    return float(ctx.now) if getattr(executor, "simulated", False) else time.time()
+
+
 def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str, Any]:
     """Execute one decision with the audit trail around it."""
     aid = action_id(d)
@@ -92,7 +123,7 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
         row: dict[str, Any] = {
             "action_id": aid, "decision_id": d.decision_id, "run_id": ctx.run_id, "action": d.action,
             "target": d.target, "executor": getattr(executor, "__module__", "none"), "dry_run": int(dry_run),
-            "started_at": time.time(), "attempt": 1, "command": None,
+            "started_at": clock(executor, ctx), "attempt": 1, "command": None,
         }
         if executor is not None and not dry_run and d.destructive:
             from gpu_cost.act import locks
@@ -100,7 +131,8 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
 
             # one effect per target: the manual reclaim and the sweep (different decision ids) never both act;
             # and, for executors that reach the cluster, the rolling caps counted over every way in, in the
-            # same transaction (a simulated week's executors touch nothing and count nothing)
+            # same transaction (a simulated week's executors touch nothing and count nothing; a replay's reach its
+            # trace, and count in trace time)
             caps = locks.CapCheck(policy=ctx.policy, entry=entry_of(ctx.run_id), total_gpus=ctx.cluster_gpus,
                                   now=float(row["started_at"])) if getattr(executor, "touches_cluster", False) else None
             created, owner = locks.start_effect(store, d, row, caps=caps)
@@ -134,7 +166,8 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
         except Exception as exc:
             logger.exception("executor for %s failed", aid)
             outcome = Outcome("failed", error=f"{type(exc).__name__}: {exc}")
-    store.action_finished(aid, outcome.status, time.time(), output=_with_command(outcome), error=outcome.error)
+    store.action_finished(aid, outcome.status, clock(executor, ctx), output=_with_command(outcome),
+                          error=outcome.error)
     if outcome.status == "succeeded" and not dry_run:
         store.execute("advance_escalation", {"rule": d.rule, "target": d.target, "track": "live", "episode": d.episode,
                                              "rung": d.rung, "now": ctx.now})
@@ -156,6 +189,8 @@ def simulated_refusal(d: Decision, ctx: ActionContext, executor: Any, dry_run: b
     """
     if dry_run or not d.destructive or ctx.source not in SIMULATED_SOURCES:
         return None
+    if getattr(executor, "simulated", False):
+        return None  # it acts on the simulation itself (a replay's trace)
     if not getattr(executor, "touches_cluster", False):
         return None
     return (f"refused: {d.action} on {d.target} was decided on simulated data (source {ctx.source}); simulated "

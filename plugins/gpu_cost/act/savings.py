@@ -165,8 +165,8 @@ def _gpu_model(store: AuditStore, decision: Decision, now: float) -> str:
         ids = list((decision.evidence or {}).get("gpu_ids") or [])
         host = str(ids[0]).split(":")[0] if ids else None
     if host:
-        rows = store.fetch("usage_between", {"since": now - 2 * 86400, "until": now + 1})
-        models = {r["gpu_model"] for r in rows if r["host"] == host and r["gpu_model"]}
+        rows = store.fetch("gpu_models_of_host", {"host": host, "since": now - 2 * 86400, "until": now + 1})
+        models = {r["gpu_model"] for r in rows if r["gpu_model"]}
         if models:
             return str(sorted(models)[0])
     return ""

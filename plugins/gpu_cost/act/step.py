@@ -6,7 +6,7 @@ Airflow tasks only hand it the run and map its errors to the task's failure). In
 1. the run's data instant and its decisions come from the audit store, never from XCom;
 2. a *branch* picks the decisions: ``automatic`` (no human needed), ``approved`` (a permitted approver
    said yes) or ``all`` (each as its own approval allows) — :func:`gpu_cost.decide.engine.may_act`;
-3. the run's whole plan (both branches) passes the engine's batch caps on the cluster's size as the
+3. the run's whole plan (both branches, what may still act) passes the engine's batch caps on the cluster's size as the
    run's snapshot recorded it (an unknown size refuses every destructive action on running work);
    over a cap, every decision of the plan is marked ``capped`` and nothing acts (:class:`CapExceeded`);
 4. for the scheduled ways in, another unfinished run of the same DAG on the same data acts instead
@@ -32,7 +32,7 @@ from gpu_cost.audit.store import AuditStore
 from gpu_cost.config.schema import Policy
 from gpu_cost.core.errors import AuditError, GpuCostError
 from gpu_cost.core.model import Decision, Snapshot
-from gpu_cost.decide.engine import check_caps, may_act
+from gpu_cost.decide.engine import ACTABLE_STATUSES, check_caps, may_act
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,9 @@ def act_run(store: AuditStore, run_id: str, policy: Policy, branch: Branch, *,
     if run.get("data_ts") is None:
         raise GpuCostError(f"run {run_id} has no data instant in the audit store: nothing acts")
     now = float(run["data_ts"])
-    batch = [r for r in live_rows(store, run_id) if select is None or select(r)]
+    # the run's plan: what may still act (a human's no, an expiry or an earlier cap took the rest out)
+    batch = [r for r in live_rows(store, run_id)
+             if (select is None or select(r)) and r["status"] in ACTABLE_STATUSES]
     rows = batch
     if branch == "automatic":
         rows = [r for r in batch if not r["requires_approval"]]

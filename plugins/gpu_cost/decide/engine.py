@@ -660,8 +660,9 @@ def may_act(row: Mapping[str, Any], *, approved_only: bool = False) -> bool:
     return not row["requires_approval"] or row["approval_status"] == "approved"
 
 
-#: the entry point of each DAG, for the per-entry rolling caps
-ENTRY_OF_DAG = {"gpu_zombie_sweep": "sweep", "gpu_manual_reclaim": "manual", "gpu_offhours_power": "power"}
+#: the entry point of each DAG, for the per-entry rolling caps (``replay``: the sweep, replayed over a trace)
+ENTRY_OF_DAG = {"gpu_zombie_sweep": "sweep", "gpu_manual_reclaim": "manual", "gpu_offhours_power": "power",
+                "replay": "sweep"}
 
 
 def entry_of(run_id: str | None) -> str:

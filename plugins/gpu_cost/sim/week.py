@@ -17,12 +17,11 @@ approved when the work at risk is under three times the policy threshold, otherw
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -165,24 +164,6 @@ class _SimEffects:
         return Outcome("succeeded", output="already gone", command=f"kill {pid}", details={"already_gone": True})
 
 
-@contextlib.contextmanager
-def _simulated_executors(effects: _SimEffects) -> Iterator[None]:
-    from gpu_cost.act import dispatch
-    from gpu_cost.act.base import REGISTRY
-    from gpu_cost.core.model import ACTIONS
-
-    dispatch.load_executors()  # import the real ones first, so none registers over ours mid-replay
-    saved = dict(REGISTRY)
-    try:
-        for a in ACTIONS:
-            if a != "none":
-                REGISTRY[a] = effects
-        yield
-    finally:
-        REGISTRY.clear()
-        REGISTRY.update(saved)
-
-
 def decision_from_row(row: Mapping[str, Any]) -> Decision:
     """Return the :class:`Decision` stored in a ``gpu_cost_decisions`` row."""
     return Decision.from_row(row)
@@ -197,6 +178,7 @@ def seed_week(store: AuditStore, policy: Policy, end: float, *, nodes: int = 8, 
     """
     # importing the ledger registers its hook (the dispatcher does the same with its executor modules)
     import gpu_cost.act.savings  # noqa: F401
+    from gpu_cost.act import dispatch
     from gpu_cost.act.step import CapExceeded, act_run
     from gpu_cost.loop import sweep
     from gpu_cost.report.usage import record_usage
@@ -210,7 +192,7 @@ def seed_week(store: AuditStore, policy: Policy, end: float, *, nodes: int = 8, 
     counts: dict[str, Any] = {"sweeps": 0, "decisions": 0, "executed": 0, "approved": 0, "rejected": 0}
     span = days * 86400.0
     steps = int(span // step_s)
-    with _simulated_executors(effects):
+    with dispatch.simulated_executors(effects):
         for k in range(steps):
             t = end - span + (k + 1) * step_s
             run_id = f"{SEED_DAG_ID}:{int(t)}"
