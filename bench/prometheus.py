@@ -17,7 +17,14 @@ decision engine. Each query the sweep sent is then asked again with ``stats=all`
 Prometheus's own figures: ``samples`` (``totalQueryableSamples``), ``peak_samples`` and
 ``prom_exec_s`` (``execTotalTime``). ``sweep_s`` is the fastest of ``--repeat`` sweeps of a mode.
 
+With ``--decoders N``, each answer of the fastest sweep of each mode is also asked again and decoded
+both ways the source can (``decoders``): as ``prometheus_api_client.PrometheusConnect`` does
+(requests' ``response.json()``, then the source's shape check, ``msgspec.convert``) and as the source
+does for its large answers (``msgspec``, decoded and checked in one pass), the median of N each, per
+query: what ``perceive.prometheus.LARGE_ANSWERS`` rests on.
+
     python -m bench.prometheus [--gpus 10000] [--jobs 20000] [--repeat 2] [--modes raw,rules] [--json] [--keep DIR]
+                               [--decoders 3]
 
 The full size (10,000 GPUs: 22 M samples, ~6 GB of OpenMetrics written and loaded a 2-hour slice
 at a time) takes about 17 minutes to build on two cores, and a raw sweep of it several minutes
@@ -219,6 +226,78 @@ def prom_stats(prom: Any, sent: Sequence[tuple[str, Any, str, float]]) -> dict[s
     return {"samples": samples, "peak_samples": peak, "prom_exec_s": exec_s, "samples_by_query": per}
 
 
+def decoders(prom: Any, sent: Sequence[tuple[str, Any, str, float]], repeat: int) -> list[dict[str, Any]]:
+    """Per query kind of a sweep (the chunk reads together): the answers' size and the median seconds of
+    ``repeat`` decodings each way, PrometheusConnect's (``json`` into dicts, then checked) and msgspec's,
+    and of ``repeat`` whole queries each way (Prometheus's evaluation included)."""
+    import datetime
+    import statistics
+
+    import msgspec
+    import requests
+
+    from gpu_cost.perceive import prometheus as pm
+
+    source = pm.PrometheusSource(pm.PromConfig(url=prom.url, timeout=600))
+    conn = source.client
+    kinds: dict[str, dict[str, Any]] = {}
+    for promql, at, what, _ in sent:
+        ranged = isinstance(at, tuple)
+        kind = "chunks" if ranged else what
+        keyed = not ranged and what in pm.LARGE_ANSWERS and what != "current"
+        form = ({"query": promql, "start": at[0], "end": at[1], "step": at[2]} if ranged
+                else {"query": promql, "time": f"{at:.3f}"})
+        body = conn.post("/api/v1/query_range" if ranged else "/api/v1/query", form, 600)
+        decoder, typ = ((pm._RANGE, pm.RangeSample) if ranged else (pm._KEYED, pm.KeyedSample) if keyed
+                        else (pm._ANSWER, pm.Sample))
+
+        def by_library(body: bytes = body, typ: Any = typ) -> Any:
+            # what custom_query does with a 200 answer (requests' response.json()), then the source's check
+            return msgspec.convert(requests.models.complexjson.loads(body.decode("utf-8"))["data"]["result"], list[typ])
+
+        def by_msgspec(body: bytes = body, decoder: Any = decoder) -> Any:
+            return decoder.decode(body).data.result
+
+        def ask_library(promql: str = promql, at: Any = at, typ: Any = typ, ranged: bool = ranged) -> Any:
+            if ranged:
+                start, end = (datetime.datetime.fromtimestamp(float(t), tz=datetime.UTC) for t in at[:2])
+                # start and end as sent: custom_query_range rounds them to whole seconds, and the chunk
+                # reads (a 1 ms window at the rules' evaluation times) would then answer nothing
+                got = conn.api.custom_query_range(promql, start, end, at[2], params={"start": at[0], "end": at[1]},
+                                                  timeout=600)
+            else:
+                got = conn.api.custom_query(promql, params={"time": f"{at:.3f}"}, timeout=600)
+            return msgspec.convert(got, list[typ])
+
+        def ask_msgspec(form: dict[str, Any] = form, ranged: bool = ranged, decoder: Any = decoder) -> Any:
+            return decoder.decode(conn.post("/api/v1/query_range" if ranged else "/api/v1/query", form, 600)).data.result
+
+        row = kinds.setdefault(kind, {"query": kind, "answer_mb": 0.0, "series": 0, "library_decode_s": 0.0,
+                                      "msgspec_decode_s": 0.0, "library_query_s": 0.0, "msgspec_query_s": 0.0})
+        row["answer_mb"] += len(body) / 1e6
+        row["series"] += len(by_msgspec())
+        pairs = ((("library_decode_s", by_library), ("msgspec_decode_s", by_msgspec)),
+                 (("library_query_s", ask_library), ("msgspec_query_s", ask_msgspec)))
+        for pair in pairs:
+            times: dict[str, list[float]] = {key: [] for key, _ in pair}
+            for i in range(max(1, repeat)):
+                for key, fn in pair if i % 2 == 0 else pair[::-1]:  # in turn: neither way always first
+                    t0 = time.perf_counter()
+                    fn()
+                    times[key].append(time.perf_counter() - t0)
+            for key, got in times.items():
+                row[key] += statistics.median(got)
+    out = []
+    for row in kinds.values():
+        row["answer_mb"] = round(row["answer_mb"], 3)
+        row["decode_ratio"] = round(row["library_decode_s"] / max(row["msgspec_decode_s"], 1e-9), 1)
+        for key in ("library_decode_s", "msgspec_decode_s", "library_query_s", "msgspec_query_s"):
+            row[key.replace("_s", "_ms")] = round(1000 * row.pop(key), 2)
+        row["path"] = "msgspec" if row["query"] in pm.LARGE_ANSWERS or row["query"] == "chunks" else "PrometheusConnect"
+        out.append(row)
+    return out
+
+
 def _by_kind(sent: Sequence[tuple[str, Any, str, float]]) -> dict[str, float]:
     """Seconds per query (the chunk reads, sent at once, as their longest)."""
     out: dict[str, float] = {}
@@ -292,6 +371,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=20000, help="jobs in squeue (two running per node, the rest pending)")
     ap.add_argument("--repeat", type=int, default=2, help="sweeps per mode (the fastest is reported)")
     ap.add_argument("--modes", default="raw,rules", help="raw (raw series), rules (recording rules) or both")
+    ap.add_argument("--decoders", type=int, default=0, metavar="N",
+                    help="decode each answer of the fastest sweeps both ways (PrometheusConnect's json, msgspec), "
+                         "N times each (0: not)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
                     help="build the TSDB in DIR and keep it; a later run with the same DIR and --gpus reuses it "
@@ -353,7 +435,8 @@ def main(argv: list[str] | None = None) -> None:
                          "jobs": len(jobs), "squeue_mb": round(len(slurm.text) / 1e6, 1),
                          **{k: v for k, v in best.items() if k not in ("sent", "frame")}, **stats,
                          "first_sweep_s": runs[rules][0]["sweep_s"],
-                         "query_s": _by_kind(best["sent"])})
+                         "query_s": _by_kind(best["sent"]),
+                         "decoders": decoders(prom, best["sent"], args.decoders) if args.decoders else []})
         by = {r["mode"]: r for r in rows}
         raw, rec = by.get("raw series"), by.get("recording rules")
         interval = 300.0  # the sweep's schedule: the rules run five times per sweep
@@ -385,6 +468,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{k}: {v}")
     for r in rows:
         print(f"{r['mode']}: samples by query {r['samples_by_query']}, seconds by query {r['query_s']}")
+    for r in rows:
+        if r["decoders"]:
+            report(f"prometheus-decoders ({r['mode']}, {r['gpus']} GPUs, median of {args.decoders})", r["decoders"],
+                   ["query", "path", "answer_mb", "series", "library_decode_ms", "msgspec_decode_ms", "decode_ratio",
+                    "library_query_ms", "msgspec_query_ms"])
 
 
 if __name__ == "__main__":

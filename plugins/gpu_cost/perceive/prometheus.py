@@ -21,7 +21,14 @@ each other and are sent at the same time after it (Prometheus evaluates each que
 its own: the lookback and its chart are two queries so that neither waits for the other). With
 the rules' 30-minute chunks, the lookback, its chart and the windows of whole chunks come instead
 from one range query per chunk series, added up in numpy (:func:`~gpu_cost.perceive.recording.chunk_columns`).
-Answers are decoded and checked in one pass (``msgspec``) into :class:`Sample` objects.
+
+One :class:`Connection` per source talks to the server: ``prometheus_api_client.PrometheusConnect``
+holds the URL, the auth, the headers, TLS and the retries, and asks the small queries (``rules``,
+``nodes``, the freshness sensor's): their answers, a handful of series, are decoded by it and
+checked here. The large answers (``current``, ``windows``, ``lookback``, ``chart`` and the chunk
+reads: tens of series per GPU) are POSTed on the same session and decoded and checked in one
+pass by ``msgspec`` into :class:`Sample` objects, several times faster than the library's
+``json`` at thousands of GPUs (``python -m bench.prometheus``: the figures are in docs/benchmarks.md).
 
 Series are resampled on the policy's ``sample_interval`` grid with subqueries
 (``avg_over_time(U[15m:60s])``), which gives exactly the samples :mod:`gpu_cost.perceive.aggregate` sees
@@ -34,7 +41,8 @@ framebuffer readings below 0 or above ``aggregate.MAX_MEM_MIB`` are dropped, nev
 The server comes from the Airflow connection ``gpu_cost_prometheus`` (``AIRFLOW_CONN_GPU_COST_PROMETHEUS``
 as a URI or JSON, or Airflow's own lookup), else ``GPU_COST_PROMETHEUS_URL``. Connection extras:
 ``selector`` (label matchers added to every GPU selector, e.g. ``job="dcgm"``), ``node_selector``
-(the same for node_exporter), ``timeout`` (seconds), ``verify`` (TLS), ``headers``,
+(the same for node_exporter), ``timeout`` (seconds), ``verify`` (TLS: ``false``, or the path of a CA
+bundle to check the server's certificate against), ``headers``,
 ``recording_rules`` (``false``: never read the recording rules' series). A server that
 cannot be reached, times out or answers nonsense raises :class:`~gpu_cost.core.errors.SourceError`;
 a GPU missing from some answers is *stale*, never idle. Errors name the server with its
@@ -92,7 +100,8 @@ class PromConfig:
     selector: str = ""
     node_selector: str = ""
     timeout: float = 15.0
-    verify: bool = True
+    #: check the server's TLS certificate (True), not (False), or against this CA bundle (a path)
+    verify: bool | str = True
     headers: Mapping[str, str] = field(default_factory=dict)
     auth: tuple[str, str] | None = None
     recording_rules: bool = True
@@ -143,7 +152,7 @@ def _config_from_conn(conn: Mapping[str, Any], conn_id: str) -> PromConfig:
         raise SourceError(f"connection {conn_id}: extra.timeout must be a number of seconds") from None
     selector = str(extra.get("selector", "")).strip().strip("{}")
     node_selector = str(extra.get("node_selector", "")).strip().strip("{}")
-    verify = str(extra.get("verify", "true")).lower() not in ("false", "0", "no")
+    verify = _verify(extra.get("verify", True), conn_id)
     rules = str(extra.get("recording_rules", "true")).lower() not in ("false", "0", "no")
     headers = extra.get("headers") or {}
     if not isinstance(headers, Mapping):
@@ -151,6 +160,16 @@ def _config_from_conn(conn: Mapping[str, Any], conn_id: str) -> PromConfig:
     auth = (str(conn["login"]), str(conn.get("password") or "")) if conn.get("login") else None
     return PromConfig(url=url, selector=selector, node_selector=node_selector, timeout=timeout, verify=verify,
                       headers={str(k): str(v) for k, v in headers.items()}, auth=auth, recording_rules=rules)
+
+
+def _verify(value: Any, conn_id: str) -> bool | str:
+    """The ``verify`` extra: a boolean (``false``/``0``/``no`` turn the check off) or a CA bundle's path."""
+    text = str(value).strip()
+    if isinstance(value, bool) or text.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return text.lower() in ("true", "1", "yes")
+    if not os.path.isfile(text):
+        raise SourceError(f"connection {conn_id}: extra.verify is neither true/false nor a CA bundle file: {text!r}")
+    return text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,6 +395,11 @@ _KEYED = msgspec.json.Decoder(_KeyedAnswer)
 _RANGE = msgspec.json.Decoder(_RangeAnswer)
 
 
+#: the instant queries whose answers are tens of series per GPU: decoded by msgspec, not by
+#: PrometheusConnect's ``json`` (range queries, the chunk reads, are too); ``python -m bench.prometheus``
+#: times both decoders on each of a sweep's answers (docs/benchmarks.md)
+LARGE_ANSWERS = frozenset({"current", "windows", "lookback", "chart"})
+
 #: queries a sweep sends at once at most (Prometheus evaluates each on a core of its own)
 PARALLEL_QUERIES = 8
 
@@ -384,40 +408,93 @@ class PromHttpError(Exception):
     """Prometheus answered a query with an HTTP error status."""
 
 
-class HttpClient:
-    """Queries (instant and range) over one HTTP session: POSTed (a sweep's PromQL runs to kilobytes), with the
-    connection's auth, headers and TLS setting; a refused connection or a 502/503/504 is retried
-    briefly, a slow answer is not (it would only multiply the wait: it is reported as a timeout)."""
+def _refusal(status: int | str, content: bytes) -> PromHttpError:
+    """The error for an answer with an HTTP error status: Prometheus's own ``errorType: error`` where it gave one."""
+    why = content[:300].decode("utf-8", "replace")
+    try:  # Prometheus's own error answer: {"status": "error", "errorType": …, "error": …}
+        doc = msgspec.json.decode(content)
+        why = f"{doc.get('errorType', '')}: {doc['error']}" if isinstance(doc, dict) and doc.get("error") else why
+    except (msgspec.DecodeError, TypeError):
+        pass
+    return PromHttpError(f"HTTP {status}: {why}")
+
+
+#: ``PrometheusApiClientException``'s text: ``HTTP Status Code 400 (b'{"status":"error",…}')``
+_LIBRARY_REFUSAL = re.compile(r"HTTP Status Code (\d+) \((b(['\"]).*\3)\)", re.DOTALL)
+
+
+def _library_refusal(exc: Exception) -> PromHttpError:
+    """The library's error for a status other than 200, as :func:`_refusal` words it."""
+    import ast
+
+    m = _LIBRARY_REFUSAL.fullmatch(str(exc))
+    if m is None:
+        return PromHttpError(str(exc)[:300])
+    return _refusal(m.group(1), ast.literal_eval(m.group(2)))
+
+
+class Connection:
+    """The one connection to a Prometheus server, built from its :class:`PromConfig`.
+
+    ``api`` is a ``prometheus_api_client.PrometheusConnect``: the URL, basic auth, headers (a bearer
+    token), TLS verification or a CA bundle, and the retries (a refused connection or a 502/503/504
+    retried briefly; a slow answer is not: it would only multiply the wait, and is reported as a
+    timeout). It asks the small queries (:meth:`ask`). :meth:`post` sends a large query on the same
+    session, its PromQL (kilobytes) as a POSTed form, and returns the body for ``msgspec`` to decode.
+    """
 
     def __init__(self, config: PromConfig) -> None:
         import requests
-        from requests.adapters import HTTPAdapter
+        from prometheus_api_client import PrometheusConnect
         from urllib3.util.retry import Retry
 
         self.url = config.url.rstrip("/")
-        self.session = requests.Session()
-        self.session.verify = config.verify
-        self.session.headers.update(dict(config.headers))
-        if config.auth:
-            self.session.auth = config.auth
+        session = requests.Session()
+        session.verify = config.verify  # PrometheusConnect takes a boolean only: a CA bundle comes on the session
         retry = Retry(total=2, connect=2, read=False, backoff_factor=0.2, status_forcelist=(502, 503, 504),
                       allowed_methods=frozenset({"GET", "POST"}), raise_on_status=False)  # a query changes nothing
-        # as many connections as a sweep sends queries at once (:data:`PARALLEL_QUERIES`)
-        self.session.mount(self.url, HTTPAdapter(max_retries=retry, pool_maxsize=PARALLEL_QUERIES))
+        # its adapter's pool (10 connections) holds the queries a sweep sends at once (PARALLEL_QUERIES)
+        self.api = PrometheusConnect(url=self.url, headers=dict(config.headers) or None, auth=config.auth, retry=retry,
+                                     session=session, method="POST")
+        self.session = session
+
+    def ask(self, promql: str, at: float, timeout: float) -> list[Sample]:
+        """Return the answer of a small instant query at ``at``, as PrometheusConnect decoded it, checked.
+
+        Raises requests' errors (unreachable, timeout), :class:`PromHttpError`, ``msgspec.DecodeError``
+        (no JSON) or ``msgspec.ValidationError`` (JSON, but no vector of samples).
+        """
+        import requests
+        from prometheus_api_client import PrometheusApiClientException
+
+        try:
+            result = self.api.custom_query(promql, params={"time": f"{at:.3f}"}, timeout=timeout)
+        except PrometheusApiClientException as exc:
+            raise _library_refusal(exc) from None
+        except requests.exceptions.JSONDecodeError as exc:
+            raise msgspec.DecodeError(str(exc)) from None
+        except (KeyError, TypeError) as exc:  # JSON without data.result
+            raise msgspec.ValidationError(f"no data.result in the answer ({type(exc).__name__}: {exc})") from None
+        return msgspec.convert(result, list[Sample])
 
     def post(self, path: str, form: Mapping[str, str], timeout: float) -> bytes:
         """Return the body of the API endpoint ``path`` (``/api/v1/query``, ``/api/v1/query_range``) asked
-        ``form``; raise PromHttpError on a status other than 200."""
-        r = self.session.post(f"{self.url}{path}", data=dict(form), timeout=timeout)
+        ``form`` on the connection's session; raise PromHttpError on a status other than 200."""
+        # verify named on each request, as PrometheusConnect does: left to the session, requests would let
+        # REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE override the connection's CA bundle or its verify=false
+        r = self.session.post(f"{self.url}{path}", data=dict(form), headers=self.api.headers, auth=self.api.auth,
+                              verify=self.session.verify, timeout=timeout)
         if r.status_code != 200:
-            why = r.content[:300].decode("utf-8", "replace")
-            try:  # Prometheus's own error answer: {"status": "error", "errorType": …, "error": …}
-                doc = msgspec.json.decode(r.content)
-                why = f"{doc.get('errorType', '')}: {doc['error']}" if isinstance(doc, dict) and doc.get("error") else why
-            except (msgspec.DecodeError, TypeError):
-                pass
-            raise PromHttpError(f"HTTP {r.status_code}: {why}")
+            raise _refusal(r.status_code, r.content)
         return r.content
+
+
+def _bad_answer(exc: Exception, where: str, what: str, shape: str) -> SourceError:
+    """The error for an answer that is no JSON, or JSON but not the ``shape`` of samples asked for."""
+    if isinstance(exc, msgspec.ValidationError):
+        return SourceError(f"Prometheus at {where} answered the {what} query with no {shape} of samples: "
+                           f"{redact(exc)[:200]}")
+    return SourceError(f"Prometheus at {where} answered the {what} query with invalid JSON: {redact(exc)}")
 
 
 def _value(sample: Sample) -> float:
@@ -451,7 +528,7 @@ class PrometheusSource:
     """Read GPU and node aggregates from one Prometheus server.
 
     :param config: server and selectors (default: the ``gpu_cost_prometheus`` connection).
-    :param client: a ready :class:`HttpClient` (or an object with its ``post``); built lazily otherwise.
+    :param client: a ready :class:`Connection` (or an object with its ``ask`` and ``post``); built lazily otherwise.
     """
 
     def __init__(self, config: PromConfig | None = None, *, client: Any = None) -> None:
@@ -468,15 +545,20 @@ class PrometheusSource:
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = HttpClient(self.config)
+            self._client = Connection(self.config)
         return self._client
 
     def query(self, promql: str, at: float, what: str, keyed: bool = False) -> Any:
         """Run one instant query at ``at``; raise SourceError naming ``what`` on any failure.
 
+        The queries of :data:`LARGE_ANSWERS` (and ``keyed`` ones) are decoded by ``msgspec``; the others are
+        asked through ``PrometheusConnect``.
+
         :param keyed: return :class:`KeyedSample` objects (the device key and ``stat`` only), not :class:`Sample`.
         """
-        return self._ask("/api/v1/query", {"query": promql, "time": f"{at:.3f}"}, what, _KEYED if keyed else _ANSWER)
+        if keyed or what in LARGE_ANSWERS:
+            return self._ask("/api/v1/query", {"query": promql, "time": f"{at:.3f}"}, what, _KEYED if keyed else _ANSWER)
+        return self._ask("/api/v1/query", {"query": promql, "time": f"{at:.3f}"}, what, None)
 
     def query_range(self, promql: str, span: tuple[str, str, str], what: str) -> list[RangeSample]:
         """Run one range query over ``span`` (``start``, ``end``, ``step``, in seconds as text)."""
@@ -485,12 +567,16 @@ class PrometheusSource:
                          _RANGE)
 
     def _ask(self, path: str, form: Mapping[str, str], what: str, decoder: Any) -> Any:
+        """Ask ``form`` of ``path``: through PrometheusConnect (``decoder`` None: a small instant query) or POSTed
+        and decoded by ``decoder``; every failure a SourceError naming the server (redacted) and ``what``."""
         import requests
 
         with self._count_lock:
             self.queries_made += 1
         where = redact(self.config.url)  # the URL may carry user:password@
         try:
+            if decoder is None:  # a small answer: PrometheusConnect's
+                return self.client.ask(form["query"], float(form["time"]), self.config.timeout)
             body = self.client.post(path, form, self.config.timeout)
         except requests.exceptions.Timeout:
             raise SourceError(f"Prometheus at {where} did not answer the {what} query within "
@@ -503,13 +589,12 @@ class PrometheusSource:
                               f"{type(exc).__name__}: {redact(str(exc).split(' with url:')[0])[:200]}") from None
         except PromHttpError as exc:
             raise SourceError(f"Prometheus at {where} refused the {what} query: {redact(exc)[:300]}") from None
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:  # a small answer, checked
+            raise _bad_answer(exc, where, what, "vector") from None
         try:
             return decoder.decode(body).data.result
-        except msgspec.ValidationError as exc:  # JSON, but not the answer asked for
-            raise SourceError(f"Prometheus at {where} answered the {what} query with no "
-                              f"{'matrix' if decoder is _RANGE else 'vector'} of samples: {redact(exc)[:200]}") from None
-        except msgspec.DecodeError as exc:
-            raise SourceError(f"Prometheus at {where} answered the {what} query with invalid JSON: {redact(exc)}") from None
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise _bad_answer(exc, where, what, "matrix" if decoder is _RANGE else "vector") from None
 
     # -- GPUs ------------------------------------------------------------------------------
     def gpu_frame(self, policy: Any, now: float) -> tuple[Any, dict[float, Any]]:
