@@ -114,7 +114,7 @@ def test_every_way_in_acts_exactly_where_the_sweep_would(tmp_path_factory: Any, 
                  and (branch == "all" or bool(r["requires_approval"]) == (branch == "approved"))
                  and may_act(r, approved_only=branch == "approved")}
     plan = [Decision.from_row(r) for r in rows.values()
-            if r["mode"] != "dry-run" and r["action"] != "none" and r["status"] in ("decided", "failed", "acted")]
+            if r["mode"] != "dry-run" and r["action"] != "none" and r["status"] in ("decided", "failed", "acted", "capped")]
     capped = check_caps(plan, policy, gpus)  # the caps hold the run's whole plan, whichever branch acts
 
     def ctx(now: float, total: int, run: Any) -> ActionContext:

@@ -117,9 +117,10 @@ def act_run(store: AuditStore, run_id: str, policy: Policy, branch: Branch, *,
     if run.get("data_ts") is None:
         raise GpuCostError(f"run {run_id} has no data instant in the audit store: nothing acts")
     now = float(run["data_ts"])
-    # the run's plan: what may still act (a human's no, an expiry or an earlier cap took the rest out)
+    # the run's plan: what may still act, and what the engine already held back for a cap (the act step
+    # fails the run on it too); a human's no or an expiry took the rest out
     batch = [r for r in live_rows(store, run_id)
-             if (select is None or select(r)) and r["status"] in ACTABLE_STATUSES]
+             if (select is None or select(r)) and (r["status"] in ACTABLE_STATUSES or r["status"] == "capped")]
     rows = batch
     if branch == "automatic":
         rows = [r for r in batch if not r["requires_approval"]]
