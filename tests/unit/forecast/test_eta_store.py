@@ -104,7 +104,9 @@ def test_every_running_job_in_the_store_has_an_answer(swept: dict[str, Any]) -> 
 def test_a_job_gone_from_the_last_sweep_has_ended(swept: dict[str, Any]) -> None:
     jid = swept["ended"][0]
     eta = _ok(swept["env"], "forecast", "eta", "--job", jid, "--at", AT)
+    store = eta.pop("store")  # every command names the store it read, run as `python -m` too
     assert eta == {"job_id": jid, "ended": True, "end_ts": epoch(EARLIER)}
+    assert store["origin"] == "connection" and store["url"].endswith("audit.db")
     proc = _run(swept["env"], "forecast", "eta", "--job", jid, "--at", AT)
     assert proc.returncode == 0 and f"job {jid} already ended at {EARLIER}" in proc.stdout
 
