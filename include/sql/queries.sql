@@ -55,7 +55,10 @@ ON CONFLICT (decision_id) DO NOTHING;
 SELECT * FROM gpu_cost_decisions WHERE decision_id = :decision_id;
 
 -- name: decisions_of_run
-SELECT * FROM gpu_cost_decisions WHERE run_id = :run_id ORDER BY ts, decision_id;
+-- the run's own decisions, and those it proposed again after a cap held them back (a 'decided' event of the run)
+SELECT * FROM gpu_cost_decisions WHERE run_id = :run_id
+   OR decision_id IN (SELECT e.decision_id FROM gpu_cost_decision_events e WHERE e.run_id = :run_id AND e.status = 'decided')
+ORDER BY ts, decision_id;
 
 -- name: decisions_between
 SELECT * FROM gpu_cost_decisions WHERE ts >= :since AND ts < :until ORDER BY ts, decision_id;

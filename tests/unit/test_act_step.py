@@ -170,3 +170,65 @@ def test_the_health_alert_is_an_action_of_the_one_path(tmp_path: Any, slack_sink
     (row,) = store.query("SELECT action, status, executor FROM gpu_cost_actions")
     assert row["action"] == "alert_ops" and row["status"] == "succeeded" and row["executor"] == "gpu_cost.act.ops"
     assert len(slack_sink.texts()) == 1 and "prometheus: down" in slack_sink.texts()[0]
+
+
+def test_a_rung_a_rolling_cap_held_back_is_carried_out_by_the_next_sweep_that_proposes_it(tmp_path: Any) -> None:
+    """A cap is a rate, not a verdict (the sweep, live): of three cancels due at once under a cap of one per
+    hour, one acts; the next sweep proposes the other two again and the step acts on one of them an hour later,
+    under a new attempt row; a human's yes given to the first run carries over without a second question."""
+    from gpu_cost.config.schema import Caps, RollingCaps
+    from gpu_cost.decide.engine import Plan
+    from gpu_cost.loop.sweep import record
+
+    wide = RollingCaps(max_actions_per_hour=1000, max_actions_per_day=1000, max_gpu_share_per_hour=1.0,
+                       max_gpu_share_per_day=1.0)
+    policy = dataclasses.replace(BASE, mode="enforce", caps=Caps(  # type: ignore[arg-type]
+        max_actions_per_run=20, max_gpu_share=1.0, rolling=wide,
+        entry_points={"sweep": dataclasses.replace(wide, max_actions_per_hour=1)}))
+    ds = [Decision(decision_id=f"k{i}", ts=NOW, rule="idle_allocation", target_kind="job", target=f"job:{i}",
+                   action="cancel", mode="enforce", gpus=1, user="ann", reason="idle", requires_approval=i == 2)
+          for i in range(3)]
+    store = _store(tmp_path / "a.db", [], 16, "gpu_zombie_sweep:1")
+    record(Plan(decisions=ds), store, "gpu_zombie_sweep:1", NOW)
+    store.set_approval("k2", "approved", "lead", NOW)
+
+    class OnCluster(Recorder):
+        touches_cluster = True
+        simulated = True  # the test's cluster: its clock is the run's data instant
+
+    def act(run_id: str, branch: str) -> list[str]:
+        rec = OnCluster()
+        dispatch.load_executors()
+        saved = dict(REGISTRY)
+        try:
+            REGISTRY["cancel"] = rec
+            act_run(store, run_id, policy, branch, simulated_gpus=16,  # type: ignore[arg-type]
+                    context=lambda now, total, run: ActionContext(policy=policy, dry_run=False, now=now,
+                                                                  run_id=run_id, source="sim", cluster_gpus=total))
+        finally:
+            REGISTRY.clear()
+            REGISTRY.update(saved)
+        return rec.calls
+
+    assert act("gpu_zombie_sweep:1", "automatic") == ["k0"]
+    assert act("gpu_zombie_sweep:1", "approved") == []  # k2's yes: held back by the same cap
+    assert {r["decision_id"]: r["status"] for r in store.decisions_of_run("gpu_zombie_sweep:1")} == {
+        "k0": "acted", "k1": "capped", "k2": "capped"}
+    # an hour and a minute later the next sweep proposes the two again (their ladder has not moved)
+    later = NOW + 3660.0
+    store.begin_run("gpu_zombie_sweep:2", dag_id="gpu_zombie_sweep", started_at=later, data_ts=later, source="sim",
+                    mode="enforce")
+    record(Plan(decisions=[dataclasses.replace(d, ts=later) for d in ds[1:]]), store, "gpu_zombie_sweep:2", later)
+    assert sorted(r["decision_id"] for r in store.decisions_of_run("gpu_zombie_sweep:2")) == ["k1", "k2"]
+    assert act("gpu_zombie_sweep:2", "automatic") == ["k1"]  # one an hour, and k2 (approved before) waits on it
+    rows = {r["action_id"]: r for r in store.query("SELECT * FROM gpu_cost_actions")}
+    assert rows["k1:cancel"]["status"] == "skipped" and rows["k1:cancel~2"]["status"] == "succeeded"
+    assert rows["k2:cancel~2"]["status"] == "skipped" and "max_actions_per_hour=1" in rows["k2:cancel~2"]["error"]
+    # the run after that: k2, whose yes carries over (the approved branch has nothing to ask)
+    last = later + 3660.0
+    store.begin_run("gpu_zombie_sweep:3", dag_id="gpu_zombie_sweep", started_at=last, data_ts=last, source="sim",
+                    mode="enforce")
+    record(Plan(decisions=[dataclasses.replace(ds[2], ts=last)]), store, "gpu_zombie_sweep:3", last)
+    assert act("gpu_zombie_sweep:3", "approved") == []
+    assert act("gpu_zombie_sweep:3", "automatic") == ["k2"]
+    assert store.get_decision("k2")["status"] == "acted"

@@ -83,6 +83,28 @@ def action_id(d: Decision) -> str:
     return f"{d.decision_id}:{d.action}"
 
 
+def cap_held(row: dict[str, Any] | None) -> bool:
+    """Return whether an action row was held back by a rolling cap (``skipped``, ``cap: …``)."""
+    return row is not None and row["status"] == "skipped" and str(row.get("error") or "").startswith("cap:")
+
+
+def current_attempt(d: Decision, store: AuditStore) -> tuple[str, dict[str, Any] | None]:
+    """Return the id and row of the action of ``d`` to carry out now.
+
+    A destructive action a rolling cap held back is tried again when a later sweep proposes the same rung
+    (a cap is a rate, not a verdict): each try is its own row (``<action id>~2``, ``~3``…) with its own start
+    time, so the caps count it when it starts and the trail keeps every refusal.
+    """
+    aid = action_id(d)
+    row = store.get_action(aid)
+    n = 1
+    while cap_held(row):
+        n += 1
+        aid = f"{action_id(d)}~{n}"
+        row = store.get_action(aid)
+    return aid, row
+
+
 def execute(decisions: Iterable[Decision], ctx: ActionContext, store: AuditStore) -> list[dict[str, Any]]:
     """Execute acting decisions in order; return one result dict per decision."""
     load_executors()
@@ -104,10 +126,9 @@ def clock(executor: Any, ctx: ActionContext) -> float:
 
 def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str, Any]:
     """Execute one decision with the audit trail around it."""
-    aid = action_id(d)
     dry_run = ctx.dry_run or d.mode == "dry-run"
     executor = REGISTRY.get(d.action)
-    existing = store.get_action(aid)
+    aid, existing = current_attempt(d, store)
     if (existing is not None and not dry_run and _retryable(existing)
             and store.execute("action_reopen", {"action_id": aid, "max_attempts": MAX_ATTEMPTS}) > 0):
         # not done yet (rate limit) or failed (controller down, node unreachable): a later sweep
@@ -176,6 +197,9 @@ def execute_one(d: Decision, ctx: ActionContext, store: AuditStore) -> dict[str,
             hook(store, d, outcome, ctx)
     elif outcome.status == "failed":
         store.set_decision_status(d.decision_id, "failed")
+    elif cap_held({"status": outcome.status, "error": outcome.error}):
+        # the next sweep that proposes this rung again tries it again (loop.sweep.record)
+        store.set_decision_status(d.decision_id, "capped", run_id=ctx.run_id, note=outcome.error)
     logger.info("action %s %s → %s%s", d.action, d.target, outcome.status, f" ({outcome.error})" if outcome.error else "")
     return {"decision_id": d.decision_id, "action_id": aid, "status": outcome.status, "error": outcome.error,
             "command": outcome.command, "resumed": resumed}

@@ -93,6 +93,11 @@ def concurrent_run(store: AuditStore, run_id: str, dag_id: str, data_ts: float, 
     return None
 
 
+def _approved_before(row: Mapping[str, Any], run_id: str) -> bool:
+    """Return whether ``row`` was approved in the run that first decided it, another than ``run_id``."""
+    return bool(row["requires_approval"]) and row["approval_status"] == "approved" and row["run_id"] != run_id
+
+
 def act_run(store: AuditStore, run_id: str, policy: Policy, branch: Branch, *,
             context: Callable[[float, int, Mapping[str, Any]], Any],
             select: Callable[[Mapping[str, Any]], bool] | None = None,
@@ -123,9 +128,11 @@ def act_run(store: AuditStore, run_id: str, policy: Policy, branch: Branch, *,
              if (select is None or select(r)) and (r["status"] in ACTABLE_STATUSES or r["status"] == "capped")]
     rows = batch
     if branch == "automatic":
-        rows = [r for r in batch if not r["requires_approval"]]
+        # a human's yes given to an earlier run carries over when a cap held the action back and this run
+        # proposed the rung again (loop.sweep.record): no second question
+        rows = [r for r in batch if not r["requires_approval"] or _approved_before(r, run_id)]
     elif branch == "approved":
-        rows = [r for r in batch if r["requires_approval"]]
+        rows = [r for r in batch if r["requires_approval"] and not _approved_before(r, run_id)]
     chosen = [Decision.from_row(r) for r in rows if may_act(r, approved_only=branch == "approved")]
     out = ActResult(branch=branch, chosen=chosen,
                     held=[str(r["decision_id"]) for r in rows if not may_act(r, approved_only=branch == "approved")])

@@ -190,7 +190,8 @@ def record(p: Plan, store: AuditStore, run_id: str, now: float) -> dict[str, Any
     """Write the plan: decisions (idempotent), new episodes, episodes that ended.
 
     Dry-run decisions are complete once recorded, so their ladder advances here; live decisions
-    advance when their action succeeds (``gpu_cost.act``).
+    advance when their action succeeds (``gpu_cost.act``). A live decision a cap held back (status
+    ``capped``) that this plan proposes again, under no cap of its own, becomes this run's to act on.
     """
     for o in p.openings:
         store.execute("insert_escalation", {"rule": o.rule, "target": o.target, "track": o.track, "episode": o.episode,
@@ -203,6 +204,13 @@ def record(p: Plan, store: AuditStore, run_id: str, now: float) -> dict[str, Any
     live = [d for d in p.decisions if d.acts]
     inserted = store.record_decisions(dry, run_id, status="recorded")
     inserted += store.record_decisions(live, run_id, status="capped" if p.cap_violation else "decided")
+    if live and not p.cap_violation:
+        again = [r["decision_id"] for r in store.decisions_by_ids(d.decision_id for d in live)
+                 if r["status"] == "capped" and r["run_id"] != run_id]
+        for decision_id in again:
+            # a cap is a rate, not a verdict: a rung a cap held back, proposed again on this run's data,
+            # is this run's to carry out (gpu_cost.act.dispatch tries its action again, caps checked anew)
+            store.set_decision_status(decision_id, "decided", run_id=run_id, note=f"proposed again by {run_id}")
     if p.snooze_records:
         inserted += store.record_decisions(p.snooze_records, run_id, status="snoozed")
     advance_dry_run(dry, store, now)

@@ -11,6 +11,13 @@ replay is given) lets a destructive rung act; without one nothing destructive ha
 destructive rung that needed a human (under ``owner``: every destructive rung) is listed in
 ``human_asked`` with the confidence the human would have seen, and counted in ``human_asked_count``.
 
+The acting decisions are carried out through the one act path every way in ends with
+(:func:`gpu_cost.act.dispatch.execute`): once the simulated humans have answered (``approvals``, recorded
+in the store as an approver's answer would be), each goes through the audit rows before and after,
+the effect guard and the rolling caps over every way in (the replay counts as the sweep), the
+escalation ladder and the savings ledger; only the executor differs — one that acts on the trace
+(:class:`_TraceEffects`), in trace time.
+
 Simulated effects: a kill (``terminate``, ``kill``, ``cancel``, ``kill_process``) frees the
 allocation from the kill on — its GPUs read idle and empty, the job leaves the running set — and
 frees ``GPUs x (would-have-ended - kill)`` GPU-hours (``reclaimed_gpu_hours``). A kill is *false*
@@ -44,6 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpu_cost.act.base import ActionContext, Outcome
 from gpu_cost.config.schema import Policy
 from gpu_cost.core.errors import TraceError
 from gpu_cost.core.model import KILL_ACTIONS, Decision, GpuProcess, Job, labels_from_comment
@@ -367,12 +375,12 @@ class _Replay:
         self.first_notice: dict[str, float] = {}
         #: process target -> the job its process belonged to
         self._proc_job: dict[str, str] = {}
-        #: destructive actions carried out so far, in trace time, for the engine's rolling caps
-        self.history: list[dict[str, Any]] = []
         #: decision id -> its entry in ``res.human_asked`` (a request is listed once)
         self._asked_at: dict[str, dict[str, Any]] = {}
         #: decision id -> idle GPU-hours measured on its target before the kill
         self.waste_seen: dict[str, float] = {}
+        #: decision id -> what its kill did in the trace (:meth:`_kill`), until the action is listed
+        self.killed: dict[str, dict[str, Any]] = {}
         #: the audit store to replay into (None: a throwaway one)
         self.store: Any = None
         #: (util_max %, mem_min MiB) measuring idle GPU-hours; None: the policy's idle_allocation / zombie thresholds
@@ -563,6 +571,7 @@ class _Replay:
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
+        from gpu_cost.act import dispatch
         from gpu_cost.analyse import baselines
         from gpu_cost.analyse.rules import run_rules
         from gpu_cost.audit.store import AuditStore
@@ -588,40 +597,42 @@ class _Replay:
         starts = np.array([a.start for a in self.allocs.values()])
         ends = np.array([a.end for a in self.allocs.values()])
         alloc_list = list(self.allocs.values())
-        while t <= last + 1e-6:
-            lo = int(np.searchsorted(self.times, t - lookback, side="right"))
-            hi = int(np.searchsorted(self.times, t, side="right"))
-            live = np.nonzero((starts <= t) & (ends > t))[0]
-            jobs = [alloc_list[i].job for i in live if (alloc_list[i].killed_at or math.inf) > t]
-            running = {j.job_id for j in jobs}
-            snap = from_matrix(
-                policy=p, now=t, source="replay", hosts=self.hosts, gpus=self.gpu_idx, uuids=self.uuids,
-                models=self.models, mem_total=self.mem_total, times=self.times[lo:hi], util=self.util[:, lo:hi],
-                mem=self.mem[:, lo:hi], power=None, job=self._labels(slice(None), slice(max(lo, hi - 1), hi)), jobs=jobs,
-                processes=self._procs_at(hi - 1, running) if hi > lo else [], nodes=(), rolling=self.rolling,
-            )
-            if snap.degraded:
-                self.res.degraded_sweeps += 1
-            run_id = f"replay:{int(t)}"
-            snap.job_logs = self._logs_at(snap, t)
-            baselines.observe(store, snap, p, run_id=run_id)  # learnt from the trace up to t, never after
-            findings = run_rules(snap, p)
-            for f in findings:
-                if f.target not in self.first_seen:
-                    self.first_seen[f.target] = t
-                    if f.target_kind == "process":
-                        self._proc_job[f.target] = self._job_of_process(f.job_id, f.gpu_ids, t)
-            plan = sweep.plan(findings, snap, p, store, t, predicted_end={})
-            sweep.record(plan, store, run_id, t)
-            record_usage(store, snap, p, run_id=run_id)
-            for d in plan.decisions:
-                self.res.decisions[d.action] = self.res.decisions.get(d.action, 0) + 1
-            if plan.cap_violation:
-                self.res.capped_sweeps += 1
-            else:
-                self._act(plan.decisions, store, t, snap.gpu_count())
-            self.res.sweeps += 1
-            t += step
+        # every action is carried out on the trace while the replay runs (the real executors are back after it)
+        with dispatch.simulated_executors(_TraceEffects(self)):
+            while t <= last + 1e-6:
+                lo = int(np.searchsorted(self.times, t - lookback, side="right"))
+                hi = int(np.searchsorted(self.times, t, side="right"))
+                live = np.nonzero((starts <= t) & (ends > t))[0]
+                jobs = [alloc_list[i].job for i in live if (alloc_list[i].killed_at or math.inf) > t]
+                running = {j.job_id for j in jobs}
+                snap = from_matrix(
+                    policy=p, now=t, source="replay", hosts=self.hosts, gpus=self.gpu_idx, uuids=self.uuids,
+                    models=self.models, mem_total=self.mem_total, times=self.times[lo:hi], util=self.util[:, lo:hi],
+                    mem=self.mem[:, lo:hi], power=None, job=self._labels(slice(None), slice(max(lo, hi - 1), hi)), jobs=jobs,
+                    processes=self._procs_at(hi - 1, running) if hi > lo else [], nodes=(), rolling=self.rolling,
+                )
+                if snap.degraded:
+                    self.res.degraded_sweeps += 1
+                run_id = f"replay:{int(t)}"
+                snap.job_logs = self._logs_at(snap, t)
+                baselines.observe(store, snap, p, run_id=run_id)  # learnt from the trace up to t, never after
+                findings = run_rules(snap, p)
+                for f in findings:
+                    if f.target not in self.first_seen:
+                        self.first_seen[f.target] = t
+                        if f.target_kind == "process":
+                            self._proc_job[f.target] = self._job_of_process(f.job_id, f.gpu_ids, t)
+                plan = sweep.plan(findings, snap, p, store, t, predicted_end={})
+                sweep.record(plan, store, run_id, t)
+                record_usage(store, snap, p, run_id=run_id)
+                for d in plan.decisions:
+                    self.res.decisions[d.action] = self.res.decisions.get(d.action, 0) + 1
+                if plan.cap_violation:
+                    self.res.capped_sweeps += 1
+                else:
+                    self._act(plan.decisions, store, t, snap.gpu_count(), run_id)
+                self.res.sweeps += 1
+                t += step
         self._ledger(store, last)
         self._outcomes()
         self.res.idle_left_gpu_hours = self._idle_hours()
@@ -761,17 +772,49 @@ class _Replay:
             ))
         return out
 
-    def _act(self, decisions: list[Decision], store: Any, t: float, total_gpus: int) -> None:
-        """Carry out the engine's acting decisions in simulation; the approvals and the rolling caps
-        (the engine's own :func:`~gpu_cost.decide.engine.rolling_cap_violation`, counted in trace time)
-        decide what happens, as the dispatcher's do on a cluster."""
-        from gpu_cost.decide.engine import rolling_cap_violation
+    def _act(self, decisions: list[Decision], store: Any, t: float, total_gpus: int, run_id: str) -> None:
+        """Carry out the engine's acting decisions the simulated humans let act (:meth:`_answered`) through the
+        one act path (:func:`gpu_cost.act.dispatch.execute`), at trace time ``t``, on the trace (the executor
+        :class:`_TraceEffects` registered while the replay runs); list what was carried out."""
+        from gpu_cost.act import dispatch
+        from gpu_cost.core.errors import GpuCostError
 
+        chosen = self._answered(decisions, store, t)
+        if not chosen:
+            return
+        ctx = ActionContext(policy=self.policy, dry_run=False, now=t, run_id=run_id, source="trace",
+                            cluster_gpus=total_gpus)
+        for d, done in zip(chosen, dispatch.execute(chosen, ctx, store), strict=True):
+            if done["status"] == "failed":
+                raise GpuCostError(f"replay at {iso(t)}: {d.action} on {d.target} failed: {done.get('error')}")
+            if done["status"] != "succeeded":
+                # held back by the one path: a rolling cap (caps.rolling / caps.entry_points.sweep), the effect
+                # guard (another rule's action owns the target's effect) or an earlier attempt of this very action
+                if str(done.get("error") or "").startswith("cap:"):
+                    self.res.rolling_capped += 1
+                logger.info("replay at %s: %s on %s not carried out: %s %s", iso(t), d.action, d.target,
+                            done["status"], done.get("error") or "")
+                continue
+            entry = {"ts": iso(t), "target": d.target, "job_id": d.job_id, "rule": d.rule, "action": d.action,
+                     "user": d.user, "gpus": d.gpus, "requires_approval": d.requires_approval}
+            if d.action in NOTICE_ACTIONS:
+                self.first_notice.setdefault(d.target, t)
+            klass = d.evidence.get("class") or {}
+            entry["kind"] = "service" if d.evidence.get("inference") else (
+                "interactive" if d.evidence.get("interactive") else str(klass.get("kind") or "training"))
+            if d.decision_id in self.killed:
+                entry.update(self.killed.pop(d.decision_id))
+            self.res.actions.append(entry)
+
+    def _answered(self, decisions: list[Decision], store: Any, t: float) -> list[Decision]:
+        """Return the acting decisions the simulated humans let act (``approvals``), their answers written to the
+        store as an approver's are; list every destructive rung a human was asked about (:meth:`_asked`)."""
         released = {}
         if self.approvals == "owner" and any(d.acts and d.destructive for d in decisions):
             from gpu_cost.decide.answers import owner_releases
 
             released = owner_releases(store, sorted({d.target for d in decisions if d.acts and d.destructive}))
+        chosen = []
         for d in decisions:
             if not d.acts:
                 continue
@@ -789,26 +832,11 @@ class _Replay:
             elif d.requires_approval and self.approvals != "approve":
                 store.set_approval(d.decision_id, "rejected", "replay", t)
                 continue
-            if d.destructive:
-                if rolling_cap_violation([h for h in self.history if h["started_at"] > t - 86400.0], d, self.policy,
-                                         entry="sweep", total_gpus=total_gpus, now=t):
-                    self.res.rolling_capped += 1
-                    continue
-                self.history.append({"started_at": t, "gpus": d.gpus, "entry": "sweep", "target": d.target,
-                                     "action": d.action})
-            store.execute("advance_escalation", {"rule": d.rule, "target": d.target, "track": "live",
-                                                 "episode": d.episode, "rung": d.rung, "now": t})
-            entry = {"ts": iso(t), "target": d.target, "job_id": d.job_id, "rule": d.rule, "action": d.action,
-                     "user": d.user, "gpus": d.gpus, "requires_approval": d.requires_approval}
-            if d.action in NOTICE_ACTIONS:
-                self.first_notice.setdefault(d.target, t)
-            klass = d.evidence.get("class") or {}
-            entry["kind"] = "service" if d.evidence.get("inference") else (
-                "interactive" if d.evidence.get("interactive") else str(klass.get("kind") or "training"))
-            if d.action in KILL_ACTIONS:
-                entry.update(self._kill(d, t))
-                self._book(d, store, t)
-            self.res.actions.append(entry)
+            if d.requires_approval:
+                store.set_approval(d.decision_id, "approved", "replay", t,
+                                   note="released by the owner" if self.approvals == "owner" else None)
+            chosen.append(d)
+        return chosen
 
     def _asked(self, d: Decision, t: float, yes: bool) -> None:
         """Record a destructive rung a human was asked about (once per decision), with what the request showed them."""
@@ -827,22 +855,6 @@ class _Replay:
             "asked": "owner" if self.approvals == "owner" else "approver", "answer": answer, "reason": d.reason})
         self._asked_at[d.decision_id] = self.res.human_asked[-1]
         self.res.human_asked_count = len(self.res.human_asked)
-
-    def _book(self, d: Decision, store: Any, t: float) -> None:
-        """Book the kill's saving in the ledger, as the dispatcher's savings hook does after a live action."""
-        from gpu_cost.act.savings import saving_row
-
-        if d.decision_id not in self.waste_seen:
-            return  # not in the trace: nothing was freed
-        model = ""
-        ids = list(d.evidence.get("gpu_ids") or [])
-        if ids:
-            host, _, gpu = str(ids[0]).rpartition(":")
-            row = self.row_of.get((host, int(gpu))) if gpu.isdigit() else None
-            model = str(self.models[row]) if row is not None else ""
-        saving = saving_row(d, self.policy, store, t, model)
-        if saving is not None:
-            store.execute("insert_saving", {**saving, "run_id": f"replay:{int(t)}", "data_ts": t})
 
     def _kill(self, d: Decision, t: float) -> dict[str, Any]:
         p = self.policy
@@ -896,6 +908,32 @@ class _Replay:
             self.res.false_kills += 1
             self.res.false_kill_targets.append(d.target)
         return {"freed_gpu_hours": round(freed, 3), "false_kill": active}
+
+
+class _TraceEffects:
+    """The replay's executor of every action, registered while a replay runs: the trace is its cluster.
+
+    A kill ends its target in the matrices from the kill on (:meth:`_Replay._kill`); other actions change
+    nothing in the trace. It reaches a cluster (``touches_cluster``: the dispatcher counts its destructive
+    actions in the rolling caps) that is simulated (``simulated``: its clock is the trace's, ``ctx.now``).
+    """
+
+    touches_cluster = True
+    simulated = True
+
+    def __init__(self, replay: _Replay) -> None:
+        self.replay = replay
+
+    def __call__(self, d: Decision, ctx: ActionContext) -> Outcome:
+        if d.action not in KILL_ACTIONS:
+            return Outcome("succeeded", output="simulated", command=f"(simulated) {d.action} {d.target}")
+        effect = self.replay._kill(d, ctx.now)
+        self.replay.killed[d.decision_id] = effect
+        if "note" in effect:  # nothing freed: no saving is booked
+            return Outcome("succeeded", output=str(effect["note"]), command=f"(simulated) {d.action} {d.target}",
+                           details={"noop": True})
+        return Outcome("succeeded", output=f"simulated: freed {effect['freed_gpu_hours']} GPU-h",
+                       command=f"(simulated) {d.action} {d.target}", details=effect)
 
 
 def summary_text(r: Mapping[str, Any]) -> str:
