@@ -7,17 +7,20 @@ synopses (the generated command-line reference), not commands. A fence right aft
 ``<!-- not-run: REASON -->`` is not run; :data:`SKIP` names the other commands that cannot run
 here, each with its reason.
 
-Each page's commands run in order, with bash, in a fresh copy of the repository's files (those
-``git ls-files`` lists: what a clone holds, this checkout's ``.venv`` linked in as after ``make
-setup``), with that copy's package first on ``PYTHONPATH`` and a fresh ``GPU_COST_HOME`` whose
-default audit store one simulated sweep made once for the session (what ``audit``, ``report``
-and the other readers of a store need). Each must exit 0, or the code an ``# exit N`` comment
-on its line names.
+Each page's commands run in order, with bash, in a copy of the repository's files made once for
+the session (those ``git ls-files`` lists: what a clone holds, this checkout's ``.venv`` linked in
+as after ``make setup``), with that copy's package first on ``PYTHONPATH`` and a fresh
+``GPU_COST_HOME`` whose default audit store one simulated sweep made once for the session (what
+``audit``, ``report`` and the other readers of a store need). Each must exit 0, or the code an
+``# exit N`` comment on its line names.
 
 Mapped for time on a loaded 2-core machine: ``--days`` above 1 runs 1 day, ``--gpus`` above 16 runs
-16 GPUs (enough for a replay to find waste), and the commands of :data:`FEWER` get the option that
-makes them do less; ``/tmp/`` is the page's own folder (the commands write traces there). A command
-a page repeats runs once.
+16 GPUs (enough for a replay to find waste), and the commands of :data:`FEWER` get the options that
+make them do less; ``/tmp/`` is a folder of the copy (the commands write traces there). A command
+runs once in the session, as run here (a comment aside): a page that shows it again, or another
+page that shows it too, is held to that run's exit code. The files and rows a command leaves stay
+for the commands after it, on its page and on the others, as they would for a reader who follows
+the pages one after another.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ from tests.fixtures.core import ROOT
 SHELL_FENCES = frozenset({"", "bash", "console", "sh", "shell"})
 #: (page, start of the command) → why it does not run here
 SKIP: dict[tuple[str, str], str] = {
-    ("docs/operator-guide.md", "gpu-cost demo"): "the whole demo through Airflow (minutes): "
-                                                 "tests/unit/test_cli.py::test_demo_as_a_new_user_runs_it runs it",
+    ("docs/operator-guide.md", "gpu-cost demo"): "the whole demo through Airflow (minutes): tests/e2e/"
+                                                 "test_demo_deterministic.py::test_demo_as_a_new_user_runs_it_and_"
+                                                 "prints_the_same_summary_twice runs it",
 }
 NOT_RUN = re.compile(r"<!--\s*not-run:\s*(?P<why>.+?)\s*-->")
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)")
@@ -49,8 +53,13 @@ COMMAND = re.compile(r"^(?:\$\s+)?(?P<cmd>(?:\.venv/bin/)?gpu-cost(?:\s.*)?)$")
 EXIT = re.compile(r"#\s*exits?\s+(?P<code>\d+)\b")
 #: the most a command here simulates (the documented sizes take minutes on 2 cores)
 MAX_DAYS, MAX_GPUS = 1, 16
-#: start of a command → the option (and value) it runs with here unless the page gives the option
-FEWER = {"gpu-cost tune": ("--max-candidates", "2")}
+#: start of a command → the options (and values) it runs with here, each unless the page gives it: tune
+#: draws 2 candidates; the power replay plays 2 of Slurm's SuspendTimes and 2 forecast quantiles (its
+#: frontiers, and their plot, on 2 points each instead of 12 and 6)
+FEWER: dict[str, tuple[tuple[str, str], ...]] = {
+    "gpu-cost tune": (("--max-candidates", "2"),),
+    "gpu-cost power replay": (("--suspend-times", "30m,4h"), ("--quantiles", "0.5,0.9")),
+}
 #: the longest one command may take here
 COMMAND_TIMEOUT_S = 300
 #: variables of this test session that must not reach a user's command
@@ -116,12 +125,13 @@ def commands(page: Path, rel: str | None = None) -> list[Command]:
 
 
 def shrink(text: str, folder: Path) -> str:
-    """Return the command as run here: small simulations, ``/tmp/`` inside the page's folder."""
+    """Return the command as run here: small simulations, ``/tmp/`` inside ``folder``."""
     text = re.sub(r"--days\s+([\d.]+)", lambda m: f"--days {min(float(m.group(1)), MAX_DAYS):g}", text)
     text = re.sub(r"--gpus\s+(\d+)", lambda m: f"--gpus {min(int(m.group(1)), MAX_GPUS)}", text)
-    for head, (flag, value) in FEWER.items():
-        if text.startswith(head + " ") and flag not in text:
-            text = text.replace(head, f"{head} {flag} {value}", 1)
+    for head, options in FEWER.items():
+        if text.startswith(head + " "):
+            extra = "".join(f" {flag} {value}" for flag, value in options if flag not in text)
+            text = text.replace(head, head + extra, 1)
     return re.sub(r"(?<![\w./])/tmp/", f"{folder}/tmp/", text)
 
 
@@ -164,14 +174,47 @@ def store_home(clone: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-@pytest.fixture
-def workdir(clone: Path, tmp_path: Path) -> Iterator[Path]:
-    """Return a fresh copy of the clone for one page, ``.venv`` linked in as after ``make setup``."""
-    folder = tmp_path / "clone"
+@dataclass(frozen=True)
+class Ran:
+    """What one command did: its exit code (None: it ran past :data:`COMMAND_TIMEOUT_S`), output and time."""
+
+    as_run: str
+    code: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+class Shell:
+    """Runs commands with bash in one copy of the clone; each distinct command (as run here) once."""
+
+    def __init__(self, folder: Path, env: dict[str, str]) -> None:
+        self.folder, self.env = folder, env
+        self.ran: dict[str, Ran] = {}
+
+    def run(self, c: Command) -> Ran:
+        cmd = shrink(c.text, self.folder)
+        key = re.sub(r"\s+#[^'\"]*$", "", cmd)
+        if key not in self.ran:
+            started = time.monotonic()
+            try:
+                r = subprocess.run(["bash", "-c", cmd], cwd=self.folder, env=self.env, capture_output=True, text=True,
+                                   timeout=COMMAND_TIMEOUT_S)
+                code, out, err = r.returncode, r.stdout, r.stderr
+            except subprocess.TimeoutExpired:
+                code, out, err = None, "", ""
+            self.ran[key] = Ran(cmd, code, out, err, time.monotonic() - started)
+        return self.ran[key]
+
+
+@pytest.fixture(scope="session")
+def shell(clone: Path, store_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
+    """Return the session's shell: a copy of the clone, ``.venv`` linked in as after ``make setup``."""
+    folder = tmp_path_factory.mktemp("docs") / "clone"
     shutil.copytree(clone, folder, symlinks=True)
     (folder / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
     (folder / "tmp").mkdir()
-    yield folder
+    yield Shell(folder, _env(folder, store_home))
 
 
 # -- the checks ------------------------------------------------------------------------------------
@@ -192,6 +235,8 @@ def test_the_extractor_reads_fences_continuations_markers_and_exit_codes(tmp_pat
         f"gpu-cost sim-trace --days 1 --gpus 16 --out {tmp_path}/tmp/t"
     assert shrink("gpu-cost tune --samples s.parquet", tmp_path) == "gpu-cost tune --max-candidates 2 --samples s.parquet"
     assert shrink("gpu-cost tune --max-candidates 5", tmp_path) == "gpu-cost tune --max-candidates 5"
+    assert shrink("gpu-cost power replay --series s.csv --quantiles 0.9 --plot /tmp/f.png", tmp_path) == \
+        f"gpu-cost power replay --suspend-times 30m,4h --series s.csv --quantiles 0.9 --plot {tmp_path}/tmp/f.png"
 
 
 def test_every_placeholder_is_gone_from_the_commands() -> None:
@@ -210,24 +255,15 @@ def test_the_cli_reference_says_report_since_takes_a_duration() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", [p for p in pages() if commands(p)], ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_every_documented_command_runs(page: Path, workdir: Path, store_home: Path, clone: Path) -> None:
-    env = _env(workdir, store_home)
-    failed, ran = [], set()
+def test_every_documented_command_runs(page: Path, shell: Shell) -> None:
+    failed = []
     for c in commands(page):
-        bare = re.sub(r"\s+#[^'\"]*$", "", c.text)
-        if c.skip or bare in ran:
+        if c.skip:
             continue
-        ran.add(bare)
-        cmd = shrink(c.text, workdir)
-        started = time.monotonic()
-        try:
-            r = subprocess.run(["bash", "-c", cmd], cwd=workdir, env=env, capture_output=True, text=True,
-                               timeout=COMMAND_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            failed.append(f"{c.page}:{c.line}: `{c.text}` ran past {COMMAND_TIMEOUT_S} s (as run here: `{cmd}`)")
-            continue
-        took = time.monotonic() - started
-        if r.returncode != c.exit_code:
-            failed.append(f"{c.page}:{c.line}: `{c.text}` exited {r.returncode}, not {c.exit_code} ({took:.0f} s):\n"
-                          f"{r.stdout[-1000:]}\n{r.stderr[-1000:]}")
+        r = shell.run(c)
+        if r.code is None:
+            failed.append(f"{c.page}:{c.line}: `{c.text}` ran past {COMMAND_TIMEOUT_S} s (as run here: `{r.as_run}`)")
+        elif r.code != c.exit_code:
+            failed.append(f"{c.page}:{c.line}: `{c.text}` exited {r.code}, not {c.exit_code} ({r.seconds:.0f} s, "
+                          f"as run here: `{r.as_run}`):\n{r.stdout[-1000:]}\n{r.stderr[-1000:]}")
     assert not failed, "\n\n".join(failed)
