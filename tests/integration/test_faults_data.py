@@ -95,7 +95,11 @@ def world(slurm_cluster, prom_lab: PromLab, tmp_path_factory) -> Iterator[World]
         prom_lab.add_target(job, port)
     for job in EXPORTERS:
         prom_lab.wait_up(1, timeout=30, job=job)
-    time.sleep(max(0.0, running_since + 66 - time.time()))  # the idle job past its 60 s min_runtime, half a window of samples
+    scraped_since = time.time()
+    # the idle job past its 60 s min_runtime, and a whole 60 s window scraped since both exporters were up
+    # (counted from the first scrape, not from the jobs' start: on a loaded machine the exporters come up
+    # late, and a fixed wait from the start left the window under its min_sample_ratio)
+    time.sleep(max(0.0, running_since + 66 - time.time(), scraped_since + 65 - time.time()))
     try:
         yield World(slurm_cluster, prom_lab, policy, idle, busy, root)
     finally:
