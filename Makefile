@@ -6,6 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 PYTEST_ARGS ?=
+# the suite's workers (pytest-xdist): one per core, at most four, a test module to a worker (its module
+# fixtures are built once); each worker starts the session's services it needs. WORKERS=0: one process.
+WORKERS ?= auto
+XDIST = $(if $(filter 0,$(WORKERS)),-p no:xdist,-n $(WORKERS) --maxprocesses 4 --dist loadfile)
 # how far test-clock-ahead moves the clock (faketime offset: +7d, +30d, +1y)
 SHIFT ?= +30d
 
@@ -32,10 +36,10 @@ demo: setup
 	$(BIN)/gpu-cost demo
 
 test: setup system-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit: setup
-	$(BIN)/python -m pytest tests/unit tests/dags $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) tests/unit tests/dags $(PYTEST_ARGS)
 
 # the quick subset: no service started, nothing marked slow (about a minute)
 test-quick: setup
