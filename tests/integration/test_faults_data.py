@@ -56,6 +56,10 @@ class World:
         from gpu_cost.perceive.prometheus import PrometheusSource
 
         kw.setdefault("timeout", 5)
+        # no node metrics: the session's node exporter is this machine, not gpu01 or gpu02, and on a loaded
+        # machine its busy CPU is rightly read as the idle job working (a data-loading phase), which no
+        # fault here is about
+        kw.setdefault("node_selector", 'job="faults-no-node-metrics"')
         return PrometheusSource(dataclasses.replace(self.lab.config(selector), **kw))
 
     def slurm_source(self, env: dict[str, str] | None = None) -> Any:
@@ -149,7 +153,9 @@ def test_baseline_on_whole_data_the_policy_demotes_the_idle_job(world: World, st
     out = world.sweep(store)
     assert not out["degraded"], out["problems"]
     assert store.get_run(out["run_id"])["status"] == "ok"
-    (d,) = destructive(out)
+    acting = destructive(out)
+    assert len(acting) == 1, json.dumps(out, default=str)
+    (d,) = acting
     assert d["target"] == f"job:{world.idle_job}" and d["action"] == "demote" and d["mode"] == "enforce"
     assert not d["requires_approval"]
     assert alerts(store) == [] and ops.requests == []
