@@ -66,6 +66,11 @@ def test_small_queries_go_through_prometheus_connect_and_large_answers_through_m
         rules_query,
     )
 
+    # a worker's Prometheus may have just started: wait until the node exporter has the two scrapes a rate needs
+    window = max(policy.rules.zombie.window, 4 * policy.sweep.sample_interval)
+    deadline = time.time() + 60
+    while not prom_lab.query(nodes_query('job="node"', window), time.time() - 6) and time.time() < deadline:
+        time.sleep(1)
     now = time.time() - 6  # every sample up to it scraped and stored: the server's answers below are final
     source = PrometheusSource(prom_lab.config())
     assert isinstance(source.client.api, PrometheusConnect)
@@ -79,7 +84,6 @@ def test_small_queries_go_through_prometheus_connect_and_large_answers_through_m
     assert library == [freshness_query("")] and posted == []
 
     nodes = source.node_stats(policy, now)
-    window = max(policy.rules.zombie.window, 4 * policy.sweep.sample_interval)
     expected: dict[str, dict[str, float]] = {}
     for s in prom_lab.query(nodes_query('job="node"', window), now):
         expected.setdefault(s["metric"]["host"], {})[s["metric"]["stat"]] = float(s["value"][1])
