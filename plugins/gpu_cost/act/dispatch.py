@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from gpu_cost.act.base import REGISTRY, SIMULATED_SOURCES, ActionContext, Executor, Outcome
@@ -83,7 +83,7 @@ def action_id(d: Decision) -> str:
     return f"{d.decision_id}:{d.action}"
 
 
-def cap_held(row: dict[str, Any] | None) -> bool:
+def cap_held(row: Mapping[str, Any] | None) -> bool:
     """Return whether an action row was held back by a rolling cap (``skipped``, ``cap: …``)."""
     return row is not None and row["status"] == "skipped" and str(row.get("error") or "").startswith("cap:")
 

@@ -203,8 +203,9 @@ def record(p: Plan, store: AuditStore, run_id: str, now: float) -> dict[str, Any
     dry = [d for d in p.decisions if not d.acts]
     live = [d for d in p.decisions if d.acts]
     inserted = store.record_decisions(dry, run_id, status="recorded")
-    inserted += store.record_decisions(live, run_id, status="capped" if p.cap_violation else "decided")
-    if live and not p.cap_violation:
+    new_live = store.record_decisions(live, run_id, status="capped" if p.cap_violation else "decided")
+    inserted += new_live
+    if new_live < len(live) and not p.cap_violation:  # some were decided before: one read, only then
         again = [r["decision_id"] for r in store.decisions_by_ids(d.decision_id for d in live)
                  if r["status"] == "capped" and r["run_id"] != run_id]
         for decision_id in again:

@@ -790,7 +790,7 @@ class _Replay:
             if done["status"] != "succeeded":
                 # held back by the one path: a rolling cap (caps.rolling / caps.entry_points.sweep), the effect
                 # guard (another rule's action owns the target's effect) or an earlier attempt of this very action
-                if str(done.get("error") or "").startswith("cap:"):
+                if dispatch.cap_held(done):
                     self.res.rolling_capped += 1
                 logger.info("replay at %s: %s on %s not carried out: %s %s", iso(t), d.action, d.target,
                             done["status"], done.get("error") or "")
