@@ -232,3 +232,59 @@ def test_a_rung_a_rolling_cap_held_back_is_carried_out_by_the_next_sweep_that_pr
     assert act("gpu_zombie_sweep:3", "approved") == []
     assert act("gpu_zombie_sweep:3", "automatic") == ["k2"]
     assert store.get_decision("k2")["status"] == "acted"
+
+
+class _OnCluster(Recorder):
+    touches_cluster = True
+    simulated = True  # the test's cluster: its clock is the run's data instant
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(due=st.integers(1, 8), per_hour=st.integers(1, 4), gap_min=st.sampled_from([5, 20, 45, 61]))
+def test_under_any_rolling_cap_every_held_rung_acts_later_and_no_hour_holds_more(
+        tmp_path_factory: Any, due: int, per_hour: int, gap_min: int) -> None:
+    """A property of the retry: ``due`` cancels fall due at once under a cap of ``per_hour`` an hour, and sweeps
+    every ``gap_min`` minutes propose what has not acted yet. Every one acts, exactly once, never more than
+    ``per_hour`` in any hour, and none waits longer than the cap makes it."""
+    from gpu_cost.config.schema import Caps, RollingCaps
+    from gpu_cost.decide.engine import Plan
+    from gpu_cost.loop.sweep import record
+
+    wide = RollingCaps(max_actions_per_hour=1000, max_actions_per_day=1000, max_gpu_share_per_hour=1.0,
+                       max_gpu_share_per_day=1.0)
+    policy = dataclasses.replace(BASE, mode="enforce", caps=Caps(  # type: ignore[arg-type]
+        max_actions_per_run=20, max_gpu_share=1.0, rolling=wide,
+        entry_points={"sweep": dataclasses.replace(wide, max_actions_per_hour=per_hour)}))
+    ds = [Decision(decision_id=f"k{i}", ts=NOW, rule="idle_allocation", target_kind="job", target=f"job:{i}",
+                   action="cancel", mode="enforce", gpus=1, user="ann", reason="idle") for i in range(due)]
+    store = _store(tmp_path_factory.mktemp("retry") / "a.db", [], 64, "gpu_zombie_sweep:0")
+    acted: dict[str, float] = {}
+    dispatch.load_executors()
+    saved = dict(REGISTRY)
+    try:
+        for k in range(40):
+            now, run_id = NOW + k * gap_min * 60.0, f"gpu_zombie_sweep:{k}"
+            if k:
+                store.begin_run(run_id, dag_id="gpu_zombie_sweep", started_at=now, data_ts=now, source="sim",
+                                mode="enforce")
+            left = [dataclasses.replace(d, ts=now) for d in ds if d.decision_id not in acted]
+            if not left:
+                break
+            record(Plan(decisions=left), store, run_id, now)
+            rec = _OnCluster()
+            REGISTRY["cancel"] = rec
+            act_run(store, run_id, policy, "automatic", simulated_gpus=64,  # type: ignore[arg-type]
+                    context=lambda now, total, run, run_id=run_id: ActionContext(
+                        policy=policy, dry_run=False, now=now, run_id=run_id, source="sim", cluster_gpus=total))
+            assert not set(rec.calls) & set(acted)  # never twice
+            acted.update(dict.fromkeys(rec.calls, now))
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(saved)
+    assert sorted(acted) == sorted(d.decision_id for d in ds)
+    times = sorted(acted.values())
+    assert all(sum(1 for s in times if t - 3600 < s <= t) <= per_hour for t in times)
+    # each hour-long wait lets per_hour more act, at the first sweep after it
+    hours = -(-due // per_hour) - 1
+    assert times[-1] - NOW <= hours * (3600 + gap_min * 60)
