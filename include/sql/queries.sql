@@ -56,8 +56,11 @@ SELECT * FROM gpu_cost_decisions WHERE decision_id = :decision_id;
 
 -- name: decisions_of_run
 -- the run's own decisions, and those it proposed again after a cap held them back (a 'decided' event of the run)
-SELECT * FROM gpu_cost_decisions WHERE run_id = :run_id
-   OR decision_id IN (SELECT e.decision_id FROM gpu_cost_decision_events e WHERE e.run_id = :run_id AND e.status = 'decided')
+-- (each arm by its index: the decisions' run_id, the events' run_id and status)
+SELECT * FROM gpu_cost_decisions WHERE decision_id IN (
+    SELECT l.decision_id FROM gpu_cost_decision_log l WHERE l.run_id = :run_id
+    UNION
+    SELECT e.decision_id FROM gpu_cost_decision_events e WHERE e.run_id = :run_id AND e.status = 'decided')
 ORDER BY ts, decision_id;
 
 -- name: decisions_between

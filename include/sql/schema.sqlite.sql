@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS gpu_cost_decision_log (
 );
 CREATE INDEX IF NOT EXISTS ix_gpu_cost_decision_log_ts ON gpu_cost_decision_log (ts);
 CREATE INDEX IF NOT EXISTS ix_gpu_cost_decision_log_target ON gpu_cost_decision_log (target);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_decision_log_run ON gpu_cost_decision_log (run_id);
 
 -- a status change (status set) or an approval answer (approval_status set), appended
 CREATE TABLE IF NOT EXISTS gpu_cost_decision_events (
@@ -90,6 +91,8 @@ CREATE TABLE IF NOT EXISTS gpu_cost_decision_events (
     note            TEXT
 );
 CREATE INDEX IF NOT EXISTS ix_gpu_cost_decision_events_decision ON gpu_cost_decision_events (decision_id, event_id);
+-- a run's re-proposed decisions (decisions_of_run)
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_decision_events_run ON gpu_cost_decision_events (run_id, status);
 
 CREATE TABLE IF NOT EXISTS gpu_cost_action_log (
     action_id       TEXT PRIMARY KEY,                  -- decision_id + ":" + step

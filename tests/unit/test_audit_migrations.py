@@ -205,6 +205,25 @@ def test_the_schema_file_describes_the_head(tmp_path: Path) -> None:
         assert a[name] == b[name], name
 
 
+@pytest.mark.parametrize("how", ["created", "migrated"])
+def test_a_runs_decisions_are_read_by_index_not_by_scanning_the_events(tmp_path: Path, how: str) -> None:
+    """``decisions_of_run`` (every act step) finds a run's decisions, and those it proposed again (a
+    ``decided`` event of the run), through indexes: on a store of many months a scan of every decision
+    and event once per act step."""
+    from gpu_cost.audit.store import queries
+
+    url = f"sqlite:///{tmp_path / 'plan.db'}"
+    if how == "migrated":
+        fill_baseline(sa.create_engine(url))
+    store = AuditStore(url).ensure_schema()
+    with store.engine.connect() as conn:
+        plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + queries()["decisions_of_run"].replace(":run_id", "'r'"))
+        steps = [str(r[-1]) for r in plan]
+    assert not [s for s in steps if s.startswith("SCAN")], steps  # no table read whole
+    assert any("ix_gpu_cost_decision_log_run (run_id=?)" in s for s in steps), steps
+    assert any("ix_gpu_cost_decision_events_run (run_id=? AND status=?)" in s for s in steps), steps
+
+
 def test_an_upgrade_twice_changes_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'twice.db'}"
     fill_baseline(sa.create_engine(url))
