@@ -17,7 +17,7 @@ from gpu_cost.capacity.forecast import history
 from gpu_cost.config.loader import load_policy
 from gpu_cost.core.errors import GpuCostError, TraceError
 from gpu_cost.core.timeutil import epoch
-from gpu_cost.sim.power_replay import STRATEGIES, SUSPEND_TIMES, ReplaySettings, at_waiting, replay
+from gpu_cost.sim.power_replay import STRATEGIES, SUSPEND_TIMES, ReplaySettings, at_waiting, replay, table
 
 START = epoch("2026-11-02T00:00:00Z")  # a Monday
 
@@ -176,6 +176,30 @@ def test_slurms_frontier_sweeps_suspend_time_and_the_verdict_compares_at_equal_w
     assert c["keys_below_frontier"] == [] and c["reactive_2h_gpu_hours_waited"] > fc["gpu_hours_waited"]
     assert daily["verdict"].startswith("forecast beats Slurm's frontier")
     assert "at or above it on every key" in daily["verdict"]
+
+
+def test_each_setting_of_the_agents_knob_is_compared_with_slurms_frontier_key_by_key() -> None:
+    """Every point of the agent's frontier says how it stands against Slurm's, as the default point does:
+    an operator picks the quantile that beats Slurm on every team from one replay."""
+    out = replay(pd.concat([synthetic(1, days=12), synthetic(2, days=12)]), load_policy(None),
+                 ReplaySettings(suspend_times=(1800.0, 4 * 3600.0, 24 * 3600.0), quantiles=(0.5, 0.9, 0.99)))
+    keys = out["keys"]
+    for p in out["frontiers"]["forecast"]:
+        q = p["forecast_quantile"]
+        pts = {k: next(x for x in r["frontiers"]["forecast"] if x["forecast_quantile"] == q) for k, r in keys.items()}
+        frontier = {k: at_waiting(keys[k]["frontiers"]["slurm_reactive"], pts[k]["gpu_hours_waited"]) for k in keys}
+        assert p["slurm_frontier_node_hours"] == pytest.approx(sum(frontier.values()), abs=0.01)
+        total = sum(frontier.values())
+        assert p["over_frontier"] == (pytest.approx(p["node_hours_off"] / total, abs=1e-3) if total else None)
+        assert p["keys_below_frontier"] == sorted(k for k in keys if pts[k]["node_hours_off"] < frontier[k] - 0.5)
+    default = next(p for p in out["frontiers"]["forecast"]
+                   if p["forecast_quantile"] == out["settings"]["forecast_quantile"])
+    c = out["comparison"]
+    assert (default["over_frontier"], default["keys_below_frontier"]) == (c["forecast_over_frontier"],
+                                                                          c["keys_below_frontier"])
+    assert any(p["over_frontier"] is not None and p["over_frontier"] > 0 for p in out["frontiers"]["forecast"])
+    ratio = default["over_frontier"]
+    assert f"{'n/a' if ratio is None else f'{ratio:.2f}x'} Slurm's frontier" in table(out)
 
 
 @pytest.mark.parametrize(("points", "waited", "expected"), [

@@ -517,6 +517,9 @@ def replay(series: pd.DataFrame, policy: Policy, settings: ReplaySettings | None
     for curve in out["frontiers"].values():
         for p in curve:
             p["share_of_oracle"] = _ratio(p["node_hours_off"], at_waiting(oracle, p["gpu_hours_waited"]))
+    for p in out["frontiers"]["forecast"]:  # each setting of the knob against Slurm's frontier, key by key
+        p.update(against_frontier({k: _pick(r, "forecast", "forecast_quantile", p["forecast_quantile"])
+                                   for k, r in per_key.items()}, per_key))
     out["oracle"] = {"points": oracle, "zero_wait_node_hours": oracle[0]["node_hours_off"]}
     out["keys"] = per_key
     out["node_hours"] = sum(r["node_hours"] for r in per_key.values())
@@ -555,10 +558,23 @@ def _equal_waiting(row: dict[str, Any]) -> dict[str, Any]:
             "forecast_share_of_oracle": _ratio(fc["node_hours_off"], oracle)}
 
 
+def against_frontier(points: dict[str, dict[str, Any]], keys: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Return how one strategy's points (one per key) compare with Slurm's frontier of each key at the
+    point's own waiting: the frontier summed over the keys, the strategy's node-hours over it, and the
+    keys where the strategy is under it."""
+    frontier = {k: at_waiting(keys[k]["frontiers"]["slurm_reactive"], float(p["gpu_hours_waited"]))
+                for k, p in points.items()}
+    total = round(sum(frontier.values()), 2)
+    return {"slurm_frontier_node_hours": total,
+            "over_frontier": _ratio(sum(float(p["node_hours_off"]) for p in points.values()), total),
+            "keys_below_frontier": sorted(k for k, p in points.items() if float(p["node_hours_off"]) < frontier[k] - 0.5)}
+
+
 def _comparison(out: dict[str, Any]) -> dict[str, Any]:
     base, fc = out["strategies"]["slurm_reactive"], out["strategies"]["forecast"]
     eq = [r["at_equal_waiting"] for r in out["keys"].values()]
-    frontier = round(sum(e["slurm_frontier_node_hours"] for e in eq), 2)
+    vs = against_frontier({k: r["forecast"] for k, r in out["keys"].items()}, out["keys"])
+    frontier = vs["slurm_frontier_node_hours"]
     oracle = round(sum(e["oracle_node_hours"] for e in eq), 2)
     two_h = next((p for p in out["frontiers"]["slurm_reactive"] if p["suspend_time_s"] == 7200.0), None)
     return {
@@ -569,8 +585,7 @@ def _comparison(out: dict[str, Any]) -> dict[str, Any]:
         "forecast_over_frontier": _ratio(fc["node_hours_off"], frontier),
         "oracle_at_forecast_waiting": oracle,
         "forecast_share_of_oracle": _ratio(fc["node_hours_off"], oracle),
-        "keys_below_frontier": sorted(k for k, r in out["keys"].items()
-                                      if r["forecast"]["node_hours_off"] < r["at_equal_waiting"]["slurm_frontier_node_hours"] - 0.5),
+        "keys_below_frontier": vs["keys_below_frontier"],
         "reactive_2h_gpu_hours_waited": two_h["gpu_hours_waited"] if two_h else None,
     }
 
@@ -637,8 +652,11 @@ def table(out: dict[str, Any]) -> str:
             lines.append(f"  slurm SuspendTime {_dur(p['suspend_time_s']):>5}  {p['node_hours_off']:>10g} / "
                          f"{p['gpu_hours_waited']:<8g} kWh {p['kwh_saved']:>9g}  ({_pct(p['share_of_oracle'])})")
         for p in fr["forecast"]:
+            below = p.get("keys_below_frontier") or []
             lines.append(f"  forecast quantile {p['forecast_quantile']:>5g}  {p['node_hours_off']:>10g} / "
-                         f"{p['gpu_hours_waited']:<8g} kWh {p['kwh_saved']:>9g}  ({_pct(p['share_of_oracle'])})")
+                         f"{p['gpu_hours_waited']:<8g} kWh {p['kwh_saved']:>9g}  ({_pct(p['share_of_oracle'])}; "
+                         f"{_times(p.get('over_frontier'))} Slurm's frontier, "
+                         f"{'under it on ' + ', '.join(below) if below else 'at or above it on every key'})")
         for p in out["oracle"]["points"][:: max(1, len(out["oracle"]["points"]) // 6)]:
             lines.append(f"  oracle {'':>17}{p['node_hours_off']:>10g} / {p['gpu_hours_waited']:<8g}")
     lines.append("")
@@ -654,6 +672,10 @@ def table(out: dict[str, Any]) -> str:
 
 def _dur(s: float) -> str:
     return f"{s / 3600:g}h" if s >= 3600 else f"{s / 60:g}m"
+
+
+def _times(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}x"
 
 
 def _pct(x: float | None) -> str:
