@@ -20,6 +20,8 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("bench.slurm_json", []),
     ("bench.approval_skip", []),
     ("bench.forecast", []),
+    # the sample shipped with the docs; the full Helios series and ThetaGPU's months: docs/benchmarks.md
+    ("bench.power_frontier", ["--series", "docs/data/helios_vc_demand_sample.csv"]),
     ("bench.soak", []),
 ]
 

@@ -110,3 +110,24 @@ def test_approval_skip_bench_smoke() -> None:
     out = run_bench("bench.approval_skip", "--repeat", "1", "--dags", "gpu_offhours_power")
     r = out["results"][0]
     assert r["dag"] == "gpu_offhours_power" and r["approve_state"] == "skipped" and r["upstream_median_s"] > 0
+
+
+@pytest.mark.slow  # a bench subprocess: more than ~5 s
+def test_power_frontier_bench_cuts_a_jobs_trace_into_months(tmp_path: Path) -> None:
+    import numpy as np
+    import pandas as pd
+
+    # 16-GPU jobs from every morning to every evening, 2026-03-01 to 2026-04-30, on a trace that counts nodes
+    start = 1_772_323_200 + 86400 * np.arange(31 + 30) + 9 * 3600  # 2026-03-01T09:00Z, then every day
+    jobs = pd.DataFrame({"job_id": np.arange(len(start)), "user": "u", "account": "a", "submit_ts": start,
+                         "start_ts": start, "end_ts": start + 9 * 3600, "time_limit_s": 43200, "gpus": 2, "nodes": 2,
+                         "state": "Pass"})
+    path = tmp_path / "jobs.csv"
+    jobs.to_csv(path, index=False)
+    out = run_bench("bench.power_frontier", "--jobs", str(path), "--gpus-per-unit", "8", "--nodes", "4",
+                    "--quantiles", "0.9")
+    # two months, 4 nodes each, from the first submit to the last end
+    assert "2 keys" in out["bench"] and f"{4 * ((31 * 24 - 9) + (30 * 24 - 6))} node-hours" in out["bench"]
+    (row,) = out["results"]
+    assert row["quantile"] == 0.9 and row["node_hours_off"] > 0
+    assert row["keys_below"] == "-" or set(row["keys_below"].split(",")) <= {"month-2026-03", "month-2026-04"}
