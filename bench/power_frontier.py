@@ -9,8 +9,8 @@ over Slurm's frontier at equal waiting (summed over the keys) and the keys where
 A default is chosen on one set and checked on another: a mechanism that wins on the set it was
 tuned on and loses on the other is fitted to that set's accidents, not to how clusters behave.
 
-    python -m bench.power_frontier --series ../shared/data/helios_vc_demand_hourly.csv
-    python -m bench.power_frontier --jobs ../shared/data/thetagpu_jobs.csv --gpus-per-unit 8 --nodes 24 \\
+    python -m bench.power_frontier --series helios_vc_demand_hourly.csv
+    python -m bench.power_frontier --jobs thetagpu_jobs.csv --gpus-per-unit 8 --nodes 24 \\
         --months 2023-01:2023-07
 """
 
