@@ -216,6 +216,25 @@ def test_a_registered_rule_is_known_to_the_engine() -> None:
     assert "stuck_io" not in registry.rules()
 
 
+def test_a_steady_block_reads_the_module_settings_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the decision over a sweep's findings looks actions up per finding: the settings are read on entering
+    with registry.steady():
+        monkeypatch.setenv(registry.RULE_MODULES_SETTING, "gpu_cost_no_such_module")
+        assert "idle_allocation" in registry.rules()  # not read again inside the block
+        assert "cancel" in DESTRUCTIVE_ACTIONS
+        spec = RuleSpec("stuck_io", config=IdleAllocationRule, target="job", title="t", label="l", doc="d",
+                        example="rules: {stuck_io: {}}", why=lambda f: "", window=lambda cfg, policy: cfg.window)
+        register_rule(spec)(lambda snapshot, cfg, policy: [])
+        try:
+            assert "stuck_io" in registry.rules()  # a registration in the block is seen at once
+        finally:
+            registry.remove("stuck_io")
+    with pytest.raises(ImportError, match="gpu_cost_no_such_module"):
+        registry.rules()  # out of the block, every read follows the setting again
+    monkeypatch.delenv(registry.RULE_MODULES_SETTING)
+    assert "idle_allocation" in registry.rules()
+
+
 def test_generated_reference_is_current() -> None:
     expected = registry.reference_markdown()
     assert REFERENCE.exists(), f"missing {REFERENCE}: .venv/bin/python -m gpu_cost.core.registry > {REFERENCE}"

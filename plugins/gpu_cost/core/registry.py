@@ -32,6 +32,7 @@ regenerate it with ``.venv/bin/python -m gpu_cost.core.registry > docs/reference
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -188,6 +189,8 @@ _setting_seen = {"actions": "", "rules": ""}
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 #: the rules by rank as of registry version ``[0]``
 _ranked: list[Any] = [-1, {}]
+#: how many :func:`steady` blocks are open: while one is, reads do not look at the settings again
+_steady = [0]
 
 
 def add_action(spec: ActionSpec) -> ActionSpec:
@@ -243,7 +246,23 @@ def remove(name: str) -> None:
     _version[0] += 1
 
 
+@contextlib.contextmanager
+def steady() -> Iterator[None]:
+    """Read the module settings once, on entry, for the block (a decorator too): a phase that looks up actions
+    and rules hundreds of thousands of times (the decision over every finding of a sweep) reads the process
+    environment once, not at every lookup. Registrations in the block are seen as always."""
+    _load("actions")
+    _load("rules")
+    _steady[0] += 1
+    try:
+        yield
+    finally:
+        _steady[0] -= 1
+
+
 def _load(kind: str) -> None:
+    if _steady[0] and _loaded[kind]:
+        return  # read on entering the open steady() block
     name = _SETTINGS[kind]
     setting = os.environ.get(name, "")
     if setting != _setting_seen[kind]:

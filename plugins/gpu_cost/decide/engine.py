@@ -92,6 +92,7 @@ class Plan:
 
 
 @gc_paused()
+@registry.steady()
 def decide(
     findings: Sequence[Finding],
     policy: Policy,
