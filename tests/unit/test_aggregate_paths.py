@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_cost.analyse.rules.common import JobRows
-from gpu_cost.perceive.aggregate import clean, lookback_stats, mem_trend_stats, window_stats
+from gpu_cost.analyse.jobrows import JobRows
+from gpu_cost.perceive.aggregate import clean, last_sample_ts, lookback_stats, mem_trend_stats, window_stats
 from gpu_cost.perceive.snapshot import sparkline
 
 NOW = 1_800_000_000.0 + 60.0 * 359
@@ -47,6 +47,21 @@ def test_unsorted_columns_give_the_sorted_answer(seed: int) -> None:
     got_trend = mem_trend_stats(times[order], m[:, order], NOW, 6 * 3600.0)
     for key in want_trend:
         np.testing.assert_allclose(got_trend[key], want_trend[key], rtol=1e-9, equal_nan=True, err_msg=key)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_last_sample_time_read_once_serves_every_window(seed: int) -> None:
+    times, util, mem, power = _samples(seed)
+    u, m = clean(util, mem)
+    order = np.random.default_rng(seed + 10).permutation(len(times))
+    last = last_sample_ts(times[order], u[:, order], NOW)
+    valid = ~np.isnan(u[:, times <= NOW])
+    assert np.isnan(last[2]) and last[0] == times[times <= NOW][np.flatnonzero(valid[0])[-1]]  # last valid at or before NOW
+    for window in (900.0, 3600.0, 7200.0):
+        want = window_stats(times, u, m, NOW, window, 60.0, 0.8, 180.0, power)
+        got = window_stats(times, u, m, NOW, window, 60.0, 0.8, 180.0, power, last_ts=last)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
 def test_window_aggregates_equal_numpys_nan_functions() -> None:

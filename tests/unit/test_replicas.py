@@ -147,3 +147,29 @@ def test_a_replica_whose_own_log_says_it_finished_is_judged_alone() -> None:
     snap.job_logs = {"100": {"text": "epoch 3\nTraining finished after 3 epochs\n", "mtime": NOW - 2 * H, "size": 40}}
     f = idle_findings(snap)["100"]
     assert f.action == "cancel" and "replica_set" not in f.evidence
+
+
+def _peak_by_hand(snap: Snapshot, members: tuple[str, ...], busy_now: int) -> int | None:
+    """The most members busy in one bucket, member by member from the chart texts (one GPU each here)."""
+    thr = ENFORCE.rules.idle_allocation.util_max
+    charts = dict(zip(snap.gpus["job_id"], snap.gpus["util_chart_lb"], strict=True))
+    busy = [[x != "" and float(x) >= thr for x in charts[m].split(",")] for m in members if charts[m]]
+    if not busy or len({len(b) for b in busy}) != 1:
+        return None
+    return max(max(sum(col) for col in zip(*busy, strict=True)), busy_now)
+
+
+@pytest.mark.parametrize("chart", ["same", "empty", "shorter"])
+def test_the_peak_counts_the_members_whose_charts_say_when_they_were_busy(chart: str) -> None:
+    snap = fleet(serving_set(starved=2, serving=4))
+    if chart != "same":  # one serving member's chart: none at all (it does not count), or fewer buckets (no peak)
+        row = snap.gpus["job_id"] == "103"
+        text = snap.gpus.loc[row, "util_chart_lb"].iloc[0]
+        snap.gpus.loc[row, "util_chart_lb"] = "" if chart == "empty" else text.rsplit(",", 1)[0]
+    s = replicas.replica_sets(snap, ENFORCE)["100"]
+    assert s.peak_busy == _peak_by_hand(snap, s.members, len(s.busy_now))
+    assert (s.peak_busy is None) == (chart == "shorter")
+    if chart == "shorter":
+        assert s.needed is None and "served in the lookback" in s.advice()
+    else:
+        assert s.peak_busy >= 1 and s.needed == max(1, -(-s.peak_busy * 125 // 100))

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_cost.analyse.jobrows import JobRows, job_index
 from gpu_cost.config.schema import Policy
 from gpu_cost.core.model import Snapshot
 
@@ -159,29 +160,27 @@ def _build(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
         return {}
     cfg = policy.replicas
     thr = policy.rules.idle_allocation.util_max
-    ids = g["job_id"].to_numpy(dtype=object)
-    stale = g["stale"].to_numpy(dtype=bool)
+    index = job_index(snapshot)
     umax = g["util_max"].to_numpy(dtype=float)
     memmin = g["mem_min_mib"].to_numpy(dtype=float)
     umax_lb = g["util_max_lb"].to_numpy(dtype=float) if "util_max_lb" in g else np.full(len(g), np.nan)
     charts = g["util_chart_lb"].to_numpy(dtype=object) if "util_chart_lb" in g else None
-    rows: dict[str, list[int]] = {}
-    for at, jid in enumerate(ids):
-        if jid:
-            rows.setdefault(str(jid), []).append(at)
+    # per job, every row at once: its footprint, and whether every GPU was seen fresh with something resident
+    # (no data, no judgement; nothing resident: no model, no replica)
+    footprints = index.median(memmin)
+    with np.errstate(invalid="ignore"):
+        keep = (~index.any(g["stale"].to_numpy(dtype=bool) | np.isnan(umax) | np.isnan(memmin))
+                & ~(footprints <= policy.rules.zombie.mem_min_mib)).tolist()
+    sizes = index.sizes().tolist()
+    median = footprints.tolist()
+    code_of = index.code
     groups: dict[tuple[str, str], list[tuple[float, str]]] = {}
     for job in snapshot.running_jobs():
-        pos = rows.get(job.job_id)
-        if not pos or len(pos) < len(job.gpu_keys()) or stale[pos].any() or np.isnan(umax[pos]).any():
-            continue  # not every GPU seen fresh: no data, no judgement
-        mem = memmin[pos]
-        if np.isnan(mem).any():
+        code = code_of.get(job.job_id)
+        if code is None or not keep[code] or sizes[code] < sum(len(idx) for _, idx in job.gpu_alloc):
             continue
-        footprint = float(np.median(mem))
-        if footprint <= policy.rules.zombie.mem_min_mib:
-            continue  # nothing resident: no model, no replica
-        groups.setdefault((job.user, replica_stem(job.name)), []).append((footprint, job.job_id))
-    out: dict[str, ReplicaSet] = {}
+        groups.setdefault((job.user, replica_stem(job.name)), []).append((median[code], job.job_id))
+    found: list[tuple[str, str, list[tuple[float, str]]]] = []
     for (owner, stem), members in groups.items():
         if len(members) < cfg.min_members:
             continue
@@ -193,34 +192,70 @@ def _build(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
                 runs[-1].append(item)
             else:
                 runs.append([item])
-        for run in runs:
-            if len(run) >= cfg.min_members:
-                made = _set(owner, stem, run, rows, umax, umax_lb, charts, thr, snapshot.classes, cfg.headroom)
-                out.update({jid: made for _, jid in run})
+        found.extend((owner, stem, run) for run in runs if len(run) >= cfg.min_members)
+    if not found:
+        return {}
+    busy = index.reduce(np.maximum, umax) >= thr
+    busy_lb = index.reduce(np.maximum, np.nan_to_num(umax_lb, nan=0.0)) >= thr
+    sets = [tuple(sorted(jid for _, jid in run)) for _, _, run in found]
+    peaks = _peaks(sets, index, charts, thr)
+    out: dict[str, ReplicaSet] = {}
+    for (owner, stem, run), ids, peak in zip(found, sets, peaks, strict=True):
+        busy_now = tuple(m for m in ids if busy[index.code[m]])
+        serving = tuple(m for m in ids if busy[index.code[m]] or busy_lb[index.code[m]]
+                        or int((snapshot.classes.get(m) or {}).get("member_wakes") or 0) >= 1)
+        if peak is not None:
+            peak = max(peak, len(busy_now))
+        needed = None if peak is None else max(1, math.ceil(peak * (1.0 + cfg.headroom)))
+        made = ReplicaSet(key=f"{owner}|{stem}", owner=owner, stem=stem, members=ids,
+                          footprint_mib=_median_sorted([f for f, _ in run]), busy_now=busy_now, serving=serving,
+                          peak_busy=peak, needed=needed)
+        out.update({jid: made for _, jid in run})
     return out
 
 
-def _set(owner: str, stem: str, run: list[tuple[float, str]], rows: Mapping[str, list[int]], umax: np.ndarray,
-         umax_lb: np.ndarray, charts: np.ndarray | None, thr: float, classes: Mapping[str, Mapping[str, Any]],
-         headroom: float) -> ReplicaSet:
-    members = tuple(sorted(jid for _, jid in run))
-    busy_now = tuple(m for m in members if float(np.max(umax[rows[m]])) >= thr)
-    serving = tuple(m for m in members if m in busy_now or np.nan_to_num(umax_lb[rows[m]], nan=0.0).max() >= thr
-                    or int((classes.get(m) or {}).get("member_wakes") or 0) >= 1)
-    peak: int | None = None
-    if charts is not None:
-        busy_in: list[np.ndarray] = []
-        for m in members:
-            buckets = [_bucket_max(str(charts[p] or "")) for p in rows[m]]
-            if buckets and all(len(b) == len(buckets[0]) for b in buckets) and len(buckets[0]):
-                busy_in.append(np.fmax.reduce(np.vstack(buckets), axis=0) >= thr)
-        if busy_in and all(len(b) == len(busy_in[0]) for b in busy_in):
-            peak = int(np.vstack(busy_in).sum(axis=0).max())
-            peak = max(peak, len(busy_now))
-    needed = None if peak is None else max(1, math.ceil(peak * (1.0 + headroom)))
-    footprint = float(np.median([f for f, _ in run]))
-    return ReplicaSet(key=f"{owner}|{stem}", owner=owner, stem=stem, members=members, footprint_mib=footprint,
-                      busy_now=busy_now, serving=serving, peak_busy=peak, needed=needed)
+def _median_sorted(values: list[float]) -> float:
+    """Return the median of ascending ``values``, as ``np.median`` computes it (the mean of the middle two)."""
+    n = len(values)
+    return float(values[n // 2]) if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def _peaks(sets: list[tuple[str, ...]], index: JobRows, charts: np.ndarray | None, thr: float) -> list[int | None]:
+    """Return per set (its members' job ids) the most members busy in one chart bucket, None where there is no chart.
+
+    A member counts with the buckets where one of its GPUs was at ``thr`` or above; a member whose GPUs' charts
+    differ in length, or are empty, does not count; a set whose counted members' charts differ has no peak.
+    """
+    if charts is None:
+        return [None] * len(sets)
+    members = [m for s in sets for m in s]
+    rows = [index.rows[m] for m in members]
+    pos = np.concatenate(rows)
+    texts = [str(c or "") for c in charts[pos]]
+    uniq: dict[str, int] = {}
+    code = np.fromiter((uniq.setdefault(t, len(uniq)) for t in texts), dtype=np.int64, count=len(texts))
+    parsed = [_bucket_max(t) for t in uniq]
+    widths = {len(b) for b in parsed}
+    starts = np.cumsum([0] + [len(r) for r in rows[:-1]])
+    firsts = np.cumsum([0] + [len(s) for s in sets[:-1]])
+    if len(widths) != 1 or not next(iter(widths)):  # charts of several lengths: member by member
+        per_member = [[parsed[c] for c in code[at:at + len(r)]] for at, r in zip(starts.tolist(), rows, strict=True)]
+        return [_peak(per_member[at:at + len(s)], thr) for at, s in zip(firsts.tolist(), sets, strict=True)]
+    # every chart has the same buckets: each member's busy buckets and each set's count of busy members at once
+    table = np.vstack(parsed)[code]
+    busy_in = (np.fmax.reduceat(table, starts, axis=0) >= thr).astype(np.int64)
+    return [int(x) for x in np.add.reduceat(busy_in, firsts, axis=0).max(axis=1)]
+
+
+def _peak(members: list[list[np.ndarray]], thr: float) -> int | None:
+    """Return the most members busy in one bucket, from each member's GPUs' bucket maxima."""
+    busy_in: list[np.ndarray] = []
+    for buckets in members:
+        if buckets and all(len(b) == len(buckets[0]) for b in buckets) and len(buckets[0]):
+            busy_in.append(np.fmax.reduce(np.vstack(buckets), axis=0) >= thr)
+    if busy_in and all(len(b) == len(busy_in[0]) for b in busy_in):
+        return int(np.vstack(busy_in).sum(axis=0).max())
+    return None
 
 
 def _bucket_max(text: str) -> np.ndarray:

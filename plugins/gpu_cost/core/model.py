@@ -448,7 +448,7 @@ class Snapshot:
 
     def memo(self, name: str, basis: Any, build: Callable[[], Any]) -> Any:
         """Return ``build()``'s value, built once while ``basis`` (the object it reads) is the same object: the
-        indexes the rules ask per candidate (:meth:`jobs_by_node`, :func:`gpu_cost.analyse.rules.common.job_index`)."""
+        indexes the rules ask per candidate (:meth:`jobs_by_node`, :func:`gpu_cost.analyse.jobrows.job_index`)."""
         cached = self._indexes.get(name)
         if cached is None or cached[0] is not basis:
             cached = self._indexes[name] = (basis, build())

@@ -51,8 +51,12 @@ def window_stats(
     min_sample_ratio: float,
     max_staleness_s: float,
     power: np.ndarray | None = None,
+    last_ts: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
-    """Return window aggregates (one value per GPU row) for samples in ``(now - window, now]``."""
+    """Return window aggregates (one value per GPU row) for samples in ``(now - window, now]``.
+
+    :param last_ts: :func:`last_sample_ts` of these samples, where the caller has it (the same for every window).
+    """
     times, util, mem, power = _in_order(times, util, mem, power)
     sel = _span(times, now - window_s, now)
     u = util[:, sel]
@@ -68,18 +72,24 @@ def window_stats(
         "mem_max_mib": np.fmax.reduce(m, axis=1) if m.shape[1] else nan.copy(),
         "power_w": _nanmean(p, ~np.isnan(p))[1] if p is not None and p.shape[1] else nan.copy(),
     }
-    upto = _span(times, -np.inf, now)
-    any_valid = ~np.isnan(util[:, upto])
-    if any_valid.shape[1]:
-        last_idx = any_valid.shape[1] - 1 - np.argmax(any_valid[:, ::-1], axis=1)
-        last_ts = np.where(any_valid.any(axis=1), times[upto][last_idx], np.nan)
-    else:
-        last_ts = np.full(len(util), np.nan)
+    if last_ts is None:
+        last_ts = last_sample_ts(times, util, now)
     out["n_samples"] = n.astype(np.int64)
     out["expected_samples"] = np.full(len(u), expected, dtype=np.int64)
     out["last_ts"] = last_ts
     out["stale"] = (n < min_sample_ratio * expected) | ~(now - np.nan_to_num(last_ts, nan=-np.inf) <= max_staleness_s)
     return out
+
+
+def last_sample_ts(times: np.ndarray, util: np.ndarray, now: float) -> np.ndarray:
+    """Return per GPU row the time of its last valid utilisation sample at or before ``now`` (NaN: none)."""
+    times, util = _in_order(times, util)
+    upto = _span(times, -np.inf, now)
+    any_valid = ~np.isnan(util[:, upto])
+    if not any_valid.shape[1]:
+        return np.full(len(util), np.nan)
+    last_idx = any_valid.shape[1] - 1 - np.argmax(any_valid[:, ::-1], axis=1)
+    return np.where(any_valid.any(axis=1), times[upto][last_idx], np.nan)
 
 
 def lookback_stats(times: np.ndarray, util: np.ndarray, now: float, lookback_s: float, busy_util: float) -> dict[str, np.ndarray]:
@@ -186,6 +196,7 @@ def gpu_frame(
     mig: Mapping[str, np.ndarray] | None = None,
     rolling: RollingWindows | None = None,
     cleaned: bool = False,
+    last_ts: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Return the :data:`~gpu_cost.core.model.GPU_COLUMNS` frame from a dense sample matrix.
 
@@ -195,11 +206,14 @@ def gpu_frame(
     :param rolling: running sums over the whole (clean) matrix ``times``/``util``/``mem`` are a slice
         of: the window and lookback counts, sums and bursts come from them, not from the samples again.
     :param cleaned: ``util`` and ``mem`` went through :func:`clean` already (a copy of each saved).
+    :param last_ts: :func:`last_sample_ts` of the clean ``util``, where the caller has it.
     """
     if rolling is None:
         if not cleaned:
             util, mem = clean(util, mem)
-        w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s, power)
+            last_ts = None  # of other samples than these
+        w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s, power,
+                         last_ts)
         lb = lookback_stats(times, util, now, lookback_s, busy_util)
     else:
         w = rolling.window(times, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s)
@@ -277,7 +291,7 @@ def chart_text(maxima: np.ndarray) -> list[str]:
         key = row.tobytes()
         text = _CHART_TEXT.get(key)
         if text is None:
-            text = _CHART_TEXT[key] = ",".join("" if v < 0 else str(v) for v in row.tolist())
+            text = _CHART_TEXT[key] = ",".join(["" if v < 0 else str(v) for v in row.tolist()])
         out.append(text)
     return out
 
@@ -285,13 +299,17 @@ def chart_text(maxima: np.ndarray) -> list[str]:
 def extra_window(
     times: np.ndarray, util: np.ndarray, mem: np.ndarray, now: float, window_s: float, sample_interval_s: float,
     min_sample_ratio: float, max_staleness_s: float, rolling: RollingWindows | None = None, cleaned: bool = False,
+    last_ts: np.ndarray | None = None,
 ) -> pd.DataFrame:
-    """Return the window columns for another window length (rules with their own window)."""
+    """Return the window columns for another window length (rules with their own window; ``last_ts``: as
+    :func:`gpu_frame`'s)."""
     if rolling is not None:
         return pd.DataFrame(rolling.window(times, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s))
     if not cleaned:
         util, mem = clean(util, mem)
-    w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s)
+        last_ts = None
+    w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s,
+                     last_ts=last_ts)
     return pd.DataFrame(w)
 
 

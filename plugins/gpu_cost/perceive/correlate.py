@@ -44,6 +44,12 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     shared_jobs = {jid for jid, j in running.items() if j.gpu_shared}
     gpu_hosts: dict[str, set[str]] = defaultdict(set)
     for j in running.values():
+        if not j.mig_alloc:  # the common job: whole GPUs only
+            for host, idx in j.gpu_alloc:
+                gpu_hosts[j.job_id].add(host)
+                for i in idx:
+                    alloc[(host, int(i))].add(j.job_id)
+            continue
         mig_hosts = {h for h, _ in j.mig_alloc}
         for host, slices in j.mig_alloc:
             gpu_hosts[j.job_id].add(host)
@@ -100,6 +106,18 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
             key = (host, gpu)
             holders = alloc.get(key, _NONE)
             on_uuid, on_index = by_uuid.get(uuid), by_index.get(key)
+            if len(holders) == 1 and (on_uuid is None or on_uuid == holders) and (on_index is None or on_index == holders):
+                # the common GPU: one job holds it, no other job's process on it; Slurm's word stands unless the
+                # exporter's label names another running job (the full test below)
+                only = next(iter(holders))
+                if only and only not in shared_jobs and (label not in running or label == only or not label):
+                    sharers.append("")
+                    job_ids.append(only)
+                    how.append("slurm")
+                    left = orphans_uuid.get(uuid) if uuid else orphans_index.get(key)
+                    if left:
+                        problems.extend(_leftover(host, gpu, mig, p, only) for p in left)
+                    continue
             cg = on_uuid | on_index if on_uuid and on_index else on_uuid or on_index or _NONE
             leftovers = orphans_uuid.get(uuid, []) if uuid else orphans_index.get(key, [])
         cg_running = {c for c in cg if c in running} if cg else _NONE
@@ -132,10 +150,7 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
         if slurm:
             job_ids.append(slurm)
             how.append("slurm")
-            for p in leftovers:
-                ended = f"of ended job {p.job_id}" if p.job_id else "of no job"
-                problems.append(Disagreement(host, gpu, f"{_slice(mig)}process {p.pid} {ended} holds {p.used_mib:g} MiB "
-                                                        f"on a GPU Slurm allocates to running job {slurm}"))
+            problems.extend(_leftover(host, gpu, mig, p, slurm) for p in leftovers)
         elif label_running:
             # the exporter says a running job uses it but Slurm does not list the GPU for it
             job_ids.append(None)
@@ -156,6 +171,13 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     if any(sharers):
         out["sharers"] = pd.Series(sharers, index=out.index, dtype=object)
     return out, problems
+
+
+def _leftover(host: str, gpu: int, mig: str, p: GpuProcess, slurm: str) -> Disagreement:
+    """Return the disagreement of an orphan process ``p`` on a device Slurm allocates to running job ``slurm``."""
+    ended = f"of ended job {p.job_id}" if p.job_id else "of no job"
+    return Disagreement(host, gpu, f"{_slice(mig)}process {p.pid} {ended} holds {p.used_mib:g} MiB "
+                                   f"on a GPU Slurm allocates to running job {slurm}")
 
 
 def _slice(mig: str) -> str:

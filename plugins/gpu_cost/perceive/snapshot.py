@@ -12,7 +12,7 @@ from gpu_cost.config.schema import Policy
 from gpu_cost.core.model import GpuProcess, Job, Node, Snapshot
 from gpu_cost.core.perf import gc_paused
 from gpu_cost.core.redact import redact_all
-from gpu_cost.perceive.aggregate import RollingWindows, clean, extra_window, gpu_frame
+from gpu_cost.perceive.aggregate import RollingWindows, clean, extra_window, gpu_frame, last_sample_ts
 from gpu_cost.perceive.correlate import attribute
 
 
@@ -58,18 +58,21 @@ def from_matrix(
     primary, others = rule_windows(policy)
     label = job[:, -1] if job.shape[1] else np.full(len(hosts), "", dtype=object)
     cleaned = rolling is not None
+    last = None
     if not cleaned and others:
         util, mem = clean(util, mem)  # once for every window, not once per window
         cleaned = True
+        last = last_sample_ts(times, util, now)  # each window's staleness reads it: once too
     frame = gpu_frame(
         hosts=hosts, gpus=gpus, uuids=uuids, models=models, mem_total=mem_total, label_job=label, times=times,
         util=util, mem=mem, power=power, now=now, window_s=primary, lookback_s=sw.lookback,
         sample_interval_s=sw.sample_interval, min_sample_ratio=sw.min_sample_ratio,
         max_staleness_s=sw.max_staleness, busy_util=sw.busy_util, mig=mig, rolling=rolling, cleaned=cleaned,
+        last_ts=last,
     )
     windows = {
         w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness,
-                        rolling=rolling, cleaned=cleaned)
+                        rolling=rolling, cleaned=cleaned, last_ts=last)
         for w in others
     }
     frame, disagreements = attribute(frame, jobs, processes)
@@ -88,6 +91,12 @@ _BARS = "▁▂▃▄▅▆▇█"
 
 def sparkline(charts: Sequence[str]) -> str:
     """Return one bar per bucket, the max over ``charts`` (one per GPU): ``▁▁▁▁▆▁▁▁▁▁▁▁``; ``·`` = no data."""
+    return _sparkline(tuple(charts))
+
+
+@functools.lru_cache(maxsize=65536)
+def _sparkline(charts: tuple[str, ...]) -> str:
+    """:func:`sparkline` of a tuple (most jobs' GPUs repeat a few charts: a sweep draws each set once)."""
     rows = [_chart_values(c) for c in charts if c]
     if not rows:
         return ""

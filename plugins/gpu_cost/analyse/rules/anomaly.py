@@ -40,8 +40,9 @@ from typing import Annotated, Any
 import numpy as np
 
 from gpu_cost.analyse.evidence import classify_log, progress, signal
+from gpu_cost.analyse.jobrows import job_index
 from gpu_cost.analyse.rules import register
-from gpu_cost.analyse.rules.common import behaves_like_inference, declared_inference, job_fields, job_index, r
+from gpu_cost.analyse.rules.common import behaves_like_inference, declared_inference, job_fields, r
 from gpu_cost.config.schema import Mode, Policy, Rung, Share
 from gpu_cost.config.typed import Dur, Range
 from gpu_cost.core.model import Finding, Job, Snapshot

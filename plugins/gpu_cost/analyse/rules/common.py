@@ -11,65 +11,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpu_cost.analyse.jobrows import job_index
 from gpu_cost.config.schema import InferenceConfig, InteractiveConfig, Policy
 from gpu_cost.core.model import Finding, Job, Snapshot
-
-
-class JobRows:
-    """The rows of a GPU frame per attributed job, and per-job reductions of a row mask in one pass.
-
-    The rules judge each running job on its rows; most jobs fail a plain test (a GPU busy, stale or
-    missing), which :meth:`any` and :meth:`count` answer for every job at once, so the per-job Python
-    work is left to the few candidates.
-
-    :param frame: a GPU frame with ``job_id`` (None, NaN or "" for a row of no job).
-    """
-
-    def __init__(self, frame: pd.DataFrame) -> None:
-        ids = frame["job_id"].to_numpy(dtype=object)
-        codes, uniques = pd.factorize(ids, use_na_sentinel=True)
-        blank = [k for k, u in enumerate(uniques) if u == ""]
-        if blank:  # "" is no job, as None is
-            codes = np.where(np.isin(codes, blank), -1, codes)
-        self._codes = codes
-        self._rows_of = np.flatnonzero(codes >= 0)
-        self._n = len(uniques)
-        order = self._rows_of[np.argsort(codes[self._rows_of], kind="stable")]
-        counts = np.bincount(codes[self._rows_of], minlength=self._n)
-        ends = np.cumsum(counts)
-        self.code: dict[str, int] = {}
-        self.rows: dict[str, np.ndarray] = {}
-        for k, u in enumerate(uniques):
-            if counts[k]:
-                key = str(u)
-                self.code[key] = k
-                self.rows[key] = order[ends[k] - counts[k]:ends[k]]
-
-    def count(self, mask: np.ndarray) -> np.ndarray:
-        """Return, per job code, how many of its rows ``mask`` holds."""
-        return np.bincount(self._codes[self._rows_of], weights=np.asarray(mask, dtype=bool)[self._rows_of],
-                           minlength=self._n).astype(np.int64)
-
-    def any(self, mask: np.ndarray) -> np.ndarray:
-        """Return, per job code, whether ``mask`` holds any of its rows."""
-        return self.count(mask) > 0
-
-    def nanmean(self, values: np.ndarray) -> np.ndarray:
-        """Return, per job code, the mean of its rows' ``values`` that are not NaN (NaN when none is): a prefilter,
-        equal to ``np.nanmean`` over the job's rows up to the last bits of rounding."""
-        v = np.asarray(values, dtype=float)[self._rows_of]
-        ok = ~np.isnan(v)
-        codes = self._codes[self._rows_of]
-        n = np.bincount(codes, weights=ok, minlength=self._n)
-        total = np.bincount(codes, weights=np.where(ok, v, 0.0), minlength=self._n)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(n > 0, total / n, np.nan)
-
-
-def job_index(snapshot: Snapshot) -> JobRows:
-    """Return the :class:`JobRows` of ``snapshot.gpus``, built once per frame: every window's view has its rows."""
-    index: JobRows = snapshot.memo("job_rows", snapshot.gpus, lambda: JobRows(snapshot.gpus))
-    return index
 
 
 def shared_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -223,10 +167,15 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
     umax_lb = g["util_max_lb"].to_numpy(dtype=float)
     charts = g["util_chart_lb"].to_numpy(dtype=object) if "util_chart_lb" in g else None
     with np.errstate(invalid="ignore"):
-        not_idle = index.any(stale | np.isnan(umax) | ~(umax < cfg.util_max))  # per job, all its own rows at once
+        not_idle = index.any(stale | np.isnan(umax) | ~(umax < cfg.util_max)).tolist()  # per job, all its rows at once
+    # per job, over its own rows (exact: maxima and minima), for the jobs on no shared device
+    per_job = zip(index.reduce(np.maximum, umax).tolist(), index.reduce(np.fmax, umax_lb).tolist(),
+                  index.reduce(np.fmin, memmin).tolist(), index.reduce(np.maximum, bursts).tolist(), strict=True)
+    own = [(top, top_lb, None if least != least else least, int(b) if b == b else 0) for top, top_lb, least, b in per_job]
     findings = []
     for job in snapshot.running_jobs():
         on_shared = shared.get(job.job_id)
+        code = None
         if on_shared is None:
             code = index.code.get(job.job_id)
             if code is None or not_idle[code]:
@@ -241,8 +190,14 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
             pos = on_shared if pos is None else np.concatenate([pos, on_shared])
         if pos is None or len(pos) < len(keys):
             continue  # some GPU of the job is not seen: no data, no action
-        if stale[pos].any() or np.isnan(umax[pos]).any() or not (umax[pos] < cfg.util_max).all():
+        if code is not None:
+            top, top_lb, mem, n_bursts = own[code]  # its own rows, every one idle (not_idle above)
+        elif stale[pos].any() or np.isnan(umax[pos]).any() or not (umax[pos] < cfg.util_max).all():
             continue
+        else:
+            top, top_lb = float(np.max(umax[pos])), float(np.nanmax(umax_lb[pos]))
+            mem = float(np.nanmin(memmin[pos])) if not np.isnan(memmin[pos]).all() else None
+            n_bursts = int(np.max(bursts[pos]))
         log = evidence.classify_log(snapshot.job_logs.get(job.job_id), policy.evidence.job_log, snapshot.ts,
                                     cfg.window)
         signs = evidence.progress(snapshot, job, list(power[pos]), log, policy)
@@ -250,15 +205,13 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
             continue  # a data-loading or checkpointing phase: not waste
         klass = snapshot.classes.get(job.job_id)
         declared = declared_inference(job, policy.inference)
-        n_bursts = int(np.max(bursts[pos]))
-        behaviour = behaves_like_inference(bursts[pos], policy.inference)
+        behaviour = behaves_like_inference((n_bursts,), policy.inference)  # the max of its GPUs' bursts
         service = baselines.is_service(klass)
-        mem = float(np.nanmin(memmin[pos])) if not np.isnan(memmin[pos]).all() else None
         resident = None if mem is None else mem > policy.rules.zombie.mem_min_mib
         conf, conf_why = evidence.confidence(log, klass, bursts=n_bursts, resident=resident)
         spare = None if log.get("state") in ("finished", "crashed") else replicas.spare(snapshot, policy, job.job_id)
         signals = [evidence.signal(
-            "GPU utilisation", f"max {r(float(np.max(umax[pos])))} % over {int(cfg.window) // 60} min",
+            "GPU utilisation", f"max {r(top)} % over {int(cfg.window) // 60} min",
             f"every allocated GPU under {cfg.util_max:g} %")]
         if mem is not None:
             signals.append(evidence.signal("GPU memory", f"{mem / 1024:.1f} GiB held at least",
@@ -280,8 +233,8 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
             signals.append(evidence.signal("Replica set", spare.describe(),
                                            f"spare capacity of a serving set: {spare.advice()}"))
         ev: dict[str, Any] = {
-            "util_max": r(float(np.max(umax[pos]))), "util_mean": r(float(np.mean(umean[pos]))),
-            "window_s": cfg.window, "util_max_lookback": r(float(np.nanmax(umax_lb[pos]))),
+            "util_max": r(top), "util_mean": r(float(umean[pos].mean())),
+            "window_s": cfg.window, "util_max_lookback": r(top_lb),
             "bursts_lookback": n_bursts, "runtime_s": round(snapshot.ts - job.start_ts),
             "confidence": conf, "confidence_why": conf_why, "signals": signals, "mem_resident": resident,
         }

@@ -26,8 +26,9 @@ from typing import Annotated
 import numpy as np
 
 from gpu_cost.analyse.evidence import signal
+from gpu_cost.analyse.jobrows import job_index
 from gpu_cost.analyse.rules import register
-from gpu_cost.analyse.rules.common import Devices, job_fields, job_index, per_node, r, shared_rows
+from gpu_cost.analyse.rules.common import Devices, job_fields, per_node, r, shared_rows
 from gpu_cost.config.schema import Mode, Percent, Policy, Rung, Seconds
 from gpu_cost.config.typed import Dur, Range
 from gpu_cost.core.model import Finding, Snapshot
