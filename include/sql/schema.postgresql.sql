@@ -108,6 +108,8 @@ CREATE TABLE IF NOT EXISTS gpu_cost_action_log (
 );
 CREATE INDEX IF NOT EXISTS ix_gpu_cost_action_log_decision ON gpu_cost_action_log (decision_id);
 CREATE INDEX IF NOT EXISTS ix_gpu_cost_action_log_target ON gpu_cost_action_log (target);
+-- the rolling caps' count of the last day's actions (every destructive start)
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_action_log_started ON gpu_cost_action_log (started_at);
 
 -- the action's whole state after a change (finished, retried, reopened), appended; prev_event_id is
 -- the event it follows (0: the started row), so of two concurrent changes of one state only one lands
@@ -170,6 +172,9 @@ CREATE TABLE IF NOT EXISTS gpu_cost_escalations (
     user_name       TEXT,
     PRIMARY KEY (rule, target, track)
 );
+-- every sweep reads the open episodes of its track; a snooze finds a target's
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_escalations_open ON gpu_cost_escalations (track, state);
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_escalations_target ON gpu_cost_escalations (target);
 
 CREATE TABLE IF NOT EXISTS gpu_cost_snoozes (
     snooze_id       TEXT PRIMARY KEY,
@@ -296,6 +301,8 @@ CREATE TABLE IF NOT EXISTS gpu_cost_class_members (
 );
 CREATE INDEX IF NOT EXISTS gpu_cost_class_members_class ON gpu_cost_class_members (class_key, last_seen);
 CREATE INDEX IF NOT EXISTS gpu_cost_class_members_coarse ON gpu_cost_class_members (coarse_key, last_seen);
+-- every sweep reads the rows another writer stored since it last looked (class_members_since)
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_class_members_data_ts ON gpu_cost_class_members (data_ts);
 
 -- Answers (gpu_cost.decide.answers): what the people a notice reached answered, accepted or refused (with why),
 -- and the one-time requests already used (a replayed link or Slack request is refused). History.

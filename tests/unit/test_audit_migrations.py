@@ -205,21 +205,40 @@ def test_the_schema_file_describes_the_head(tmp_path: Path) -> None:
         assert a[name] == b[name], name
 
 
-@pytest.mark.parametrize("how", ["created", "migrated"])
-def test_a_runs_decisions_are_read_by_index_not_by_scanning_the_events(tmp_path: Path, how: str) -> None:
-    """``decisions_of_run`` (every act step) finds a run's decisions, and those it proposed again (a
-    ``decided`` event of the run), through indexes: on a store of many months a scan of every decision
-    and event once per act step."""
+#: what every sweep or every action reads from a history table, with parameters as they come (SQL, params)
+def _hot_path() -> dict[str, tuple[str, dict[str, Any]]]:
+    from gpu_cost.act import locks
     from gpu_cost.audit.store import queries
 
+    q = queries()
+    return {
+        "decisions_of_run": (q["decisions_of_run"], {"run_id": "sweep:1"}),
+        "open_escalations": (q["open_escalations"], {"track": "live"}),
+        "class_members_since": (q["class_members_since"], {"since": "2026-12-01T00:00:00Z"}),
+        "snooze_escalations": (q["snooze_escalations"], {"until_ts": "2026-12-02T00:00:00Z", "reason": "r",
+                                                         "created_by": "u", "target": "job:7"}),
+        "caps: recent destructive": (locks._RECENT_DESTRUCTIVE, {"since": "2026-12-01T00:00:00Z", "action_id": "a"}),
+        "effect: same target": (locks._SAME_TARGET, {"target": "job:7", "action_id": "a",
+                                                      "since": "2026-12-01T00:00:00Z", "rule": "zombie"}),
+    }
+
+
+@pytest.mark.parametrize("how", ["created", "migrated"])
+def test_what_every_sweep_and_action_reads_is_found_by_index_not_by_reading_a_whole_table(tmp_path: Path,
+                                                                                          how: str) -> None:
+    """A store of many months holds every decision, action, episode and class member ever seen: a read of the
+    sweep's or the act step's that scans one of them (or builds a view of them whole) costs more every day."""
     url = f"sqlite:///{tmp_path / 'plan.db'}"
     if how == "migrated":
         fill_baseline(sa.create_engine(url))
     store = AuditStore(url).ensure_schema()
     with store.engine.connect() as conn:
-        plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + queries()["decisions_of_run"].replace(":run_id", "'r'"))
-        steps = [str(r[-1]) for r in plan]
-    assert not [s for s in steps if s.startswith("SCAN")], steps  # no table read whole
+        for name, (sql, params) in _hot_path().items():
+            steps = [str(r[-1]) for r in conn.execute(sa.text("EXPLAIN QUERY PLAN " + sql), params)]
+            whole = [s for s in steps if s.startswith(("SCAN", "MATERIALIZE"))]  # a SEARCH is a lookup
+            assert not whole, (name, steps)
+        steps = [str(r[-1]) for r in conn.execute(sa.text("EXPLAIN QUERY PLAN " + _hot_path()["decisions_of_run"][0]),
+                                                  {"run_id": "sweep:1"})]
     assert any("ix_gpu_cost_decision_log_run (run_id=?)" in s for s in steps), steps
     assert any("ix_gpu_cost_decision_events_run (run_id=? AND status=?)" in s for s in steps), steps
 

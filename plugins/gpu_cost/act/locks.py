@@ -54,9 +54,11 @@ FROM gpu_cost_runs r
 WHERE r.dag_id = :dag_id AND r.status = 'running' AND r.run_id <> :run_id AND r.started_at >= :since
 """
 
+#: (the decisions' rule and GPUs never change: read from their log, not through the view of their status, which a
+#: join would build whole for every action)
 _SAME_TARGET = """
 SELECT a.action_id, a.decision_id, a.run_id, a.action, a.status, a.started_at FROM gpu_cost_actions a
-LEFT JOIN gpu_cost_decisions d ON d.decision_id = a.decision_id
+LEFT JOIN gpu_cost_decision_log d ON d.decision_id = a.decision_id
 WHERE a.target = :target AND a.dry_run = 0 AND a.status IN ('started', 'succeeded') AND a.started_at >= :since
   AND a.action_id <> :action_id AND (d.rule IS NULL OR d.rule <> :rule)
 """
@@ -120,7 +122,7 @@ CAPS_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext('gpu_cost_caps'))"
 
 _RECENT_DESTRUCTIVE = """
 SELECT a.action_id, a.action, a.target, a.run_id, a.started_at, d.gpus FROM gpu_cost_actions a
-LEFT JOIN gpu_cost_decisions d ON d.decision_id = a.decision_id
+LEFT JOIN gpu_cost_decision_log d ON d.decision_id = a.decision_id
 WHERE a.dry_run = 0 AND a.started_at >= :since AND a.action_id <> :action_id AND a.status <> 'skipped'
 """
 
