@@ -221,34 +221,25 @@ def _median_sorted(values: list[float]) -> float:
 
 
 def _peaks(sets: list[tuple[str, ...]], index: JobRows, charts: np.ndarray | None, thr: float) -> list[int | None]:
-    """Return per set (its members' job ids) the most members busy in one chart bucket, None where there is no chart.
+    """Return per set (its members' job ids) the most members busy in one chart bucket, None where there is no chart
+    (:func:`_peak`); each distinct chart text is parsed once (a sweep's GPUs repeat a few)."""
+    if charts is None:
+        return [None] * len(sets)
+    parsed: dict[str, np.ndarray] = {}
+
+    def buckets(m: str) -> list[np.ndarray]:
+        return [parsed[t] if t in parsed else parsed.setdefault(t, _bucket_max(t))
+                for t in (str(c or "") for c in charts[index.rows[m]])]
+
+    return [_peak([buckets(m) for m in s], thr) for s in sets]
+
+
+def _peak(members: list[list[np.ndarray]], thr: float) -> int | None:
+    """Return the most members busy in one bucket, from each member's GPUs' bucket maxima.
 
     A member counts with the buckets where one of its GPUs was at ``thr`` or above; a member whose GPUs' charts
     differ in length, or are empty, does not count; a set whose counted members' charts differ has no peak.
     """
-    if charts is None:
-        return [None] * len(sets)
-    members = [m for s in sets for m in s]
-    rows = [index.rows[m] for m in members]
-    pos = np.concatenate(rows)
-    texts = [str(c or "") for c in charts[pos]]
-    uniq: dict[str, int] = {}
-    code = np.fromiter((uniq.setdefault(t, len(uniq)) for t in texts), dtype=np.int64, count=len(texts))
-    parsed = [_bucket_max(t) for t in uniq]
-    widths = {len(b) for b in parsed}
-    starts = np.cumsum([0] + [len(r) for r in rows[:-1]])
-    firsts = np.cumsum([0] + [len(s) for s in sets[:-1]])
-    if len(widths) != 1 or not next(iter(widths)):  # charts of several lengths: member by member
-        per_member = [[parsed[c] for c in code[at:at + len(r)]] for at, r in zip(starts.tolist(), rows, strict=True)]
-        return [_peak(per_member[at:at + len(s)], thr) for at, s in zip(firsts.tolist(), sets, strict=True)]
-    # every chart has the same buckets: each member's busy buckets and each set's count of busy members at once
-    table = np.vstack(parsed)[code]
-    busy_in = (np.fmax.reduceat(table, starts, axis=0) >= thr).astype(np.int64)
-    return [int(x) for x in np.add.reduceat(busy_in, firsts, axis=0).max(axis=1)]
-
-
-def _peak(members: list[list[np.ndarray]], thr: float) -> int | None:
-    """Return the most members busy in one bucket, from each member's GPUs' bucket maxima."""
     busy_in: list[np.ndarray] = []
     for buckets in members:
         if buckets and all(len(b) == len(buckets[0]) for b in buckets) and len(buckets[0]):
