@@ -106,18 +106,6 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
             key = (host, gpu)
             holders = alloc.get(key, _NONE)
             on_uuid, on_index = by_uuid.get(uuid), by_index.get(key)
-            if len(holders) == 1 and (on_uuid is None or on_uuid == holders) and (on_index is None or on_index == holders):
-                # the common GPU: one job holds it, no other job's process on it; Slurm's word stands unless the
-                # exporter's label names another running job (the full test below)
-                only = next(iter(holders))
-                if only and only not in shared_jobs and (label not in running or label == only or not label):
-                    sharers.append("")
-                    job_ids.append(only)
-                    how.append("slurm")
-                    left = orphans_uuid.get(uuid) if uuid else orphans_index.get(key)
-                    if left:
-                        problems.extend(_leftover(host, gpu, mig, p, only) for p in left)
-                    continue
             cg = on_uuid | on_index if on_uuid and on_index else on_uuid or on_index or _NONE
             leftovers = orphans_uuid.get(uuid, []) if uuid else orphans_index.get(key, [])
         cg_running = {c for c in cg if c in running} if cg else _NONE
