@@ -165,6 +165,20 @@ def test_patterns_come_from_the_policy() -> None:
     assert classify(log("CUDA out of memory\n"), cfg)["state"] == "crashed"  # other lists keep their defaults
 
 
+def test_a_tail_read_before_is_judged_again_by_another_policys_patterns() -> None:
+    """A tail's verdict is kept once read (several rules ask about the same job in a sweep, and a tail
+    changes only when new lines arrive), but never across policies: the patterns decide with the text."""
+    text = "epoch 9 loss 0.1\nRUN COMPLETE\n"
+    ours = parse_policy("evidence:\n  job_log:\n    finished: ['^RUN COMPLETE$']\n", "<test>").evidence.job_log
+    theirs = parse_policy("evidence:\n  job_log:\n    finished: ['^epoch \\d+']\n", "<test>").evidence.job_log
+    for _ in range(2):  # the second time from what was kept
+        assert classify(log(text), ours)["state"] == "finished" and classify(log(text), ours)["line"] == "RUN COMPLETE"
+        assert classify(log(text))["state"] is None  # the defaults know no such line
+        went_on = classify(log(text), theirs)  # the matched line is followed by one ordinary line only
+        assert went_on["state"] == "finished" and went_on["line"] == "epoch 9 loss 0.1"
+        assert classify(log(text + "epoch 10 loss 0.1\nepoch 11\n"), ours).get("earlier_state") == "finished"
+
+
 @pytest.mark.parametrize("key,index", [("finished", 0), ("crashed", 1), ("waiting", 0)])
 def test_a_bad_regex_is_a_policy_error_naming_its_key(key: str, index: int) -> None:
     items = ["'(unclosed'"] if index == 0 else ["'fine'", "'[bad'"]

@@ -80,23 +80,37 @@ def classify_log(log: Mapping[str, Any] | None, cfg: JobLogConfig, now: float, w
         ago = max(0.0, now - float(mtime))
         out["written_s_ago"] = round(ago)
         out["growing"] = ago <= window
+    state, line, pattern, earlier = _verdict(text, tuple(cfg.finished), tuple(cfg.crashed), tuple(cfg.waiting))
+    out["state"], out["line"], out["pattern"] = state, line, pattern
+    if earlier is not None:
+        out["earlier_state"] = earlier
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _verdict(text: str, finished: tuple[str, ...], crashed: tuple[str, ...],
+             waiting: tuple[str, ...]) -> tuple[str | None, str | None, str | None, str | None]:
+    """Return what a log tail's lines say: (state, the line, the pattern, the state it had before the job
+    went on) -- a function of the text and the patterns alone, so each tail is read once however many
+    rules ask about it in a sweep, and again only once new lines change it (a tail is at most
+    ``evidence.job_log.max_bytes``; the 1,024 newest are kept)."""
     best: tuple[int, str, str, str] | None = None  # (offset, state, line, pattern)
-    for state in LOG_STATES:
-        for pat, rx in zip(getattr(cfg, state), _compiled(tuple(getattr(cfg, state))), strict=True):
+    for state, patterns in zip(LOG_STATES, (crashed, finished, waiting), strict=True):
+        for pat, rx in zip(patterns, _compiled(patterns), strict=True):
             for m in rx.finditer(text):
                 if best is None or m.start() > best[0]:
                     start = text.rfind("\n", 0, m.start()) + 1
                     end = text.find("\n", m.end())
                     line = text[start:end if end >= 0 else len(text)].strip()
                     best = (m.start(), state, line[:200], pat)
-    if best is not None:
-        out["state"], out["line"], out["pattern"] = best[1], best[2], best[3]
-        end = text.find("\n", best[0])
-        later = [x for x in (text[end + 1:].splitlines() if end >= 0 else []) if _moves_on(x)]
-        if len(later) >= MOVED_ON_LINES:
-            # the job went on after it (a restart from a checkpoint): the newest lines decide, not the old verdict
-            out["earlier_state"], out["state"] = out["state"], None
-    return out
+    if best is None:
+        return None, None, None, None
+    end = text.find("\n", best[0])
+    later = [x for x in (text[end + 1:].splitlines() if end >= 0 else []) if _moves_on(x)]
+    if len(later) >= MOVED_ON_LINES:
+        # the job went on after it (a restart from a checkpoint): the newest lines decide, not the old verdict
+        return None, best[2], best[3], best[1]
+    return best[1], best[2], best[3], None
 
 
 #: lines of ordinary output after a finish or a crash that mean the job went on (restarted, resumed)
