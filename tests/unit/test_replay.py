@@ -299,3 +299,24 @@ def test_what_was_reclaimed_counts_for_the_jobs_that_were_killed(truth_trace: Pa
     for beh, row in rows.items():
         line = next(x for x in text.splitlines() if x.strip().startswith(f"{beh}:"))
         assert f"killed {row['killed']} " in line and f"reclaimed {row['reclaimed_gpu_hours']:,.1f} GPU-h" in line
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_idle_gpu_hours_count_every_held_idle_sample_across_blocks_of_gpus(seed: int) -> None:
+    """The idle GPU-hours are counted a block of GPUs at a time without float copies of the matrices: the
+    same count as over the whole matrix at once, missing samples (NaN) neither held by memory nor idle."""
+    import numpy as np
+
+    from gpu_cost.sim.replay import _Replay
+
+    rng = np.random.default_rng(seed)
+    gpus, cols = int(rng.integers(1, 300)), int(rng.integers(1, 50))
+    util = rng.choice([0.0, 0.2, 5.0, 80.0, np.nan], size=(gpus, cols))
+    mem = rng.choice([0.0, 100.0, 4096.0, np.nan], size=(gpus, cols))
+    job_code = rng.integers(0, 3, size=(gpus, cols)).astype(np.int32)
+    eng = _Replay.__new__(_Replay)
+    eng.policy, eng.idle_measure, eng.dt = load_policy(), (1.0, 1000.0), 60.0
+    eng.util, eng.mem, eng.job_code = util, mem, job_code
+    held = (job_code != 0) | (np.nan_to_num(mem, nan=0.0) > 1000.0)
+    idle = ~np.isnan(util) & (np.nan_to_num(util, nan=100.0) < 1.0)
+    assert eng._idle_hours() == float((held & idle).sum() * 60.0 / 3600.0)
