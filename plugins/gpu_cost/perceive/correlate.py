@@ -44,12 +44,6 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     shared_jobs = {jid for jid, j in running.items() if j.gpu_shared}
     gpu_hosts: dict[str, set[str]] = defaultdict(set)
     for j in running.values():
-        if not j.mig_alloc:  # the common job: whole GPUs only
-            for host, idx in j.gpu_alloc:
-                gpu_hosts[j.job_id].add(host)
-                for i in idx:
-                    alloc[(host, int(i))].add(j.job_id)
-            continue
         mig_hosts = {h for h, _ in j.mig_alloc}
         for host, slices in j.mig_alloc:
             gpu_hosts[j.job_id].add(host)
