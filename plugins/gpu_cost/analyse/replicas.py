@@ -208,16 +208,10 @@ def _build(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
             peak = max(peak, len(busy_now))
         needed = None if peak is None else max(1, math.ceil(peak * (1.0 + cfg.headroom)))
         made = ReplicaSet(key=f"{owner}|{stem}", owner=owner, stem=stem, members=ids,
-                          footprint_mib=_median_sorted([f for f, _ in run]), busy_now=busy_now, serving=serving,
+                          footprint_mib=float(np.median([f for f, _ in run])), busy_now=busy_now, serving=serving,
                           peak_busy=peak, needed=needed)
         out.update({jid: made for _, jid in run})
     return out
-
-
-def _median_sorted(values: list[float]) -> float:
-    """Return the median of ascending ``values``, as ``np.median`` computes it (the mean of the middle two)."""
-    n = len(values)
-    return float(values[n // 2]) if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
 
 
 def _peaks(sets: list[tuple[str, ...]], index: JobRows, charts: np.ndarray | None, thr: float) -> list[int | None]:
