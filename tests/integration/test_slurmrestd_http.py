@@ -19,7 +19,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -29,6 +29,7 @@ from gpu_cost.core.errors import SourceError
 from gpu_cost.perceive import slurmrestd
 from gpu_cost.perceive.slurmrestd import default_source
 from tests.data.slurm.construct import T0, VERSIONS
+from tests.fixtures.core import LoopbackHTTPServer
 
 pytestmark = pytest.mark.integration
 
@@ -117,8 +118,8 @@ class FakeRestd(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def restd() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeRestd)
+def restd() -> Iterator[LoopbackHTTPServer]:
+    server = LoopbackHTTPServer(("127.0.0.1", 0), FakeRestd)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -126,13 +127,13 @@ def restd() -> Iterator[ThreadingHTTPServer]:
     server.server_close()
 
 
-def conn(server: ThreadingHTTPServer, api: str, token: str) -> str:
+def conn(server: LoopbackHTTPServer, api: str, token: str) -> str:
     return json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": server.server_address[1], "login": USER,
                        "password": token, "extra": {"api_version": api, "timeout": 10, "scheme": "http"}})
 
 
 @pytest.mark.parametrize("release", list(VERSIONS))
-def test_every_reading_over_http(restd: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch, release: str) -> None:
+def test_every_reading_over_http(restd: LoopbackHTTPServer, monkeypatch: pytest.MonkeyPatch, release: str) -> None:
     api = VERSIONS[release][0]
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_SLURMRESTD", conn(restd, api, jwt(USER, time.time() + 600)))
     FakeRestd.seen.clear()
@@ -158,7 +159,7 @@ def test_every_reading_over_http(restd: ThreadingHTTPServer, monkeypatch: pytest
     assert all(h.get("X-SLURM-USER-NAME") == USER for _, _, h in FakeRestd.seen)
 
 
-def test_an_expired_token_is_a_clear_error_that_never_shows_the_token(restd: ThreadingHTTPServer,
+def test_an_expired_token_is_a_clear_error_that_never_shows_the_token(restd: LoopbackHTTPServer,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     token = jwt(USER, time.time() - 5)
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_SLURMRESTD", conn(restd, "v0.0.43", token))
@@ -167,14 +168,14 @@ def test_an_expired_token_is_a_clear_error_that_never_shows_the_token(restd: Thr
     assert token not in str(err.value) and token not in repr(slurmrestd.rest_config())
 
 
-def test_a_token_signed_with_another_key_is_refused(restd: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_token_signed_with_another_key_is_refused(restd: LoopbackHTTPServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_SLURMRESTD",
                        conn(restd, "v0.0.41", jwt(USER, time.time() + 600, key=b"not-the-cluster-key")))
     with pytest.raises(SourceError, match="HTTP 401"):
         slurmrestd.SlurmRestSource().nodes()
 
 
-def test_a_version_slurmrestd_does_not_serve(restd: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_version_slurmrestd_does_not_serve(restd: LoopbackHTTPServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_SLURMRESTD", conn(restd, "v0.0.39", jwt(USER, time.time() + 600)))
     src = slurmrestd.SlurmRestSource()
     src.config = slurmrestd.RestConfig(url=src.config.url, user=USER, token=src.config.token, api="v0.0.44")
@@ -184,7 +185,7 @@ def test_a_version_slurmrestd_does_not_serve(restd: ThreadingHTTPServer, monkeyp
         src.nodes()
 
 
-def test_a_bad_job_id_never_becomes_a_url(restd: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_job_id_never_becomes_a_url(restd: LoopbackHTTPServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_GPU_COST_SLURMRESTD", conn(restd, "v0.0.41", jwt(USER, time.time() + 600)))
     FakeRestd.seen.clear()
     with pytest.raises(SourceError, match="not a Slurm job id"):

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from gpu_cost.core.errors import SourceError
 from gpu_cost.perceive import slurmrestd
+from tests.fixtures.core import LoopbackHTTPServer
 
 pytestmark = pytest.mark.integration
 
@@ -56,8 +57,8 @@ def redirector(target: str, status: int) -> type[BaseHTTPRequestHandler]:
     return Redirect
 
 
-def serve(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, threading.Thread]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+def serve(handler: type[BaseHTTPRequestHandler]) -> tuple[LoopbackHTTPServer, threading.Thread]:
+    server = LoopbackHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     return server, thread
