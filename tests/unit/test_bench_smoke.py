@@ -53,6 +53,19 @@ def test_parse_bench_smoke() -> None:
     assert {"(trivial DAG)", "(import airflow.sdk)"} <= {r["dag_file"] for r in out["results"]}
 
 
+def test_parse_bench_sees_what_a_dag_file_imports(tmp_path: Path) -> None:
+    # a parse in a forked child is seen importing what the DAG processor had not imported before it forked
+    dag = tmp_path / "heavy_dag.py"
+    dag.write_text("import pandas  # noqa\nimport gpu_cost.audit.store  # noqa\nfrom airflow.sdk import dag\n\n\n"
+                   "@dag(schedule=None)\ndef heavy():\n    pass\n\n\nheavy()\n")
+    probe = "import json, sys; import bench.parse as b; b._parser_imports(); print(json.dumps(b.forked(sys.argv[1])))"
+    r = subprocess.run([sys.executable, "-c", probe, str(dag)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    assert {"pandas", "numpy", "gpu_cost.audit.store"} <= set(row["imported_heavy"])
+    assert (row["errors"], row["dags"]) == (0, 1)
+
+
 @pytest.mark.slow  # a CLI or bench subprocess: more than ~5 s
 def test_replay_bench_smoke(tmp_path: Path) -> None:
     out = run_bench("bench.replay", "--gpus", "16", "--days", "0.25", "--cache", str(tmp_path))
