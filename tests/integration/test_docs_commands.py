@@ -25,6 +25,7 @@ the pages one after another.
 
 from __future__ import annotations
 
+import compileall
 import os
 import re
 import shutil
@@ -150,6 +151,7 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
+    compileall.compile_dir(dest / "plugins", quiet=1)  # as `make setup` leaves a clone's package
     return dest
 
 
