@@ -161,14 +161,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--live", action="store_true", help="measure with a running dag-processor (its Last Duration)")
     ap.add_argument("--parses", type=int, default=10, help="with --live: parses per file")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--import-cost", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.import_cost:
         print(json.dumps(import_cost()))
-        return
-    if args.one:
-        print(json.dumps(one(args.one)))
         return
     if args.live:
         rows = live(args.parses, bytecode=True) + live(args.parses, bytecode=False)
