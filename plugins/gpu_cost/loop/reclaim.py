@@ -10,8 +10,9 @@ The ``gpu_manual_reclaim`` DAG (and anyone calling this module) goes through fou
    be on its node, a node to power down must carry no job) and applies the policy: protections
    (``never`` records only, ``notify_only`` refuses destructive actions, ``approval`` asks a
    human) unless overridden — an override is recorded in the decision's reason and evidence and
-   always needs a second person's approval —, inference services (destructive actions need
-   approval), a job the agent cannot classify (its owner's request acts, an operator's needs a second
+   always needs a second person's approval —, services by the sweep's own verdict (declared, bursty,
+   recognised by their class baseline, or a spare replica of a serving set:
+   :func:`gpu_cost.analyse.rules.common.service_verdict`; destructive actions need approval), a job the agent cannot classify (its owner's request acts, an operator's needs a second
    operator's approval: :func:`gpu_cost.decide.engine.unsure`), a process that is not ours (root's,
    a system account's, a container's: never killed unless ``rules.zombie.act_on_owners`` names it,
    the sweep's own verdict, :mod:`gpu_cost.analyse.owners`), the cost of being wrong (approval above
@@ -299,8 +300,8 @@ def _job_finding(job: Job, action: str) -> Finding:
 def _decide(f: Finding, request: Request, policy: Policy, snap: Snapshot, now: float,
             run_key: str) -> tuple[Decision, str | None]:
     """Decide one target through the engine's guards (:func:`gpu_cost.decide.engine.guard`)."""
-    from gpu_cost.analyse import baselines
-    from gpu_cost.analyse.rules.common import declared_inference
+    from gpu_cost.analyse.evidence import classify_log
+    from gpu_cost.analyse.rules.common import job_bursts, service_verdict
     from gpu_cost.core.model import DESTRUCTIVE_ACTIONS, Decision
     from gpu_cost.decide.engine import Ask, guard, identity_of
 
@@ -317,9 +318,11 @@ def _decide(f: Finding, request: Request, policy: Policy, snap: Snapshot, now: f
         seen = assess(snap, job, policy)
         if seen is not None:
             f = replace(f, evidence={**f.evidence, **seen})
-    inference = declared_inference(job, policy.inference) if job is not None else None
-    if job is not None and inference is None and baselines.is_service(snap.classes.get(job.job_id)):
-        inference = baselines.describe(snap.classes.get(job.job_id))
+    inference = None
+    if job is not None:  # a service by the sweep's own verdict: its destructive actions need a human's approval
+        log = classify_log(snap.job_logs.get(job.job_id), policy.evidence.job_log, now,
+                           policy.rules.idle_allocation.window)
+        inference = service_verdict(snap, policy, job, bursts=job_bursts(snap, job.job_id), log=log).reason
     v = guard(f, request.action, policy, now=now, ask=ask, degraded=snap.degraded, problems=snap.problems,
               inference=inference)
     refusal = v.refusal

@@ -5,7 +5,8 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -103,6 +104,50 @@ def behaves_like_inference(bursts: Iterable[int], cfg: InferenceConfig) -> bool:
     return bool(values) and max(values) >= cfg.min_bursts
 
 
+@dataclass(frozen=True)
+class ServiceVerdict:
+    """Whether a job is a service, and why: what both ways in that may end a job read (the sweep's idle
+    rules and an operator's manual reclaim), so neither takes a service for waste the other would spare."""
+
+    #: why the job is a service (the first of: declared, bursty, its class baseline, a spare replica), or None
+    reason: str | None
+    #: its class baseline recognises a service
+    baseline: bool
+    #: the replica set it is spare capacity of (its other members serve), or None
+    spare: Any
+
+
+def service_verdict(snapshot: Snapshot, policy: Policy, job: Job, *, bursts: int,
+                    log: Mapping[str, Any]) -> ServiceVerdict:
+    """Return whether ``job`` is a service: declared in ``inference:``, bursty within the lookback (``bursts``: the
+    max of its GPUs' idle→busy bursts), recognised by its class baseline, or an idle replica of a set whose other
+    members serve — unless its own log (``log``: :func:`gpu_cost.analyse.evidence.classify_log`) says it finished or
+    crashed."""
+    from gpu_cost.analyse import baselines, replicas
+
+    klass = snapshot.classes.get(job.job_id)
+    baseline = baselines.is_service(klass)
+    spare = None if log.get("state") in ("finished", "crashed") else replicas.spare(snapshot, policy, job.job_id)
+    reason = (declared_inference(job, policy.inference)
+              or (f"{bursts} bursts of activity in the lookback" if behaves_like_inference((bursts,), policy.inference)
+                  else None)
+              or (baselines.describe(klass) if baseline else None)
+              or (spare.describe() if spare is not None else None))
+    return ServiceVerdict(reason=reason, baseline=baseline, spare=spare)
+
+
+def job_bursts(snapshot: Snapshot, job_id: str) -> int:
+    """Return the max idle→busy bursts over the lookback of the job's GPUs in ``snapshot`` (0: none seen)."""
+    if "job_id" not in snapshot.gpus or "bursts_lb" not in snapshot.gpus:
+        return 0  # no GPU attributed to a job: none of its bursts seen
+    pos = job_index(snapshot).rows.get(job_id)  # a job's rows, at least one
+    if pos is None:
+        return 0
+    values = snapshot.gpus["bursts_lb"].to_numpy(dtype=float)[pos]
+    values = values[~np.isnan(values)]
+    return int(values.max()) if len(values) else 0
+
+
 def job_fields(job: Job) -> dict[str, object]:
     """Return the Finding fields that describe a job."""
     return {
@@ -147,7 +192,7 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
     its value, why it counted), a ``confidence`` and ``mem_resident`` (the engine's test of a job
     it cannot classify).
     """
-    from gpu_cost.analyse import baselines, evidence, replicas
+    from gpu_cost.analyse import baselines, evidence
     from gpu_cost.perceive.snapshot import sparkline
 
     g = snapshot.view(cfg.window)
@@ -204,12 +249,10 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         if signs:
             continue  # a data-loading or checkpointing phase: not waste
         klass = snapshot.classes.get(job.job_id)
-        declared = declared_inference(job, policy.inference)
-        behaviour = behaves_like_inference((n_bursts,), policy.inference)  # the max of its GPUs' bursts
-        service = baselines.is_service(klass)
+        verdict = service_verdict(snapshot, policy, job, bursts=n_bursts, log=log)  # n_bursts: the max of its GPUs'
+        service, spare = verdict.baseline, verdict.spare
         resident = None if mem is None else mem > policy.rules.zombie.mem_min_mib
         conf, conf_why = evidence.confidence(log, klass, bursts=n_bursts, resident=resident)
-        spare = None if log.get("state") in ("finished", "crashed") else replicas.spare(snapshot, policy, job.job_id)
         signals = [evidence.signal(
             "GPU utilisation", f"max {r(top)} % over {int(cfg.window) // 60} min",
             f"every allocated GPU under {cfg.util_max:g} %")]
@@ -249,8 +292,7 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
             ev["class"] = {k: klass.get(k) for k in evidence.CLASS_KEYS}
         if session:
             ev["interactive"] = session
-        why_service = declared or (f"{n_bursts} bursts of activity in the lookback" if behaviour else None) or (
-            baselines.describe(klass) if service else None) or (spare.describe() if spare is not None else None)
+        why_service = verdict.reason
         if spare is not None:
             ev["replica_set"] = spare.evidence()
         if why_service:
