@@ -173,3 +173,50 @@ def test_the_peak_counts_the_members_whose_charts_say_when_they_were_busy(chart:
         assert s.needed is None and "served in the lookback" in s.advice()
     else:
         assert s.peak_busy >= 1 and s.needed == max(1, -(-s.peak_busy * 125 // 100))
+
+
+def _peak_of_members(members: list[list[str]], thr: float) -> int | None:
+    """A set's peak member by member, GPU by GPU (what the peak means, written plainly): a member counts with the
+    buckets one of its GPUs was busy in when its GPUs' charts have one non-zero length; the counted members must
+    agree on it."""
+    busy_in = []
+    for gpus in members:
+        rows = [[float(x) if x else None for x in text.split(",")] if text else [] for text in gpus]
+        if not rows or len({len(r) for r in rows}) != 1 or not rows[0]:
+            continue
+        busy_in.append([any(v is not None and v >= thr for v in col) for col in zip(*rows, strict=True)])
+    if not busy_in or len({len(b) for b in busy_in}) != 1:
+        return None
+    return max(sum(col) for col in zip(*busy_in, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_sets_peak_at_once_equals_the_peak_member_by_member(seed: int) -> None:
+    import pandas as pd
+
+    from gpu_cost.analyse.jobrows import JobRows
+
+    rng = np.random.default_rng(seed)
+    thr = float(rng.choice([1.0, 5.0, 30.0]))
+
+    def chart() -> str:
+        if rng.random() < 0.08:
+            return ""  # no chart at all
+        n = 12 if rng.random() < 0.85 else int(rng.integers(1, 14))  # mostly the usual 12 buckets
+        return ",".join("" if rng.random() < 0.15 else str(int(rng.choice([0, 1, 4, 5, 29, 30, 80]))) for _ in range(n))
+
+    jobs, texts, sets = [], [], []
+    for s in range(int(rng.integers(1, 12))):
+        members = [f"{s}-{m}" for m in range(int(rng.integers(2, 7)))]
+        for m in members:
+            for _ in range(int(rng.integers(1, 4))):  # 1 to 3 GPUs a member
+                jobs.append(m)
+                texts.append(chart())
+        sets.append(tuple(members))
+    order = rng.permutation(len(jobs))  # the frame's rows in any order, as a real frame's are
+    frame = pd.DataFrame({"job_id": np.array(jobs, dtype=object)[order]})
+    charts = np.array(texts, dtype=object)[order]
+    got = replicas._peaks(sets, JobRows(frame), charts, thr)
+    by_hand = [_peak_of_members([[c for j, c in zip(frame["job_id"], charts, strict=True) if j == m] for m in s], thr)
+               for s in sets]
+    assert got == by_hand

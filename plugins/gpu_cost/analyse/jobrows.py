@@ -69,13 +69,16 @@ class JobRows:
     def reduce(self, ufunc: np.ufunc, values: np.ndarray) -> np.ndarray:
         """Return, per job code, ``ufunc`` reduced over its rows' ``values`` (NaN for a code with no rows).
 
-        For an exact reduction (``np.maximum``: ``np.max``, NaN when one is NaN; ``np.fmax``: ``np.nanmax``, NaN
-        when all are; ``np.minimum``, ``np.fmin``) it equals the per-job NumPy call to the last bit.
+        ``values`` has a value per row, or a row of values per row (rows × k: the result is codes × k, each
+        column reduced on its own). For an exact reduction (``np.maximum``: ``np.max``, NaN when one is NaN;
+        ``np.fmax``: ``np.nanmax``, NaN when all are; ``np.minimum``, ``np.fmin``) it equals the per-job NumPy
+        call to the last bit.
         """
-        out = np.full(self._n, np.nan)
+        v = np.asarray(values, dtype=float)
+        out = np.full((self._n, *v.shape[1:]), np.nan)
         has = self._counts > 0
         if has.any():
-            out[has] = ufunc.reduceat(np.asarray(values, dtype=float)[self._order], self._starts[has])
+            out[has] = ufunc.reduceat(v[self._order], self._starts[has], axis=0)
         return out
 
     def median(self, values: np.ndarray) -> np.ndarray:

@@ -215,32 +215,37 @@ def _build(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
 
 
 def _peaks(sets: list[tuple[str, ...]], index: JobRows, charts: np.ndarray | None, thr: float) -> list[int | None]:
-    """Return per set (its members' job ids) the most members busy in one chart bucket, None where there is no chart
-    (:func:`_peak`); each distinct chart text is parsed once (a sweep's GPUs repeat a few)."""
-    if charts is None:
-        return [None] * len(sets)
-    parsed: dict[str, np.ndarray] = {}
-
-    def buckets(m: str) -> list[np.ndarray]:
-        return [parsed[t] if t in parsed else parsed.setdefault(t, _bucket_max(t))
-                for t in (str(c or "") for c in charts[index.rows[m]])]
-
-    return [_peak([buckets(m) for m in s], thr) for s in sets]
-
-
-def _peak(members: list[list[np.ndarray]], thr: float) -> int | None:
-    """Return the most members busy in one bucket, from each member's GPUs' bucket maxima.
+    """Return per set (its members' job ids) the most members busy in one bucket of the lookback's chart, None where
+    it has none; every set at once, each distinct chart text parsed once (a sweep's GPUs repeat a few).
 
     A member counts with the buckets where one of its GPUs was at ``thr`` or above; a member whose GPUs' charts
-    differ in length, or are empty, does not count; a set whose counted members' charts differ has no peak.
+    differ in length, or are empty, does not count; a set with no member counted, or whose counted members' charts
+    differ in length, has no peak.
     """
-    busy_in: list[np.ndarray] = []
-    for buckets in members:
-        if buckets and all(len(b) == len(buckets[0]) for b in buckets) and len(buckets[0]):
-            busy_in.append(np.fmax.reduce(np.vstack(buckets), axis=0) >= thr)
-    if busy_in and all(len(b) == len(busy_in[0]) for b in busy_in):
-        return int(np.vstack(busy_in).sum(axis=0).max())
-    return None
+    if charts is None or not sets:
+        return [None] * len(sets)
+    texts, which = np.unique(np.array([str(c or "") for c in charts], dtype=object), return_inverse=True)
+    parsed = [_bucket_max(str(t)) for t in texts]
+    lengths = np.array([len(b) for b in parsed], dtype=float)
+    table = np.full((len(parsed), max(1, int(lengths.max()))), np.nan)
+    for k, b in enumerate(parsed):
+        table[k, :len(b)] = b
+    # per job: its GPUs' chart length (when they agree) and, per bucket, whether one of its GPUs was busy
+    shortest, longest = index.reduce(np.minimum, lengths[which]), index.reduce(np.maximum, lengths[which])
+    with np.errstate(invalid="ignore"):
+        busy = index.reduce(np.fmax, table[which]) >= thr  # NaN (no data in the bucket on any GPU) is not busy
+    counted = (shortest == longest) & (longest > 0)
+    # the members of every set, set after set: per set, its counted members' busy buckets summed and their lengths
+    codes = np.array([index.code[m] for s in sets for m in s], dtype=np.int64)
+    starts = np.cumsum([0] + [len(s) for s in sets[:-1]])
+    ok = counted[codes]
+    per_bucket = np.add.reduceat((busy[codes] & ok[:, None]).astype(np.int64), starts, axis=0)
+    n_counted = np.add.reduceat(ok.astype(np.int64), starts)
+    lo = np.minimum.reduceat(np.where(ok, longest[codes], np.inf), starts)
+    hi = np.maximum.reduceat(np.where(ok, longest[codes], -np.inf), starts)
+    tops = per_bucket.max(axis=1)
+    return [int(top) if n and a == b else None for top, n, a, b in
+            zip(tops.tolist(), n_counted.tolist(), lo.tolist(), hi.tolist(), strict=True)]
 
 
 def _bucket_max(text: str) -> np.ndarray:
