@@ -13,6 +13,7 @@ BENCHES: list[tuple[str, list[str]]] = [
     ("bench.prometheus", ["--gpus", "1000", "--jobs", "4000", "--repeat", "1"]),
     ("bench.replay", []),
     ("bench.replay_hard", []),
+    ("bench.replay_stages", []),
     ("bench.verifier_month", []),
     ("bench.parse", []),
     # what a running dag-processor reports for each file (mean and max of 10 parses)

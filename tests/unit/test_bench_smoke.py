@@ -75,6 +75,24 @@ def test_replay_bench_smoke(tmp_path: Path) -> None:
     assert (tmp_path / "g16-d0.25-s0" / "trace.json").exists()  # the trace is cached for the next run
 
 
+@pytest.mark.slow  # a CLI or bench subprocess: more than ~5 s
+def test_replay_stages_bench_times_every_stage_without_changing_the_replay(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "bench.replay_stages", "--gpus", "16", "--days", "1",
+                        "--cache", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stages, (floor,) = (json.loads(line)["results"] for line in r.stdout.splitlines() if line.startswith("{"))
+    seen = {s["stage"]: s for s in stages}
+    for stage in ("snapshot", "class baselines", "rules", "plan", "record", "usage rows", "act"):
+        assert seen[stage]["s"] > 0, stage  # every stage of a sweep was timed
+    assert seen["act"]["store_calls"] > 0 and seen["usage rows"]["store_calls"] > 0 and seen["rules"]["store_calls"] == 0
+    assert 0 < floor["store_writes_s"] <= floor["store_s"] < floor["wall_s"]
+    assert floor["per_decision_and_row_s"] < floor["wall_s"]
+    # the timers change nothing the replay decides: the plain replay of the same trace kills the same jobs
+    plain = run_bench("bench.replay", "--gpus", "16", "--days", "1", "--cache", str(tmp_path))["results"][0]
+    assert (floor["sweeps"], floor["kills"], floor["false_kills"]) == (plain["sweeps"], plain["kills"], plain["false_kills"])
+    assert floor["kills"] > 0
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_queries_bench_smoke() -> None:
