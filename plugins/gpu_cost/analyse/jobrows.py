@@ -42,6 +42,14 @@ class JobRows:
                 self.code[key] = k
                 self.rows[key] = self._order[ends[k] - counts[k]:ends[k]]
 
+    def row_codes(self) -> np.ndarray:
+        """Return each frame row's job code (-1: the row names no job)."""
+        return self._codes
+
+    def rows_of_code(self, code: int) -> np.ndarray:
+        """Return the rows of the job of ``code``, in frame order."""
+        return self._order[self._starts[code]:self._starts[code] + self._counts[code]]
+
     def sizes(self) -> np.ndarray:
         """Return, per job code, how many rows the job has."""
         return self._counts

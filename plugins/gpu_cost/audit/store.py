@@ -14,6 +14,7 @@ snapshots, escalation ladders) name their run or data instant; an older instant 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import math
@@ -211,14 +212,19 @@ class AuditStore:
         except sa.exc.SQLAlchemyError as exc:
             raise AuditError(f"audit store {redact(self.url)} unavailable: {_short(exc)}") from exc
 
-    def execute(self, name: str, params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None) -> int:
+    def execute(self, name: str,
+                params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | Columns | None = None) -> int:
         """Run a named write statement; return the affected row count.
 
         The statement is compiled for the store's driver once, and rows go to the driver as it takes
         them (a sweep writes hundreds of usage and member rows: SQLAlchemy would rebuild each row's
-        parameters for its compiled form again)."""
+        parameters for its compiled form again). ``params`` is one row, a list of rows, or
+        :class:`Columns`: many rows given column by column (a 100,000-GPU sweep's usage rows), written
+        as the same rows would be."""
         self.ensure_schema()
         sql, order = self._driver_sql(name)
+        if isinstance(params, Columns):
+            return self._write(name, sql, params.args(name, order or _named_params(sql), named=order is None), True)
         many = isinstance(params, Sequence) and not isinstance(params, Mapping)
         batch: Sequence[Mapping[str, Any]] = params if many else [params or {}]  # type: ignore[assignment,list-item]
         rows = [_bind(_defaults(name, p)) for p in batch]
@@ -239,6 +245,12 @@ class AuditStore:
                 lacking = [k for k in names if k not in r]
                 if lacking:
                     raise AuditError(f"audit write {name}: no value for its parameter {lacking[0]!r}")
+        return self._write(name, sql, args, many)
+
+    def _write(self, name: str, sql: str, args: list[Any], many: bool) -> int:
+        """Hand the rows' parameters to the driver in one transaction; return the affected row count."""
+        if not args:
+            return 0
         try:
             with self.engine.begin() as conn:
                 res = conn.exec_driver_sql(sql, args if many else args[0])
@@ -399,6 +411,53 @@ class AuditStore:
                   "gpu_cost_action_events"):
             out[t] = int(self.query(f"SELECT COUNT(*) AS n FROM {t}")[0]["n"])
         return out
+
+
+class Columns(dict[str, Any]):
+    """Rows given column by column for :meth:`AuditStore.execute`: column → a list (a value per row) or one value
+    for every row. Lists hold what a driver takes (``ndarray.tolist()``'s values; numpy arrays are converted);
+    the rows are bound as :meth:`AuditStore.execute` binds a list of rows: the statement's optional columns
+    NULL, a result row's run and data instant defaulted, times written as the store writes them."""
+
+    def args(self, name: str, params: Sequence[str], *, named: bool) -> list[Any]:
+        """Return the driver's parameters of every row for the statement ``name`` taking ``params`` (in order)."""
+        cols: dict[str, Any] = {k: v.tolist() if hasattr(v, "tolist") and not isinstance(v, str | bytes) else v
+                                for k, v in self.items()}
+        sizes = {len(v) for v in cols.values() if isinstance(v, list)}
+        if len(sizes) > 1:
+            raise AuditError(f"audit write {name}: columns of different lengths ({', '.join(map(str, sorted(sizes)))})")
+        n = sizes.pop() if sizes else 1
+        if not n:
+            return []
+        for c in _OPTIONAL.get(name, ()):
+            cols.setdefault(c, None)
+        instant = _RESULT_INSTANT.get(name)
+        if instant is not None and not ("data_ts" in cols and "run_id" in cols):
+            cols.setdefault("run_id", None)
+            given = cols.get("data_ts")
+            if given is None:
+                cols["data_ts"] = cols.get(instant)
+            elif isinstance(given, list):
+                at = cols.get(instant)
+                cols["data_ts"] = [(at[i] if isinstance(at, list) else at) if v is None else v
+                                   for i, v in enumerate(given)]
+        for k, v in cols.items():
+            if k in _TIME_PARAMS:
+                cols[k] = [None if x is None else iso(x) for x in v] if isinstance(v, list) else (
+                    None if v is None else iso(v))
+            elif not isinstance(v, list) and type(v) not in _PLAIN and hasattr(v, "item"):
+                cols[k] = v.item()
+        for column, words in _VOCABULARY.get(name, {}).items():
+            v = cols.get(column)
+            for value in set(v) if isinstance(v, list) else {v}:
+                if value is not None and value not in words:
+                    raise AuditError(f"audit write {name}: {column} {value!r} is not one of {', '.join(words)}")
+        lacking = [k for k in params if k not in cols]
+        if lacking:
+            raise AuditError(f"audit write {name}: no value for its parameter {lacking[0]!r}")
+        values = zip(*[cols[k] if isinstance(cols[k], list) else itertools.repeat(cols[k], n) for k in params],
+                     strict=False)
+        return [dict(zip(params, row, strict=True)) for row in values] if named else list(values)
 
 
 def decision_row(d: Decision, run_id: str, status: str = "decided") -> dict[str, Any]:

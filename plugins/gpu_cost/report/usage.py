@@ -27,14 +27,14 @@ nothing to ``util_sum``. Mean utilisation of a group is ``util_sum / total_gpu_s
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from gpu_cost.audit.store import AuditStore
+from gpu_cost.audit.store import AuditStore, Columns
 from gpu_cost.config.schema import Policy
 from gpu_cost.core.model import Snapshot
 from gpu_cost.core.timeutil import format_duration
@@ -77,87 +77,143 @@ def _columns(snapshot: Snapshot, policy: Policy) -> dict[str, np.ndarray]:
     }
 
 
-def usage_rows(snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> list[dict[str, Any]]:
-    """Return the ``gpu_cost_usage`` rows of one sweep (one per host x model x owner).
+def usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> dict[str, Any]:
+    """Return the ``gpu_cost_usage`` rows of one sweep as columns (:data:`USAGE_KEYS`, ``ts`` and ``interval_s``
+    one value for every row): one row per host x GPU model x owner, in the order the frame first shows each.
+
+    Every GPU's seconds are summed into its group in the frame's order, all groups at once (a 100,000-GPU
+    sweep has as many rows to sum as GPUs).
 
     :param interval_s: wall time each row stands for; default the policy's sweep interval.
     """
     g = snapshot.gpus
-    if g.empty:
-        return []
     interval = float(interval_s or policy.sweep.interval)
+    if g.empty:
+        return {**{k: [] for k in USAGE_KEYS}, "ts": snapshot.ts, "interval_s": interval}
     c = _columns(snapshot, policy)
+    n = len(g)
     jobs = {j.job_id: j for j in snapshot.running_jobs()}
-    acc: dict[tuple[str, str, str, str, str], dict[str, float]] = {}
-    for i in range(len(g)):
-        jid = c["job"][i]
-        job = jobs.get(jid) if jid else None
-        key = (str(c["host"][i]), str(c["model"][i] or ""), job.user if job else "", job.account if job else "",
-               job.partition if job else "")
-        a = acc.setdefault(key, dict.fromkeys(("gpus", "total", "alloc", "busy", "idle_alloc", "zombie", "util"), 0.0))
-        a["gpus"] += 1
-        a["total"] += interval
-        fresh = bool(c["fresh"][i])
-        active = bool(c["active"][i])
-        if job is not None:
-            a["alloc"] += interval
-            if fresh and not active:
-                a["idle_alloc"] += interval
-        elif c["zombie"][i]:
-            a["zombie"] += interval
-        if active:
-            a["busy"] += interval
-        a["util"] += interval * float(c["util"][i]) / 100.0
-    return [
-        {"ts": snapshot.ts, "interval_s": interval, "host": k[0], "gpu_model": k[1], "user_name": k[2],
-         "account": k[3], "partition_name": k[4], "gpus": int(v["gpus"]), "total_gpu_s": v["total"],
-         "allocated_gpu_s": v["alloc"], "busy_gpu_s": v["busy"], "idle_alloc_gpu_s": v["idle_alloc"],
-         "zombie_gpu_s": v["zombie"], "util_sum": round(v["util"], 3)}
-        for k, v in acc.items()
-    ]
+    # each GPU's owner: the running job its row names (none: no owner, not allocated)
+    job_code, job_ids = pd.factorize(c["job"], use_na_sentinel=True)
+    running = [jobs.get(jid) if jid else None for jid in job_ids]
+    owners: dict[tuple[str, str, str], int] = {("", "", ""): 0}
+    owner_of_job = np.array([owners.setdefault((j.user, j.account, j.partition), len(owners)) if j is not None else 0
+                             for j in running] + [0], dtype=np.int64)  # the last: rows of no job (code -1)
+    held_of_job = np.array([j is not None for j in running] + [False], dtype=bool)
+    owner, held = owner_of_job[job_code], held_of_job[job_code]
+    host_code, hosts = pd.factorize(np.array([str(h) for h in c["host"]], dtype=object))
+    model_code, models = pd.factorize(np.array([str(m or "") for m in c["model"]], dtype=object))
+    key = (host_code.astype(np.int64) * len(models) + model_code) * len(owners) + owner
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # groups in the order their first GPU shows
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    group, at = rank[inverse.reshape(-1)], first[order]
+    size = len(order)
+
+    def seconds(where: np.ndarray | None) -> list[float]:
+        """The interval summed over the group's GPUs ``where`` holds (None: every GPU), in the frame's order."""
+        weights = np.full(n, interval) if where is None else np.where(where, interval, 0.0)
+        return np.bincount(group, weights=weights, minlength=size).tolist()
+
+    fresh, active = c["fresh"], c["active"]
+    who = [k for k, _ in sorted(owners.items(), key=lambda kv: kv[1])]
+    return {
+        "ts": snapshot.ts, "interval_s": interval,
+        "host": [str(hosts[k]) for k in host_code[at]], "gpu_model": [str(models[k]) for k in model_code[at]],
+        "user_name": [who[k][0] for k in owner[at]], "account": [who[k][1] for k in owner[at]],
+        "partition_name": [who[k][2] for k in owner[at]],
+        "gpus": np.bincount(group, minlength=size).tolist(), "total_gpu_s": seconds(None),
+        "allocated_gpu_s": seconds(held), "busy_gpu_s": seconds(active),
+        "idle_alloc_gpu_s": seconds(held & fresh & ~active), "zombie_gpu_s": seconds(~held & c["zombie"]),
+        "util_sum": [round(v, 3) for v in np.bincount(group, weights=interval * c["util"] / 100.0,
+                                                       minlength=size).tolist()],
+    }
 
 
-def job_usage_rows(snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> list[dict[str, Any]]:
-    """Return the ``gpu_cost_jobs_usage`` rows of one sweep: per running job, GPUs held and used.
+def usage_rows(snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> list[dict[str, Any]]:
+    """Return the ``gpu_cost_usage`` rows of one sweep (:func:`usage_columns`, a row at a time)."""
+    return _rows(usage_columns(snapshot, policy, interval_s), USAGE_KEYS)
+
+
+def job_usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> dict[str, Any]:
+    """Return the ``gpu_cost_jobs_usage`` rows of one sweep as columns (:data:`JOB_USAGE_KEYS`, ``ts`` and
+    ``interval_s`` one value for every row): per running job with GPUs in the frame, GPUs held and used.
 
     ``gpus_busy`` counts GPUs whose mean utilisation in the window reached ``sweep.busy_util``;
     ``gpus_active`` those above the idle threshold; ``work_gpus`` is Σ utilisation / 100 (how
     many fully busy GPUs the same work would need); ``gpus_needed`` is :func:`gpus_needed`;
     ``mem_max_mib`` the most framebuffer used on one of its GPUs, ``mem_total_mib`` their
-    framebuffer (the smallest). Right-sizing reads these.
+    framebuffer (the smallest). Right-sizing reads these. Every job at once, from the frame's rows per
+    job (:class:`gpu_cost.analyse.jobrows.JobRows`).
     """
+    from gpu_cost.analyse.jobrows import job_index
+
     g = snapshot.gpus
-    if g.empty:
-        return []
     interval = float(interval_s or policy.sweep.interval)
+    out: dict[str, Any] = {**{k: [] for k in JOB_USAGE_KEYS}, "ts": snapshot.ts, "interval_s": interval}
+    if g.empty or "job_id" not in g:
+        return out
     c = _columns(snapshot, policy)
-    by_job: dict[str, list[int]] = {}
-    for i, jid in enumerate(c["job"]):
-        if jid:
-            by_job.setdefault(str(jid), []).append(i)
-    rows = []
-    for job in snapshot.running_jobs():
-        pos = by_job.get(job.job_id)
-        if not pos:
-            continue
-        idx = np.array(pos)
-        models = sorted({str(m) for m in c["model"][idx] if m})
-        mem = c["mem_max"][idx]
-        total = c["mem_total"][idx]
-        busy = int(c["busy"][idx].sum())
-        stale = int((~c["fresh"][idx]).sum())
-        work = float(c["util"][idx].sum()) / 100.0
-        rows.append({
-            "ts": snapshot.ts, "job_id": job.job_id, "interval_s": interval, "user_name": job.user,
-            "account": job.account, "partition_name": job.partition, "gpu_model": ",".join(models),
-            "job_name": job.name, "gpus": len(idx), "gpus_requested": int(job.gpus_requested or len(idx)),
-            "gpus_busy": busy, "gpus_active": int(c["active"][idx].sum()),
-            "gpus_stale": stale, "work_gpus": round(work, 4),
-            "time_limit_s": job.time_limit_s, "start_ts": job.start_ts,
-            "gpus_needed": gpus_needed(len(idx), busy, stale, work, mem, total),
-            "mem_max_mib": _finite_max(mem), "mem_total_mib": _finite_min(total),
-        })
-    return rows
+    index = job_index(snapshot)
+    running = [(j, index.code[j.job_id]) for j in snapshot.running_jobs() if j.job_id in index.code]
+    if not running:
+        return out
+    codes = np.array([k for _, k in running], dtype=np.int64)
+    held = index.sizes()[codes]
+    busy, stale = index.count(c["busy"])[codes], index.count(~c["fresh"])[codes]
+    work = _sums(index, c["util"])[codes] / 100.0
+    mem, total = c["mem_max"], c["mem_total"]
+    mem_max = index.reduce(np.fmax, np.where(np.isfinite(mem), mem, np.nan))[codes]
+    size = index.reduce(np.fmin, np.where(np.isfinite(total) & (total > 0), total, np.nan))[codes]
+    used = _sums(index, np.where(np.isnan(mem), 0.0, mem))[codes]
+    smallest = index.reduce(np.fmin, np.where(np.isfinite(total), total, np.nan))[codes]
+    needed = _needed(held, busy, stale, work, used, size)
+    models = _models(index, c["model"], codes)
+    jobs = [j for j, _ in running]
+    out.update({
+        "job_id": [j.job_id for j in jobs], "user_name": [j.user for j in jobs], "account": [j.account for j in jobs],
+        "partition_name": [j.partition for j in jobs], "gpu_model": models, "job_name": [j.name for j in jobs],
+        "gpus": held.tolist(), "gpus_requested": [int(j.gpus_requested or n) for j, n in zip(jobs, held.tolist(), strict=True)],
+        "gpus_busy": busy.tolist(), "gpus_active": index.count(c["active"])[codes].tolist(), "gpus_stale": stale.tolist(),
+        "work_gpus": [round(w, 4) for w in work.tolist()], "time_limit_s": [j.time_limit_s for j in jobs],
+        "start_ts": [j.start_ts for j in jobs], "gpus_needed": needed.tolist(),
+        "mem_max_mib": [None if v != v else round(v, 1) for v in mem_max.tolist()],
+        "mem_total_mib": [None if v != v else round(v, 1) for v in smallest.tolist()],
+    })
+    return out
+
+
+def job_usage_rows(snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> list[dict[str, Any]]:
+    """Return the ``gpu_cost_jobs_usage`` rows of one sweep (:func:`job_usage_columns`, a row at a time)."""
+    return _rows(job_usage_columns(snapshot, policy, interval_s), JOB_USAGE_KEYS)
+
+
+def _rows(columns: dict[str, Any], keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Return columns (a value for every row where a column is not a list) as rows, keys in ``keys``' order."""
+    n = max((len(v) for v in columns.values() if isinstance(v, list)), default=0)
+    cols = [columns[k] if isinstance(columns[k], list) else [columns[k]] * n for k in keys]
+    return [dict(zip(keys, values, strict=True)) for values in zip(*cols, strict=True)]
+
+
+def _sums(index: Any, values: np.ndarray) -> np.ndarray:
+    """Return, per job code, the sum of its rows' ``values`` added in the frame's order."""
+    codes = index.row_codes()
+    return np.bincount(codes[codes >= 0], weights=np.asarray(values, dtype=float)[codes >= 0],
+                       minlength=len(index.sizes()))
+
+
+def _models(index: Any, models: np.ndarray, codes: np.ndarray) -> list[str]:
+    """Return, per job code of ``codes``, its GPUs' models (the known ones, sorted, comma-separated)."""
+    code_of, names = pd.factorize(np.array([str(m or "") for m in models], dtype=object))
+    low, high = index.reduce(np.fmin, code_of.astype(float))[codes], index.reduce(np.fmax, code_of.astype(float))[codes]
+    out = []
+    for k, lo, hi in zip(codes.tolist(), low.tolist(), high.tolist(), strict=True):
+        if lo == hi:  # one model on every GPU of the job (the usual case)
+            out.append(str(names[int(lo)]))
+        else:
+            out.append(",".join(sorted({str(names[m]) for m in code_of[index.rows_of_code(k)]} - {""})))
+    return out
 
 
 def gpus_needed(held: int, busy: int, stale: int, work_gpus: float, mem_mib: Sequence[float] | np.ndarray = (),
@@ -170,23 +226,21 @@ def gpus_needed(held: int, busy: int, stale: int, work_gpus: float, mem_mib: Seq
     smallest known; ignored when none is). A job sharding a model over GPUs it barely computes on
     still needs them for the memory.
     """
-    need = max(busy + stale, math.ceil(work_gpus - 1e-9))
     used = np.asarray(mem_mib, dtype=float)
     sizes = np.asarray(mem_total_mib, dtype=float)
     sizes = sizes[np.isfinite(sizes) & (sizes > 0)]
-    if used.size and sizes.size:
-        need = max(need, math.ceil(float(np.nansum(used)) / float(sizes.min()) - 1e-9))
-    return int(min(held, max(0, need)))
+    size = float(sizes.min()) if used.size and sizes.size else np.nan
+    return int(_needed(np.asarray(held), np.asarray(busy), np.asarray(stale), np.asarray(work_gpus, dtype=float),
+                       np.asarray(float(np.nansum(used)) if used.size else 0.0), np.asarray(size)))
 
 
-def _finite_max(values: np.ndarray) -> float | None:
-    v = values[np.isfinite(values)]
-    return round(float(v.max()), 1) if v.size else None
-
-
-def _finite_min(values: np.ndarray) -> float | None:
-    v = values[np.isfinite(values)]
-    return round(float(v.min()), 1) if v.size else None
+def _needed(held: np.ndarray, busy: np.ndarray, stale: np.ndarray, work: np.ndarray, used: np.ndarray,
+            size: np.ndarray) -> np.ndarray:
+    """:func:`gpus_needed` of every job at once: ``used`` its framebuffer used summed, ``size`` one GPU's (NaN: none known)."""
+    need = np.maximum(busy + stale, np.ceil(work - 1e-9))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        by_memory = np.where(np.isnan(size), -np.inf, np.ceil(used / np.where(np.isnan(size), 1.0, size) - 1e-9))
+    return np.minimum(held, np.maximum(0, np.maximum(need, by_memory))).astype(np.int64)
 
 
 #: the most one sweep's rows stand for, in sweep intervals: after an outage the first snapshot
@@ -258,17 +312,17 @@ def record_usage(store: AuditStore, snapshot: Snapshot, policy: Policy, interval
     cover = coverage(store, snapshot.ts, policy, schedule_s=schedule_s, measured=measured) \
         if interval_s is None else Coverage(float(interval_s))
     origin = {"run_id": run_id or f"sweep__{int(snapshot.ts)}", "data_ts": snapshot.ts}
-    rows = [{**r, **origin} for r in usage_rows(snapshot, policy, cover.interval_s)]
-    jobs = [{**r, **origin} for r in job_usage_rows(snapshot, policy, cover.interval_s)]
+    rows = Columns({**usage_columns(snapshot, policy, cover.interval_s), **origin})
+    jobs = Columns({**job_usage_columns(snapshot, policy, cover.interval_s), **origin})
+    n_rows, n_jobs = len(rows["host"]), len(jobs["job_id"])
     store.execute("upsert_usage", rows)
     store.execute("upsert_job_usage", jobs)
-    if interval_s is None and rows:
+    if interval_s is None and n_rows:
         _share_with_next(store, snapshot.ts, policy)
     for w in cover.warnings:
         logger.warning("usage at %s: %s", snapshot.ts, w)
-    logger.debug("usage at %s: %d group rows, %d job rows, %.0f s each", snapshot.ts, len(rows), len(jobs),
-                 cover.interval_s)
-    return {"usage_rows": len(rows), "job_rows": len(jobs), "interval_s": cover.interval_s,
+    logger.debug("usage at %s: %d group rows, %d job rows, %.0f s each", snapshot.ts, n_rows, n_jobs, cover.interval_s)
+    return {"usage_rows": n_rows, "job_rows": n_jobs, "interval_s": cover.interval_s,
             "warnings": list(cover.warnings)}
 
 
