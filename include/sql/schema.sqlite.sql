@@ -219,6 +219,8 @@ CREATE TABLE IF NOT EXISTS gpu_cost_usage (
     data_ts         TEXT NOT NULL,                 -- the data instant it came from
     PRIMARY KEY (ts, host, user_name, account, partition_name, gpu_model)
 );
+-- a saving is priced by its host's GPU model (gpu_models_of_host): the host's rows, not every host's
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_usage_host ON gpu_cost_usage (host, ts);
 
 CREATE TABLE IF NOT EXISTS gpu_cost_savings (
     saving_id       TEXT PRIMARY KEY,

@@ -220,6 +220,9 @@ def _hot_path() -> dict[str, tuple[str, dict[str, Any]]]:
         "caps: recent destructive": (locks._RECENT_DESTRUCTIVE, {"since": "2026-12-01T00:00:00Z", "action_id": "a"}),
         "effect: same target": (locks._SAME_TARGET, {"target": "job:7", "action_id": "a",
                                                       "since": "2026-12-01T00:00:00Z", "rule": "zombie"}),
+        "saving: a host's GPU model": (q["gpu_models_of_host"], {"host": "gpu01", "since": "2026-12-01T00:00:00Z",
+                                                                 "until": "2026-12-03T00:00:00Z"}),
+        "saving: a job's last usage": (q["job_usage_of"], {"job_id": "7", "until": "2026-12-03T00:00:00Z"}),
     }
 
 
@@ -241,6 +244,10 @@ def test_what_every_sweep_and_action_reads_is_found_by_index_not_by_reading_a_wh
                                                   {"run_id": "sweep:1"})]
     assert any("ix_gpu_cost_decision_log_run (run_id=?)" in s for s in steps), steps
     assert any("ix_gpu_cost_decision_events_run (run_id=? AND status=?)" in s for s in steps), steps
+    with store.engine.connect() as conn:  # a range of instants over every host is a SEARCH too: the host's index
+        sql, params = _hot_path()["saving: a host's GPU model"]
+        steps = [str(r[-1]) for r in conn.execute(sa.text("EXPLAIN QUERY PLAN " + sql), params)]
+    assert any("ix_gpu_cost_usage_host (host=? AND ts>? AND ts<?)" in s for s in steps), steps
 
 
 def test_an_upgrade_twice_changes_nothing(tmp_path: Path) -> None:
