@@ -353,6 +353,12 @@ SELECT * FROM gpu_cost_answers WHERE decision_id = :decision_id ORDER BY ts, ans
 SELECT target, ts, answered_by FROM gpu_cost_answers
 WHERE choice = 'release' AND status = 'accepted' AND role = 'owner' AND target IN :targets;
 
+-- name: rejected_of_targets
+-- the decisions on these targets a human rejected or let time out: the engine does not ask again (a sweep's
+-- findings' targets only, not every decision the store ever kept)
+SELECT decision_id FROM gpu_cost_decisions
+WHERE target IN :targets AND approval_status IN ('rejected', 'timed_out');
+
 -- name: disputed_episodes
 -- "this is wrong", accepted, for these targets: each holds its target until it expires (until_ts)
 SELECT rule, target, episode, answered_by, ts, until_ts, reason FROM gpu_cost_answers

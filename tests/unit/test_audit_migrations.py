@@ -223,6 +223,9 @@ def _hot_path() -> dict[str, tuple[str, dict[str, Any]]]:
         "saving: a host's GPU model": (q["gpu_models_of_host"], {"host": "gpu01", "since": "2026-12-01T00:00:00Z",
                                                                  "until": "2026-12-03T00:00:00Z"}),
         "saving: a job's last usage": (q["job_usage_of"], {"job_id": "7", "until": "2026-12-03T00:00:00Z"}),
+        # the sweep's rejections, for its findings' targets (two here: an IN list as the store expands it)
+        "plan: rejected decisions": (q["rejected_of_targets"].replace(":targets", "(:t1, :t2)"),
+                                     {"t1": "job:7", "t2": "job:8"}),
     }
 
 

@@ -161,11 +161,8 @@ def plan(findings: Sequence[Finding], snapshot: Snapshot, policy: Policy, store:
         if not isinstance(old, Mapping) or float(s["until_ts"]) > float(old["until_ts"]):
             snoozes[s["target"]] = s
     ends = predicted_end if predicted_end is not None else (predicted_ends(store, snapshot, now) if findings else {})
-    rejected = [
-        r["decision_id"] for r in store.query(
-            "SELECT decision_id FROM gpu_cost_decisions WHERE approval_status IN ('rejected', 'timed_out')"
-        )
-    ]
+    targets = sorted({f.target for f in findings})  # a rejection is of a decision on one of them, or matters not
+    rejected = [r["decision_id"] for r in store.fetch("rejected_of_targets", {"targets": targets})] if targets else []
     p = decide(
         findings, policy, now=now, escalations=escalations, snoozed_targets=snoozes, degraded=snapshot.degraded,
         total_gpus=snapshot.gpu_count(), predicted_end=ends, rejected=rejected,
