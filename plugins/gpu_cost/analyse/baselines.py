@@ -37,6 +37,7 @@ a retried sweep counts nothing twice.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import operator
@@ -58,8 +59,11 @@ _TOKEN = re.compile(r"([-_./:@+ ]+)")
 TRAINING_MIN_BUSY = 0.6
 
 
+@functools.lru_cache(maxsize=65536)
 def name_stem(name: str) -> str:
-    """Return a job name with its varying parts stripped: ``llama7b-endpoint-3f9a2c`` → ``llama#b-endpoint-#``."""
+    """Return a job name with its varying parts stripped: ``llama7b-endpoint-3f9a2c`` → ``llama#b-endpoint-#``.
+
+    Kept for the 65,536 newest names: every sweep asks it of every running job, and a job's name stays."""
     parts = _TOKEN.split(str(name or "").lower())
     out = []
     for p in parts:

@@ -26,6 +26,7 @@ the class baselines in ``snapshot.classes``): no I/O, and nothing when no rule a
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -50,10 +51,12 @@ def _replica_suffix(token: str) -> bool:
             or bool(_K8S_TOKEN.match(token)))
 
 
+@functools.lru_cache(maxsize=65536)
 def replica_stem(name: str) -> str:
     """Return a job name without its trailing replica indices and hashes: ``llm-serve-7f9c2-x2k4p`` → ``llm-serve``.
 
-    A name that is nothing but an index keeps it (``7`` stays ``7``): a stem is never empty.
+    A name that is nothing but an index keeps it (``7`` stays ``7``): a stem is never empty. Kept for the 65,536
+    newest names: every sweep asks it of every running job.
     """
     parts = _SEP.split(str(name or "").strip().lower())
     while len(parts) >= 3 and _replica_suffix(parts[-1]):
