@@ -110,6 +110,8 @@ CREATE INDEX IF NOT EXISTS ix_gpu_cost_action_log_decision ON gpu_cost_action_lo
 CREATE INDEX IF NOT EXISTS ix_gpu_cost_action_log_target ON gpu_cost_action_log (target);
 -- the rolling caps' count of the last day's actions (every destructive start)
 CREATE INDEX IF NOT EXISTS ix_gpu_cost_action_log_started ON gpu_cost_action_log (started_at);
+-- ... of the destructive kinds alone: the day's notices outnumber them
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_action_log_action ON gpu_cost_action_log (action, started_at);
 
 -- the action's whole state after a change (finished, retried, reopened), appended; prev_event_id is
 -- the event it follows (0: the started row), so of two concurrent changes of one state only one lands

@@ -217,7 +217,8 @@ def _hot_path() -> dict[str, tuple[str, dict[str, Any]]]:
         "class_members_since": (q["class_members_since"], {"since": "2026-12-01T00:00:00Z"}),
         "snooze_escalations": (q["snooze_escalations"], {"until_ts": "2026-12-02T00:00:00Z", "reason": "r",
                                                          "created_by": "u", "target": "job:7"}),
-        "caps: recent destructive": (locks._RECENT_DESTRUCTIVE, {"since": "2026-12-01T00:00:00Z", "action_id": "a"}),
+        "caps: recent destructive": (locks._RECENT_DESTRUCTIVE.replace(":destructive", "(:d1, :d2)"),
+                                     {"since": "2026-12-01T00:00:00Z", "action_id": "a", "d1": "kill", "d2": "terminate"}),
         "effect: same target": (locks._SAME_TARGET, {"target": "job:7", "action_id": "a",
                                                       "since": "2026-12-01T00:00:00Z", "rule": "zombie"}),
         "saving: a host's GPU model": (q["gpu_models_of_host"], {"host": "gpu01", "since": "2026-12-01T00:00:00Z",
@@ -251,6 +252,10 @@ def test_what_every_sweep_and_action_reads_is_found_by_index_not_by_reading_a_wh
         sql, params = _hot_path()["saving: a host's GPU model"]
         steps = [str(r[-1]) for r in conn.execute(sa.text("EXPLAIN QUERY PLAN " + sql), params)]
     assert any("ix_gpu_cost_usage_host (host=? AND ts>? AND ts<?)" in s for s in steps), steps
+    with store.engine.connect() as conn:  # the caps read the day's destructive actions, not the day's notices
+        sql, params = _hot_path()["caps: recent destructive"]
+        steps = [str(r[-1]) for r in conn.execute(sa.text("EXPLAIN QUERY PLAN " + sql), params)]
+    assert any("ix_gpu_cost_action_log_action (action=? AND started_at>?)" in s for s in steps), steps
 
 
 def test_an_upgrade_twice_changes_nothing(tmp_path: Path) -> None:

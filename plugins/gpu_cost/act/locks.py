@@ -120,10 +120,13 @@ class CapCheck:
 #: takes the one transaction advisory lock every destructive start shares, for the rolling caps
 CAPS_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtext('gpu_cost_caps'))"
 
+#: the destructive actions of the last day (``:destructive``: their names, an expanding list): read by the
+#: ``gpu_cost_action_log (action, started_at)`` index, not through the day's notices, which outnumber them
 _RECENT_DESTRUCTIVE = """
 SELECT a.action_id, a.action, a.target, a.run_id, a.started_at, d.gpus FROM gpu_cost_actions a
 LEFT JOIN gpu_cost_decision_log d ON d.decision_id = a.decision_id
-WHERE a.dry_run = 0 AND a.started_at >= :since AND a.action_id <> :action_id AND a.status <> 'skipped'
+WHERE a.action IN :destructive AND a.started_at >= :since AND a.dry_run = 0 AND a.action_id <> :action_id
+  AND a.status <> 'skipped'
 """
 
 
@@ -178,8 +181,12 @@ def start_effect(store: AuditStore, d: Decision, row: dict[str, Any], *,
             if owner is None and caps is not None:
                 from gpu_cost.decide.engine import rolling_cap_violation
 
-                history = conn.execute(sa.text(_RECENT_DESTRUCTIVE), _bind({
-                    "since": caps.now - 86400.0, "action_id": row["action_id"]})).mappings().all()
+                from gpu_cost.core.model import DESTRUCTIVE_ACTIONS
+
+                recent = sa.text(_RECENT_DESTRUCTIVE).bindparams(sa.bindparam("destructive", expanding=True))
+                history = conn.execute(recent, _bind({
+                    "since": caps.now - 86400.0, "action_id": row["action_id"],
+                    "destructive": sorted(DESTRUCTIVE_ACTIONS)})).mappings().all()
                 why = rolling_cap_violation(recent_destructive(history), d, caps.policy, entry=caps.entry,
                                             total_gpus=caps.total_gpus, now=caps.now)
                 if why:
