@@ -179,9 +179,8 @@ def start_effect(store: AuditStore, d: Decision, row: dict[str, Any], *,
             })).mappings().all()
             owner = _owner(rows, d)
             if owner is None and caps is not None:
-                from gpu_cost.decide.engine import rolling_cap_violation
-
                 from gpu_cost.core.model import DESTRUCTIVE_ACTIONS
+                from gpu_cost.decide.engine import rolling_cap_violation
 
                 recent = sa.text(_RECENT_DESTRUCTIVE).bindparams(sa.bindparam("destructive", expanding=True))
                 history = conn.execute(recent, _bind({
