@@ -5,6 +5,8 @@ agent's own work on data that has arrived: aggregating the lookback of 1-minute 
 per-GPU frame, joining jobs and processes, the rules and the decision engine. Generating the
 simulated samples is not timed. Each size runs in a fresh process; peak memory is the process's
 peak RSS during the sweep above what it held when the sweep began (the peak is reset first).
+``usage_s`` is the usage record every live sweep also writes (:func:`gpu_cost.report.usage.record_usage`,
+on a scratch store), timed apart: ``total_s`` is the decision path alone.
 
     python -m bench.sweep [--sizes 1000,10000,50000,100000] [--sharded 100000:16]
     python -m bench.sweep --sizes 100000 --sharded "" --jobs-per-node 8 --pending-per-node 8.6   # ~200k jobs
@@ -31,9 +33,11 @@ from bench._common import in_fresh_process, report, reset_peak, rss_mb
 
 def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: float = 1) -> dict[str, float]:
     from gpu_cost.analyse.rules import run_rules
+    from gpu_cost.audit.store import AuditStore
     from gpu_cost.config.loader import load_policy
     from gpu_cost.decide.engine import decide
     from gpu_cost.perceive.snapshot import from_matrix
+    from gpu_cost.report.usage import record_usage
     from gpu_cost.sim.cluster import SimCluster, generate_scenario
 
     policy = load_policy()
@@ -54,10 +58,16 @@ def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: fl
     t2 = time.perf_counter()
     plan = decide(findings, policy, now=now, escalations={}, total_gpus=len(snap.gpus))
     t3 = time.perf_counter()
+    peak = max(0.0, rss_mb() - base)
+    # the usage record every live sweep writes besides (not in total_s: the target times the decision path)
+    store = AuditStore.scratch().ensure_schema()
+    t4 = time.perf_counter()
+    record_usage(store, snap, policy, run_id="bench")
+    usage_s = time.perf_counter() - t4
     return {
         "gpus": gpus, "jobs": len([j for j in jobs if j.running]), "pending": len([j for j in jobs if j.pending]),
         "samples": int(m.util.size), "snapshot_s": t1 - t0, "rules_s": t2 - t1, "decide_s": t3 - t2, "total_s": t3 - t0,
-        "peak_mb": max(0.0, rss_mb() - base), "findings": len(findings), "decisions": len(plan.decisions),
+        "peak_mb": peak, "findings": len(findings), "decisions": len(plan.decisions), "usage_s": usage_s,
     }
 
 
@@ -143,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
             r["per_gpu_us"] = 1e6 * r["total_s"] / r["gpus"]
             r["growth_vs_first"] = (r["total_s"] / first["total_s"]) / (r["gpus"] / first["gpus"])
     if rows:
-        report("sweep", rows, ["gpus", "jobs", "pending", "samples", "snapshot_s", "rules_s", "decide_s", "total_s",
+        report("sweep", rows, ["gpus", "jobs", "pending", "samples", "snapshot_s", "rules_s", "decide_s", "total_s", "usage_s",
                                "peak_mb", "findings", "decisions", "per_gpu_us", "growth_vs_first"])
     split = [in_fresh_process("bench.sweep", ["--one-sharded", spec, *load]) for spec in args.sharded.split(",") if spec]
     if split:

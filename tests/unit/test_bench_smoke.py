@@ -28,7 +28,7 @@ def test_sweep_bench_smoke() -> None:
     whole, split = (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))
     sizes = [r["gpus"] for r in whole["results"]]
     assert sizes == [80, 160]
-    assert all(r["findings"] >= 0 and r["total_s"] > 0 for r in whole["results"])
+    assert all(r["findings"] >= 0 and r["total_s"] > 0 and r["usage_s"] > 0 for r in whole["results"])
     # the sharded sweep of the same cluster: every GPU once, the same findings and decisions
     (s,) = split["results"]
     assert (s["gpus"], s["shards"], s["gpus_merged"]) == (160, 4, 160)
