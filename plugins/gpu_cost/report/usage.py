@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpu_cost.analyse.jobrows import JobRows, job_index
 from gpu_cost.audit.store import AuditStore, Columns
 from gpu_cost.config.schema import Policy
 from gpu_cost.core.model import Snapshot
@@ -147,8 +148,6 @@ def job_usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | No
     framebuffer (the smallest). Right-sizing reads these. Every job at once, from the frame's rows per
     job (:class:`gpu_cost.analyse.jobrows.JobRows`).
     """
-    from gpu_cost.analyse.jobrows import job_index
-
     g = snapshot.gpus
     interval = float(interval_s or policy.sweep.interval)
     out: dict[str, Any] = {**{k: [] for k in JOB_USAGE_KEYS}, "ts": snapshot.ts, "interval_s": interval}
@@ -196,14 +195,14 @@ def _rows(columns: dict[str, Any], keys: Sequence[str]) -> list[dict[str, Any]]:
     return [dict(zip(keys, values, strict=True)) for values in zip(*cols, strict=True)]
 
 
-def _sums(index: Any, values: np.ndarray) -> np.ndarray:
+def _sums(index: JobRows, values: np.ndarray) -> np.ndarray:
     """Return, per job code, the sum of its rows' ``values`` added in the frame's order."""
     codes = index.row_codes()
     return np.bincount(codes[codes >= 0], weights=np.asarray(values, dtype=float)[codes >= 0],
                        minlength=len(index.sizes()))
 
 
-def _models(index: Any, models: np.ndarray, codes: np.ndarray) -> list[str]:
+def _models(index: JobRows, models: np.ndarray, codes: np.ndarray) -> list[str]:
     """Return, per job code of ``codes``, its GPUs' models (the known ones, sorted, comma-separated)."""
     code_of, names = pd.factorize(np.array([str(m or "") for m in models], dtype=object))
     low, high = index.reduce(np.fmin, code_of.astype(float))[codes], index.reduce(np.fmax, code_of.astype(float))[codes]
