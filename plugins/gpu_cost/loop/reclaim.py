@@ -12,8 +12,9 @@ The ``gpu_manual_reclaim`` DAG (and anyone calling this module) goes through fou
    human) unless overridden — an override is recorded in the decision's reason and evidence and
    always needs a second person's approval —, services by the sweep's own verdict (declared, bursty,
    recognised by their class baseline, or a spare replica of a serving set:
-   :func:`gpu_cost.analyse.rules.common.service_verdict`; destructive actions need approval), a job the agent cannot classify (its owner's request acts, an operator's needs a second
-   operator's approval: :func:`gpu_cost.decide.engine.unsure`), a process that is not ours (root's,
+   :func:`gpu_cost.analyse.rules.common.service_verdict`; destructive actions need approval), a job
+   the agent cannot classify (its owner's request acts, an operator's needs a second operator's
+   approval: :func:`gpu_cost.decide.engine.unsure`), a process that is not ours (root's,
    a system account's, a container's: never killed unless ``rules.zombie.act_on_owners`` names it,
    the sweep's own verdict, :mod:`gpu_cost.analyse.owners`), the cost of being wrong (approval above
    ``approval.gpu_hours_at_risk``), degraded data (nothing destructive) and the per-run caps.
