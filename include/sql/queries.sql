@@ -263,6 +263,14 @@ WHERE f.series LIKE :pattern AND f.horizon_ts >= :since
   AND f.data_ts = (SELECT MAX(n.data_ts) FROM gpu_cost_forecasts n WHERE n.series = f.series)
 ORDER BY f.series, f.horizon_ts;
 
+-- name: forecasts_of_series
+-- the same, for named series (a sweep's running jobs and their classes): found by each series' key, not by reading
+-- every series the store keeps (one per job ever forecast)
+SELECT * FROM gpu_cost_forecasts f
+WHERE f.series IN :series AND f.horizon_ts >= :since
+  AND f.data_ts = (SELECT MAX(n.data_ts) FROM gpu_cost_forecasts n WHERE n.series = f.series)
+ORDER BY f.series, f.horizon_ts;
+
 -- name: forecast_at
 -- one stored row as its run wrote it (the nightly's steps read their own run's history rows)
 SELECT * FROM gpu_cost_forecasts WHERE series = :series AND horizon_ts = :horizon_ts;

@@ -224,6 +224,9 @@ def _hot_path() -> dict[str, tuple[str, dict[str, Any]]]:
         "saving: a host's GPU model": (q["gpu_models_of_host"], {"host": "gpu01", "since": "2026-12-01T00:00:00Z",
                                                                  "until": "2026-12-03T00:00:00Z"}),
         "saving: a job's last usage": (q["job_usage_of"], {"job_id": "7", "until": "2026-12-03T00:00:00Z"}),
+        # the runtime forecasts of a sweep's running jobs and their classes (two series here)
+        "plan: runtime forecasts": (q["forecasts_of_series"].replace(":series", "(:s1, :s2)"),
+                                    {"s1": "runtime:job:7", "s2": "runtime:class:a", "since": "2026-12-01T00:00:00Z"}),
         # the sweep's rejections, for its findings' targets (two here: an IN list as the store expands it)
         "plan: rejected decisions": (q["rejected_of_targets"].replace(":targets", "(:t1, :t2)"),
                                      {"t1": "job:7", "t2": "job:8"}),

@@ -58,7 +58,7 @@ def _forecast_end(store: AuditStore, job_id: str | None, now: float) -> float | 
     if not job_id:
         return None
     try:
-        rows = store.fetch("forecasts_of", {"pattern": f"runtime:job:{job_id}", "since": 0})
+        rows = store.fetch("forecasts_of_series", {"series": [f"runtime:job:{job_id}"], "since": 0})
     except Exception as exc:  # a forecasts table in another shape must not lose the saving
         logger.debug("no forecast for job %s: %s", job_id, exc)
         return None

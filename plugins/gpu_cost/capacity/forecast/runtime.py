@@ -529,29 +529,44 @@ def _latest(rows: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
     return out
 
 
-def stored_class_rows(store: AuditStore, now: float) -> dict[str, Mapping[str, Any]]:
-    """Return the newest class row per class series, from nightly runs of the 8 days before ``now``."""
-    rows = store.fetch("forecasts_of", {"pattern": "runtime:class:%", "since": now - 8 * 86400})
+def _series_rows(store: AuditStore, series: Iterable[str], since: float) -> list[dict[str, Any]]:
+    """Return the newest run's rows of each named series with a horizon at or after ``since`` (by the series' key:
+    the store keeps a series per job ever forecast, and a sweep needs its running jobs' and their classes')."""
+    names = sorted(set(series))
+    rows: list[dict[str, Any]] = []
+    for i in range(0, len(names), 500):
+        rows += store.fetch("forecasts_of_series", {"series": names[i:i + 500], "since": since})
+    return rows
+
+
+def class_series(job: Mapping[str, Any]) -> list[str]:
+    """Return the class series of a job (mapping with the job columns), most specific level first."""
+    return [f"runtime:class:{class_key(job, li)}" for li in range(len(LEVELS))]
+
+
+def stored_class_rows(store: AuditStore, now: float, series: Iterable[str]) -> dict[str, Mapping[str, Any]]:
+    """Return the newest row of each of these class series, from nightly runs of the 8 days before ``now``."""
+    rows = _series_rows(store, series, now - 8 * 86400)
     return _latest(r for r in rows if r["horizon_ts"] <= now + 1)
 
 
 def _ends_from_store(store: AuditStore, run: pd.DataFrame, now: float) -> dict[str, float]:
     if run.empty:
         return {}
-    classes = stored_class_rows(store, now)
+    jobs = [job.to_dict() for _, job in run.iterrows()]
+    classes = stored_class_rows(store, now, (s for row in jobs for s in class_series(row)))
     # one query for every running job's own row (keyed by its start), not one per job
     since = float(run["start_ts"].min()) - 1
-    own_rows = {r["series"]: r for r in store.fetch("forecasts_of", {"pattern": "runtime:job:%", "since": since})
+    own_rows = {r["series"]: r for r in _series_rows(store, (f"runtime:job:{row['job_id']}" for row in jobs), since)
                 if r.get("yhat_upper") is not None}
     out: dict[str, float] = {}
-    for _, job in run.iterrows():
-        jid = str(job["job_id"])
-        start, lim = float(job["start_ts"]), float(job["time_limit_s"])
+    for row in jobs:
+        jid = str(row["job_id"])
+        start, lim = float(row["start_ts"]), float(row["time_limit_s"])
         own = own_rows.get(f"runtime:job:{jid}")
         if own is not None and abs(float(own["horizon_ts"]) - start) < 1:
             out[jid] = min(float(own["yhat_upper"]), start + lim)
             continue
-        row = job.to_dict()
         for li in range(len(LEVELS)):
             c = classes.get(f"runtime:class:{class_key(row, li)}")
             if c is not None and c.get("yhat_upper") is not None:
@@ -568,14 +583,13 @@ def eta(store: AuditStore, job: Mapping[str, Any], now: float) -> dict[str, Any]
         return None
     start, lim = float(start), float(lim)
     jid = str(job["job_id"])
-    own = [r for r in store.fetch("forecasts_of", {"pattern": f"runtime:job:{jid}", "since": start - 1})
-           if r["series"] == f"runtime:job:{jid}"]
+    own = _series_rows(store, [f"runtime:job:{jid}"], start - 1)
     if own:
         r = own[-1]
         return {"job_id": jid, "p50_end": min(float(r["yhat"]), start + lim),
                 "p90_end": min(float(r["yhat_upper"]), start + lim), "limit_end": start + lim,
                 "basis": f"job forecast ({r['model']})", "forecast_made": r["created_at"]}
-    classes = stored_class_rows(store, now)
+    classes = stored_class_rows(store, now, class_series(job))
     for li in range(len(LEVELS)):
         c = classes.get(f"runtime:class:{class_key(job, li)}")
         if c is not None and c.get("yhat") is not None:
