@@ -132,11 +132,6 @@ def usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | None =
     }
 
 
-def usage_rows(snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> list[dict[str, Any]]:
-    """Return the ``gpu_cost_usage`` rows of one sweep (:func:`usage_columns`, a row at a time)."""
-    return _rows(usage_columns(snapshot, policy, interval_s), USAGE_KEYS)
-
-
 def job_usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> dict[str, Any]:
     """Return the ``gpu_cost_jobs_usage`` rows of one sweep as columns (:data:`JOB_USAGE_KEYS`, ``ts`` and
     ``interval_s`` one value for every row): per running job with GPUs in the frame, GPUs held and used.
@@ -181,18 +176,6 @@ def job_usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | No
         "mem_total_mib": [None if v != v else round(v, 1) for v in smallest.tolist()],
     })
     return out
-
-
-def job_usage_rows(snapshot: Snapshot, policy: Policy, interval_s: float | None = None) -> list[dict[str, Any]]:
-    """Return the ``gpu_cost_jobs_usage`` rows of one sweep (:func:`job_usage_columns`, a row at a time)."""
-    return _rows(job_usage_columns(snapshot, policy, interval_s), JOB_USAGE_KEYS)
-
-
-def _rows(columns: dict[str, Any], keys: Sequence[str]) -> list[dict[str, Any]]:
-    """Return columns (a value for every row where a column is not a list) as rows, keys in ``keys``' order."""
-    n = max((len(v) for v in columns.values() if isinstance(v, list)), default=0)
-    cols = [columns[k] if isinstance(columns[k], list) else [columns[k]] * n for k in keys]
-    return [dict(zip(keys, values, strict=True)) for values in zip(*cols, strict=True)]
 
 
 def _sums(index: JobRows, values: np.ndarray) -> np.ndarray:

@@ -12,8 +12,9 @@ import pytest
 from gpu_cost.act import savings
 from gpu_cost.act.base import ActionContext, Outcome
 from gpu_cost.core.model import Decision
-from gpu_cost.report.usage import JOB_USAGE_KEYS, USAGE_KEYS, job_usage_rows, record_usage, usage_rows
+from gpu_cost.report.usage import JOB_USAGE_KEYS, USAGE_KEYS, record_usage
 from tests.fixtures.core import NOW
+from tests.unit.report.rows import job_usage_rows, usage_rows
 
 
 @pytest.fixture

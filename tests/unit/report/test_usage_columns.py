@@ -19,15 +19,8 @@ import pytest
 from gpu_cost.audit.store import AuditStore, Columns
 from gpu_cost.config.schema import Policy
 from gpu_cost.core.model import Job, Snapshot, empty_gpu_frame
-from gpu_cost.report.usage import (
-    JOB_USAGE_KEYS,
-    USAGE_KEYS,
-    gpus_needed,
-    job_usage_columns,
-    job_usage_rows,
-    record_usage,
-    usage_rows,
-)
+from gpu_cost.report.usage import JOB_USAGE_KEYS, USAGE_KEYS, gpus_needed, job_usage_columns, record_usage
+from tests.unit.report.rows import job_usage_rows, usage_rows
 
 NOW = 1_795_960_800.0
 POLICY = Policy()
