@@ -62,9 +62,7 @@ def _forecast_end(store: AuditStore, job_id: str | None, now: float) -> float | 
     except Exception as exc:  # a forecasts table in another shape must not lose the saving
         logger.debug("no forecast for job %s: %s", job_id, exc)
         return None
-    for row in rows:
-        if row.get("series") != f"runtime:job:{job_id}":
-            continue
+    for row in rows:  # the job's own series only: read by its name
         extra = row.get("extra")
         try:
             data = json.loads(extra) if isinstance(extra, str) and extra else {}

@@ -554,21 +554,22 @@ def _ends_from_store(store: AuditStore, run: pd.DataFrame, now: float) -> dict[s
     if run.empty:
         return {}
     jobs = [job.to_dict() for _, job in run.iterrows()]
-    classes = stored_class_rows(store, now, (s for row in jobs for s in class_series(row)))
+    series_of = [class_series(row) for row in jobs]  # each job's class series, most specific first
+    classes = stored_class_rows(store, now, (s for names in series_of for s in names))
     # one query for every running job's own row (keyed by its start), not one per job
     since = float(run["start_ts"].min()) - 1
     own_rows = {r["series"]: r for r in _series_rows(store, (f"runtime:job:{row['job_id']}" for row in jobs), since)
                 if r.get("yhat_upper") is not None}
     out: dict[str, float] = {}
-    for row in jobs:
+    for row, names in zip(jobs, series_of, strict=True):
         jid = str(row["job_id"])
         start, lim = float(row["start_ts"]), float(row["time_limit_s"])
         own = own_rows.get(f"runtime:job:{jid}")
         if own is not None and abs(float(own["horizon_ts"]) - start) < 1:
             out[jid] = min(float(own["yhat_upper"]), start + lim)
             continue
-        for li in range(len(LEVELS)):
-            c = classes.get(f"runtime:class:{class_key(row, li)}")
+        for name in names:
+            c = classes.get(name)
             if c is not None and c.get("yhat_upper") is not None:
                 out[jid] = start + min(float(c["yhat_upper"]), 1.0) * lim
                 break
@@ -589,9 +590,10 @@ def eta(store: AuditStore, job: Mapping[str, Any], now: float) -> dict[str, Any]
         return {"job_id": jid, "p50_end": min(float(r["yhat"]), start + lim),
                 "p90_end": min(float(r["yhat_upper"]), start + lim), "limit_end": start + lim,
                 "basis": f"job forecast ({r['model']})", "forecast_made": r["created_at"]}
-    classes = stored_class_rows(store, now, class_series(job))
-    for li in range(len(LEVELS)):
-        c = classes.get(f"runtime:class:{class_key(job, li)}")
+    names = class_series(job)
+    classes = stored_class_rows(store, now, names)
+    for li, name in enumerate(names):
+        c = classes.get(name)
         if c is not None and c.get("yhat") is not None:
             return {"job_id": jid, "p50_end": start + float(c["yhat"]) * lim,
                     "p90_end": start + min(float(c["yhat_upper"] or 1.0), 1.0) * lim, "limit_end": start + lim,
