@@ -41,3 +41,18 @@ def test_every_reduction_equals_numpy_over_each_jobs_rows() -> None:
 def test_an_empty_frame_has_no_jobs() -> None:
     index = JobRows(pd.DataFrame({"job_id": pd.Series([], dtype=object)}))
     assert index.rows == {} and len(index.median(np.zeros(0))) == 0 and len(index.reduce(np.maximum, np.zeros(0))) == 0
+
+
+def test_a_jobs_sum_adds_its_rows_one_after_another_in_frame_order() -> None:
+    rng = np.random.default_rng(11)
+    n = 3000
+    ids = rng.choice(np.array(["", None, *[str(i) for i in range(300)]], dtype=object), size=n)
+    values = rng.uniform(0, 100, n) * rng.choice([1.0, 1 / 3, 0.1], size=n)
+    index = JobRows(pd.DataFrame({"job_id": ids}))
+    sums = index.sum(values)
+    for job, rows in index.rows.items():
+        total = 0.0
+        for v in values[sorted(rows)]:
+            total += float(v)
+        assert _same(sums[index.code[job]], total), (job, values[rows])
+    assert max(len(r) for r in index.rows.values()) >= 8  # jobs long enough for NumPy's pairwise sum to differ

@@ -42,10 +42,6 @@ class JobRows:
                 self.code[key] = k
                 self.rows[key] = self._order[ends[k] - counts[k]:ends[k]]
 
-    def row_codes(self) -> np.ndarray:
-        """Return each frame row's job code (-1: the row names no job)."""
-        return self._codes
-
     def rows_of_code(self, code: int) -> np.ndarray:
         """Return the rows of the job of ``code``, in frame order."""
         return self._order[self._starts[code]:self._starts[code] + self._counts[code]]
@@ -58,6 +54,11 @@ class JobRows:
         """Return, per job code, how many of its rows ``mask`` holds."""
         return np.bincount(self._codes[self._rows_of], weights=np.asarray(mask, dtype=bool)[self._rows_of],
                            minlength=self._n).astype(np.int64)
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        """Return, per job code, the sum of its rows' ``values``, added one row after another in frame order."""
+        return np.bincount(self._codes[self._rows_of], weights=np.asarray(values, dtype=float)[self._rows_of],
+                           minlength=self._n)
 
     def any(self, mask: np.ndarray) -> np.ndarray:
         """Return, per job code, whether ``mask`` holds any of its rows."""

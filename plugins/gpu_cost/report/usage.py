@@ -105,12 +105,9 @@ def usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | None =
     host_code, hosts = pd.factorize(np.array([str(h) for h in c["host"]], dtype=object))
     model_code, models = pd.factorize(np.array([str(m or "") for m in c["model"]], dtype=object))
     key = (host_code.astype(np.int64) * len(models) + model_code) * len(owners) + owner
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")  # groups in the order their first GPU shows
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    group, at = rank[inverse.reshape(-1)], first[order]
-    size = len(order)
+    group = pd.factorize(key)[0]  # groups numbered in the order their first GPU shows
+    _, at = np.unique(group, return_index=True)  # each group's first GPU
+    size = len(at)
 
     def seconds(where: np.ndarray | None) -> list[float]:
         """The interval summed over the group's GPUs ``where`` holds (None: every GPU), in the frame's order."""
@@ -156,11 +153,11 @@ def job_usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | No
     codes = np.array([k for _, k in running], dtype=np.int64)
     held = index.sizes()[codes]
     busy, stale = index.count(c["busy"])[codes], index.count(~c["fresh"])[codes]
-    work = _sums(index, c["util"])[codes] / 100.0
+    work = index.sum(c["util"])[codes] / 100.0
     mem, total = c["mem_max"], c["mem_total"]
     mem_max = index.reduce(np.fmax, np.where(np.isfinite(mem), mem, np.nan))[codes]
     size = index.reduce(np.fmin, np.where(np.isfinite(total) & (total > 0), total, np.nan))[codes]
-    used = _sums(index, np.where(np.isnan(mem), 0.0, mem))[codes]
+    used = index.sum(np.where(np.isnan(mem), 0.0, mem))[codes]
     smallest = index.reduce(np.fmin, np.where(np.isfinite(total), total, np.nan))[codes]
     needed = _needed(held, busy, stale, work, used, size)
     models = _models(index, c["model"], codes)
@@ -176,13 +173,6 @@ def job_usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | No
         "mem_total_mib": [None if v != v else round(v, 1) for v in smallest.tolist()],
     })
     return out
-
-
-def _sums(index: JobRows, values: np.ndarray) -> np.ndarray:
-    """Return, per job code, the sum of its rows' ``values`` added in the frame's order."""
-    codes = index.row_codes()
-    return np.bincount(codes[codes >= 0], weights=np.asarray(values, dtype=float)[codes >= 0],
-                       minlength=len(index.sizes()))
 
 
 def _models(index: JobRows, models: np.ndarray, codes: np.ndarray) -> list[str]:
