@@ -22,7 +22,7 @@ import operator
 import re
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +231,7 @@ class AuditStore:
         if not rows:
             return 0
         if name in _VOCABULARY:
-            _check_vocabulary(name, rows)
+            _check_vocabulary(name, lambda column: (r.get(column) for r in rows))
         if order is not None:
             try:
                 pick = operator.itemgetter(*order) if len(order) > 1 else (lambda r: (r[order[0]],))
@@ -447,11 +447,7 @@ class Columns(dict[str, Any]):
                     None if v is None else iso(v))
             elif not isinstance(v, list) and type(v) not in _PLAIN and hasattr(v, "item"):
                 cols[k] = v.item()
-        for column, words in _VOCABULARY.get(name, {}).items():
-            v = cols.get(column)
-            for value in set(v) if isinstance(v, list) else {v}:
-                if value is not None and value not in words:
-                    raise AuditError(f"audit write {name}: {column} {value!r} is not one of {', '.join(words)}")
+        _check_vocabulary(name, lambda column: set(v) if isinstance(v := cols.get(column), list) else {v})
         lacking = [k for k in params if k not in cols]
         if lacking:
             raise AuditError(f"audit write {name}: no value for its parameter {lacking[0]!r}")
@@ -472,11 +468,12 @@ def decision_row(d: Decision, run_id: str, status: str = "decided") -> dict[str,
     }
 
 
-def _check_vocabulary(name: str, rows: Iterable[Mapping[str, Any]]) -> None:
-    """Raise AuditError naming the write, the column, the value and the words allowed, before any row is written."""
-    for column, words in _VOCABULARY[name].items():
-        for r in rows:
-            value = r.get(column)
+def _check_vocabulary(name: str, values: Callable[[str], Iterable[Any]]) -> None:
+    """Raise AuditError naming the write, the column, the value and the words allowed, before any row is written.
+
+    :param values: column → the values the write's rows give it (rows or :class:`Columns`)."""
+    for column, words in _VOCABULARY.get(name, {}).items():
+        for value in values(column):
             if value is not None and value not in words:
                 raise AuditError(f"audit write {name}: {column} {value!r} is not one of {', '.join(words)}"
                                  + (" (a run's mode is its policy's; what happened to it is its status)"
