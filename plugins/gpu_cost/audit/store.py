@@ -429,18 +429,7 @@ class Columns(dict[str, Any]):
         n = sizes.pop() if sizes else 1
         if not n:
             return []
-        for c in _OPTIONAL.get(name, ()):
-            cols.setdefault(c, None)
-        instant = _RESULT_INSTANT.get(name)
-        if instant is not None and not ("data_ts" in cols and "run_id" in cols):
-            cols.setdefault("run_id", None)
-            given = cols.get("data_ts")
-            if given is None:
-                cols["data_ts"] = cols.get(instant)
-            elif isinstance(given, list):
-                at = cols.get(instant)
-                cols["data_ts"] = [(at[i] if isinstance(at, list) else at) if v is None else v
-                                   for i, v in enumerate(given)]
+        cols = dict(_defaults(name, cols))  # a list of data instants is taken as it is given
         for k, v in cols.items():
             if k in _TIME_PARAMS:
                 cols[k] = [None if x is None else iso(x) for x in v] if isinstance(v, list) else (
