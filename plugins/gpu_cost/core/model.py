@@ -407,16 +407,24 @@ class Snapshot:
     _indexes: dict[str, tuple[Any, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def view(self, window_s: float) -> pd.DataFrame:
-        """Return ``gpus`` with its window columns computed over ``window_s`` instead."""
+        """Return ``gpus`` with its window columns computed over ``window_s`` instead.
+
+        Like ``gpus`` itself, the frame is shared: every rule with that window reads the one built while ``gpus``
+        and the window's columns are the same objects. Read it; do not change it.
+        """
         if abs(window_s - self.window_s) < 1e-6 or window_s not in self.windows:
             if abs(window_s - self.window_s) >= 1e-6:
                 raise KeyError(f"snapshot has no aggregates for a {window_s:g}s window")
             return self.gpus
-        out = self.gpus.copy(deep=False)  # copy-on-write: the columns set below are the view's own
         extra = self.windows[window_s]
-        for col in extra.columns:
-            out[col] = extra[col].to_numpy()
-        return out
+        views: dict[float, tuple[pd.DataFrame, pd.DataFrame]] = self.memo("views", self.gpus, dict)
+        made = views.get(window_s)
+        if made is None or made[0] is not extra:
+            out = self.gpus.copy(deep=False)  # copy-on-write: the columns set below are the view's own
+            for col in extra.columns:
+                out[col] = extra[col].to_numpy()
+            made = views[window_s] = (extra, out)
+        return made[1]
 
     @property
     def degraded(self) -> bool:
