@@ -38,6 +38,7 @@ import numpy as np
 from gpu_cost.analyse.jobrows import JobRows, job_index
 from gpu_cost.config.schema import Policy
 from gpu_cost.core.model import Snapshot
+from gpu_cost.perceive.snapshot import chart_values
 
 _SEP = re.compile(r"([-_.]+)")
 #: what Kubernetes generates for a pod's name: a template hash and a suffix in an alphabet without vowels
@@ -219,7 +220,8 @@ def _build(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
 
 def _peaks(sets: list[tuple[str, ...]], index: JobRows, charts: np.ndarray | None, thr: float) -> list[int | None]:
     """Return per set (its members' job ids) the most members busy in one bucket of the lookback's chart, None where
-    it has none; every set at once, each distinct chart text parsed once (a sweep's GPUs repeat a few).
+    it has none; every set at once, each distinct chart text of the sets' GPUs parsed once (a sweep's GPUs repeat
+    a few; the other GPUs' charts are not read).
 
     A member counts with the buckets where one of its GPUs was at ``thr`` or above; a member whose GPUs' charts
     differ in length, or are empty, does not count; a set with no member counted, or whose counted members' charts
@@ -227,12 +229,16 @@ def _peaks(sets: list[tuple[str, ...]], index: JobRows, charts: np.ndarray | Non
     """
     if charts is None or not sets:
         return [None] * len(sets)
-    texts, which = np.unique(np.array([str(c or "") for c in charts], dtype=object), return_inverse=True)
-    parsed = [_bucket_max(str(t)) for t in texts]
+    members = np.concatenate([index.rows[m] for s in sets for m in s])
+    own = np.full(len(charts), "", dtype=object)
+    own[members] = [str(c or "") for c in charts[members]]
+    texts, which = np.unique(own, return_inverse=True)
+    parsed = [chart_values(str(t)) if t else () for t in texts]  # an empty chart is no buckets
     lengths = np.array([len(b) for b in parsed], dtype=float)
     table = np.full((len(parsed), max(1, int(lengths.max()))), np.nan)
     for k, b in enumerate(parsed):
         table[k, :len(b)] = b
+    table[table < 0] = np.nan  # a bucket with no data
     # per job: its GPUs' chart length (when they agree) and, per bucket, whether one of its GPUs was busy
     shortest, longest = index.reduce(np.minimum, lengths[which]), index.reduce(np.maximum, lengths[which])
     with np.errstate(invalid="ignore"):
@@ -249,10 +255,3 @@ def _peaks(sets: list[tuple[str, ...]], index: JobRows, charts: np.ndarray | Non
     tops = per_bucket.max(axis=1)
     return [int(top) if n and a == b else None for top, n, a, b in
             zip(tops.tolist(), n_counted.tolist(), lo.tolist(), hi.tolist(), strict=True)]
-
-
-def _bucket_max(text: str) -> np.ndarray:
-    """Return a chart's bucket maxima (``"0,,85"`` → ``[0, nan, 85]``); an empty chart is no buckets."""
-    if not text:
-        return np.zeros(0)
-    return np.array([float(x) if x else np.nan for x in text.split(",")])

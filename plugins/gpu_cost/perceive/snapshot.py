@@ -97,7 +97,7 @@ def sparkline(charts: Sequence[str]) -> str:
 @functools.lru_cache(maxsize=65536)
 def _sparkline(charts: tuple[str, ...]) -> str:
     """:func:`sparkline` of a tuple (most jobs' GPUs repeat a few charts: a sweep draws each set once)."""
-    rows = [_chart_values(c) for c in charts if c]
+    rows = [chart_values(c) for c in charts if c]
     if not rows:
         return ""
     # a bucket's top over the GPUs (no data is -1, under any value), as wide as the narrowest chart
@@ -106,8 +106,9 @@ def _sparkline(charts: tuple[str, ...]) -> str:
 
 
 @functools.lru_cache(maxsize=65536)
-def _chart_values(text: str) -> tuple[float, ...]:
-    """Return a chart column's bucket values, -1 for a bucket with no data (most GPUs repeat a few charts)."""
+def chart_values(text: str) -> tuple[float, ...]:
+    """Return a chart column's bucket values, -1 for a bucket with no data (``"0,,85"`` → ``(0, -1, 85)``), each
+    text parsed once: most GPUs repeat a few charts, sweep after sweep."""
     return tuple(float(x) if x != "" else -1.0 for x in text.split(","))
 
 
