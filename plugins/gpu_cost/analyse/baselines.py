@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_cost.analyse.jobrows import job_index
 from gpu_cost.config.schema import BaselinesConfig, Policy
 from gpu_cost.core.model import Job, Snapshot
 
@@ -101,26 +102,26 @@ def _alone_cpu(snapshot: Snapshot) -> dict[str, float]:
 
 
 def _job_state(snapshot: Snapshot, policy: Policy) -> dict[str, tuple[int, bool, bool, bool]]:
-    """Return job id → (GPUs seen, active, idle, memory resident) from the snapshot's window."""
+    """Return job id → (GPUs seen, active, idle, memory resident) from the snapshot's window, every job at once.
+
+    A GPU with a stale or missing window is not fresh; a job is active when a fresh GPU is at the idle
+    threshold or above, idle when every GPU is fresh and none is, and resident when idle with every GPU's
+    least memory (missing: none) above the zombie floor.
+    """
     g = snapshot.gpus
     if g.empty or "job_id" not in g:
         return {}
     thr = policy.rules.idle_allocation.util_max
-    stale = g["stale"].to_numpy(dtype=bool)
+    index = job_index(snapshot)
     umax = g["util_max"].to_numpy(dtype=float)
+    unfresh = g["stale"].to_numpy(dtype=bool) | np.isnan(umax)
     mem = np.nan_to_num(g["mem_min_mib"].to_numpy(dtype=float), nan=0.0)
-    acc: dict[str, list[tuple[bool, float, float]]] = {}
-    for jid, s, u, m in zip(g["job_id"].to_numpy(dtype=object), stale, umax, mem, strict=True):
-        if jid:
-            acc.setdefault(str(jid), []).append((bool(s) or u != u, float(u), float(m)))
-    out = {}
-    for jid, rows in acc.items():
-        fresh = [r for r in rows if not r[0]]
-        active = any(u >= thr for _, u, _ in fresh)
-        idle = len(fresh) == len(rows) and not active
-        resident = idle and all(m > policy.rules.zombie.mem_min_mib for _, _, m in rows)
-        out[jid] = (len(rows), active, idle, resident)
-    return out
+    with np.errstate(invalid="ignore"):
+        active = index.any(~unfresh & (umax >= thr))
+    idle = ~index.any(unfresh) & ~active
+    resident = idle & ~index.any(~(mem > policy.rules.zombie.mem_min_mib))
+    sizes = index.sizes()
+    return {jid: (int(sizes[k]), bool(active[k]), bool(idle[k]), bool(resident[k])) for jid, k in index.code.items()}
 
 
 def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | None = None,
