@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from gpu_cost.analyse import baselines
@@ -592,3 +593,36 @@ def test_class_stats_at_once_equal_the_classes_taken_one_at_a_time(seed: int) ->
                 assert g[field] == value, (k, field)
     assert any(g["runtime_p90_s"] is not None for g in got.values())
     assert any(g["cpu_pct_active"] is None for g in got.values()) and any(g["waking_share"] for g in got.values())
+
+
+# -- a job's state, every job at once ---------------------------------------------------------------------------
+def _job_state_by_definition(g: pd.DataFrame, policy: Policy) -> dict[str, tuple[int, bool, bool, bool]]:
+    """A job's state read row by row: fresh GPUs (not stale, utilisation seen), active when a fresh one is at the
+    idle threshold, idle when all are fresh and none is, resident when idle with every GPU's memory above the floor."""
+    thr, floor = policy.rules.idle_allocation.util_max, policy.rules.zombie.mem_min_mib
+    out = {}
+    for jid in {j for j in g["job_id"] if j}:
+        rows = g[g["job_id"] == jid]
+        fresh = rows[~rows["stale"] & rows["util_max"].notna()]
+        active = bool((fresh["util_max"] >= thr).any())
+        idle = len(fresh) == len(rows) and not active
+        resident = idle and bool((rows["mem_min_mib"].fillna(0.0) > floor).all())
+        out[jid] = (len(rows), active, idle, resident)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_job_state_at_once_equals_its_definition_row_by_row(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    policy = Policy()
+    thr, floor = policy.rules.idle_allocation.util_max, policy.rules.zombie.mem_min_mib
+    n = int(rng.integers(1, 60))
+    # utilisation around the threshold (and on it), memory around the floor, some of each missing, some rows stale
+    util = rng.choice([0.0, thr / 2, thr, thr + 1, 90.0, np.nan], size=n)
+    mem = rng.choice([0.0, floor, floor + 1, 20000.0, np.nan], size=n)
+    ids = rng.choice(["", "1", "2", "3", "4", "5"], size=n)
+    jobs = [Job(job_id=j, user="ann", state="RUNNING", start_ts=T0) for j in sorted(set(ids) - {""})]
+    gpus = pd.DataFrame({"job_id": [j or None for j in ids], "stale": rng.random(n) < 0.15, "util_max": util,
+                         "mem_min_mib": mem})
+    snap = Snapshot(ts=NOW, window_s=600.0, lookback_s=3600.0, source="test", jobs=tuple(jobs), gpus=gpus)
+    assert baselines._job_state(snap, policy) == _job_state_by_definition(gpus.assign(job_id=ids), policy)
