@@ -60,10 +60,7 @@ def classify_log(log: Mapping[str, Any] | None, cfg: JobLogConfig, now: float, w
                            "cpu_cores": None, "io_bps": None}
     if not log:
         return out
-    for key in ("cpu_cores", "io_bps"):
-        value = log.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value == value:
-            out[key] = float(value)
+    out.update(process_load(log))
     wd_mtime = log.get("workdir_mtime")
     if isinstance(wd_mtime, int | float) and not isinstance(wd_mtime, bool) and wd_mtime == wd_mtime:
         ago = max(0.0, now - float(wd_mtime))
@@ -84,6 +81,17 @@ def classify_log(log: Mapping[str, Any] | None, cfg: JobLogConfig, now: float, w
     out["state"], out["line"], out["pattern"] = state, line, pattern
     if earlier is not None:
         out["earlier_state"] = earlier
+    return out
+
+
+def process_load(log: Mapping[str, Any] | None) -> dict[str, float | None]:
+    """Return ``cpu_cores`` and ``io_bps`` of the job's own processes as the node wrapper sampled them with its log
+    (None: unknown): what :func:`classify_log` reports of them, without reading the log's lines."""
+    out: dict[str, float | None] = {"cpu_cores": None, "io_bps": None}
+    for key in out:
+        value = (log or {}).get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value == value:
+            out[key] = float(value)
     return out
 
 

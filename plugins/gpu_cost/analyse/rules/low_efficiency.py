@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_cost.analyse.evidence import classify_log, nodes_to_itself, signal
+from gpu_cost.analyse.evidence import nodes_to_itself, process_load, signal
 from gpu_cost.analyse.jobrows import job_index
 from gpu_cost.analyse.rules import register
 from gpu_cost.analyse.rules.common import behaves_like_inference, declared_inference, job_fields, r
@@ -65,14 +65,14 @@ def why(f: Finding) -> str:
     return f"{head}: fewer or smaller GPUs can do the same work"
 
 
-def input_signs(snapshot: Snapshot, job: Job, policy: Policy, window: float) -> list[str]:
+def input_signs(snapshot: Snapshot, job: Job, policy: Policy) -> list[str]:
     """Return the signs that ``job``'s GPUs wait on its input pipeline (empty: none known): its own
     processes' CPU cores and I/O (the node wrapper's sample, read with its log), and the CPU and I/O of
     the nodes it has to itself (node_exporter)."""
     ev = policy.evidence
-    log = classify_log(snapshot.job_logs.get(job.job_id), ev.job_log, snapshot.ts, window)
+    load = process_load(snapshot.job_logs.get(job.job_id))  # the wrapper's sample: the log's lines say nothing here
     signs = []
-    cores, io = log.get("cpu_cores"), log.get("io_bps")
+    cores, io = load["cpu_cores"], load["io_bps"]
     if cores is not None and cores >= INPUT_CORES_PER_GPU * max(1, job.gpu_count):
         signs.append(f"its processes use {cores:.1f} CPU cores")
     if io is not None and io >= ev.io_busy_mib_s * 1048576:
@@ -157,7 +157,7 @@ def low_efficiency(snapshot: Snapshot, cfg: LowEfficiencyRule, policy: Policy) -
         if now_mean == now_mean and now_mean >= cfg.util_mean_max:
             continue  # busy now: a slow first phase (data loading) that is over is not poor use
         busy_gpus = int((umean[pos] >= cfg.util_mean_max).sum())
-        signs = input_signs(snapshot, job, policy, window)
+        signs = input_signs(snapshot, job, policy)
         signals = [signal("GPU utilisation", f"mean {r(mean)} % over {int(window) // 60} min on {len(keys)} GPU(s)",
                           f"under {cfg.util_mean_max:g} %: the same work would fit on fewer or smaller GPUs"),
                    signal("Busy GPUs", f"{busy_gpus} of {len(keys)}", "GPUs at or above the threshold")]
