@@ -195,6 +195,11 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
     from gpu_cost.analyse import baselines, evidence
     from gpu_cost.perceive.snapshot import sparkline
 
+    # each job is the business of one of the two rules: the other's jobs are not read at all
+    mine = [(job, session) for job in snapshot.running_jobs()
+            if bool(session := interactive_session(job, policy.interactive)) == interactive]
+    if not mine:
+        return []
     g = snapshot.view(cfg.window)
     if g.empty:
         return []
@@ -218,7 +223,7 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
                   index.reduce(np.fmin, memmin).tolist(), index.reduce(np.maximum, bursts).tolist(), strict=True)
     own = [(top, top_lb, None if least != least else least, int(b) if b == b else 0) for top, top_lb, least, b in per_job]
     findings = []
-    for job in snapshot.running_jobs():
+    for job, session in mine:
         on_shared = shared.get(job.job_id)
         code = None
         if on_shared is None:
@@ -227,8 +232,6 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
                 continue  # some GPU of the job is busy, stale or not seen
         keys = job.gpu_keys()
         if not keys or job.start_ts is None or snapshot.ts - job.start_ts < max(cfg.min_runtime, cfg.window):
-            continue
-        if bool(session := interactive_session(job, policy.interactive)) != interactive:
             continue
         pos = rows.get(job.job_id)
         if on_shared is not None:
