@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import statistics
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -212,7 +213,7 @@ def _build(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
             peak = max(peak, len(busy_now))
         needed = None if peak is None else max(1, math.ceil(peak * (1.0 + cfg.headroom)))
         made = ReplicaSet(key=f"{owner}|{stem}", owner=owner, stem=stem, members=ids,
-                          footprint_mib=float(np.median([f for f, _ in run])), busy_now=busy_now, serving=serving,
+                          footprint_mib=float(statistics.median(f for f, _ in run)), busy_now=busy_now, serving=serving,
                           peak_busy=peak, needed=needed)
         out.update({jid: made for _, jid in run})
     return out
@@ -230,10 +231,10 @@ def _peaks(sets: list[tuple[str, ...]], index: JobRows, charts: np.ndarray | Non
     if charts is None or not sets:
         return [None] * len(sets)
     members = np.concatenate([index.rows[m] for s in sets for m in s])
-    own = np.full(len(charts), "", dtype=object)
-    own[members] = [str(c or "") for c in charts[members]]
-    texts, which = np.unique(own, return_inverse=True)
-    parsed = [chart_values(str(t)) if t else () for t in texts]  # an empty chart is no buckets
+    texts, mine = np.unique(np.array([str(c or "") for c in charts[members]], dtype=object), return_inverse=True)
+    which = np.full(len(charts), len(texts))  # another GPU's chart: the empty one after the texts
+    which[members] = mine
+    parsed = [chart_values(str(t)) if t else () for t in texts] + [()]  # an empty chart is no buckets
     lengths = np.array([len(b) for b in parsed], dtype=float)
     table = np.full((len(parsed), max(1, int(lengths.max()))), np.nan)
     for k, b in enumerate(parsed):
