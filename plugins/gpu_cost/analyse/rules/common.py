@@ -196,9 +196,9 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
     from gpu_cost.perceive.snapshot import sparkline
 
     # each job is the business of one of the two rules: the other's jobs are not read at all
-    mine = [(job, session) for job in snapshot.running_jobs()
-            if bool(session := interactive_session(job, policy.interactive)) == interactive]
-    if not mine:
+    candidates = [(job, session) for job in snapshot.running_jobs()
+                  if bool(session := interactive_session(job, policy.interactive)) == interactive]
+    if not candidates:
         return []
     g = snapshot.view(cfg.window)
     if g.empty:
@@ -223,7 +223,7 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
                   index.reduce(np.fmin, memmin).tolist(), index.reduce(np.maximum, bursts).tolist(), strict=True)
     own = [(top, top_lb, None if least != least else least, int(b) if b == b else 0) for top, top_lb, least, b in per_job]
     findings = []
-    for job, session in mine:
+    for job, session in candidates:
         on_shared = shared.get(job.job_id)
         code = None
         if on_shared is None:
