@@ -61,6 +61,21 @@ def check_store(store) -> None:  # type: ignore[no-untyped-def]
                                         "idle_alloc_gpu_s": 300, "zombie_gpu_s": 0, "util_sum": 100},
                                        {"ts": NOW + 300, "interval_s": 300, "host": "h2"}])
     assert len(store.fetch("usage_between", {"since": NOW - 1, "until": NOW + 301})) == 1
+    # a read without one of its values is refused by name too
+    with pytest.raises(AuditError, match="usage_between: no value for its parameter 'until'"):
+        store.fetch("usage_between", {"since": NOW - 1})
+    # a batch the database refuses part-way (gpus is NOT NULL) is named, writes nothing, and leaves no transaction
+    # open: the store's next write and read on its pooled connections work
+    with pytest.raises(AuditError, match="audit write upsert_usage failed on"):
+        store.execute("upsert_usage", [{**USAGE, "ts": NOW + 600}, {**USAGE, "ts": NOW + 600, "host": "h2", "gpus": None}])
+    assert store.fetch("usage_between", {"since": NOW + 599, "until": NOW + 601}) == []
+    assert store.execute("upsert_usage", [{**USAGE, "ts": NOW + 900}]) == 1
+    assert [r["host"] for r in store.fetch("usage_between", {"since": NOW + 899, "until": NOW + 901})] == ["h"]
+
+
+USAGE = {"interval_s": 300, "host": "h", "gpu_model": "a100", "user_name": "u", "account": "a", "partition_name": "p",
+         "gpus": 2, "total_gpu_s": 600, "allocated_gpu_s": 600, "busy_gpu_s": 300, "idle_alloc_gpu_s": 300,
+         "zombie_gpu_s": 0, "util_sum": 100}
 
 
 def test_sqlite_store(store) -> None:  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ snapshots, escalation ladders) name their run or data instant; an older instant 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -251,12 +252,38 @@ class AuditStore:
         """Hand the rows' parameters to the driver in one transaction; return the affected row count."""
         if not args:
             return 0
+        with self._driver(f"audit write {name}") as cur:
+            if many:
+                cur.executemany(sql, args)
+            else:
+                cur.execute(sql, args[0])
+            return int(cur.rowcount or 0)
+
+    @contextlib.contextmanager
+    def _driver(self, what: str) -> Iterator[Any]:
+        """Yield a cursor of one of the engine's pooled connections, for statements already in the driver's form
+        (:meth:`_driver_sql`): its transaction is committed when the block ends and rolled back when it raises; the
+        connection goes back to the pool. The driver's and the pool's errors become an AuditError naming ``what``.
+
+        A sweep makes thousands of small reads and writes: SQLAlchemy's execution layer around each (a connection
+        object, an execution context, a result) cost more than the statement itself did.
+        """
+        errors: tuple[type[Exception], ...] = (sa.exc.SQLAlchemyError, self.engine.dialect.loaded_dbapi.Error)
         try:
-            with self.engine.begin() as conn:
-                res = conn.exec_driver_sql(sql, args if many else args[0])
-                return int(res.rowcount or 0)
-        except sa.exc.SQLAlchemyError as exc:
-            raise AuditError(f"audit write {name} failed on {redact(self.url)}: {_short(exc)}") from exc
+            raw = self.engine.raw_connection()
+        except errors as exc:
+            raise AuditError(f"{what} failed on {redact(self.url)}: {_short(exc)}") from exc
+        try:
+            cur = raw.cursor()
+            try:
+                yield cur
+            finally:
+                cur.close()
+            raw.commit()
+        except errors as exc:
+            raise AuditError(f"{what} failed on {redact(self.url)}: {_short(exc)}") from exc
+        finally:
+            raw.close()  # back to the pool, which rolls back what was not committed
 
     def _driver_sql(self, name: str) -> tuple[str, tuple[str, ...] | None]:
         """Return a named statement as the driver takes it and, for a positional driver, its parameters' order."""
@@ -270,8 +297,20 @@ class AuditStore:
     def fetch(self, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Run a named query; return rows as dicts with times as epoch seconds."""
         self.ensure_schema()
-        stmt = sa.text(queries()[name])
         lists = [k for k, v in (params or {}).items() if isinstance(v, list | tuple)]
+        if not lists:  # the statement as the driver takes it, compiled once (a list is expanded for its length)
+            sql, order = self._driver_sql(name)
+            bound = _bind(params or {})
+            lacking = [k for k in (order if order is not None else _named_params(sql)) if k not in bound]
+            if lacking:
+                raise AuditError(f"audit read {name}: no value for its parameter {lacking[0]!r}")
+            args = tuple(bound[k] for k in order) if order is not None else bound
+            with self._driver(f"audit read {name}") as cur:
+                cur.execute(sql, args)
+                columns = [d[0] for d in cur.description]
+                found = cur.fetchall()
+            return [_row(zip(columns, r, strict=True)) for r in found]
+        stmt = sa.text(queries()[name])
         if lists:
             stmt = stmt.bindparams(*(sa.bindparam(k, expanding=True) for k in lists))
         try:
