@@ -317,7 +317,7 @@ def anomaly(snapshot: Snapshot, cfg: AnomalyRule, policy: Policy) -> list[Findin
         evidence: dict[str, Any] = {}
         signals: list[dict[str, Any]] = []
         conf: list[float] = []
-        leak = _leak(cols, pos, job, snapshot, cfg, growing)
+        leak = _leak(cols, pos, job, snapshot, cfg, growing) if leaking_jobs[code] else None  # no GPU of it grows
         if leak is not None:
             kinds.append("leak")
             evidence.update(leak)
