@@ -563,24 +563,59 @@ def _class_stats_one_class_at_a_time(members: list[dict], now: float, cfg, step:
     return out
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_class_stats_at_once_equal_the_classes_taken_one_at_a_time(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    cfg, now = POLICY.baselines, NOW
+def _random_members(rng: np.random.Generator, now: float, n: int = 300, first_id: int = 0) -> list[dict]:
+    """Member rows of 40 fine classes in 8 coarse ones: ended and running, with and without a start, CPU or idle."""
     members = []
-    for i in range(300):
+    for i in range(first_id, first_id + n):
         last = float(rng.choice([now, now - STEP, now - 3 * STEP, now - rng.uniform(0, 86400)]))
         first = last - float(rng.uniform(0, 10 * 86400))
         seen = float(rng.uniform(0, last - first + 1))
         fine = int(rng.integers(0, 40))
         members.append({
             "job_id": str(i), "class_key": f"f{fine}", "coarse_key": f"c{rng.integers(0, 8)}",
-            "first_seen": first, "last_seen": last, "start_ts": None if rng.random() < 0.2 else first - 60.0,
+            "first_seen": first, "last_seen": last, "data_ts": last, "start_ts": None if rng.random() < 0.2 else first - 60.0,
             "seen_s": seen, "active_s": float(rng.uniform(0, seen)), "idle_s": float(rng.uniform(0, seen)) or None,
             "idle_mem_s": float(rng.uniform(0, seen)), "wakes": int(rng.integers(0, 3)), "gpus": int(rng.integers(0, 9)),
             "cpu_active_s": 0.0 if fine >= 36 or rng.random() < 0.4 else float(rng.uniform(0, seen)),
             "cpu_pct_s": float(rng.uniform(0, 100 * seen)),
         })
+    return members
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_columns_a_process_keeps_describe_the_classes_as_the_member_rows_do(seed: int) -> None:
+    """A sweep's classes from the columns its process keeps (the members' figures by place, its own rows over them,
+    new ones after) equal class_stats over the member rows themselves, in the order the sweep reads them."""
+    rng = np.random.default_rng(seed)
+    cfg = POLICY.baselines
+    members = _random_members(rng, NOW)
+    known = baselines._Known()
+    for m in members:
+        known._put(dict(m), newer_only=False)
+    # this sweep: some kept members seen again (their figures moved on), and two jobs the process never kept
+    own = [{**m, "last_seen": NOW, "seen_s": m["seen_s"] + STEP, "active_s": m["active_s"] + STEP}
+           for m in rng.choice(members, size=12, replace=False)] + _random_members(rng, NOW, n=2, first_id=1000)
+    fine, coarse = {str(r["class_key"]) for r in own}, {str(r["coarse_key"]) for r in own}
+    since = NOW - float(rng.uniform(0.2, 0.8)) * 86400  # some members last seen before it
+    slots = known.of_classes(AuditStore("sqlite:///:memory:").ensure_schema(), fine, coarse, since)
+    table, fine_of, coarse_of = known.columns(slots, own)
+    wanted = {("fine", k) for k in fine} | {("coarse", k) for k in coarse}
+    got = baselines._class_stats(table, fine_of, coarse_of, known.class_names, NOW, cfg, STEP, wanted)
+    # by definition: the kept members of those classes (fine keys sorted, then coarse; each class's members as
+    # kept) seen after ``since``, each job once, its own row in its place, the others after
+    ids = {m["job_id"]: None for level, keys in (("class_key", fine), ("coarse_key", coarse)) for k in sorted(keys)
+           for m in members if m[level] == k}
+    by_id = {j: r for j in ids if (r := known.rows[j])["last_seen"] > since}
+    by_id.update({r["job_id"]: r for r in own})
+    want = baselines.class_stats(list(by_id.values()), NOW, cfg, STEP, wanted=wanted)
+    assert got == want and len(want) == len(wanted)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_class_stats_at_once_equal_the_classes_taken_one_at_a_time(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    cfg, now = POLICY.baselines, NOW
+    members = _random_members(rng, now)
     got = baselines.class_stats(members, now, cfg, STEP)
     want = _class_stats_one_class_at_a_time(members, now, cfg, STEP)
     assert list(got) == list(want) and len(want) > 40

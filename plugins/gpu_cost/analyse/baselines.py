@@ -168,10 +168,10 @@ def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | Non
         known.wrote(store, written)
     fine_keys = {str(r["class_key"]) for r in rows}
     coarse_keys = {str(r["coarse_key"]) for r in rows}
-    by_id = {str(m["job_id"]): m for m in known.of_classes(store, fine_keys, coarse_keys, now - cfg.forget_after)}
-    by_id.update({str(r["job_id"]): r for r in rows})  # this sweep's view, written or not
+    slots = known.of_classes(store, fine_keys, coarse_keys, now - cfg.forget_after)
+    table, fine_of, coarse_of = known.columns(slots, rows)  # this sweep's view of its own jobs, written or not
     wanted = {("fine", k) for k in fine_keys} | {("coarse", k) for k in coarse_keys}
-    stats = class_stats(list(by_id.values()), now, cfg, step, wanted=wanted)
+    stats = _class_stats(table, fine_of, coarse_of, known.class_names, now, cfg, step, wanted)
     classes = {}
     for r in rows:
         fine_stats = stats.get(("fine", str(r["class_key"])))
@@ -248,20 +248,33 @@ def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: Baselines
     ``wanted``: only these classes are described (a sweep needs its running jobs' classes, not the
     fine classes of members it read for their coarse one); default every class of the members.
     """
-    out: dict[tuple[str, str], dict[str, Any]] = {}
     n = len(members)
     if not n:
-        return out
+        return {}
     classes: dict[tuple[str, str], int] = {}
     fine = np.empty(n, dtype=np.int64)
     coarse = np.empty(n, dtype=np.int64)
     for i, m in enumerate(members):
         fine[i] = classes.setdefault(("fine", str(m["class_key"])), len(classes))
         coarse[i] = classes.setdefault(("coarse", str(m["coarse_key"])), len(classes))
-    n_classes = len(classes)
-    group = np.concatenate([fine, coarse])
-    # every member's figures in one pass (a missing or NULL figure is 0; a run with no start: its first sight)
+    # every member's figures in one pass
     table = np.array([_figures(m) for m in members], dtype=float).reshape(n, len(_FIGURES))
+    return _class_stats(table, fine, coarse, list(classes), now, cfg, step, wanted)
+
+
+def _class_stats(table: np.ndarray, fine: np.ndarray, coarse: np.ndarray, names: Sequence[tuple[str, str]],
+                 now: float, cfg: BaselinesConfig, step: float,
+                 wanted: Collection[tuple[str, str]] | None) -> dict[tuple[str, str], dict[str, Any]]:
+    """:func:`class_stats` over the members' columns: ``table`` (a row per member, in member order; columns
+    :data:`_FIGURES`, NULL as NaN; changed here) and each member's fine and coarse class number, ``names[number]``
+    being its ``(level, key)``. A class is described when it has members (and is wanted)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    n = len(table)
+    if not n:
+        return out
+    n_classes = len(names)
+    group = np.concatenate([fine, coarse])
+    # a missing or NULL figure is 0; a run with no start: its first sight
     table[:, :-1] = np.nan_to_num(table[:, :-1], nan=0.0)
 
     def col(name: str) -> np.ndarray:
@@ -308,7 +321,8 @@ def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: Baselines
     order = np.argsort(ended_group, kind="stable")
     ended_group, ended_age = ended_group[order], ended_age[order]
     bounds = np.searchsorted(ended_group, np.arange(n_classes + 1))
-    for (level, key), g in classes.items():
+    for g in np.flatnonzero(count).tolist():
+        level, key = names[g]
         if wanted is not None and (level, key) not in wanted:
             continue
         members_n = int(count[g])
@@ -433,6 +447,15 @@ class _Known:
 
     def _forget(self) -> None:
         self.rows: dict[str, dict[str, Any]] = {}
+        #: job id -> the place of its kept row in the columns below: its figures (:data:`_FIGURES`, NULL as NaN)
+        #: and its fine and coarse class numbers (into ``class_names``), so a sweep takes its members' figures by
+        #: place instead of reading each member's row again
+        self.slot: dict[str, int] = {}
+        self.figures = np.empty((256, len(_FIGURES)))
+        self.fine = np.empty(256, dtype=np.int64)
+        self.coarse = np.empty(256, dtype=np.int64)
+        self.class_names: list[tuple[str, str]] = []
+        self._class_number: dict[tuple[str, str], int] = {}
         #: (level, key) -> ids of the rows kept with that class (a dict: ordered as they came)
         self.members: dict[tuple[str, str], dict[str, None]] = {}
         #: (level, key) -> the ``since`` the class was read whole with
@@ -448,6 +471,14 @@ class _Known:
             self.members[("fine", str(old["class_key"]))].pop(jid, None)
             self.members[("coarse", str(old["coarse_key"]))].pop(jid, None)
         self.rows[jid] = row
+        k = self.slot.get(jid)
+        if k is None:
+            k = self.slot[jid] = len(self.slot)
+            if k == len(self.fine):  # full: twice the room
+                self.figures = np.concatenate([self.figures, np.empty_like(self.figures)])
+                self.fine = np.concatenate([self.fine, np.empty_like(self.fine)])
+                self.coarse = np.concatenate([self.coarse, np.empty_like(self.coarse)])
+        self.figures[k], self.fine[k], self.coarse[k] = self._columns_of(row)
         self.members.setdefault(("fine", str(row["class_key"])), {})[jid] = None
         self.members.setdefault(("coarse", str(row["coarse_key"])), {})[jid] = None
         self.newest = max(self.newest, float(row["data_ts"]))
@@ -479,8 +510,9 @@ class _Known:
                 self._put(r, newer_only=False)
         return {j: self.rows[j] for j in job_ids if j in self.rows}
 
-    def of_classes(self, store: Any, fine: set[str], coarse: set[str], since: float) -> list[dict[str, Any]]:
-        """Return the members of these classes last seen after ``since``, reading the classes not read yet."""
+    def of_classes(self, store: Any, fine: set[str], coarse: set[str], since: float) -> np.ndarray:
+        """Return the places (in the kept columns) of the members of these classes last seen after ``since``, in the
+        classes' order (fine keys sorted, then coarse), reading the classes not read yet."""
         f = sorted(k for k in fine if self.read.get(("fine", k), math.inf) > since)
         c = sorted(k for k in coarse if self.read.get(("coarse", k), math.inf) > since)
         for i in range(0, max(len(f), len(c)), 250):
@@ -493,8 +525,39 @@ class _Known:
         for level, keys in (("fine", fine), ("coarse", coarse)):
             for k in sorted(keys):
                 ids.update(self.members.get((level, k), {}))
-        rows = (self.rows[j] for j in ids)
-        return [r for r in rows if float(r["last_seen"]) > since]
+        slots = np.fromiter(map(self.slot.__getitem__, ids), dtype=np.int64, count=len(ids))
+        return slots[self.figures[slots, _FIGURES.index("last_seen")] > since]
+
+    def columns(self, slots: np.ndarray, rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return the members' figures and fine and coarse class numbers (:func:`_class_stats`' columns): the kept
+        rows at ``slots`` in that order, each replaced by ``rows``' row of the same job (this sweep's view, written
+        or not), and after them ``rows``' other rows in their order (the members a sweep reads, then its own)."""
+        table, fine, coarse = self.figures[slots], self.fine[slots], self.coarse[slots]
+        at = dict(zip(slots.tolist(), range(len(slots)), strict=True))
+        extra = []
+        for r in rows:
+            k = self.slot.get(str(r["job_id"]))
+            p = at.get(k) if k is not None else None
+            if p is None:
+                extra.append(self._columns_of(r))
+            else:
+                table[p], fine[p], coarse[p] = self._columns_of(r)
+        if extra:
+            table = np.concatenate([table, np.array([e[0] for e in extra])])
+            fine = np.concatenate([fine, np.array([e[1] for e in extra], dtype=np.int64)])
+            coarse = np.concatenate([coarse, np.array([e[2] for e in extra], dtype=np.int64)])
+        return table, fine, coarse
+
+    def _columns_of(self, row: Mapping[str, Any]) -> tuple[np.ndarray, int, int]:
+        """Return a member row's figures and its fine and coarse class numbers (numbering a class not seen yet)."""
+        numbers = []
+        for name in (("fine", str(row["class_key"])), ("coarse", str(row["coarse_key"]))):
+            k = self._class_number.get(name)
+            if k is None:
+                k = self._class_number[name] = len(self.class_names)
+                self.class_names.append(name)
+            numbers.append(k)
+        return np.array(_figures(row), dtype=float), numbers[0], numbers[1]
 
 
 #: store -> what this process knows of its class members
