@@ -563,6 +563,13 @@ def _class_stats_one_class_at_a_time(members: list[dict], now: float, cfg, step:
     return out
 
 
+def stats_of_rows(members: list[dict], now: float, cfg, step: float, wanted=None) -> dict:  # type: ignore[no-untyped-def]
+    """class_stats over member rows, in their order: their columns as a process gives them (no kept rows)."""
+    known = baselines._Known()
+    table, fine, coarse = known.columns(np.zeros(0, dtype=np.int64), members)
+    return baselines.class_stats(table, fine, coarse, known.class_names, now, cfg, step, wanted)
+
+
 def _random_members(rng: np.random.Generator, now: float, n: int = 300, first_id: int = 0) -> list[dict]:
     """Member rows of 40 fine classes in 8 coarse ones: ended and running, with and without a start, CPU or idle."""
     members = []
@@ -600,14 +607,14 @@ def test_the_columns_a_process_keeps_describe_the_classes_as_the_member_rows_do(
     slots = known.of_classes(AuditStore("sqlite:///:memory:").ensure_schema(), fine, coarse, since)
     table, fine_of, coarse_of = known.columns(slots, own)
     wanted = {("fine", k) for k in fine} | {("coarse", k) for k in coarse}
-    got = baselines._class_stats(table, fine_of, coarse_of, known.class_names, NOW, cfg, STEP, wanted)
+    got = baselines.class_stats(table, fine_of, coarse_of, known.class_names, NOW, cfg, STEP, wanted)
     # by definition: the kept members of those classes (fine keys sorted, then coarse; each class's members as
     # kept) seen after ``since``, each job once, its own row in its place, the others after
     ids = {m["job_id"]: None for level, keys in (("class_key", fine), ("coarse_key", coarse)) for k in sorted(keys)
            for m in members if m[level] == k}
     by_id = {j: r for j in ids if (r := known.rows[j])["last_seen"] > since}
     by_id.update({r["job_id"]: r for r in own})
-    want = baselines.class_stats(list(by_id.values()), NOW, cfg, STEP, wanted=wanted)
+    want = stats_of_rows(list(by_id.values()), NOW, cfg, STEP, wanted=wanted)
     assert got == want and len(want) == len(wanted)
 
 
@@ -616,7 +623,7 @@ def test_class_stats_at_once_equal_the_classes_taken_one_at_a_time(seed: int) ->
     rng = np.random.default_rng(seed)
     cfg, now = POLICY.baselines, NOW
     members = _random_members(rng, now)
-    got = baselines.class_stats(members, now, cfg, STEP)
+    got = stats_of_rows(members, now, cfg, STEP)
     want = _class_stats_one_class_at_a_time(members, now, cfg, STEP)
     assert list(got) == list(want) and len(want) > 40
     for k, w in want.items():

@@ -171,7 +171,7 @@ def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | Non
     slots = known.of_classes(store, fine_keys, coarse_keys, now - cfg.forget_after)
     table, fine_of, coarse_of = known.columns(slots, rows)  # this sweep's view of its own jobs, written or not
     wanted = {("fine", k) for k in fine_keys} | {("coarse", k) for k in coarse_keys}
-    stats = _class_stats(table, fine_of, coarse_of, known.class_names, now, cfg, step, wanted)
+    stats = class_stats(table, fine_of, coarse_of, known.class_names, now, cfg, step, wanted)
     classes = {}
     for r in rows:
         fine_stats = stats.get(("fine", str(r["class_key"])))
@@ -238,36 +238,18 @@ def _member_view(r: Mapping[str, Any], cfg: BaselinesConfig) -> dict[str, Any]:
             "member_kind": "service" if service else None}
 
 
-def class_stats(members: Sequence[Mapping[str, Any]], now: float, cfg: BaselinesConfig,
-                step: float, wanted: Collection[tuple[str, str]] | None = None) -> dict[tuple[str, str], dict[str, Any]]:
-    """Return ``(level, key)`` → the class baseline over ``members`` rows (see the module docstring).
+def class_stats(table: np.ndarray, fine: np.ndarray, coarse: np.ndarray, names: Sequence[tuple[str, str]],
+                now: float, cfg: BaselinesConfig, step: float,
+                wanted: Collection[tuple[str, str]] | None = None) -> dict[tuple[str, str], dict[str, Any]]:
+    """Return ``(level, key)`` → the class baseline over the members' columns (see the module docstring).
 
-    Every member is in two classes (its fine and its coarse key). Each member's figures are read
-    once, and each class's sums and counts are taken for all classes at once (``np.bincount``
-    over the members' class numbers): a sweep reads thousands of members in hundreds of classes.
-    ``wanted``: only these classes are described (a sweep needs its running jobs' classes, not the
-    fine classes of members it read for their coarse one); default every class of the members.
+    ``table`` has a row per member, in member order (columns :data:`_FIGURES`, NULL as NaN; changed here);
+    ``fine`` and ``coarse`` are each member's two class numbers, ``names[number]`` being the class's
+    ``(level, key)`` (:meth:`_Known.columns` gives all three). Each class's sums and counts are taken for all
+    classes at once (``np.bincount`` over the members' class numbers): a sweep reads thousands of members in
+    hundreds of classes. A class is described when it has members; ``wanted``: only these classes (a sweep needs
+    its running jobs' classes, not the fine classes of members it read for their coarse one).
     """
-    n = len(members)
-    if not n:
-        return {}
-    classes: dict[tuple[str, str], int] = {}
-    fine = np.empty(n, dtype=np.int64)
-    coarse = np.empty(n, dtype=np.int64)
-    for i, m in enumerate(members):
-        fine[i] = classes.setdefault(("fine", str(m["class_key"])), len(classes))
-        coarse[i] = classes.setdefault(("coarse", str(m["coarse_key"])), len(classes))
-    # every member's figures in one pass
-    table = np.array([_figures(m) for m in members], dtype=float).reshape(n, len(_FIGURES))
-    return _class_stats(table, fine, coarse, list(classes), now, cfg, step, wanted)
-
-
-def _class_stats(table: np.ndarray, fine: np.ndarray, coarse: np.ndarray, names: Sequence[tuple[str, str]],
-                 now: float, cfg: BaselinesConfig, step: float,
-                 wanted: Collection[tuple[str, str]] | None) -> dict[tuple[str, str], dict[str, Any]]:
-    """:func:`class_stats` over the members' columns: ``table`` (a row per member, in member order; columns
-    :data:`_FIGURES`, NULL as NaN; changed here) and each member's fine and coarse class number, ``names[number]``
-    being its ``(level, key)``. A class is described when it has members (and is wanted)."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     n = len(table)
     if not n:
@@ -529,9 +511,10 @@ class _Known:
         return slots[self.figures[slots, _FIGURES.index("last_seen")] > since]
 
     def columns(self, slots: np.ndarray, rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Return the members' figures and fine and coarse class numbers (:func:`_class_stats`' columns): the kept
+        """Return the members' figures and fine and coarse class numbers (:func:`class_stats`' columns): the kept
         rows at ``slots`` in that order, each replaced by ``rows``' row of the same job (this sweep's view, written
-        or not), and after them ``rows``' other rows in their order (the members a sweep reads, then its own)."""
+        or not), and after them ``rows``' other rows in their order (the members a sweep reads, then its own; with
+        no ``slots``, ``rows`` alone, their classes numbered as they first come)."""
         table, fine, coarse = self.figures[slots], self.fine[slots], self.coarse[slots]
         at = dict(zip(slots.tolist(), range(len(slots)), strict=True))
         extra = []
