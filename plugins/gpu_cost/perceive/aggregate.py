@@ -219,21 +219,20 @@ def gpu_frame(
         w = rolling.window(times, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s)
         lb = rolling.lookback(times, now, lookback_s, busy_util)
     trend = mem_trend_stats(times, mem, now, lookback_s)
-    frame = pd.DataFrame(
-        {
-            "host": hosts.astype(object),
-            "gpu": gpus.astype(np.int64),
-            "uuid": uuids.astype(object),
-            "model": models.astype(object),
-            "label_job_id": label_job.astype(object),
-            "mem_total_mib": mem_total.astype(float),
-            **w,
-            **lb,
-            **trend,
-            "util_chart_lb": chart_buckets(times, util, now, lookback_s),
-        }
-    )
-    frame = frame[list(GPU_COLUMNS)]
+    columns: dict[str, Any] = {
+        "host": hosts.astype(object),
+        "gpu": gpus.astype(np.int64),
+        "uuid": uuids.astype(object),
+        "model": models.astype(object),
+        "label_job_id": label_job.astype(object),
+        "mem_total_mib": mem_total.astype(float),
+        **w,
+        **lb,
+        **trend,
+        "util_chart_lb": chart_buckets(times, util, now, lookback_s),
+    }
+    # built in the contract's column order (not reordered after: a second frame)
+    frame = pd.DataFrame({col: columns[col] for col in GPU_COLUMNS})
     return with_mig(frame, mig)
 
 

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, NamedTuple
+
+import numpy as np
 
 from gpu_cost.analyse.evidence import signal
 from gpu_cost.analyse.owners import not_ours, owner_evidence
@@ -108,21 +110,39 @@ SPEC = RuleSpec(
 )
 
 
+class _Row(NamedTuple):
+    """A candidate GPU's columns the rule reads (the MIG ones only where the frame has them)."""
+
+    host: str
+    gpu: int
+    uuid: str
+    util_max: float
+    util_mean: float
+    mem_min_mib: float
+    n_samples: int
+    label_job_id: str
+    mig: str = ""
+    mig_uuid: str = ""
+    mig_profile: str = ""
+    share: float = 1.0
+
+
 @register(SPEC)
 def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]:
     """Return one finding per orphan process (or per GPU when processes are unknown)."""
     g = snapshot.view(cfg.window)
     if g.empty:
         return []
-    mask = (
-        ~g["stale"].astype(bool)
-        & (g["attribution"] == "none")
-        & (g["util_max"] < cfg.util_max)
-        & (g["mem_min_mib"] > cfg.mem_min_mib)
-    )
-    cand = g[mask]
-    if cand.empty:
+    with np.errstate(invalid="ignore"):  # over the columns' arrays (NaN compares False): most sweeps find none
+        mask = (
+            ~g["stale"].to_numpy(dtype=bool)
+            & (g["attribution"].to_numpy(dtype=object) == "none")
+            & (g["util_max"].to_numpy(dtype=float) < cfg.util_max)
+            & (g["mem_min_mib"].to_numpy(dtype=float) > cfg.mem_min_mib)
+        )
+    if not mask.any():
         return []
+    pos = np.flatnonzero(mask)
     running = {j.job_id for j in snapshot.running_jobs()}
     procs_by_gpu: dict[tuple[str, str | int], list[GpuProcess]] = defaultdict(list)
     for p in snapshot.processes:
@@ -132,11 +152,13 @@ def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]
             procs_by_gpu[(p.host, int(p.gpu))].append(p)
         if p.mig and p.gpu is not None and not p.gpu_uuid.startswith("MIG-"):
             procs_by_gpu[(p.host, f"{int(p.gpu)}/{p.mig}")].append(p)
-    has_mig = "mig" in cand
+    has_mig = "mig" in g
     have_procs = snapshot.source_has_processes if hasattr(snapshot, "source_has_processes") else bool(snapshot.processes)
     by_proc: dict[str, dict] = {}
     findings: list[Finding] = []
-    for row in cand.itertuples(index=False):
+    fields = _Row._fields if has_mig else _Row._fields[:len(_Row._fields) - len(_Row._field_defaults)]
+    columns = [g[col].to_numpy(dtype=object)[pos].tolist() for col in fields]  # the candidates' rows alone
+    for row in (_Row(*values) for values in zip(*columns, strict=True)):
         mig = str(row.mig or "") if has_mig else ""
         if mig:
             # a MIG slice is a device of its own: only the processes in that slice count
