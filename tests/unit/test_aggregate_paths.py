@@ -8,7 +8,15 @@ import pandas as pd
 import pytest
 
 from gpu_cost.analyse.jobrows import JobRows
-from gpu_cost.perceive.aggregate import clean, last_sample_ts, lookback_stats, mem_trend_stats, window_stats
+from gpu_cost.perceive import aggregate
+from gpu_cost.perceive.aggregate import (
+    chart_buckets,
+    clean,
+    last_sample_ts,
+    lookback_stats,
+    mem_trend_stats,
+    window_stats,
+)
 from gpu_cost.perceive.snapshot import sparkline
 
 NOW = 1_800_000_000.0 + 60.0 * 359
@@ -96,3 +104,67 @@ def test_sparkline_takes_the_top_of_each_bucket_and_marks_no_data() -> None:
     assert sparkline(["0,100,,50", "90,0,,", ""]) == "█" + "█" + "·" + "▅"
     assert sparkline(["0,0", "0,5"]) == "▁▁"
     assert sparkline([]) == ""
+
+
+def _fleet(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A random fleet's samples: a random number of GPUs and samples, gaps, garbage, constant and growing memory,
+    columns sometimes out of order."""
+    rng = np.random.default_rng(seed)
+    rows, cols = int(rng.integers(1, 60)), int(rng.integers(1, 500))
+    times = NOW - 60.0 * np.arange(cols)[::-1] + 60.0 * int(rng.integers(0, 30))  # some samples after NOW
+    if rng.random() < 0.3:
+        times = times[rng.permutation(cols)]
+    util = np.where(rng.random((rows, cols)) < rng.random(), 0.0, rng.random((rows, cols)) * 100)
+    util[rng.random(util.shape) < rng.random() * 0.3] = np.nan
+    util[rng.random(util.shape) < 0.01] = rng.choice([-3.0, 250.0, np.inf])
+    mem = rng.random((rows, 1)) * 80000 + np.cumsum(rng.random((rows, cols)) * rng.choice([0.0, 50.0], (rows, 1)), axis=1)
+    mem[rng.random(mem.shape) < 0.05] = np.nan
+    mem[rng.random(mem.shape) < 0.01] = 1e12  # DCGM's blank value, or worse
+    power = rng.random((rows, cols)) * 300
+    return times, util, mem, power
+
+
+def _aggregates(times: np.ndarray, util: np.ndarray, mem: np.ndarray, power: np.ndarray) -> dict[str, object]:
+    u, m = clean(util, mem)
+    last = last_sample_ts(times, u, NOW)
+    out: dict[str, object] = {"util": u, "mem": m, "last_ts": last,
+                              "chart": chart_buckets(times, u, NOW, 6 * 3600.0)}
+    for window in (900.0, 3600.0):
+        out.update({f"{k}@{window:g}": v for k, v in window_stats(times, u, m, NOW, window, 60.0, 0.8, 180.0, power,
+                                                                   last).items()})
+        out.update({f"{k}@{window:g} own last": v for k, v in window_stats(times, u, m, NOW, window, 60.0, 0.8,
+                                                                            180.0, power).items()})
+    out.update(lookback_stats(times, u, NOW, 6 * 3600.0, 5.0))
+    out.update(mem_trend_stats(times, m, NOW, 6 * 3600.0))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_a_gpus_aggregates_are_its_own_whether_the_matrix_is_taken_whole_in_blocks_or_row_by_row(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large cluster's matrix is aggregated in blocks of GPU rows (its temporaries then fit the allocator's
+    reused memory): every figure of a GPU, bit for bit, is what the whole matrix gives it, and what its row alone
+    gives it, whatever the block size (one row, a few, a block ending part-way)."""
+    times, util, mem, power = _fleet(seed)
+    whole = _aggregates(times, util, mem, power)
+    rng = np.random.default_rng(seed + 100)
+    for rows_per_block in (1, int(rng.integers(2, 7)), len(util) - 1):
+        monkeypatch.setattr(aggregate, "BLOCK_BYTES", 8 * len(times) * max(1, rows_per_block))
+        blocks = _aggregates(times, util, mem, power)
+        for key, want in whole.items():
+            got = blocks[key]
+            if isinstance(want, list):
+                assert got == want, key
+            else:
+                np.testing.assert_array_equal(got, want, err_msg=f"{key} in blocks of {rows_per_block} rows")
+    monkeypatch.setattr(aggregate, "BLOCK_BYTES", 1 << 40)
+    for row in rng.choice(len(util), size=min(5, len(util)), replace=False):
+        alone = _aggregates(times, util[row:row + 1], mem[row:row + 1], power[row:row + 1])
+        for key, want in whole.items():
+            got = alone[key]
+            if isinstance(want, list):
+                assert got == [want[row]], key
+            else:
+                np.testing.assert_array_equal(np.asarray(got)[0], np.asarray(want)[row], err_msg=f"{key} of row {row} alone")
+    if not np.isfinite(util).all() or not np.isfinite(mem).all():
+        assert whole["util"] is not util or whole["mem"] is not mem  # garbage was dropped from a copy, not in place
