@@ -9,7 +9,7 @@ PromQL. Invalid samples (negative, above 100 %, NaN; memory negative or above
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import pandas as pd
@@ -53,7 +53,10 @@ def _block_rows(columns: int) -> int:
     return max(1, BLOCK_BYTES // (8 * max(1, columns)))
 
 
-def _by_rows(fn: Callable[..., Any], times: np.ndarray, *rows: np.ndarray | None, **kw: Any) -> Any:
+_Out = TypeVar("_Out", dict[str, np.ndarray], list[str], np.ndarray)
+
+
+def _by_rows(fn: Callable[..., _Out], times: np.ndarray, *rows: np.ndarray | None, **kw: Any) -> _Out:
     """Return ``fn(times, *rows, **kw)`` computed over blocks of GPU rows and joined (dicts of arrays key by key,
     lists and arrays end to end); ``rows`` are matrices (GPU × time) and per-row arrays, cut alike.
 
@@ -66,12 +69,15 @@ def _by_rows(fn: Callable[..., Any], times: np.ndarray, *rows: np.ndarray | None
     step = _block_rows(len(times))
     if n <= step:
         return fn(times, *rows, **kw)
-    parts = [fn(times, *(None if x is None else x[i:i + step] for x in rows), **kw) for i in range(0, n, step)]
+    parts: list[Any] = [fn(times, *(None if x is None else x[i:i + step] for x in rows), **kw)
+                        for i in range(0, n, step)]
     if isinstance(parts[0], dict):
-        return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
-    if isinstance(parts[0], list):
-        return [x for part in parts for x in part]
-    return np.concatenate(parts)
+        joined: Any = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+    elif isinstance(parts[0], list):
+        joined = [x for part in parts for x in part]
+    else:
+        joined = np.concatenate(parts)
+    return cast(_Out, joined)
 
 
 def window_stats(
@@ -90,7 +96,7 @@ def window_stats(
 
     :param last_ts: :func:`last_sample_ts` of these samples, where the caller has it (the same for every window).
     """
-    return _by_rows(_window_stats, times, util, mem, power, last_ts, now=now, window_s=window_s,  # type: ignore[no-any-return]
+    return _by_rows(_window_stats, times, util, mem, power, last_ts, now=now, window_s=window_s,
                     sample_interval_s=sample_interval_s, min_sample_ratio=min_sample_ratio,
                     max_staleness_s=max_staleness_s)
 
@@ -124,7 +130,7 @@ def _window_stats(times: np.ndarray, util: np.ndarray, mem: np.ndarray, power: n
 
 def last_sample_ts(times: np.ndarray, util: np.ndarray, now: float) -> np.ndarray:
     """Return per GPU row the time of its last valid utilisation sample at or before ``now`` (NaN: none)."""
-    return _by_rows(_last_sample_ts, times, util, now=now)  # type: ignore[no-any-return]
+    return _by_rows(_last_sample_ts, times, util, now=now)
 
 
 def _last_sample_ts(times: np.ndarray, util: np.ndarray, *, now: float) -> np.ndarray:
@@ -139,7 +145,7 @@ def _last_sample_ts(times: np.ndarray, util: np.ndarray, *, now: float) -> np.nd
 
 def lookback_stats(times: np.ndarray, util: np.ndarray, now: float, lookback_s: float, busy_util: float) -> dict[str, np.ndarray]:
     """Return lookback aggregates: mean/max utilisation, busy share and idle→busy transitions."""
-    return _by_rows(_lookback_stats, times, util, now=now, lookback_s=lookback_s,  # type: ignore[no-any-return]
+    return _by_rows(_lookback_stats, times, util, now=now, lookback_s=lookback_s,
                     busy_util=busy_util)
 
 
@@ -172,7 +178,7 @@ def mem_trend_stats(times: np.ndarray, mem: np.ndarray, now: float, lookback_s: 
     (NaN when none). One pass over the GPU × time matrix, no loop per GPU. The Prometheus source
     computes the same with ``deriv`` and ``stdvar_over_time`` on the same sample grid.
     """
-    return _by_rows(_mem_trend_stats, times, mem, now=now, lookback_s=lookback_s)  # type: ignore[no-any-return]
+    return _by_rows(_mem_trend_stats, times, mem, now=now, lookback_s=lookback_s)
 
 
 def _mem_trend_stats(times: np.ndarray, mem: np.ndarray, *, now: float, lookback_s: float) -> dict[str, np.ndarray]:
@@ -325,7 +331,7 @@ def chart_buckets(times: np.ndarray, util: np.ndarray, now: float, lookback: flo
                   buckets: int = CHART_BUCKETS) -> list[str]:
     """Return per GPU the max utilisation of each lookback bucket as a comma-separated string
     (empty: no sample in the bucket); :func:`gpu_cost.perceive.snapshot.sparkline` draws it."""
-    return _by_rows(_chart_buckets, times, util, now=now, lookback=lookback, buckets=buckets)  # type: ignore[no-any-return]
+    return _by_rows(_chart_buckets, times, util, now=now, lookback=lookback, buckets=buckets)
 
 
 def _chart_buckets(times: np.ndarray, util: np.ndarray, *, now: float, lookback: float, buckets: int) -> list[str]:

@@ -156,7 +156,7 @@ def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]
     have_procs = snapshot.source_has_processes if hasattr(snapshot, "source_has_processes") else bool(snapshot.processes)
     by_proc: dict[str, dict] = {}
     findings: list[Finding] = []
-    fields = _Row._fields if has_mig else _Row._fields[:len(_Row._fields) - len(_Row._field_defaults)]
+    fields = [f for f in _Row._fields if has_mig or f not in _Row._field_defaults]  # a whole GPU's: no MIG columns
     columns = [g[col].to_numpy(dtype=object)[pos].tolist() for col in fields]  # the candidates' rows alone
     for row in (_Row(*values) for values in zip(*columns, strict=True)):
         mig = str(row.mig or "") if has_mig else ""
