@@ -22,6 +22,7 @@ Both are pure reads of the audit store; the ledger itself is never rewritten.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 from collections import defaultdict
@@ -86,6 +87,9 @@ def reused(store: AuditStore, savings: Iterable[Mapping[str, Any]], until: float
                                           float(r["total"] or 0.0) / interval))
     for series in alloc.values():
         series.sort()
+    # per host: its sweeps' instants, and the longest time one of them stood for (a sweep covers ts - interval to ts)
+    instants = {host: [x[0] for x in series] for host, series in alloc.items()}
+    longest = {host: max(x[1] for x in series) for host, series in alloc.items()}
     out: dict[str, float] = {}
     for s in rows:
         d = decisions.get(str(s["decision_id"]))
@@ -96,7 +100,13 @@ def reused(store: AuditStore, savings: Iterable[Mapping[str, Any]], until: float
         t1 = min(t0 + float(s["gpu_hours"]) * 3600.0 / gpus, until)
         total = 0.0
         for host, freed in _gpus_by_host(d).items():
-            for ts, interval, allocated, host_gpus in alloc.get(host, []):
+            if host not in alloc:
+                continue
+            # the host's sweeps that can overlap the span, in order: none before t0 does, none a second past
+            # t1 + its longest interval does (a week of sweeps per saving otherwise)
+            first = bisect.bisect_right(instants[host], t0)
+            last = bisect.bisect_left(instants[host], t1 + longest[host] + 1.0, lo=first)
+            for ts, interval, allocated, host_gpus in alloc[host][first:last]:
                 lo, hi = max(ts - interval, t0), min(ts, t1)
                 if ts <= t0 or hi <= lo:
                     continue
