@@ -696,6 +696,12 @@ class _Replay:
         if not self.truth:
             return
         out: dict[str, dict[str, Any]] = {}
+        # job id -> the targets found that were it or one of its processes, in the order they were first found
+        # (one pass: a week has thousands of jobs and of targets)
+        found_of: dict[str, list[str]] = {}
+        for t in self.first_seen:
+            for jid in {t[len("job:"):] if t.startswith("job:") else None, self._proc_job.get(t)} - {None}:
+                found_of.setdefault(str(jid), []).append(t)
         for jid, beh in sorted(self.truth.items()):
             alloc = self.allocs.get(jid)
             if alloc is None:
@@ -703,7 +709,7 @@ class _Replay:
             row = out.setdefault(beh, {"jobs": 0, "found": 0, "notified": 0, "killed": 0, "false_kills": 0,
                                        "first_notice_after_start_s": []})
             row["jobs"] += 1
-            targets = [t for t in self.first_seen if t == f"job:{jid}" or self._proc_job.get(t) == jid]
+            targets = found_of.get(jid, [])
             if targets:
                 row["found"] += 1
             notices = [self.first_notice[t] for t in targets if t in self.first_notice]
