@@ -11,8 +11,12 @@ arrays can shrink) and which part is per decision and per audit row (the ladder,
 rows the audit store keeps: sequential, and the same rows whatever computes the findings). The second is
 printed as ``per_decision_and_row_s`` (the per-decision stages whole, and the store's calls of the others);
 ``store_writes_s`` is the store's writing calls alone: the least any engine spends on the trace while it
-writes the same audit rows through the same store, one statement at a time as today. Nothing is asserted;
-the figures are for reading.
+writes the same audit rows through the same store, one statement at a time as today. ``driver_floor_s`` is
+less still: the rows the replay's store holds at its end (``rows_kept``) written again into an empty store of
+the same schema and settings by the bare SQLite driver, every table in one statement and all in one transaction
+(the class members' rows once each, though every sweep rewrote its running jobs' rows): what any engine that keeps
+the same audit rows spends in SQLite alone, however it batches them. Nothing is asserted; the figures are for
+reading.
 
     python -m bench.replay_stages [--gpus 1000] [--days 1] [--cache .gpu_cost/bench-traces]
 """
@@ -115,16 +119,55 @@ def instrument(clock: Clock) -> None:
     locks.start_effect = clock.store(locks.start_effect, writes=True)
 
 
+def driver_floor(path: str) -> tuple[int, float]:
+    """Return ``(rows, seconds)``: the rows of the SQLite store at ``path``, and the time the bare driver takes to
+    write them again into an empty store of the same schema (the replay's store settings: journal in memory, no
+    sync), a table in one ``executemany`` and every table in one transaction."""
+    import sqlite3
+    import tempfile
+
+    from gpu_cost.audit.store import schema_statements
+
+    src = sqlite3.connect(path)
+    data: dict[str, tuple[list[str], list[Any]]] = {}
+    for (table,) in src.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'gpu_cost_%'"):
+        rows = src.execute(f'SELECT * FROM "{table}"').fetchall()
+        if rows:
+            data[table] = ([c[1] for c in src.execute(f'PRAGMA table_info("{table}")')], rows)
+    src.close()
+    with tempfile.TemporaryDirectory(prefix="gpu-cost-floor-") as tmp:
+        con = sqlite3.connect(str(Path(tmp) / "floor.db"))
+        con.execute("PRAGMA journal_mode=MEMORY")
+        con.execute("PRAGMA synchronous=OFF")
+        for statement in schema_statements("sqlite"):
+            con.execute(statement)
+        con.commit()
+        made = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        data = {table: found for table, found in data.items() if table in made}  # not the migrations' own table
+        t0 = time.perf_counter()
+        for table, (columns, rows) in data.items():
+            names = ", ".join(f'"{c}"' for c in columns)
+            con.executemany(f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(columns))})', rows)
+        con.commit()
+        seconds = time.perf_counter() - t0
+        con.close()
+    return sum(len(rows) for _, rows in data.values()), seconds
+
+
 def one(cache: Path, gpus: int, days: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from gpu_cost.audit.store import AuditStore
     from gpu_cost.config.loader import load_policy
     from gpu_cost.sim.replay import replay_files
 
     info = trace(cache, gpus, days)
     clock = Clock()
     instrument(clock)
+    store = AuditStore.scratch()  # the replay's own kind of store, kept here to count its rows after
     t0 = time.perf_counter()
-    res = replay_files(info["samples"], info["jobs_file"], load_policy(), mode="enforce").to_dict()
+    res = replay_files(info["samples"], info["jobs_file"], load_policy(), mode="enforce", store=store).to_dict()
     wall = time.perf_counter() - t0
+    assert store.path is not None
+    rows_kept, floor_s = driver_floor(store.path)
     sweeps = max(1, int(res["sweeps"]))
     actions = len(res["actions"])
     rows = []
@@ -144,6 +187,7 @@ def one(cache: Path, gpus: int, days: float) -> tuple[list[dict[str, Any]], dict
                "store_writes_s": clock.write_s, "store_writes_share": clock.write_s / wall,
                "act_ms_per_action": 1000 * clock.stage_s.get("act", 0.0) / max(1, actions),
                "per_decision_and_row_s": floor, "per_decision_and_row_share": floor / wall,
+               "rows_kept": rows_kept, "driver_floor_s": floor_s, "driver_floor_share": floor_s / wall,
                "kills": res["kills"], "false_kills": res["false_kills"]}
     return rows, summary
 

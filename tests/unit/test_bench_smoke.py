@@ -87,6 +87,8 @@ def test_replay_stages_bench_times_every_stage_without_changing_the_replay(tmp_p
     assert seen["act"]["store_calls"] > 0 and seen["usage rows"]["store_calls"] > 0 and seen["rules"]["store_calls"] == 0
     assert 0 < floor["store_writes_s"] <= floor["store_s"] < floor["wall_s"]
     assert floor["per_decision_and_row_s"] < floor["wall_s"]
+    # the rows the replay kept, written again in bulk by the bare driver: less than the store's own writes took
+    assert floor["rows_kept"] > floor["sweeps"] and 0 < floor["driver_floor_s"] < floor["store_writes_s"]
     # the timers change nothing the replay decides: the plain replay of the same trace kills the same jobs
     plain = run_bench("bench.replay", "--gpus", "16", "--days", "1", "--cache", str(tmp_path))["results"][0]
     assert (floor["sweeps"], floor["kills"], floor["false_kills"]) == (plain["sweeps"], plain["kills"], plain["false_kills"])
