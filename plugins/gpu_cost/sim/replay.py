@@ -637,6 +637,7 @@ class _Replay:
                     self._act(plan.decisions, store, t, snap.gpu_count(), run_id)
                 self.res.sweeps += 1
                 t += step
+        del self.rolling  # its running sums (five GPU x time arrays) are the sweeps' alone: not held while the ledger reads
         self._ledger(store, last)
         self._outcomes()
         self.res.idle_left_gpu_hours = self._idle_hours()
