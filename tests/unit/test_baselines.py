@@ -607,7 +607,10 @@ def test_the_columns_a_process_keeps_describe_the_classes_as_the_member_rows_do(
     slots = known.of_classes(AuditStore("sqlite:///:memory:").ensure_schema(), fine, coarse, since)
     table, fine_of, coarse_of = known.columns(slots, own)
     wanted = {("fine", k) for k in fine} | {("coarse", k) for k in coarse}
-    got = baselines.class_stats(table, fine_of, coarse_of, known.class_names, NOW, cfg, STEP, wanted)
+    got = baselines.class_stats(table.copy(), fine_of, coarse_of, known.class_names, NOW, cfg, STEP, wanted)
+    # the wanted classes found by the numbers the process keeps, as a sweep finds them: the same classes
+    assert baselines.class_stats(table, fine_of, coarse_of, known.class_names, NOW, cfg, STEP, wanted,
+                                 known.numbers) == got
     # by definition: the kept members of those classes (fine keys sorted, then coarse; each class's members as
     # kept) seen after ``since``, each job once, its own row in its place, the others after
     ids = {m["job_id"]: None for level, keys in (("class_key", fine), ("coarse_key", coarse)) for k in sorted(keys)
@@ -616,6 +619,54 @@ def test_the_columns_a_process_keeps_describe_the_classes_as_the_member_rows_do(
     by_id.update({r["job_id"]: r for r in own})
     want = stats_of_rows(list(by_id.values()), NOW, cfg, STEP, wanted=wanted)
     assert got == want and len(want) == len(wanted)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_sweep_reads_its_classes_members_in_the_order_their_rows_came(seed: int) -> None:
+    """The places a sweep reads name each member once, fine classes (keys sorted) before coarse ones, each class's
+    members in the order their rows were last kept: a row kept again (a later instant) goes after the others of its
+    class, or into its new class; an older one changes nothing. As per-class lists that move a job to their end."""
+    rng = np.random.default_rng(seed)
+    members = _random_members(rng, NOW, n=200)
+    known = baselines._Known()
+    lists: dict[tuple[str, str], dict[str, None]] = {}
+    kept: dict[str, dict] = {}
+
+    def keep(row: dict, newer_only: bool) -> None:
+        old = kept.get(row["job_id"])
+        if old is not None:
+            if newer_only and row["data_ts"] <= old["data_ts"]:
+                return
+            lists[("fine", old["class_key"])].pop(row["job_id"])
+            lists[("coarse", old["coarse_key"])].pop(row["job_id"])
+        kept[row["job_id"]] = row
+        lists.setdefault(("fine", row["class_key"]), {})[row["job_id"]] = None
+        lists.setdefault(("coarse", row["coarse_key"]), {})[row["job_id"]] = None
+
+    batches = [members[:120], members[120:]]
+    for _ in range(3):  # later instants of some members, a few in another class, a few older than kept
+        batch = []
+        for m in rng.choice(members, size=40, replace=False):
+            row = {**kept.get(m["job_id"], m), "data_ts": float(m["data_ts"]) + float(rng.choice([-STEP, STEP, 2 * STEP]))}
+            if rng.random() < 0.2:
+                row["class_key"] = f"f{rng.integers(0, 40)}"
+            batch.append(row)
+        batches.append(batch)
+    for k, batch in enumerate(batches):
+        newer_only = k >= 2 and k % 2 == 0
+        known._put_all([dict(r) for r in batch], newer_only=newer_only)
+        for r in batch:
+            keep(dict(r), newer_only)
+    fine = {f"f{k}" for k in rng.choice(40, size=12, replace=False)}
+    coarse = {f"c{k}" for k in rng.choice(8, size=3, replace=False)}
+    since = NOW - float(rng.uniform(0.2, 0.8)) * 86400
+    slots = known.of_classes(AuditStore("sqlite:///:memory:").ensure_schema(), fine, coarse, since)
+    ids = {j: None for level, keys in (("fine", fine), ("coarse", coarse)) for k in sorted(keys)
+           for j in lists.get((level, k), {})}
+    want = [j for j in ids if kept[j]["last_seen"] > since]
+    job_of = {k: j for j, k in known.slot.items()}
+    assert [job_of[k] for k in slots.tolist()] == want and len(want) > 20
+    assert known.rows == kept
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -635,6 +686,97 @@ def test_class_stats_at_once_equal_the_classes_taken_one_at_a_time(seed: int) ->
                 assert g[field] == value, (k, field)
     assert any(g["runtime_p90_s"] is not None for g in got.values())
     assert any(g["cpu_pct_active"] is None for g in got.values()) and any(g["waking_share"] for g in got.values())
+
+
+def _kind_one_class_at_a_time(members: list[dict], now: float, cfg, step: float) -> dict:  # type: ignore[no-untyped-def]
+    """Each class's kind and cold start by the module's rules, one class after the other: a service (long-lived
+    members, rarely busy, memory resident while quiet, waking), training (busy), or a young class judged by its running
+    members' hours since the cold start; unknown otherwise."""
+    import math
+
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for m in members:
+        groups.setdefault(("fine", m["class_key"]), []).append(m)
+        groups.setdefault(("coarse", m["coarse_key"]), []).append(m)
+    lam = math.log(2) / cfg.half_life
+    out = {}
+    for key, ms in groups.items():
+        w = [math.exp(-lam * max(0.0, now - m["last_seen"])) for m in ms]
+        seen = sum(wi * (m["seen_s"] or 0) for wi, m in zip(w, ms, strict=True))
+        idle = sum(wi * (m["idle_s"] or 0) for wi, m in zip(w, ms, strict=True))
+        busy = sum(wi * (m["active_s"] or 0) for wi, m in zip(w, ms, strict=True)) / seen if seen else None
+        res = sum(wi * (m["idle_mem_s"] or 0) for wi, m in zip(w, ms, strict=True)) / idle if idle else None
+        age = [m["last_seen"] - (m["start_ts"] if m["start_ts"] is not None else m["first_seen"]) for m in ms]
+        long_lived = [m for m, a in zip(ms, age, strict=True) if a >= cfg.long_lived]
+        waking = sum((m["wakes"] or 0) >= 1 for m in long_lived) / len(long_lived) if long_lived else None
+        kind = "unknown"
+        if (len(ms) >= cfg.min_members and len(long_lived) >= cfg.min_members and busy is not None
+                and busy <= cfg.service_max_busy_share and res is not None and res >= cfg.service_min_mem_resident
+                and waking is not None and waking >= cfg.service_min_waking_share):
+            kind = "service"
+        elif len(ms) >= cfg.min_members and busy is not None and busy >= baselines.TRAINING_MIN_BUSY:
+            kind = "training"
+        cold = [m for m in ms if m["last_seen"] >= now - 2 * step and (m["seen_s"] or 0) >= cfg.cold_start
+                and (m["seen_s"] or 0) > 0]
+        young = (kind == "unknown" and len(long_lived) < cfg.min_members and max(age) < cfg.long_lived
+                 and len(cold) >= cfg.min_members)
+        if young:
+            c_busy = sum((m["active_s"] or 0) / m["seen_s"] for m in cold) / len(cold)
+            quiet = [m for m in cold if (m["idle_s"] or 0) > 0]
+            c_res = sum((m["idle_mem_s"] or 0) / m["idle_s"] for m in quiet) / len(quiet) if quiet else None
+            c_woke = sum((m["wakes"] or 0) >= 1 for m in cold) / len(cold)
+            if (c_busy <= cfg.service_max_busy_share and c_res is not None and c_res >= cfg.service_min_mem_resident
+                    and c_woke >= cfg.service_min_waking_share):
+                kind = "service"
+            elif c_busy >= baselines.TRAINING_MIN_BUSY:
+                kind = "training"
+        out[key] = (kind, round(max(age)) if young else None)
+    return out
+
+
+def _members_of_kinds(rng: np.random.Generator, now: float) -> list[dict]:
+    """Member rows of classes each drawn as a service, training, a young deployment or a mix (some small, some with a
+    member that ran under an hour): every kind and the cold start, near each threshold as well as far from it."""
+    members = []
+    for c in range(30):
+        regime = rng.choice(["service", "training", "young service", "young training", "mixed"])
+        for i in range(int(rng.integers(1, 7))):
+            young = regime.startswith("young") or (regime == "mixed" and rng.random() < 0.5)
+            last = now if young or rng.random() < 0.5 else now - float(rng.uniform(3 * STEP, 86400))
+            first = last - (float(rng.uniform(0.5, 11)) * 3600 if young else float(rng.uniform(0.4, 10)) * 86400)
+            seen = float(rng.uniform(0.5, 1.0)) * (last - first)
+            busy = rng.uniform(0.0, 0.35) if regime.endswith("service") else (
+                rng.uniform(0.55, 1.0) if regime.endswith("training") else rng.uniform(0, 1))
+            idle = seen * (1 - float(busy)) or None
+            members.append({
+                "job_id": f"{c}-{i}", "class_key": f"f{c}", "coarse_key": f"c{c % 6}", "first_seen": first,
+                "last_seen": last, "data_ts": last, "start_ts": None if rng.random() < 0.3 else first - 60.0,
+                "seen_s": seen, "active_s": seen * float(busy), "idle_s": idle,
+                "idle_mem_s": (idle or 0.0) * float(rng.choice([1.0, 0.9, 0.75, 0.2])),
+                "wakes": int(rng.choice([0, 1, 3], p=[0.8, 0.1, 0.1] if regime.endswith("training") else [0.3, 0.3, 0.4])),
+                "gpus": int(rng.integers(1, 9)), "cpu_active_s": 0.0, "cpu_pct_s": 0.0,
+            })
+    return members
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_class_kinds_at_once_equal_each_class_judged_alone(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    cfg, now = POLICY.baselines, NOW
+    members = _members_of_kinds(rng, now)
+    got = stats_of_rows(members, now, cfg, STEP)
+    want = _kind_one_class_at_a_time(members, now, cfg, STEP)
+    assert {k: (g["kind"], g["cold_start_s"]) for k, g in got.items()} == want and len(want) >= 30
+
+
+def test_the_classes_of_kinds_show_every_kind_and_young_classes() -> None:
+    """The seeds above judge services, training, unknown and young classes, not one kind over and over."""
+    seen = [v for seed in range(12) for v in _kind_one_class_at_a_time(
+        _members_of_kinds(np.random.default_rng(seed), NOW), NOW, POLICY.baselines, STEP).values()]
+    kinds = [k for k, _ in seen]
+    assert min(kinds.count(k) for k in ("service", "training", "unknown")) >= 10
+    young = [k for k, cold_start in seen if cold_start is not None]
+    assert min(young.count(k) for k in ("service", "unknown")) >= 3, young  # a young class busy enough is training
 
 
 # -- a job's state, every job at once ---------------------------------------------------------------------------

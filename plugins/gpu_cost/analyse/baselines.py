@@ -43,7 +43,7 @@ import math
 import operator
 import re
 import weakref
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -171,7 +171,7 @@ def observe(store: Any, snapshot: Snapshot, policy: Policy, *, run_id: str | Non
     slots = known.of_classes(store, fine_keys, coarse_keys, now - cfg.forget_after)
     table, fine_of, coarse_of = known.columns(slots, rows)  # this sweep's view of its own jobs, written or not
     wanted = {("fine", k) for k in fine_keys} | {("coarse", k) for k in coarse_keys}
-    stats = class_stats(table, fine_of, coarse_of, known.class_names, now, cfg, step, wanted)
+    stats = class_stats(table, fine_of, coarse_of, known.class_names, now, cfg, step, wanted, known.numbers)
     classes = {}
     for r in rows:
         fine_stats = stats.get(("fine", str(r["class_key"])))
@@ -240,7 +240,8 @@ def _member_view(r: Mapping[str, Any], cfg: BaselinesConfig) -> dict[str, Any]:
 
 def class_stats(table: np.ndarray, fine: np.ndarray, coarse: np.ndarray, names: Sequence[tuple[str, str]],
                 now: float, cfg: BaselinesConfig, step: float,
-                wanted: Collection[tuple[str, str]] | None = None) -> dict[tuple[str, str], dict[str, Any]]:
+                wanted: Collection[tuple[str, str]] | None = None,
+                numbers: Mapping[tuple[str, str], int] | None = None) -> dict[tuple[str, str], dict[str, Any]]:
     """Return ``(level, key)`` → the class baseline over the members' columns (see the module docstring).
 
     ``table`` has a row per member, in member order (columns :data:`_FIGURES`, NULL as NaN; changed here);
@@ -248,7 +249,9 @@ def class_stats(table: np.ndarray, fine: np.ndarray, coarse: np.ndarray, names: 
     ``(level, key)`` (:meth:`_Known.columns` gives all three). Each class's sums and counts are taken for all
     classes at once (``np.bincount`` over the members' class numbers): a sweep reads thousands of members in
     hundreds of classes. A class is described when it has members; ``wanted``: only these classes (a sweep needs
-    its running jobs' classes, not the fine classes of members it read for their coarse one).
+    its running jobs' classes, not the fine classes of members it read for their coarse one); ``numbers``: each
+    class's number (its place in ``names``), where the caller keeps them: the wanted classes are then found by number
+    instead of among every class with members.
     """
     out: dict[tuple[str, str], dict[str, Any]] = {}
     n = len(table)
@@ -297,53 +300,64 @@ def class_stats(table: np.ndarray, fine: np.ndarray, coarse: np.ndarray, names: 
     cold_res_n = per_class(cold_idle.astype(float))
     cold_res = per_class(np.where(cold_idle, col("idle_mem_s") / np.where(idle_s > 0, idle_s, 1.0), 0.0))
     cold_woke = per_class((cold & woke).astype(float))
-    # each class's run times: the ended members' ages, grouped (in member order within a class)
-    pick = np.concatenate([ended, ended])
-    ended_group, ended_age = group[pick], np.concatenate([age, age])[pick]
-    order = np.argsort(ended_group, kind="stable")
-    ended_group, ended_age = ended_group[order], ended_age[order]
-    bounds = np.searchsorted(ended_group, np.arange(n_classes + 1))
-    for g in np.flatnonzero(count).tolist():
+    # the classes described: those with members (and wanted), in class-number order; each figure below is taken for
+    # all of them at once, and a figure with nothing to divide by is None
+    if wanted is not None and numbers is not None:
+        chosen = sorted(g for g in {numbers.get(w, -1) for w in wanted} if g >= 0 and count[g])
+    else:
+        chosen = [g for g in np.flatnonzero(count).tolist() if wanted is None or names[g] in wanted]
+    if not chosen:
+        return out
+    pick = np.array(chosen, dtype=np.int64)
+    members_n = count[pick]
+    long_n = n_long[pick]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        busy, has_busy = active_w[pick] / seen_w[pick], seen_w[pick] != 0
+        res, has_res = resident_w[pick] / idle_w[pick], idle_w[pick] != 0
+        waking, has_waking = woke_long[pick] / long_n, long_n != 0
+        cpu_pct, has_cpu = cpu_pct_s[pick] / cpu_s[pick], cpu_s[pick] != 0
+        gpus_mean = gpus_sum[pick] / members_n
+    gpus_mean[gpus_mean == 0] = 1.0
+    enough = members_n >= cfg.min_members
+    service = (enough & (long_n >= cfg.min_members) & has_busy & (busy <= cfg.service_max_busy_share) & has_res
+               & (res >= cfg.service_min_mem_resident) & has_waking & (waking >= cfg.service_min_waking_share))
+    training = ~service & enough & has_busy & (busy >= TRAINING_MIN_BUSY)
+    # a young class (cold start): judged by what its members did in the hours seen (each member once), not unknown
+    # until days pass
+    young = (~service & ~training & (long_n < cfg.min_members) & (oldest[pick] < cfg.long_lived)
+             & (cold_n[pick] >= cfg.min_members))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        busy = np.where(young, cold_busy[pick] / cold_n[pick], busy)
+        res = np.where(young, cold_res[pick] / cold_res_n[pick], res)
+        waking = np.where(young, cold_woke[pick] / cold_n[pick], waking)
+    has_busy |= young
+    has_waking |= young
+    has_res = np.where(young, cold_res_n[pick] != 0, has_res)
+    service |= (young & (busy <= cfg.service_max_busy_share) & has_res & (res >= cfg.service_min_mem_resident)
+                & (waking >= cfg.service_min_waking_share))
+    training |= young & ~service & (busy >= TRAINING_MIN_BUSY)
+    kinds = np.where(service, "service", np.where(training, "training", "unknown")).tolist()
+    p50, p90 = _class_quantiles(np.concatenate([age, age]), group, np.concatenate([ended, ended]), pick, n_classes)
+    cpu_per_gpu = cpu_pct / gpus_mean
+
+    def some(values: np.ndarray, present: np.ndarray) -> list[float | None]:
+        return [v if ok else None for v, ok in zip(values.tolist(), present.tolist(), strict=True)]
+
+    for g, m, lng, kind, b, rs, w, yg, old, q50, q90, e, cp, cm, cg in zip(
+            chosen, members_n.tolist(), long_n.tolist(), kinds, some(busy, has_busy), some(res, has_res),
+            some(waking, has_waking), young.tolist(), oldest[pick].tolist(), p50, p90, n_ended[pick].tolist(),
+            some(cpu_pct, has_cpu), cpu_members[pick].tolist(), cpu_per_gpu.tolist(), strict=True):
         level, key = names[g]
-        if wanted is not None and (level, key) not in wanted:
-            continue
-        members_n = int(count[g])
-        busy = float(active_w[g] / seen_w[g]) if seen_w[g] else None
-        res = float(resident_w[g] / idle_w[g]) if idle_w[g] else None
-        long_n = int(n_long[g])
-        waking = float(woke_long[g] / long_n) if long_n else None
-        cpu_pct = float(cpu_pct_s[g] / cpu_s[g]) if cpu_s[g] else None
-        gpus_mean = float(gpus_sum[g] / members_n) or 1.0
-        kind = "unknown"
-        if (members_n >= cfg.min_members and long_n >= cfg.min_members and busy is not None
-                and busy <= cfg.service_max_busy_share and res is not None and res >= cfg.service_min_mem_resident
-                and waking is not None and waking >= cfg.service_min_waking_share):
-            kind = "service"
-        elif members_n >= cfg.min_members and busy is not None and busy >= TRAINING_MIN_BUSY:
-            kind = "training"
-        young = (kind == "unknown" and long_n < cfg.min_members and oldest[g] < cfg.long_lived
-                 and int(cold_n[g]) >= cfg.min_members)
-        if young:
-            # judged by what its members did in the hours seen (each member once), not unknown until days pass
-            busy = float(cold_busy[g] / cold_n[g])
-            res = float(cold_res[g] / cold_res_n[g]) if cold_res_n[g] else None
-            waking = float(cold_woke[g] / cold_n[g])
-            if (busy <= cfg.service_max_busy_share and res is not None and res >= cfg.service_min_mem_resident
-                    and waking >= cfg.service_min_waking_share):
-                kind = "service"
-            elif busy >= TRAINING_MIN_BUSY:
-                kind = "training"
-        p50, p90 = _quantiles(ended_age[bounds[g]:bounds[g + 1]])
         out[(level, key)] = {
-            "key": key, "level": level, "members": members_n, "long_lived": long_n, "kind": kind,
-            "busy_share": _r(busy), "mem_resident_share": _r(res), "waking_share": _r(waking),
+            "key": key, "level": level, "members": int(m), "long_lived": int(lng), "kind": kind,
+            "busy_share": _r(b), "mem_resident_share": _r(rs), "waking_share": _r(w),
             #: seconds of history behind a young class's figures (cold start), None for a class judged over days
-            "cold_start_s": round(float(oldest[g])) if young else None,
-            "runtime_p50_s": p50, "runtime_p90_s": p90,
-            "ended": int(n_ended[g]),
+            "cold_start_s": round(old) if yg else None,
+            "runtime_p50_s": q50, "runtime_p90_s": q90,
+            "ended": int(e),
             #: the node's CPU % while the GPUs were active, on nodes the members had alone, and per GPU
-            "cpu_pct_active": _r(cpu_pct), "cpu_members": int(cpu_members[g]),
-            "cpu_pct_per_gpu": _r(cpu_pct / gpus_mean) if cpu_pct is not None else None,
+            "cpu_pct_active": _r(cp), "cpu_members": int(cm),
+            "cpu_pct_per_gpu": _r(cg) if cp is not None else None,
         }
     return out
 
@@ -376,6 +390,40 @@ def _quantiles(values: np.ndarray) -> tuple[int | None, int | None]:
         a, b, t = v[lo], v[lo + 1], virtual - lo
         diff = b - a
         out.append(round(b - diff * (1 - t) if t >= 0.5 else a + diff * t))
+    return out[0], out[1]
+
+
+def _class_quantiles(age: np.ndarray, group: np.ndarray, ended: np.ndarray, pick: np.ndarray,
+                     n_classes: int) -> tuple[list[int | None], list[int | None]]:
+    """Return, per class of ``pick``, the median and the 90th percentile of its ended members' ages (``age``, ``group``
+    and ``ended`` per member and class, as :func:`class_stats` lays them out), as :func:`_quantiles` gives them: every
+    class at once, from one sort of the ended ages by class and age."""
+    described = np.zeros(n_classes, dtype=bool)
+    described[pick] = True
+    keep = ended & described[group]  # only the described classes' runs are sorted
+    age, group = age[keep], group[keep]
+    order = np.lexsort((age, group))
+    age, group = age[order], group[order]
+    bounds = np.searchsorted(group, np.arange(n_classes + 1))
+    lo, hi = bounds[pick], bounds[pick + 1]
+    n = hi - lo
+    out: list[list[int | None]] = []
+    for q in (0.5, 0.9):
+        virtual = (n - 1) * q
+        below = np.floor(virtual).astype(np.int64)
+        last = below >= n - 1
+        a = age[np.clip(lo + below, 0, max(0, len(age) - 1))] if len(age) else np.zeros(len(n))
+        b = age[np.clip(lo + below + 1, 0, max(0, len(age) - 1))] if len(age) else np.zeros(len(n))
+        top = age[np.clip(hi - 1, 0, max(0, len(age) - 1))] if len(age) else np.zeros(len(n))
+        t = virtual - below
+        diff = b - a
+        with np.errstate(invalid="ignore"):
+            value = np.where(last, top, np.where(t >= 0.5, b - diff * (1 - t), a + diff * t))
+        out.append([None if k == 0 else round(v) for k, v in zip(n.tolist(), value.tolist(), strict=True)])
+    if np.isnan(age).any():  # numpy's own quantiles where a class has a NaN age (its sort puts NaN last)
+        for i, (s, e) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
+            if e > s and np.isnan(age[s:e]).any():
+                out[0][i], out[1][i] = _quantiles(age[s:e])
     return out[0], out[1]
 
 
@@ -429,41 +477,56 @@ class _Known:
 
     def _forget(self) -> None:
         self.rows: dict[str, dict[str, Any]] = {}
-        #: job id -> the place of its kept row in the columns below: its figures (:data:`_FIGURES`, NULL as NaN)
-        #: and its fine and coarse class numbers (into ``class_names``), so a sweep takes its members' figures by
-        #: place instead of reading each member's row again
+        #: job id -> the place of its kept row in the columns below: its figures (:data:`_FIGURES`, NULL as NaN),
+        #: its fine and coarse class numbers (into ``class_names``) and when the row was put (``put``: a count), so a
+        #: sweep takes its members' figures by place instead of reading each member's row again, and finds a class's
+        #: members, in the order their rows came, from the class numbers of every place at once
         self.slot: dict[str, int] = {}
         self.figures = np.empty((256, len(_FIGURES)))
         self.fine = np.empty(256, dtype=np.int64)
         self.coarse = np.empty(256, dtype=np.int64)
+        self.put = np.empty(256, dtype=np.int64)
+        self.puts = 0
         self.class_names: list[tuple[str, str]] = []
-        self._class_number: dict[tuple[str, str], int] = {}
-        #: (level, key) -> ids of the rows kept with that class (a dict: ordered as they came)
-        self.members: dict[tuple[str, str], dict[str, None]] = {}
+        #: (level, key) -> its number: its place in ``class_names``
+        self.numbers: dict[tuple[str, str], int] = {}
         #: (level, key) -> the ``since`` the class was read whole with
         self.read: dict[tuple[str, str], float] = {}
         self.newest = -math.inf
 
     def _put(self, row: dict[str, Any], *, newer_only: bool) -> None:
-        jid = str(row["job_id"])
-        old = self.rows.get(jid)
-        if old is not None:
-            if newer_only and float(row["data_ts"]) <= float(old["data_ts"]):
-                return
-            self.members[("fine", str(old["class_key"]))].pop(jid, None)
-            self.members[("coarse", str(old["coarse_key"]))].pop(jid, None)
-        self.rows[jid] = row
-        k = self.slot.get(jid)
-        if k is None:
-            k = self.slot[jid] = len(self.slot)
-            if k == len(self.fine):  # full: twice the room
-                self.figures = np.concatenate([self.figures, np.empty_like(self.figures)])
-                self.fine = np.concatenate([self.fine, np.empty_like(self.fine)])
-                self.coarse = np.concatenate([self.coarse, np.empty_like(self.coarse)])
-        self.figures[k], self.fine[k], self.coarse[k] = self._columns_of(row)
-        self.members.setdefault(("fine", str(row["class_key"])), {})[jid] = None
-        self.members.setdefault(("coarse", str(row["coarse_key"])), {})[jid] = None
-        self.newest = max(self.newest, float(row["data_ts"]))
+        self._put_all([row], newer_only=newer_only)
+
+    def _put_all(self, rows: Iterable[dict[str, Any]], *, newer_only: bool) -> None:
+        """Keep ``rows`` in their order (``newer_only``: a row replaces a kept one only for a later instant); their
+        figures go to the columns together."""
+        changed: dict[int, tuple[tuple[Any, ...], int, int, int]] = {}  # place -> figures, classes, put (last wins)
+        for row in rows:
+            jid = str(row["job_id"])
+            old = self.rows.get(jid)
+            if old is not None and newer_only and float(row["data_ts"]) <= float(old["data_ts"]):
+                continue
+            self.rows[jid] = row
+            k = self.slot.get(jid)
+            if k is None:
+                k = self.slot[jid] = len(self.slot)
+            fine, coarse = self._numbers(row)
+            changed[k] = (_figures(row), fine, coarse, self.puts)
+            self.puts += 1
+            self.newest = max(self.newest, float(row["data_ts"]))
+        if not changed:
+            return
+        while len(self.slot) > len(self.fine):  # full: twice the room
+            self.figures = np.concatenate([self.figures, np.empty_like(self.figures)])
+            self.fine = np.concatenate([self.fine, np.empty_like(self.fine)])
+            self.coarse = np.concatenate([self.coarse, np.empty_like(self.coarse)])
+            self.put = np.concatenate([self.put, np.empty_like(self.put)])
+        places = np.fromiter(changed, dtype=np.int64, count=len(changed))
+        values = list(changed.values())
+        self.figures[places] = np.array([v[0] for v in values], dtype=float)
+        self.fine[places] = [v[1] for v in values]
+        self.coarse[places] = [v[2] for v in values]
+        self.put[places] = [v[3] for v in values]
 
     def refresh(self, store: Any) -> None:
         """Take in the rows another writer stored for a later instant than this process has seen; forget
@@ -473,41 +536,47 @@ class _Known:
             self._forget()
             self.writes = _WRITES.get(store.url, 0)
         if self.rows:
-            for r in store.fetch("class_members_since", {"since": self.newest}):
-                self._put(r, newer_only=False)
+            self._put_all(store.fetch("class_members_since", {"since": self.newest}), newer_only=False)
 
     def wrote(self, store: Any, rows: Sequence[Mapping[str, Any]]) -> None:
         """Keep the rows just upserted, as the store kept them."""
         from gpu_cost.audit.store import as_stored
 
         _WRITES[store.url] = self.writes = _WRITES.get(store.url, 0) + 1
-        for r in rows:
-            self._put(as_stored(r), newer_only=True)
+        self._put_all(map(as_stored, rows), newer_only=True)
 
     def of_jobs(self, store: Any, job_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Return job id → its member row, reading the store for the jobs not kept."""
         missing = [j for j in job_ids if j not in self.rows]
         for i in range(0, len(missing), 500):
-            for r in store.fetch("class_members_of_jobs", {"job_ids": missing[i:i + 500]}):
-                self._put(r, newer_only=False)
+            self._put_all(store.fetch("class_members_of_jobs", {"job_ids": missing[i:i + 500]}), newer_only=False)
         return {j: self.rows[j] for j in job_ids if j in self.rows}
 
     def of_classes(self, store: Any, fine: set[str], coarse: set[str], since: float) -> np.ndarray:
         """Return the places (in the kept columns) of the members of these classes last seen after ``since``, in the
-        classes' order (fine keys sorted, then coarse), reading the classes not read yet."""
+        classes' order (fine keys sorted, then coarse; a member in both, once, where its fine class puts it), each
+        class's members in the order their rows came, reading the classes not read yet."""
         f = sorted(k for k in fine if self.read.get(("fine", k), math.inf) > since)
         c = sorted(k for k in coarse if self.read.get(("coarse", k), math.inf) > since)
         for i in range(0, max(len(f), len(c)), 250):
-            for r in store.fetch("class_members_of_classes", {"class_keys": f[i:i + 250] or [""],
-                                                             "coarse_keys": c[i:i + 250] or [""], "since": since}):
-                self._put(r, newer_only=False)
+            self._put_all(store.fetch("class_members_of_classes", {"class_keys": f[i:i + 250] or [""],
+                                                                   "coarse_keys": c[i:i + 250] or [""], "since": since}),
+                          newer_only=False)
         self.read.update({("fine", k): since for k in f})
         self.read.update({("coarse", k): since for k in c})
-        ids: dict[str, None] = {}
-        for level, keys in (("fine", fine), ("coarse", coarse)):
-            for k in sorted(keys):
-                ids.update(self.members.get((level, k), {}))
-        slots = np.fromiter(map(self.slot.__getitem__, ids), dtype=np.int64, count=len(ids))
+        # each class's rank in that order (a class with no number has no member); a place goes where its first
+        # class ranks, after the places put before it
+        none = len(self.class_names) + 1
+        rank = np.full(len(self.class_names), none, dtype=np.int64)
+        names = [("fine", k) for k in sorted(fine)] + [("coarse", k) for k in sorted(coarse)]
+        for r, name in enumerate(names):
+            number = self.numbers.get(name)
+            if number is not None and rank[number] == none:
+                rank[number] = r
+        n = len(self.slot)
+        first = np.minimum(rank[self.fine[:n]], rank[self.coarse[:n]])
+        slots = np.flatnonzero(first < none)
+        slots = slots[np.argsort(first[slots] * (self.puts + 1) + self.put[slots], kind="stable")]
         return slots[self.figures[slots, _FIGURES.index("last_seen")] > since]
 
     def columns(self, slots: np.ndarray, rows: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -516,31 +585,32 @@ class _Known:
         or not), and after them ``rows``' other rows in their order (the members a sweep reads, then its own; with
         no ``slots``, ``rows`` alone, their classes numbered as they first come)."""
         table, fine, coarse = self.figures[slots], self.fine[slots], self.coarse[slots]
-        at = dict(zip(slots.tolist(), range(len(slots)), strict=True))
-        extra = []
-        for r in rows:
-            k = self.slot.get(str(r["job_id"]))
-            p = at.get(k) if k is not None else None
-            if p is None:
-                extra.append(self._columns_of(r))
-            else:
-                table[p], fine[p], coarse[p] = self._columns_of(r)
-        if extra:
-            table = np.concatenate([table, np.array([e[0] for e in extra])])
-            fine = np.concatenate([fine, np.array([e[1] for e in extra], dtype=np.int64)])
-            coarse = np.concatenate([coarse, np.array([e[2] for e in extra], dtype=np.int64)])
+        if not rows:
+            return table, fine, coarse
+        figures = np.array([_figures(r) for r in rows], dtype=float)
+        numbers = np.array([self._numbers(r) for r in rows], dtype=np.int64).reshape(len(rows), 2)
+        at = np.full(len(self.slot) + 1, -1, dtype=np.int64)  # place -> its position among ``slots`` (the last: none)
+        at[slots] = np.arange(len(slots))
+        pos = at[np.fromiter((self.slot.get(str(r["job_id"]), -1) for r in rows), dtype=np.int64, count=len(rows))]
+        inside = pos >= 0
+        table[pos[inside]], fine[pos[inside]], coarse[pos[inside]] = (
+            figures[inside], numbers[inside, 0], numbers[inside, 1])
+        if not inside.all():
+            table = np.concatenate([table, figures[~inside]])
+            fine = np.concatenate([fine, numbers[~inside, 0]])
+            coarse = np.concatenate([coarse, numbers[~inside, 1]])
         return table, fine, coarse
 
-    def _columns_of(self, row: Mapping[str, Any]) -> tuple[np.ndarray, int, int]:
-        """Return a member row's figures and its fine and coarse class numbers (numbering a class not seen yet)."""
+    def _numbers(self, row: Mapping[str, Any]) -> tuple[int, int]:
+        """Return a member row's fine and coarse class numbers (numbering a class not seen yet)."""
         numbers = []
         for name in (("fine", str(row["class_key"])), ("coarse", str(row["coarse_key"]))):
-            k = self._class_number.get(name)
+            k = self.numbers.get(name)
             if k is None:
-                k = self._class_number[name] = len(self.class_names)
+                k = self.numbers[name] = len(self.class_names)
                 self.class_names.append(name)
             numbers.append(k)
-        return np.array(_figures(row), dtype=float), numbers[0], numbers[1]
+        return numbers[0], numbers[1]
 
 
 #: store -> what this process knows of its class members
