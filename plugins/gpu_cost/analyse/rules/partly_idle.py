@@ -99,26 +99,31 @@ def partly_idle(snapshot: Snapshot, cfg: PartlyIdleRule, policy: Policy) -> list
     g = snapshot.view(window)
     if g.empty:
         return []
-    rows = job_index(snapshot).rows
+    index = job_index(snapshot)
+    rows = index.rows
     shared = shared_rows(g)
     devices = Devices(g)
     stale = g["stale"].to_numpy(dtype=bool)
     umax = g["util_max"].to_numpy(dtype=float)
     umean = g["util_mean"].to_numpy(dtype=float)
+    # per job, over its rows, every job at once: every GPU fresh, and some but not all idle, enough of them
+    with np.errstate(invalid="ignore"):
+        n_idle_of, sizes = index.count(umax < cfg.util_max), index.sizes()
+        partly = (~index.any(stale | np.isnan(umax)) & (n_idle_of < sizes) & (n_idle_of >= cfg.min_idle_gpus)
+                  & ~(n_idle_of / sizes < cfg.min_idle_share)).tolist()
     findings = []
     for job in snapshot.running_jobs():
+        code = index.code.get(job.job_id)
+        if code is None or not partly[code]:
+            continue  # no GPU seen, one stale, none or all idle, or too few idle
         keys = job.gpu_keys()
         if len(keys) < 2 or job.start_ts is None or snapshot.ts - job.start_ts < max(cfg.min_runtime, window):
             continue
         pos = rows.get(job.job_id)
         if job.job_id in shared or pos is None or len(pos) < len(keys):
             continue  # a GPU missing or shared: its utilisation is not known to be the job's
-        if stale[pos].any() or np.isnan(umax[pos]).any():
-            continue
         idle = umax[pos] < cfg.util_max
         n_idle, n = int(idle.sum()), len(pos)
-        if n_idle == n or n_idle < cfg.min_idle_gpus or n_idle / n < cfg.min_idle_share:
-            continue
         ids, _ = devices(pos)
         _, share = devices(pos[idle])  # MIG slices: what the idle ones cost in whole GPUs
         idle_ids = [d for d, i in zip(ids, idle, strict=True) if i]
