@@ -554,7 +554,9 @@ def _class_stats_one_class_at_a_time(members: list[dict], now: float, cfg, step:
         gpus_mean = sum(m["gpus"] or 0 for m in ms) / len(ms) or 1.0
         p50, p90 = (round(float(np.quantile(runtimes, 0.5))), round(float(np.quantile(runtimes, 0.9)))) \
             if len(runtimes) else (None, None)
+        kind, cold_start, busy, res, waking = _kind(ms, age, long_lived, busy, res, waking, now, cfg, step)
         out[(level, key)] = {
+            "kind": kind, "cold_start_s": cold_start,
             "members": len(ms), "long_lived": len(long_lived), "ended": len(runtimes), "busy_share": busy,
             "mem_resident_share": res, "waking_share": waking, "runtime_p50_s": p50, "runtime_p90_s": p90,
             "cpu_pct_active": cpu_pct, "cpu_members": sum(1 for m in ms if (m["cpu_active_s"] or 0) > 0),
@@ -669,14 +671,16 @@ def test_a_sweep_reads_its_classes_members_in_the_order_their_rows_came(seed: in
     assert known.rows == kept
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_class_stats_at_once_equal_the_classes_taken_one_at_a_time(seed: int) -> None:
+@pytest.mark.parametrize(("draw", "seed"), [("figures", s) for s in range(3)] + [("kinds", s) for s in range(12)])
+def test_class_stats_at_once_equal_the_classes_taken_one_at_a_time(draw: str, seed: int) -> None:
+    """Over random members (``figures``: every figure; ``kinds``: classes drawn as services, training, young
+    deployments or a mix, near each threshold), every class's figures, kind and cold start equal its definition."""
     rng = np.random.default_rng(seed)
     cfg, now = POLICY.baselines, NOW
-    members = _random_members(rng, now)
+    members = _random_members(rng, now) if draw == "figures" else _members_of_kinds(rng, now)
     got = stats_of_rows(members, now, cfg, STEP)
     want = _class_stats_one_class_at_a_time(members, now, cfg, STEP)
-    assert list(got) == list(want) and len(want) > 40
+    assert list(got) == list(want) and len(want) >= 30
     for k, w in want.items():
         g = got[k]
         for field, value in w.items():
@@ -688,50 +692,35 @@ def test_class_stats_at_once_equal_the_classes_taken_one_at_a_time(seed: int) ->
     assert any(g["cpu_pct_active"] is None for g in got.values()) and any(g["waking_share"] for g in got.values())
 
 
-def _kind_one_class_at_a_time(members: list[dict], now: float, cfg, step: float) -> dict:  # type: ignore[no-untyped-def]
-    """Each class's kind and cold start by the module's rules, one class after the other: a service (long-lived
-    members, rarely busy, memory resident while quiet, waking), training (busy), or a young class judged by its running
-    members' hours since the cold start; unknown otherwise."""
-    import math
-
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for m in members:
-        groups.setdefault(("fine", m["class_key"]), []).append(m)
-        groups.setdefault(("coarse", m["coarse_key"]), []).append(m)
-    lam = math.log(2) / cfg.half_life
-    out = {}
-    for key, ms in groups.items():
-        w = [math.exp(-lam * max(0.0, now - m["last_seen"])) for m in ms]
-        seen = sum(wi * (m["seen_s"] or 0) for wi, m in zip(w, ms, strict=True))
-        idle = sum(wi * (m["idle_s"] or 0) for wi, m in zip(w, ms, strict=True))
-        busy = sum(wi * (m["active_s"] or 0) for wi, m in zip(w, ms, strict=True)) / seen if seen else None
-        res = sum(wi * (m["idle_mem_s"] or 0) for wi, m in zip(w, ms, strict=True)) / idle if idle else None
-        age = [m["last_seen"] - (m["start_ts"] if m["start_ts"] is not None else m["first_seen"]) for m in ms]
-        long_lived = [m for m, a in zip(ms, age, strict=True) if a >= cfg.long_lived]
-        waking = sum((m["wakes"] or 0) >= 1 for m in long_lived) / len(long_lived) if long_lived else None
-        kind = "unknown"
-        if (len(ms) >= cfg.min_members and len(long_lived) >= cfg.min_members and busy is not None
-                and busy <= cfg.service_max_busy_share and res is not None and res >= cfg.service_min_mem_resident
-                and waking is not None and waking >= cfg.service_min_waking_share):
+def _kind(ms: list[dict], age: list[float], long_lived: list[dict], busy: float | None, res: float | None,  # type: ignore[no-untyped-def]
+          waking: float | None, now: float, cfg, step: float) -> tuple[str, int | None, float | None, float | None, float | None]:
+    """A class's kind and cold start by the module's rules: a service (long-lived members, rarely busy, memory
+    resident while quiet, waking), training (busy), or a young class judged by its running members' hours since the
+    cold start (its busy, resident and waking shares then those hours'); unknown otherwise. Returns the kind, the cold
+    start (None: not young) and the class's busy, resident and waking shares."""
+    kind = "unknown"
+    if (len(ms) >= cfg.min_members and len(long_lived) >= cfg.min_members and busy is not None
+            and busy <= cfg.service_max_busy_share and res is not None and res >= cfg.service_min_mem_resident
+            and waking is not None and waking >= cfg.service_min_waking_share):
+        kind = "service"
+    elif len(ms) >= cfg.min_members and busy is not None and busy >= baselines.TRAINING_MIN_BUSY:
+        kind = "training"
+    cold = [m for m in ms if m["last_seen"] >= now - 2 * step and (m["seen_s"] or 0) >= cfg.cold_start
+            and (m["seen_s"] or 0) > 0]
+    young = (kind == "unknown" and len(long_lived) < cfg.min_members and max(age) < cfg.long_lived
+             and len(cold) >= cfg.min_members)
+    if young:
+        c_busy = sum((m["active_s"] or 0) / m["seen_s"] for m in cold) / len(cold)
+        quiet = [m for m in cold if (m["idle_s"] or 0) > 0]
+        c_res = sum((m["idle_mem_s"] or 0) / m["idle_s"] for m in quiet) / len(quiet) if quiet else None
+        c_woke = sum((m["wakes"] or 0) >= 1 for m in cold) / len(cold)
+        if (c_busy <= cfg.service_max_busy_share and c_res is not None and c_res >= cfg.service_min_mem_resident
+                and c_woke >= cfg.service_min_waking_share):
             kind = "service"
-        elif len(ms) >= cfg.min_members and busy is not None and busy >= baselines.TRAINING_MIN_BUSY:
+        elif c_busy >= baselines.TRAINING_MIN_BUSY:
             kind = "training"
-        cold = [m for m in ms if m["last_seen"] >= now - 2 * step and (m["seen_s"] or 0) >= cfg.cold_start
-                and (m["seen_s"] or 0) > 0]
-        young = (kind == "unknown" and len(long_lived) < cfg.min_members and max(age) < cfg.long_lived
-                 and len(cold) >= cfg.min_members)
-        if young:
-            c_busy = sum((m["active_s"] or 0) / m["seen_s"] for m in cold) / len(cold)
-            quiet = [m for m in cold if (m["idle_s"] or 0) > 0]
-            c_res = sum((m["idle_mem_s"] or 0) / m["idle_s"] for m in quiet) / len(quiet) if quiet else None
-            c_woke = sum((m["wakes"] or 0) >= 1 for m in cold) / len(cold)
-            if (c_busy <= cfg.service_max_busy_share and c_res is not None and c_res >= cfg.service_min_mem_resident
-                    and c_woke >= cfg.service_min_waking_share):
-                kind = "service"
-            elif c_busy >= baselines.TRAINING_MIN_BUSY:
-                kind = "training"
-        out[key] = (kind, round(max(age)) if young else None)
-    return out
+        return kind, round(max(age)), c_busy, c_res, c_woke
+    return kind, None, busy, res, waking
 
 
 def _members_of_kinds(rng: np.random.Generator, now: float) -> list[dict]:
@@ -759,19 +748,9 @@ def _members_of_kinds(rng: np.random.Generator, now: float) -> list[dict]:
     return members
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_class_kinds_at_once_equal_each_class_judged_alone(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    cfg, now = POLICY.baselines, NOW
-    members = _members_of_kinds(rng, now)
-    got = stats_of_rows(members, now, cfg, STEP)
-    want = _kind_one_class_at_a_time(members, now, cfg, STEP)
-    assert {k: (g["kind"], g["cold_start_s"]) for k, g in got.items()} == want and len(want) >= 30
-
-
 def test_the_classes_of_kinds_show_every_kind_and_young_classes() -> None:
-    """The seeds above judge services, training, unknown and young classes, not one kind over and over."""
-    seen = [v for seed in range(12) for v in _kind_one_class_at_a_time(
+    """The ``kinds`` draws above judge services, training, unknown and young classes, not one kind over and over."""
+    seen = [(w["kind"], w["cold_start_s"]) for seed in range(12) for w in _class_stats_one_class_at_a_time(
         _members_of_kinds(np.random.default_rng(seed), NOW), NOW, POLICY.baselines, STEP).values()]
     kinds = [k for k, _ in seen]
     assert min(kinds.count(k) for k in ("service", "training", "unknown")) >= 10
