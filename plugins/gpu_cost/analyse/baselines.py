@@ -368,39 +368,20 @@ _FIGURES = ("last_seen", "first_seen", "seen_s", "active_s", "idle_s", "idle_mem
 _figures = operator.itemgetter(*_FIGURES)
 
 
-def _quantiles(values: np.ndarray) -> tuple[int | None, int | None]:
-    """Return the median and the 90th percentile of ``values``, rounded to whole seconds (None when empty).
-
-    :func:`numpy.quantile`'s linear interpolation, step for step (its own lerp), without its
-    per-call overhead: a sweep asks for these of hundreds of classes.
-    """
-    n = len(values)
-    if not n:
-        return None, None
-    if np.isnan(values).any():
-        return round(float(np.quantile(values, 0.5))), round(float(np.quantile(values, 0.9)))
-    v = np.sort(values).tolist()
-    out = []
-    for q in (0.5, 0.9):
-        virtual = (n - 1) * q
-        lo = math.floor(virtual)
-        if lo >= n - 1:
-            out.append(round(v[n - 1]))
-            continue
-        a, b, t = v[lo], v[lo + 1], virtual - lo
-        diff = b - a
-        out.append(round(b - diff * (1 - t) if t >= 0.5 else a + diff * t))
-    return out[0], out[1]
-
-
 def _class_quantiles(age: np.ndarray, group: np.ndarray, ended: np.ndarray, pick: np.ndarray,
                      n_classes: int) -> tuple[list[int | None], list[int | None]]:
-    """Return, per class of ``pick``, the median and the 90th percentile of its ended members' ages (``age``, ``group``
-    and ``ended`` per member and class, as :func:`class_stats` lays them out), as :func:`_quantiles` gives them: every
-    class at once, from one sort of the ended ages by class and age."""
+    """Return, per class of ``pick``, the median and the 90th percentile of its ended members' ages, rounded to whole
+    seconds (None: no ended member), every class at once from one sort of the ended ages by class and age.
+
+    ``age``, ``group`` and ``ended`` are per member and class, as :func:`class_stats` lays them out (an age is never
+    NaN there: a NULL figure reads 0, a missing start the member's first sight). The interpolation is
+    :func:`numpy.quantile`'s linear one, step for step (its own lerp), without its per-call overhead.
+    """
     described = np.zeros(n_classes, dtype=bool)
     described[pick] = True
     keep = ended & described[group]  # only the described classes' runs are sorted
+    if not keep.any():
+        return [None] * len(pick), [None] * len(pick)
     age, group = age[keep], group[keep]
     order = np.lexsort((age, group))
     age, group = age[order], group[order]
@@ -411,19 +392,11 @@ def _class_quantiles(age: np.ndarray, group: np.ndarray, ended: np.ndarray, pick
     for q in (0.5, 0.9):
         virtual = (n - 1) * q
         below = np.floor(virtual).astype(np.int64)
-        last = below >= n - 1
-        a = age[np.clip(lo + below, 0, max(0, len(age) - 1))] if len(age) else np.zeros(len(n))
-        b = age[np.clip(lo + below + 1, 0, max(0, len(age) - 1))] if len(age) else np.zeros(len(n))
-        top = age[np.clip(hi - 1, 0, max(0, len(age) - 1))] if len(age) else np.zeros(len(n))
+        a, b, top = (age[np.clip(at, 0, len(age) - 1)] for at in (lo + below, lo + below + 1, hi - 1))
         t = virtual - below
         diff = b - a
-        with np.errstate(invalid="ignore"):
-            value = np.where(last, top, np.where(t >= 0.5, b - diff * (1 - t), a + diff * t))
+        value = np.where(below >= n - 1, top, np.where(t >= 0.5, b - diff * (1 - t), a + diff * t))
         out.append([None if k == 0 else round(v) for k, v in zip(n.tolist(), value.tolist(), strict=True)])
-    if np.isnan(age).any():  # numpy's own quantiles where a class has a NaN age (its sort puts NaN last)
-        for i, (s, e) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
-            if e > s and np.isnan(age[s:e]).any():
-                out[0][i], out[1][i] = _quantiles(age[s:e])
     return out[0], out[1]
 
 
@@ -570,8 +543,7 @@ class _Known:
         rank = np.full(len(self.class_names), none, dtype=np.int64)
         names = [("fine", k) for k in sorted(fine)] + [("coarse", k) for k in sorted(coarse)]
         for r, name in enumerate(names):
-            number = self.numbers.get(name)
-            if number is not None and rank[number] == none:
+            if (number := self.numbers.get(name)) is not None:
                 rank[number] = r
         n = len(self.slot)
         first = np.minimum(rank[self.fine[:n]], rank[self.coarse[:n]])
