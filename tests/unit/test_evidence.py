@@ -434,6 +434,7 @@ def test_a_node_is_the_jobs_own_until_another_running_job_uses_it() -> None:
                     nodes=nodes)
     assert evidence.nodes_to_itself(snap, a) == {"n1"}  # a finished job holds nothing
     assert evidence.nodes_to_itself(snap, b) == set()
+    assert evidence.nodes_to_itself(snap, done) == set()  # not running itself: n1 is a's, not its own
     assert [n.name for n in snap.nodes_named({"n1", "n2", "n9"})] == ["n2", "n1"]  # the snapshot's order
     # the index follows the jobs: a snapshot with other jobs answers for those
     later = dataclasses.replace(snap, jobs=(a,))

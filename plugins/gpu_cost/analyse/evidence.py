@@ -169,7 +169,10 @@ def progress(snapshot: Snapshot, job: Job, power_w: Sequence[float], log: Mappin
 def nodes_to_itself(snapshot: Snapshot, job: Job) -> set[str]:
     """Return the nodes of ``job`` no other running job uses."""
     users = snapshot.jobs_by_node()
-    return {n for n in (job.nodes or [h for h, _ in job.gpu_alloc]) if not users.get(n, set()) - {job.job_id}}
+    jid = job.job_id
+    # a node is the job's alone when no other job is on it: nobody, or the job itself only
+    return {n for n in (job.nodes or [h for h, _ in job.gpu_alloc])
+            if not (on := users.get(n)) or (len(on) == 1 and jid in on)}
 
 
 def confidence(log: Mapping[str, Any], klass: Mapping[str, Any] | None, *, bursts: int = 0,

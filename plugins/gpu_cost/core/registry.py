@@ -323,12 +323,18 @@ def action_sections() -> dict[str, ActionSpec]:
 
 def rules() -> dict[str, RuleSpec]:
     """Every registered rule, by rank (the shipped rules' order), then in registration order."""
+    return dict(_rules())
+
+
+def _rules() -> dict[str, RuleSpec]:
+    """:func:`rules` itself, shared, not a copy (the engine asks a rule's spec per finding): read it only."""
     _load("rules")
     if _ranked[0] != _version[0]:
         order = {name: i for i, name in enumerate(_RULES)}
         _ranked[1] = dict(sorted(_RULES.items(), key=lambda kv: (kv[1].rank, order[kv[0]])))
         _ranked[0] = _version[0]
-    return dict(_ranked[1])
+    found: dict[str, RuleSpec] = _ranked[1]
+    return found
 
 
 def action(name: str) -> ActionSpec | None:
@@ -336,7 +342,7 @@ def action(name: str) -> ActionSpec | None:
 
 
 def rule(name: str) -> RuleSpec | None:
-    return rules().get(name)
+    return _rules().get(name)
 
 
 def _select(flags: Mapping[str, Any]) -> tuple[str, ...]:
@@ -437,7 +443,7 @@ def categories() -> tuple[tuple[str, str, frozenset[str]], ...]:
 
 def why(finding: Any) -> str:
     """The decision reason for a finding: its rule's ``why``, or a plain one for a rule-less finding."""
-    spec = rules().get(finding.rule)
+    spec = _rules().get(finding.rule)
     return spec.why(finding) if spec is not None else f"{finding.rule} on {finding.target}"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,27 +75,35 @@ def declared_inference(job: Job, cfg: InferenceConfig) -> str | None:
     return declared(job, cfg.partitions, cfg.name_patterns, cfg.labels)
 
 
-@functools.lru_cache(maxsize=256)
-def _any_glob(patterns: tuple[str, ...]) -> re.Pattern[str]:
-    """Return one regex matching a lower-cased name that any of ``patterns`` (case-insensitive globs) matches."""
-    return re.compile("|".join(f"(?:{fnmatch.translate(p.lower())})" for p in patterns))
-
-
 def declared(job: Job, partitions: Iterable[str], name_patterns: Iterable[str], labels: Iterable[str]) -> str | None:
     """Return which of a policy's partitions, name globs (case-insensitive) or labels names ``job``, or None."""
-    if job.partition and job.partition in partitions:
-        return f"partition {job.partition}"
-    patterns = tuple(name_patterns)
-    if job.name and patterns:
-        name = job.name.lower()
-        if _any_glob(patterns).match(name):  # one test for the many jobs no glob names; then which one
-            for pat in patterns:
-                if fnmatch.fnmatchcase(name, pat.lower()):
-                    return f"name matches {pat}"
-    for label in labels:
-        if label in job.labels:
-            return f"label {label}"
-    return None
+    return _declaration(tuple(partitions), tuple(name_patterns), tuple(labels))(job)
+
+
+@functools.lru_cache(maxsize=256)
+def _declaration(partitions: tuple[str, ...], name_patterns: tuple[str, ...],
+                 labels: tuple[str, ...]) -> Callable[[Job], str | None]:
+    """Return :func:`declared` for one policy's partitions, globs and labels: the globs joined in one regex, read
+    once per policy, not per job (every sweep asks it of every running job)."""
+    parts = frozenset(partitions)
+    lowered = [(pat, pat.lower()) for pat in name_patterns]
+    any_glob = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for _, p in lowered)).match if lowered else None
+
+    def named(job: Job) -> str | None:
+        if job.partition and job.partition in parts:
+            return f"partition {job.partition}"
+        if job.name and any_glob is not None:
+            name = job.name.lower()
+            if any_glob(name):  # one test for the many jobs no glob names; then which one
+                for pat, low in lowered:
+                    if fnmatch.fnmatchcase(name, low):
+                        return f"name matches {pat}"
+        for label in labels:
+            if label in job.labels:
+                return f"label {label}"
+        return None
+
+    return named
 
 
 def behaves_like_inference(bursts: Iterable[int], cfg: InferenceConfig) -> bool:
@@ -178,6 +186,15 @@ def interactive_session(job: Job, cfg: InteractiveConfig) -> str | None:
     return declared(job, cfg.partitions, cfg.name_patterns, cfg.labels)
 
 
+def sessions(snapshot: Snapshot, cfg: InteractiveConfig) -> list[str | None]:
+    """Return :func:`interactive_session` of each of ``snapshot``'s running jobs, in their order: asked once per
+    sweep's jobs and policy, though both idle rules read it."""
+    found: dict[InteractiveConfig, list[str | None]] = snapshot.memo("interactive_sessions", snapshot.jobs, dict)
+    if cfg not in found:
+        found[cfg] = [interactive_session(job, cfg) for job in snapshot.running_jobs()]
+    return found[cfg]
+
+
 def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, interactive: bool) -> list[Finding]:
     """Return a finding per running job whose allocated GPUs were all idle over ``cfg.window``.
 
@@ -196,8 +213,8 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
     from gpu_cost.perceive.snapshot import sparkline
 
     # each job is the business of one of the two rules: the other's jobs are not read at all
-    candidates = [(job, session) for job in snapshot.running_jobs()
-                  if bool(session := interactive_session(job, policy.interactive)) == interactive]
+    candidates = [(job, session) for job, session in zip(snapshot.running_jobs(), sessions(snapshot, policy.interactive),
+                                                         strict=True) if bool(session) == interactive]
     if not candidates:
         return []
     g = snapshot.view(cfg.window)
@@ -278,8 +295,9 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         if spare is not None:
             signals.append(evidence.signal("Replica set", spare.describe(),
                                            f"spare capacity of a serving set: {spare.advice()}"))
+        mean = float(np.add.reduce(umean[pos]) / len(pos))  # ndarray.mean's sum and division, without its overhead
         ev: dict[str, Any] = {
-            "util_max": r(top), "util_mean": r(float(umean[pos].mean())),
+            "util_max": r(top), "util_mean": r(mean),
             "window_s": cfg.window, "util_max_lookback": r(top_lb),
             "bursts_lookback": n_bursts, "runtime_s": round(snapshot.ts - job.start_ts),
             "confidence": conf, "confidence_why": conf_why, "signals": signals, "mem_resident": resident,
