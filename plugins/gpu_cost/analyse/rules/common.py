@@ -12,9 +12,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpu_cost.analyse import baselines, evidence, replicas
 from gpu_cost.analyse.jobrows import job_index
 from gpu_cost.config.schema import InferenceConfig, InteractiveConfig, Policy
-from gpu_cost.core.model import Finding, Job, Snapshot
+from gpu_cost.core.model import Finding, Job, Snapshot, device_id
+from gpu_cost.perceive.snapshot import sparkline
 
 
 def shared_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -47,8 +49,6 @@ class Devices:
 
         The share is None when every row is a whole GPU: the finding's ``gpus`` already says what it holds.
         """
-        from gpu_cost.core.model import device_id
-
         migs = self.migs[pos] if self.migs is not None else [""] * len(pos)
         ids = tuple(device_id(str(h), int(i), str(m or "")) for h, i, m in
                     zip(self.hosts[pos], self.idx[pos], migs, strict=True))
@@ -131,8 +131,6 @@ def service_verdict(snapshot: Snapshot, policy: Policy, job: Job, *, bursts: int
     max of its GPUs' idle→busy bursts), recognised by its class baseline, or an idle replica of a set whose other
     members serve — unless its own log (``log``: :func:`gpu_cost.analyse.evidence.classify_log`) says it finished or
     crashed."""
-    from gpu_cost.analyse import baselines, replicas
-
     klass = snapshot.classes.get(job.job_id)
     baseline = baselines.is_service(klass)
     spare = None if log.get("state") in ("finished", "crashed") else replicas.spare(snapshot, policy, job.job_id)
@@ -209,9 +207,6 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
     its value, why it counted), a ``confidence`` and ``mem_resident`` (the engine's test of a job
     it cannot classify).
     """
-    from gpu_cost.analyse import baselines, evidence
-    from gpu_cost.perceive.snapshot import sparkline
-
     # each job is the business of one of the two rules: the other's jobs are not read at all
     candidates = [(job, session) for job, session in zip(snapshot.running_jobs(), sessions(snapshot, policy.interactive),
                                                          strict=True) if bool(session) == interactive]
