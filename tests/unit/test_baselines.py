@@ -758,6 +758,28 @@ def test_the_classes_of_kinds_show_every_kind_and_young_classes() -> None:
     assert min(young.count(k) for k in ("service", "unknown")) >= 3, young  # a young class busy enough is training
 
 
+def test_a_young_class_whose_counted_members_never_idled_has_no_resident_share() -> None:
+    """A young class is judged by its members seen since the cold start: when none of them was ever idle, it has no
+    memory-resident share, though its newer members (seen for less than the cold start) idled with memory held."""
+    cfg = POLICY.baselines
+    seen = 4 * 3600.0
+    busy = [{"job_id": f"b{i}", "class_key": "f", "coarse_key": "c", "first_seen": NOW - seen, "last_seen": NOW,
+             "data_ts": NOW, "start_ts": NOW - seen, "seen_s": seen, "active_s": seen, "idle_s": 0.0,
+             "idle_mem_s": 0.0, "wakes": 0, "gpus": 1, "cpu_active_s": 0.0, "cpu_pct_s": 0.0} for i in range(3)]
+    newer = [{**busy[0], "job_id": f"n{i}", "first_seen": NOW - 7200, "start_ts": NOW - 7200, "seen_s": 7200.0,
+              "active_s": 0.0, "idle_s": 7200.0, "idle_mem_s": 7200.0} for i in range(6)]
+    assert newer[0]["seen_s"] < cfg.cold_start <= seen
+    members = [*busy, *newer]
+    got = stats_of_rows(members, NOW, cfg, STEP)
+    want = _class_stats_one_class_at_a_time(members, NOW, cfg, STEP)
+    for key in (("fine", "f"), ("coarse", "c")):
+        # the whole class is mostly idle, resident: its counted members' hours make it a young training class
+        assert got[key]["cold_start_s"] == want[key]["cold_start_s"] == round(seen)
+        assert got[key]["kind"] == want[key]["kind"] == "training"
+        assert got[key]["busy_share"] == want[key]["busy_share"] == 1.0
+        assert got[key]["mem_resident_share"] is None and want[key]["mem_resident_share"] is None
+
+
 # -- a job's state, every job at once ---------------------------------------------------------------------------
 def _job_state_by_definition(g: pd.DataFrame, policy: Policy) -> dict[str, tuple[int, bool, bool, bool]]:
     """A job's state read row by row: fresh GPUs (not stale, utilisation seen), active when a fresh one is at the
