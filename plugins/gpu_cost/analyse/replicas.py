@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-import statistics
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -200,23 +199,31 @@ def _build(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
         found.extend((owner, stem, run) for run in runs if len(run) >= cfg.min_members)
     if not found:
         return {}
-    busy = index.reduce(np.maximum, umax) >= thr
-    busy_lb = index.reduce(np.maximum, np.nan_to_num(umax_lb, nan=0.0)) >= thr
+    busy = (index.reduce(np.maximum, umax) >= thr).tolist()
+    busy_lb = (index.reduce(np.maximum, np.nan_to_num(umax_lb, nan=0.0)) >= thr).tolist()
     sets = [tuple(sorted(jid for _, jid in run)) for _, _, run in found]
     peaks = _peaks(sets, index, charts, thr)
+    classes = snapshot.classes
     out: dict[str, ReplicaSet] = {}
     for (owner, stem, run), ids, peak in zip(found, sets, peaks, strict=True):
-        busy_now = tuple(m for m in ids if busy[index.code[m]])
-        serving = tuple(m for m in ids if busy[index.code[m]] or busy_lb[index.code[m]]
-                        or int((snapshot.classes.get(m) or {}).get("member_wakes") or 0) >= 1)
+        codes = [code_of[m] for m in ids]
+        busy_now = tuple(m for m, k in zip(ids, codes, strict=True) if busy[k])
+        serving = tuple(m for m, k in zip(ids, codes, strict=True) if busy[k] or busy_lb[k]
+                        or int((classes.get(m) or {}).get("member_wakes") or 0) >= 1)
         if peak is not None:
             peak = max(peak, len(busy_now))
         needed = None if peak is None else max(1, math.ceil(peak * (1.0 + cfg.headroom)))
         made = ReplicaSet(key=f"{owner}|{stem}", owner=owner, stem=stem, members=ids,
-                          footprint_mib=float(statistics.median(f for f, _ in run)), busy_now=busy_now, serving=serving,
+                          footprint_mib=_median_of_sorted([f for f, _ in run]), busy_now=busy_now, serving=serving,
                           peak_busy=peak, needed=needed)
         out.update({jid: made for _, jid in run})
     return out
+
+
+def _median_of_sorted(values: list[float]) -> float:
+    """Return ``statistics.median`` of ``values`` already in ascending order (it would sort them again)."""
+    n = len(values)
+    return float(values[n // 2]) if n % 2 == 1 else float((values[n // 2 - 1] + values[n // 2]) / 2)
 
 
 def _peaks(sets: list[tuple[str, ...]], index: JobRows, charts: np.ndarray | None, thr: float) -> list[int | None]:
