@@ -600,7 +600,7 @@ def test_the_columns_a_process_keeps_describe_the_classes_as_the_member_rows_do(
     members = _random_members(rng, NOW)
     known = baselines._Known()
     for m in members:
-        known._put(dict(m), newer_only=False)
+        known._put_all([dict(m)], newer_only=False)
     # this sweep: some kept members seen again (their figures moved on), and two jobs the process never kept
     own = [{**m, "last_seen": NOW, "seen_s": m["seen_s"] + STEP, "active_s": m["active_s"] + STEP}
            for m in rng.choice(members, size=12, replace=False)] + _random_members(rng, NOW, n=2, first_id=1000)

@@ -467,9 +467,6 @@ class _Known:
         self.read: dict[tuple[str, str], float] = {}
         self.newest = -math.inf
 
-    def _put(self, row: dict[str, Any], *, newer_only: bool) -> None:
-        self._put_all([row], newer_only=newer_only)
-
     def _put_all(self, rows: Iterable[dict[str, Any]], *, newer_only: bool) -> None:
         """Keep ``rows`` in their order (``newer_only``: a row replaces a kept one only for a later instant); their
         figures go to the columns together."""
