@@ -61,3 +61,90 @@ def test_a_gpu_two_jobs_hold_or_one_shared_job_holds_is_shared() -> None:
     assert out["job_id"].tolist() == [None, None, None, None]
     assert out["attribution"].tolist() == ["shared", "shared", "none", "none"]
     assert out["sharers"].tolist() == ["7,8", "9", "", ""] and problems == []
+
+
+def _plain(gpus: pd.DataFrame, jobs: list[Job], procs: list[GpuProcess]) -> list[tuple[object, ...]]:
+    """What each whole GPU gets, read GPU by GPU from the rules in :func:`attribute`'s docstring."""
+    running = {j.job_id: j for j in jobs if j.running}
+    out: list[tuple[object, ...]] = []
+    for host, gpu, uuid, label in zip(gpus["host"], gpus["gpu"], gpus["uuid"], gpus["label_job_id"], strict=True):
+        holders = {j.job_id for j in running.values() for h, idx in j.gpu_alloc if h == host and gpu in idx}
+        on = [p for p in procs if (uuid and p.gpu_uuid == uuid) or (p.host == host and p.gpu == gpu)]
+        cg = {p.job_id for p in on if p.job_id}
+        cg_running = {c for c in cg if c in running}
+        if len(holders) > 1 or any(running[h].gpu_shared for h in holders):
+            out.append((None, "shared", ",".join(sorted(holders | cg_running)), ()))
+            continue
+        slurm = next(iter(holders), None)
+        label_running = label if label in running else None
+        said: tuple[str, ...] = ()
+        if len({c for c in (slurm, label_running, *cg_running) if c}) > 1:
+            got: tuple[object, str] = (None, "conflict")
+            said = ("sources name different jobs",)
+        elif slurm:
+            got = (slurm, "slurm")
+            said = tuple(f"process {p.pid} " for p in (p for p in procs if (p.gpu_uuid == uuid if uuid else
+                                                                              (p.host, p.gpu) == (host, gpu)))
+                         if not p.job_id or p.job_id not in running)
+        elif label_running or cg_running:
+            got, said = (None, "conflict"), ("Slurm allocates",)
+        else:
+            got = (None, "none")
+        out.append((*got, "", said))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_gpu_gets_what_a_plain_reading_of_the_sources_gives(seed: int) -> None:
+    """Random nodes, jobs (running or not, sharing, overlapping), labels and processes (own, another's, an ended
+    job's, nobody's, by UUID or by index alone): each GPU's job, attribution, sharers and disagreements are
+    those of the GPU read on its own."""
+    import random
+
+    rng = random.Random(seed)
+    for _case in range(40):
+        rows = [(h, g) for h in ("g1", "g2") for g in range(4)]
+        gpus = pd.DataFrame({"host": [h for h, _ in rows], "gpu": [g for _, g in rows],
+                             "uuid": [f"GPU-{h}-{g}" if rng.random() < 0.8 else "" for h, g in rows]})
+        jobs = []
+        for k in range(rng.randint(0, 6)):
+            alloc = tuple((h, tuple(sorted(rng.sample(range(4), rng.randint(1, 3)))))
+                          for h in sorted(rng.sample(["g1", "g2"], rng.randint(1, 2))))
+            jobs.append(Job(job_id=str(10 + k), user="ann", state=rng.choice(["RUNNING", "RUNNING", "COMPLETED"]),
+                            gpu_alloc=alloc, nodes=tuple(h for h, _ in alloc), gpu_shared=rng.random() < 0.1))
+        ids = [j.job_id for j in jobs] + ["99"]
+        gpus["label_job_id"] = [rng.choice(["", "", *ids]) for _ in rows]
+        procs = []
+        for pid in range(rng.randint(0, 10)):
+            h, g = rng.choice(rows)
+            uuid = f"GPU-{h}-{g}" if rng.random() < 0.7 else ""
+            procs.append(GpuProcess(host=h, pid=100 + pid, gpu_uuid=uuid, gpu=g, used_mib=500.0, start_ts=1.0,
+                                    job_id=rng.choice([None, *ids])))
+        out, problems = attribute(gpus, jobs, procs)
+        sharers = out["sharers"].tolist() if "sharers" in out else [""] * len(rows)
+        want = _plain(gpus, jobs, procs)
+        assert [(j, a, s) for j, a, s, _ in want] == list(zip(out["job_id"], out["attribution"], sharers,
+                                                               strict=True)), (seed, _case)
+        said = [((h, g), text) for (h, g), (*_, texts) in zip(rows, want, strict=True) for text in texts]
+        assert len(problems) == len(said), (seed, _case)
+        for p, ((h, g), text) in zip(problems, said, strict=True):
+            assert (p.host, p.gpu) == (h, g) and text in p.what, (seed, _case, p)
+
+
+@pytest.mark.parametrize(("job_node", "label", "want"), [
+    ("g1", "", ("7", "cgroup")),          # the job holds GPUs on the slice's node: its process says which slice
+    ("g1", "7", ("7", "cgroup")),         # the exporter's label agreeing
+    ("g1", "8", (None, "conflict")),      # the label names another job
+    ("g2", "", (None, "conflict")),       # the job holds nothing on this node: its process there is no claim
+])
+def test_a_slice_no_allocation_names_is_the_job_whose_process_runs_there(job_node: str, label: str,
+                                                                          want: tuple[str | None, str]) -> None:
+    """Slurm's MIG gres indices do not say which slice a job got: the slice is the job's own when the job's
+    process runs in it and the job holds GPUs on that node (its allocation names the parent GPU's node)."""
+    gpus = pd.DataFrame({"host": ["g1"], "gpu": [0], "uuid": ["GPU-0"], "label_job_id": [label],
+                         "mig": ["3"], "mig_uuid": ["MIG-a"], "mig_profile": ["1g.10gb"]})
+    jobs = [Job(job_id="7", user="ann", gpu_alloc=((job_node, (0,)),), nodes=(job_node,)),
+            Job(job_id="8", user="bob", gpu_alloc=(("g3", (0,)),), nodes=("g3",))]
+    procs = [GpuProcess(host="g1", pid=5, gpu_uuid="MIG-a", gpu=0, used_mib=900.0, start_ts=1.0, job_id="7", mig="3")]
+    out, _ = attribute(gpus, jobs, procs)
+    assert (out["job_id"].iloc[0], out["attribution"].iloc[0]) == want

@@ -42,15 +42,16 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     alloc: dict[tuple[str, int], set[str]] = defaultdict(set)
     mig_alloc: dict[tuple[str, str], set[str]] = defaultdict(set)
     shared_jobs = {jid for jid, j in running.items() if j.gpu_shared}
-    gpu_hosts: dict[str, set[str]] = defaultdict(set)
+    mig_hosts: AbstractSet[str]
     for j in running.values():
-        mig_hosts = {h for h, _ in j.mig_alloc}
-        for host, slices in j.mig_alloc:
-            gpu_hosts[j.job_id].add(host)
-            for sl in slices:
-                mig_alloc[(host, sl)].add(j.job_id)
+        if j.mig_alloc:
+            mig_hosts = {h for h, _ in j.mig_alloc}
+            for host, slices in j.mig_alloc:
+                for sl in slices:
+                    mig_alloc[(host, sl)].add(j.job_id)
+        else:
+            mig_hosts = _NONE
         for host, idx in j.gpu_alloc:
-            gpu_hosts[j.job_id].add(host)
             if host in mig_hosts:
                 continue  # on this node its GPU indices count slices, not physical GPUs
             for i in idx:
@@ -85,11 +86,13 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     mig_uuids = gpus["mig_uuid"].fillna("").astype(str).tolist() if "mig_uuid" in gpus else [""] * n
     job_ids: list[str | None] = []
     how: list[str] = []
-    sharers: list[str] = []
+    sharers: dict[int, str] = {}  # row -> the jobs sharing it
     problems: list[Disagreement] = []
     holders: AbstractSet[str]
     cg: AbstractSet[str]
-    for host, gpu, uuid, label, mig, mig_uuid in zip(hosts, idxs, uuids, labels, migs, mig_uuids, strict=True):
+    slurm: str | None
+    for row, (host, gpu, uuid, label, mig, mig_uuid) in enumerate(zip(hosts, idxs, uuids, labels, migs, mig_uuids,
+                                                                       strict=True)):
         if mig:
             holders = mig_alloc.get((host, f"{gpu}/{mig}"), set()) | (mig_alloc.get((host, mig_uuid), set())
                                                                       if mig_uuid else set())
@@ -102,25 +105,26 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
             on_uuid, on_index = by_uuid.get(uuid), by_index.get(key)
             cg = on_uuid | on_index if on_uuid and on_index else on_uuid or on_index or _NONE
             leftovers = orphans_uuid.get(uuid, []) if uuid else orphans_index.get(key, [])
-        cg_running = {c for c in cg if c in running} if cg else _NONE
+        # Slurm's holders are running jobs: processes of the holder alone are running ones (the common case)
+        cg_running = cg if not cg or cg == holders else {c for c in cg if c in running}
         if len(holders) > 1 or (shared_jobs and not holders.isdisjoint(shared_jobs)):
             # several jobs on one device: its utilisation is nobody's alone
             job_ids.append(None)
             how.append("shared")
-            sharers.append(",".join(sorted(holders | cg_running)))
+            sharers[row] = ",".join(sorted(holders | cg_running))
             continue
-        sharers.append("")
-        slurm = next(iter(holders)) if holders else None
+        (slurm,) = holders or (None,)
         if mig and slurm is None and len(cg_running) == 1:
-            only = next(iter(cg_running))
-            if host in gpu_hosts.get(only, set()) and label in ("", only):
+            (only,) = cg_running
+            job = running[only]
+            if any(h == host for h, _ in (*job.gpu_alloc, *job.mig_alloc)) and label in ("", only):
                 # the job's own process runs on the slice (its MIG UUID in the environment or cgroup)
                 job_ids.append(only)
                 how.append("cgroup")
                 continue
         label_running = label if label in running else None
-        if not cg_running and (not label_running or label_running == slurm):
-            claims = 1  # the common case: Slurm's word alone, or the exporter's label agreeing with it
+        if (not cg_running or cg_running == holders) and (not label_running or label_running == slurm):
+            claims = 1  # the common case: Slurm's word alone, or the exporter's label or the processes agreeing with it
         else:
             claims = len({c for c in (slurm, label_running, *cg_running) if c})
         if claims > 1:
@@ -132,7 +136,8 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
         if slurm:
             job_ids.append(slurm)
             how.append("slurm")
-            problems.extend(_leftover(host, gpu, mig, p, slurm) for p in leftovers)
+            if leftovers:
+                problems.extend(_leftover(host, gpu, mig, p, slurm) for p in leftovers)
         elif label_running:
             # the exporter says a running job uses it but Slurm does not list the GPU for it
             job_ids.append(None)
@@ -150,8 +155,11 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     out = gpus.copy()
     out["job_id"] = pd.Series(job_ids, index=out.index, dtype=object)
     out["attribution"] = how
-    if any(sharers):
-        out["sharers"] = pd.Series(sharers, index=out.index, dtype=object)
+    if any(sharers.values()):
+        shared_by = [""] * n
+        for row, names in sharers.items():
+            shared_by[row] = names
+        out["sharers"] = pd.Series(shared_by, index=out.index, dtype=object)
     return out, problems
 
 
