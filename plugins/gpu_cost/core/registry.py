@@ -376,7 +376,8 @@ class Names(AbstractSet[str]):
         return self._cache
 
     def __contains__(self, x: object) -> bool:
-        self._names()
+        if not (_steady[0] and self._seen == _version[0]):
+            self._names()  # in a steady block, with nothing registered since, the set is current
         return x in self._set
 
     def __iter__(self) -> Iterator[str]:

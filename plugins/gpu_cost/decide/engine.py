@@ -42,7 +42,7 @@ from gpu_cost.core.model import (
 from gpu_cost.core.perf import gc_paused
 from gpu_cost.core.timeutil import iso
 from gpu_cost.decide.cost import stakes
-from gpu_cost.decide.protections import protection_for
+from gpu_cost.decide.protections import checks_of, most_restrictive, protection_for
 
 #: the notices: every action the registry declares ``notice=True``
 NOTICE_ACTIONS = registry.names(notice=True)
@@ -129,12 +129,13 @@ def decide(
     found_keys: set[tuple[str, str, str]] = set()
     notes = policy.notifications
     modes: dict[str, str] = {}  # rule → its effective mode, asked once per rule
+    protections = checks_of(policy.protections)
     for f in findings:
         mode = modes.get(f.rule) or modes.setdefault(f.rule, policy.rule_mode(f.rule))
         track = track_of(mode)
         key = (f.rule, f.target, track)
         found_keys.add(key)
-        prot = protection_for(f, policy.protections)
+        prot = most_restrictive(f, protections)
         ladder = _ladder(f, policy, prot.level if prot else None)
         row = escalations.get(key)
         wrong = (disputed or {}).get((f.rule, f.target))

@@ -39,7 +39,8 @@ def _tests(m: Match) -> tuple[Callable[[Finding], bool], ...]:
         names = _globs(m.name_patterns)
         tests.append(lambda f: names.match(f.name or "") is not None)
     if m.labels:
-        tests.append(lambda f: any(label in f.labels for label in m.labels))
+        labels = frozenset(m.labels)
+        tests.append(lambda f: not labels.isdisjoint(f.labels))
     if m.nodes:
         nodes = _globs(m.nodes)
         tests.append(lambda f: any(nodes.match(h) is not None for h in _hosts(f)))
@@ -63,10 +64,30 @@ def _hosts(f: Finding) -> set[str]:
 
 def protection_for(f: Finding, protections: Iterable[Protection]) -> Protection | None:
     """Return the most restrictive protection covering the finding, or None."""
+    return most_restrictive(f, checks_of(protections))
+
+
+#: each protection with its match's tests (:func:`checks_of`)
+Checks = tuple[tuple[Protection, tuple[Callable[[Finding], bool], ...]], ...]
+
+
+def checks_of(protections: Iterable[Protection]) -> Checks:
+    """Return each protection with its match's tests, to ask many findings (a sweep asks every one)."""
+    return tuple((p, _tests(p.match)) for p in protections)
+
+
+def most_restrictive(f: Finding, checks: Checks) -> Protection | None:
+    """:func:`protection_for` with the protections' tests already built (:func:`checks_of`)."""
     best: Protection | None = None
-    for p in protections:
-        if matches(p.match, f) and (best is None or LEVEL_ORDER[p.level] < LEVEL_ORDER[best.level]):
-            best = p
+    for p, tests in checks:
+        if not tests:
+            continue  # a match with no criterion matches nothing
+        for test in tests:
+            if not test(f):
+                break  # the first criterion that fails decides
+        else:
+            if best is None or LEVEL_ORDER[p.level] < LEVEL_ORDER[best.level]:
+                best = p
     return best
 
 
