@@ -34,12 +34,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from gpu_cost.analyse.jobrows import JobRows, job_index
 from gpu_cost.config.schema import Policy
 from gpu_cost.core.model import Snapshot
-from gpu_cost.perceive.snapshot import chart_table
+from gpu_cost.perceive.snapshot import chart_values
 
 _SEP = re.compile(r"([-_.]+)")
 #: what Kubernetes generates for a pod's name: a template hash and a suffix in an alphabet without vowels
@@ -239,11 +238,14 @@ def _peaks(sets: list[tuple[str, ...]], index: JobRows, charts: np.ndarray | Non
     if charts is None or not sets:
         return [None] * len(sets)
     members = np.concatenate([index.rows[m] for s in sets for m in s])
-    mine, texts = pd.factorize(np.array([str(c or "") for c in charts[members]], dtype=object))
+    texts, mine = np.unique(np.array([str(c or "") for c in charts[members]], dtype=object), return_inverse=True)
     which = np.full(len(charts), len(texts))  # another GPU's chart: the empty one after the texts
     which[members] = mine
-    counts, table = chart_table([*texts.tolist(), ""])  # an empty chart is no buckets
-    lengths = counts.astype(float)
+    parsed = [chart_values(str(t)) if t else () for t in texts] + [()]  # an empty chart is no buckets
+    lengths = np.array([len(b) for b in parsed], dtype=float)
+    table = np.full((len(parsed), max(1, int(lengths.max()))), np.nan)
+    for k, b in enumerate(parsed):
+        table[k, :len(b)] = b
     table[table < 0] = np.nan  # a bucket with no data
     # per job: its GPUs' chart length (when they agree) and, per bucket, whether one of its GPUs was busy
     shortest, longest = index.reduce(np.minimum, lengths[which]), index.reduce(np.maximum, lengths[which])

@@ -112,21 +112,6 @@ def chart_values(text: str) -> tuple[float, ...]:
     return tuple(float(x) if x != "" else -1.0 for x in text.split(","))
 
 
-def chart_table(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Return many chart texts' values at once: each text's number of buckets (0: an empty text), and a table of
-    their :func:`chart_values`, one row per text, NaN past a text's buckets.
-
-    The fields of every text are parsed in one pass (a sweep of 100,000 GPUs has tens of thousands of distinct
-    charts, too many to parse one text at a time), by NumPy's reading of a float, which reads what ``float()``
-    reads; a field that is no number is a ``ValueError`` naming it."""
-    lengths = np.array([t.count(",") + 1 if t else 0 for t in texts], dtype=np.int64)
-    table = np.full((len(texts), max(1, int(lengths.max(initial=0)))), np.nan)
-    fields = np.array(",".join([t for t in texts if t]).split(",")) if lengths.any() else np.zeros(0, dtype=str)
-    values = np.where(fields == "", "-1", fields).astype(float)
-    table[np.arange(table.shape[1]) < lengths[:, None]] = values  # row by row, as the fields were joined
-    return lengths, table
-
-
 def from_samples(
     *,
     policy: Policy,
