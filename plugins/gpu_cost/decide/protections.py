@@ -24,8 +24,17 @@ def matches(m: Match, f: Finding) -> bool:
 
     A match with no criterion matches nothing. The first criterion that fails decides.
     """
-    tests = _tests(m)
-    return bool(tests) and all(test(f) for test in tests)
+    return _passes(_tests(m), f)
+
+
+def _passes(tests: tuple[Callable[[Finding], bool], ...], f: Finding) -> bool:
+    """:func:`matches` with the match's tests built: none given matches nothing; the first that fails decides."""
+    if not tests:
+        return False
+    for test in tests:
+        if not test(f):
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=1024)
@@ -80,14 +89,8 @@ def most_restrictive(f: Finding, checks: Checks) -> Protection | None:
     """:func:`protection_for` with the protections' tests already built (:func:`checks_of`)."""
     best: Protection | None = None
     for p, tests in checks:
-        if not tests:
-            continue  # a match with no criterion matches nothing
-        for test in tests:
-            if not test(f):
-                break  # the first criterion that fails decides
-        else:
-            if best is None or LEVEL_ORDER[p.level] < LEVEL_ORDER[best.level]:
-                best = p
+        if _passes(tests, f) and (best is None or LEVEL_ORDER[p.level] < LEVEL_ORDER[best.level]):
+            best = p
     return best
 
 
