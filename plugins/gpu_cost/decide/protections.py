@@ -7,12 +7,11 @@ itself (:func:`node_protection`: only ``match.nodes`` can name a bare node) and 
 
 from __future__ import annotations
 
-import fnmatch
 import functools
-import re
 from collections.abc import Callable, Iterable
 
 from gpu_cost.config.schema import Match, Protection
+from gpu_cost.core.globs import any_glob
 from gpu_cost.core.model import Finding, Job
 
 #: most restrictive first
@@ -45,13 +44,13 @@ def _tests(m: Match) -> tuple[Callable[[Finding], bool], ...]:
         if values:
             tests.append(_one_of(field, frozenset(values)))
     if m.name_patterns:
-        names = _globs(m.name_patterns)
+        names = any_glob(m.name_patterns)
         tests.append(lambda f: names.match(f.name or "") is not None)
     if m.labels:
         labels = frozenset(m.labels)
         tests.append(lambda f: not labels.isdisjoint(f.labels))
     if m.nodes:
-        nodes = _globs(m.nodes)
+        nodes = any_glob(m.nodes)
         tests.append(lambda f: any(nodes.match(h) is not None for h in _hosts(f)))
     return tuple(tests)
 
@@ -59,11 +58,6 @@ def _tests(m: Match) -> tuple[Callable[[Finding], bool], ...]:
 def _one_of(field: str, allowed: frozenset[str]) -> Callable[[Finding], bool]:
     """Return a test: the finding's ``field`` (empty when unset) is one of ``allowed``."""
     return lambda f: (getattr(f, field) or "") in allowed
-
-
-def _globs(patterns: Iterable[str]) -> re.Pattern[str]:
-    """Return one regex matching a whole string when any of the shell globs does (as ``fnmatchcase``)."""
-    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
 
 
 def _hosts(f: Finding) -> set[str]:

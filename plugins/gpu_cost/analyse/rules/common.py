@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ import pandas as pd
 from gpu_cost.analyse import baselines, evidence, replicas
 from gpu_cost.analyse.jobrows import job_index
 from gpu_cost.config.schema import InferenceConfig, InteractiveConfig, Policy
+from gpu_cost.core.globs import any_glob
 from gpu_cost.core.model import Finding, Job, Snapshot, device_id
 from gpu_cost.perceive.snapshot import sparkline
 
@@ -87,14 +87,14 @@ def _declaration(partitions: tuple[str, ...], name_patterns: tuple[str, ...],
     once per policy, not per job (every sweep asks it of every running job)."""
     parts = frozenset(partitions)
     lowered = [(pat, pat.lower()) for pat in name_patterns]
-    any_glob = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for _, p in lowered)).match if lowered else None
+    any_named = any_glob(low for _, low in lowered).match if lowered else None
 
     def named(job: Job) -> str | None:
         if job.partition and job.partition in parts:
             return f"partition {job.partition}"
-        if job.name and any_glob is not None:
+        if job.name and any_named is not None:
             name = job.name.lower()
-            if any_glob(name):  # one test for the many jobs no glob names; then which one
+            if any_named(name):  # one test for the many jobs no glob names; then which one
                 for pat, low in lowered:
                     if fnmatch.fnmatchcase(name, low):
                         return f"name matches {pat}"
