@@ -6,9 +6,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 PYTEST_ARGS ?=
-# the suite's workers (pytest-xdist): one per core, at most four, a test module to a worker (its module
-# fixtures are built once); each worker starts the session's services it needs. WORKERS=0: one process.
-WORKERS ?= auto
+# the suite's workers (pytest-xdist): one per core and one more, at most four, a test module to a worker
+# (its module fixtures are built once); each worker starts the session's services it needs. The extra
+# worker: about a third of the suite waits (on Airflow's schedulers, on windows of real samples), and
+# two workers on two cores kept them busy 70 % of the time. WORKERS=0: one process.
+WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 XDIST = $(if $(filter 0,$(WORKERS)),-p no:xdist,-n $(WORKERS) --maxprocesses 4 --dist loadfile)
 # how far test-clock-ahead moves the clock (faketime offset: +7d, +30d, +1y)
 SHIFT ?= +30d
