@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -54,9 +55,16 @@ def server(session_tmp: Path, _slack_server: Any) -> Iterator[AirflowServer]:
     nightly = yaml.safe_load((ROOT / "include" / "policy" / "default.yaml").read_text())
     nightly["forecast"].update({"series_per_task": 2, "sim_days": 15, "history": "15d"})
     (home / "nightly.yaml").write_text(yaml.safe_dump(nightly), encoding="utf-8")
+    # the default cluster pinned to the minute this deployment starts: its runs, minutes apart, see one cluster
+    # whose ladders advance even when they straddle 00:00 UTC (where the default anchor, the start of the UTC
+    # day, moves and the zombie's episode starts over)
+    scenario = home / "scenario.yaml"
+    pinned = datetime.fromtimestamp(time.time() // 60 * 60, tz=UTC).isoformat()
+    scenario.write_text((ROOT / "include" / "scenarios" / "default.yaml").read_text()
+                        .replace("seed: 7", f"seed: 7\nanchor: {pinned}", 1), encoding="utf-8")
     with deployment(home, (f"{DAG_ID}.py", f"{FORECAST_ID}.py"), _slack_server.webhook_url("/services/T0/B0/SWEEPSECRET"),
-                    {"GPU_COST_POLICY": str(policy), "GPU_COST_APPROVAL_NOTIFY": "0",
-                     "GPU_COST_SWEEP_SCHEDULE": "none"}) as s:
+                    {"GPU_COST_POLICY": str(policy), "GPU_COST_SCENARIO": str(scenario),
+                     "GPU_COST_APPROVAL_NOTIFY": "0", "GPU_COST_SWEEP_SCHEDULE": "none"}) as s:
         yield s
 
 
