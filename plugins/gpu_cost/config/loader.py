@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import fnmatch
 import re
 import zoneinfo
 from collections.abc import Callable, Sequence
@@ -16,6 +15,7 @@ from gpu_cost.config.schema import Policy, Window
 from gpu_cost.config.typed import Invalid, build
 from gpu_cost.core import paths, registry
 from gpu_cost.core.errors import PolicyError
+from gpu_cost.core.globs import any_glob
 from gpu_cost.core.timeutil import format_duration
 
 _HHMM = re.compile(r"^([01]\d|2[0-4]):([0-5]\d)$")
@@ -166,7 +166,7 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
         for key in ("name_patterns", "nodes"):
             for j, pat in enumerate(getattr(prot.match, key)):
                 try:
-                    re.compile(fnmatch.translate(pat))
+                    any_glob((pat,))  # what the protections will compile
                 except re.error as exc:
                     raise PolicyError(src, f"{base}.match.{key}[{j}]", f"bad pattern: {exc}") from None
     _check_tz(src, "notifications.timezone", policy.notifications.timezone)

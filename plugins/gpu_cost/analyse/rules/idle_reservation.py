@@ -41,6 +41,7 @@ from typing import Annotated
 from gpu_cost.analyse.rules import register
 from gpu_cost.config.schema import USER_NAME, Mode, Percent, Policy, Rung
 from gpu_cost.config.typed import Dur, Invalid, Range
+from gpu_cost.core.globs import any_glob
 from gpu_cost.core.model import AGENT, FOREIGN, OPTED_IN, Finding, Reservation, Snapshot, reservation_standing
 from gpu_cost.core.registry import RuleSpec
 
@@ -140,7 +141,7 @@ def check(cfg: IdleReservationRule, policy: Policy) -> None:
         if not pat.strip() or set(pat.strip()) <= {"*"}:
             raise Invalid(where, f"{pat!r} would let the agent release every reservation: name them")
         try:
-            re.compile(fnmatch.translate(pat))
+            any_glob((pat,))  # what the release test will compile
         except re.error as exc:
             raise Invalid(where, f"bad pattern: {exc}") from None
 
