@@ -19,7 +19,7 @@ def plan(**kw) -> PowerPlan:
 
 
 def policy(**kw) -> Policy:
-    return dataclasses.replace(Policy(), mode="enforce", offhours=OffhoursConfig(), **kw)
+    return dataclasses.replace(Policy(), mode="enforce", **{"offhours": OffhoursConfig(), **kw})
 
 
 def test_a_protection_the_plan_did_not_see_holds_the_power_down_back() -> None:
@@ -52,3 +52,31 @@ def test_a_node_that_did_not_come_back_is_recorded_as_a_decision_later_runs_read
     assert d.reason.startswith("did not come back from power saving: failed to resume")
     # one id per node and hour: a retried task records it once
     assert decisions_of(p, policy(), NOW + 60, "enforce")[0].decision_id == d.decision_id
+
+
+def test_a_plan_larger_than_the_policy_allows_alone_says_why_it_waits_for_a_human() -> None:
+    # offhours.approval_over_nodes: the plan's size is the reason, worded as every approval is, from the flag
+    down = [NodeChoice(f"gpu0{i}", "idle", gpus=4) for i in (1, 2, 3)]
+    p = plan(down=down, up=[NodeChoice("gpu09", "forecast demand", gpus=4)], needs_approval=True)
+    pol = policy(offhours=OffhoursConfig(approval_over_nodes=2))
+    ds = {d.target: d for d in decisions_of(p, pol, NOW, "enforce")}
+    for n in ("gpu01", "gpu02", "gpu03"):
+        d = ds[f"node:{n}"]
+        assert d.requires_approval and "approval required (3 nodes, over offhours.approval_over_nodes 2)" in d.reason
+    assert not ds["node:gpu09"].requires_approval and "approval" not in ds["node:gpu09"].reason  # waking asks no one
+    # recorded only: it would need one, and its reason says so without asking anybody
+    d = decisions_of(p, pol, NOW, "dry-run")[0]
+    assert not d.requires_approval and "would need approval (3 nodes, over offhours.approval_over_nodes 2)" in d.reason
+    # a plan within the bound asks no one
+    d = decisions_of(plan(down=down[:2]), pol, NOW, "enforce")[0]
+    assert not d.requires_approval and "approval" not in d.reason
+
+
+def test_a_protection_named_by_the_plan_and_the_guard_is_one_sentence() -> None:
+    ask = Protection(name="ask first", level="approval", match=Match(nodes=("gpu01",)))
+    p = plan(down=[NodeChoice("gpu01", "idle", gpus=4, protection="ask first")])
+    (d,) = decisions_of(p, policy(protections=(ask,)), NOW, "enforce")
+    assert d.requires_approval and d.reason.count("protection ask first") == 1
+    # one the guard does not see (a job's, on the node) is asked about all the same
+    (d,) = decisions_of(p, policy(), NOW, "enforce")
+    assert d.requires_approval and "approval required (protection ask first)" in d.reason

@@ -164,9 +164,11 @@ def test_reserve_decisions_pass_the_guards_of_every_way_in() -> None:
     proposals, _ = plan_reservations(_snap(()), _rpolicy(), NOW, demand)
     (d,) = decisions_for(proposals, _rpolicy(), NOW, "enforce")
     assert (d.action, d.mode, d.requires_approval, d.gpus) == ("reserve", "enforce", True, 32)
-    assert "approval_over_nodes" in d.reason and "6 short" in d.reason
+    assert "approval required (4 nodes, over reservations.approval_over_nodes 1)" in d.reason and "6 short" in d.reason
+    (d,) = decisions_for(proposals, _rpolicy(), NOW, "dry-run")  # worded from the flag: nobody is asked
+    assert not d.requires_approval and "would need approval (4 nodes, over reservations.approval_over_nodes 1)" in d.reason
     (d,) = decisions_for(proposals, _rpolicy(approval_over_nodes=4), NOW, "enforce")
-    assert not d.requires_approval
+    assert not d.requires_approval and "approval" not in d.reason
     # the run's dry-run, the section's milder mode, degraded data: recorded, never made
     for kw, mode, args in (({}, "dry-run", {}), ({"mode": "notify"}, "dry-run", {}),
                            ({}, "dry-run", {"degraded": True, "problems": ["slurm: down"]})):

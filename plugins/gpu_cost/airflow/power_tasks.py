@@ -153,7 +153,7 @@ def decisions_of(plan: Any, policy: Policy, now: float, mode: str, *, degraded: 
     from gpu_cost.decide.engine import Ask, guard
 
     episode = int(now // 3600)
-    ask = Ask(entry="power", mode=mode)
+    big = (f"{len(plan.down)} nodes, over offhours.approval_over_nodes {policy.offhours.approval_over_nodes}",)
     items = [("power_down", c.node, c) for c in plan.down] + [("power_up", c.node, c) for c in plan.up]
     items += [("none", name, None) for name in sorted(plan.failed)]
     out = []
@@ -167,15 +167,18 @@ def decisions_of(plan: Any, policy: Policy, now: float, mode: str, *, degraded: 
         f = Finding(rule=RULE, target_kind="node", target=target, action=action, gpus=c.gpus if c else 0,
                     host=node, nodes=(node,), partition=(c.partitions[0] if c is not None and c.partitions else None),
                     evidence=evidence)
-        v = guard(f, action, policy, now=now, ask=ask, degraded=degraded, problems=problems)
+        # a human approves a power-down when the plan is larger than the policy lets it act alone, or a
+        # protection of level approval covers the node or a job on it (a manual request lets it through)
+        approve = (big if action == "power_down" and plan.needs_approval else ()) + (
+            (f"protection {c.protection}",) if c is not None and c.protection is not None else ())
+        v = guard(f, action, policy, now=now, ask=Ask(entry="power", mode=mode, approve=approve), degraded=degraded,
+                  problems=problems)
         reason = c.reason if c is not None else f"did not come back from power saving: {plan.failed[node]}"
-        approval = v.requires_approval or (v.action == "power_down" and v.mode != "dry-run"
-                                           and (plan.needs_approval or (c is not None and c.protection is not None)))
         out.append(Decision(
             decision_id=decision_id(RULE, f"{target}:{action if c is not None else 'failed'}", episode, 0, v.track),
             ts=now, rule=RULE, target_kind="node", target=target, action=v.action, mode=v.mode, host=node,
             gpus=f.gpus, reason="; ".join([reason, *v.reasons]),
-            protection=(c.protection if c is not None else None) or v.protection, requires_approval=approval,
+            protection=(c.protection if c is not None else None) or v.protection, requires_approval=v.requires_approval,
             evidence={**evidence, **v.evidence, "track": v.track},
         ))
     return out
@@ -204,7 +207,7 @@ def plan_task(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str
     full = plan.to_dict()
     summary = {"run_id": run_id, "policy": policy.source, "source": source, "mode": mode, "now": now,
                "in_window": plan.in_window, "local_time": plan.local_time, "held": list(plan.held),
-               "needs_approval": plan.needs_approval or any(d.requires_approval for d in resv),
+               "needs_approval": any(d.requires_approval for d in decisions),
                "idle_kw": full["idle_kw"], "skipped": dict(plan.skipped), "reservation_notes": resv_notes,
                "problems": plan.problems,
                "counts": {"down": len(plan.down), "up": len(plan.up), "reserve": len(plan.reserve),

@@ -194,20 +194,15 @@ def decisions_for(proposals: Sequence[Proposal], policy: Policy, now: float, mod
         f = Finding(rule=RULE, target_kind="reservation", target=f"reservation:{p.name}", action="reserve",
                     gpus=p.gpus, account=p.account, partition=p.partition or None, user=None,
                     evidence=p.evidence())
-        v = guard(f, "reserve", policy, now=now, ask=Ask(entry="power", mode=run_mode), degraded=degraded,
-                  problems=problems)
-        reasons = list(v.reasons)
-        approval = v.requires_approval
-        if v.action != "none" and v.mode != "dry-run" and p.node_count > cfg.approval_over_nodes:
-            approval = True
-            reasons.append(f"approval required ({p.node_count} nodes, over reservations.approval_over_nodes "
-                           f"{cfg.approval_over_nodes})")
+        big = (f"{p.node_count} nodes, over reservations.approval_over_nodes {cfg.approval_over_nodes}",)
+        v = guard(f, "reserve", policy, now=now, degraded=degraded, problems=problems,
+                  ask=Ask(entry="power", mode=run_mode, approve=big if p.node_count > cfg.approval_over_nodes else ()))
         track = v.track
         out.append(Decision(
             decision_id=decision_id(RULE, f.target, 1, 0, track), ts=now, rule=RULE, target_kind="reservation",
             target=f.target, action=v.action, mode=v.mode, account=p.account, partition=p.partition or None,
-            gpus=p.gpus, reason="; ".join([p.why(), *reasons]), protection=v.protection,
-            requires_approval=approval, evidence={**f.evidence, **v.evidence, "track": track},
+            gpus=p.gpus, reason="; ".join([p.why(), *v.reasons]), protection=v.protection,
+            requires_approval=v.requires_approval, evidence={**f.evidence, **v.evidence, "track": track},
         ))
     return out
 

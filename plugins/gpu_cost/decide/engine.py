@@ -367,12 +367,17 @@ class Ask:
         the ceiling, so a request may be milder, never stronger. None: the policy's.
     :param requested_by: who asked (the Airflow user who triggered a manual run).
     :param override: a justification to act on a protected target (manual reclaim only).
+    :param approve: why the way in itself wants a human to approve a destructive action, beyond what
+        the guards find: the run is larger than its policy lets it act alone (``offhours`` /
+        ``reservations.approval_over_nodes``), a protection of level ``approval`` the way in let
+        through. Worded like every other approval (:func:`approval_reason`).
     """
 
     entry: str = "sweep"
     mode: str | None = None
     requested_by: str | None = None
     override: str | None = None
+    approve: tuple[str, ...] = ()
 
 
 @dataclass
@@ -438,6 +443,8 @@ def _guarded(f: Finding, action: str, policy: Policy, prot: Protection | None, *
     asks: list[tuple[int, str, str]] = []
 
     def need_approval(why: str, lead: str = "") -> None:
+        if any(a[1] == lead and a[2] == why for a in asks):
+            return  # one sentence per reason (a protection the guards and the way in both name)
         asks.append((len(reasons), lead, why))
         reasons.append("")
     destructive = action in DESTRUCTIVE_ACTIONS
@@ -527,6 +534,9 @@ def _guarded(f: Finding, action: str, policy: Policy, prot: Protection | None, *
     if inference and destructive:
         evidence["inference"] = inference
         need_approval(f"looks like an inference service: {inference}")
+    if destructive:
+        for why in ask.approve:
+            need_approval(why)
     ceiling = policy.rule_mode(f.rule) if not manual else policy.mode
     mode = milder(ceiling, ask.mode) if ask.mode else ceiling
     if ask.mode and mode != ask.mode:
