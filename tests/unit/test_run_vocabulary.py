@@ -95,10 +95,15 @@ def test_a_refused_manual_reclaim_records_the_policys_mode(policy_dir: Path) -> 
     assert "action: 'explode' is not one of" in json.loads(row["problems"])[0]
 
 
-def test_a_manual_reclaim_refused_before_its_policy_loaded_records_no_mode(policy_dir: Path) -> None:
+def test_a_manual_reclaim_refused_before_its_policy_loaded_records_no_mode(policy_dir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPU_COST_SOURCE", raising=False)
     row = _prepare({**BAD_REQUEST, "policy": "nope"})
-    assert row["status"] == "refused" and row["mode"] is None
+    assert row["status"] == "refused" and row["mode"] is None and row["source"] == "sim"  # the source it named
     assert "not a policy of the deployment's policy directory" in json.loads(row["problems"])[0]
+    # "as configured" is the policy's sweep.source: with no policy there is no source to record, not the word
+    row = _prepare({**BAD_REQUEST, "policy": "nope", "source": "configured"})
+    assert row["status"] == "refused" and row["mode"] is None and row["source"] is None
 
 
 # -- the report: modes only, in the vocabulary's order ------------------------------------------------

@@ -31,7 +31,8 @@ def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
 
     A bad request raises :class:`~gpu_cost.loop.reclaim.ReclaimRequestError` before anything acts; it
     is recorded in ``gpu_cost_runs`` with status ``refused`` and the mode it would have run in (its
-    policy's, the request's when milder; none when the policy could not be loaded).
+    policy's, the request's when milder; none when the policy could not be loaded, and then no source
+    either unless the run or the deployment named one).
     """
     from gpu_cost.act.base import SIMULATED_SOURCES
     from gpu_cost.core.errors import PolicyError
@@ -40,7 +41,7 @@ def prepare(params: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, 
 
     run_id = runtime.audit_run_id(context)
     store = runtime.store()
-    source = str(params.get("source") or "")
+    source = runtime.asked_source(params)  # the policy's, once it has loaded
     now = time.time()
     mode: str | None = None  # a run's mode is a policy's: none until one is loaded
     try:

@@ -289,10 +289,11 @@ def source_param(choices: Sequence[str], *, env: Sequence[str] = SOURCE_ENV,
                  description=f"{what}; \"As configured\": {where}.")
 
 
-def source_from(policy: Policy, params: Mapping[str, Any] | None = None, *, env: Sequence[str] = SOURCE_ENV) -> str:
-    """Return the run's data source: its ``source`` param, else the first of ``env`` set, else the policy's.
+def asked_source(params: Mapping[str, Any] | None = None, *, env: Sequence[str] = SOURCE_ENV) -> str | None:
+    """Return the data source the run's ``source`` param or the deployment (the first of ``env`` set) names.
 
-    ``configured`` (the forms' default), None and an absent param all mean "as configured".
+    None: neither does, and the policy's ``sweep.source`` is the run's (a run refused before its
+    policy loaded records no source rather than the form's word ``configured``).
     """
     asked = (params or {}).get("source")
     if asked and asked != CONFIGURED_SOURCE:
@@ -300,7 +301,15 @@ def source_from(policy: Policy, params: Mapping[str, Any] | None = None, *, env:
     for var in env:
         if os.environ.get(var):
             return str(os.environ[var])
-    return str(policy.sweep.source)
+    return None
+
+
+def source_from(policy: Policy, params: Mapping[str, Any] | None = None, *, env: Sequence[str] = SOURCE_ENV) -> str:
+    """Return the run's data source: its ``source`` param, else the first of ``env`` set, else the policy's.
+
+    ``configured`` (the forms' default), None and an absent param all mean "as configured".
+    """
+    return asked_source(params, env=env) or str(policy.sweep.source)
 
 
 def data_instant(context: Mapping[str, Any], policy: Policy) -> float:

@@ -336,10 +336,11 @@ class AuditStore:
                 yield _row(r)
 
     # -- runs and snapshots -----------------------------------------------------------------
-    def begin_run(self, run_id: str, *, dag_id: str, started_at: float, data_ts: float, source: str,
+    def begin_run(self, run_id: str, *, dag_id: str, started_at: float, data_ts: float, source: str | None,
                   mode: str | None) -> None:
         """Write a run's log row; ``mode`` is one of :data:`~gpu_cost.core.model.MODES`, None when no policy was
-        loaded (anything else is refused: what happened to the run is its status, :meth:`finish_run`)."""
+        loaded (anything else is refused: what happened to the run is its status, :meth:`finish_run`); ``source``
+        None when no policy said which it is."""
         self.execute("insert_run", {"run_id": run_id, "dag_id": dag_id, "started_at": started_at, "data_ts": data_ts,
                                     "source": source, "mode": mode})
 
