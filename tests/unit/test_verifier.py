@@ -252,3 +252,23 @@ def test_the_verifier_commands_train_and_show(tmp_path: Any, capsys: pytest.Capt
     assert main(["verifier", "show", "--db", url]) == 0
     text = capsys.readouterr().out
     assert out["model_id"] in text and "40 labels (20 false positives, 20 confirmed)" in text
+
+
+def test_a_fit_that_cannot_score_is_stored_refused_and_the_last_good_model_goes_on(
+        policy: Policy, store: AuditStore) -> None:
+    labelled_history(policy, store)
+    good = verifier.train(store, policy, NOW)
+    assert good["status"] == "active"
+    # later decisions whose evidence carries a number too large to standardise (a corrupt exporter value):
+    # the mean overflows, and the fit would give a model the sweep refuses, or none at all
+    d = Decision.from_row(store.get_decision(next(r["decision_id"] for r in store.decisions_of_run("s0")
+                                                  if r["target"] == "job:1003")) or {})
+    bad = copies(d, 30, start=NOW + 600, every=60, mem_min_mib=1.0, util_mean=1e308)
+    store.record_decisions(bad, "later")
+    store.execute("upsert_job_usage", [usage(str(x.job_id), x.ts + k * 300, 0) for x in bad for k in range(1, 30)])
+    row = verifier.train(store, policy, NOW + 4 * 3600)
+    assert row["status"] == "refused" and "cannot score" in row["note"] and row["labels"] > good["labels"]
+    stored = store.query(f"SELECT model FROM gpu_cost_verifier_models WHERE model_id = '{row['model_id']}'")
+    assert stored[0]["model"] is None
+    model, problems = verifier.load_model(store, policy, NOW + 4 * 3600 + 1)
+    assert model is not None and model["model_id"] == good["model_id"] and problems == []

@@ -55,7 +55,7 @@ FEATURES = (
 #: the fewest labels of each kind a model needs besides ``verifier.min_labels``
 MIN_PER_CLASS = 5
 #: statuses of a stored model; only ``active`` is ever used
-STATUSES = ("active", "too_few_labels", "one_class")
+STATUSES = ("active", "too_few_labels", "one_class", "refused")
 #: the layout of the model JSON this code writes and scores (a model stored without one is version 1)
 MODEL_VERSION = 1
 #: how many stored models back the sweep looks for a good one when the newest are malformed
@@ -249,9 +249,16 @@ def train(store: AuditStore, policy: Policy, now: float, run_id: str | None = No
             note += f" ({bt['n_train']} older, {bt['n_test']} newer)"
         else:
             note += ": too few older labels of both kinds for a backtest"
-        model = fit(np.array([r["x"] for r in rows]), np.array([r["y"] for r in rows]))
-        model.update(horizon_s=cfg.horizon, trained_at=now)
-        row.update(status="active", note=note, model=json.dumps(model, sort_keys=True))
+        try:
+            # the model is checked as the sweep checks it where it loads it: never stored active to be refused there
+            with np.errstate(over="ignore", invalid="ignore"):
+                model = check_model(fit(np.array([r["x"] for r in rows]), np.array([r["y"] for r in rows])))
+        except (ModelError, ValueError) as exc:
+            row.update(status="refused", note=f"{note}: the fitted model cannot score ({exc}); not used, the last "
+                                              "good model goes on")
+        else:
+            model.update(horizon_s=cfg.horizon, trained_at=now)
+            row.update(status="active", note=note, model=json.dumps(model, sort_keys=True))
     digest = hashlib.sha256(json.dumps({k: row[k] for k in ("labels", "false_positives", "model")},
                                        sort_keys=True, default=str).encode()).hexdigest()[:8]
     row["model_id"] = f"verifier-{int(now)}-{digest}"
@@ -312,11 +319,14 @@ def load_model(store: AuditStore, policy: Policy, now: float) -> tuple[dict[str,
 
     The newest model trained by ``now`` decides: none when it is not ``active`` or has fewer labels
     than ``verifier.min_labels`` asks now. A malformed one (:func:`check_model`) is refused and
-    skipped, as if never stored, to the one before it: the last good model, or none.
+    skipped, as if never stored, to the one before it: the last good model, or none; so is one
+    :func:`train` stored as ``refused`` (its fit could not score).
     """
     problems: list[str] = []
     chosen: dict[str, Any] | None = None
     for r in store.fetch("recent_verifier_models", {"until": now, "limit": MODEL_HISTORY}):
+        if r["status"] == "refused":
+            continue  # a fit that could not score (train says why): as if never stored, like a malformed one
         if r["status"] != "active" or int(r["labels"] or 0) < policy.verifier.min_labels:
             break
         try:

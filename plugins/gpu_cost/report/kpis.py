@@ -351,6 +351,7 @@ VERIFIER_STATUS_TEXT = {
     "active": "In use: it is asked before every destructive action",
     "too_few_labels": "Not in use yet: too few decisions with a known outcome to learn from",
     "one_class": "Not in use yet: every decision with a known outcome went the same way, nothing to learn from",
+    "refused": "Not in use: the last training gave a model that cannot score; the one before it, if any, goes on",
 }
 
 
