@@ -44,6 +44,8 @@ _HOST_ALLOC = """
 SELECT ts, host, MAX(interval_s) AS interval_s, SUM(allocated_gpu_s) AS alloc, SUM(total_gpu_s) AS total
 FROM gpu_cost_usage WHERE ts > :since AND ts <= :until GROUP BY ts, host
 """
+#: the longest time a sweep after ``since`` stood for: how far past a span's end a sweep may still cover it
+_LONGEST_AFTER = "SELECT MAX(interval_s) AS interval_s FROM gpu_cost_usage WHERE ts > :since AND ts <= :until"
 _JOB_SEEN = """
 SELECT job_id, MIN(ts) AS first_ts, MAX(ts) AS last_ts, MAX(interval_s) AS interval_s, MAX(gpus) AS gpus,
        MAX(gpu_model) AS gpu_model
@@ -80,7 +82,13 @@ def reused(store: AuditStore, savings: Iterable[Mapping[str, Any]], until: float
     start = min(float(s["ts"]) for s in rows) - 86400.0
     end = max(float(s["ts"]) + float(s["gpu_hours"]) * 3600.0 / max(1, int(s["gpus"] or 1)) for s in rows)
     alloc: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)
-    for r in store.scan(_HOST_ALLOC, {"since": start, "until": min(end, until) + 1}):
+    hi = min(end, until) + 1
+    # the sweeps up to the latest span's end, and those after it that still cover part of a span (a sweep
+    # stands for ts - interval to ts): the first sweep stamped after a span's end holds its last minutes
+    after = None
+    if end < until:
+        after = (store.query(_LONGEST_AFTER, {"since": hi, "until": until + 1})[0] or {}).get("interval_s")
+    for r in store.scan(_HOST_ALLOC, {"since": start, "until": min(end + float(after or 0.0), until) + 1}):
         interval = float(r["interval_s"] or 0.0)
         if interval > 0:
             alloc[str(r["host"])].append((float(r["ts"]), interval, float(r["alloc"] or 0.0) / interval,

@@ -53,6 +53,18 @@ def test_re_used_counts_only_what_others_could_not_have_had(store) -> None:  # t
     assert got["gpu:d1"] == pytest.approx(0.5 * 1 + 1.0 * 2)
 
 
+def test_the_sweep_stamped_after_a_span_ends_counts_its_last_minutes(store) -> None:  # type: ignore[no-untyped-def]
+    # 2 GPUs freed at NOW for 1 h on a host that stays full; the sweeps fall 100 s after each 5 minutes, so the
+    # span's last 200 s are in the sweep stamped at NOW + 3,700 s, after the span (the latest one here) ends
+    _decision(store, "d1", "cancel", "1", 2, NOW)
+    for k in range(0, 30):
+        _usage(store, NOW + 100 + 300 * k, "g1", 8, 8)
+    assert ledger.reused(store, [_saving("d1", NOW, 2, 2.0)], NOW + 3 * H)["gpu:d1"] == 2.0
+    # a report at the span's end reads no sweep after its own instant: the last 200 s are not known yet
+    assert ledger.reused(store, [_saving("d1", NOW, 2, 2.0)], NOW + H)["gpu:d1"] == pytest.approx(2.0 - 2 * 200 / H,
+                                                                                                abs=1e-4)
+
+
 def test_a_host_with_spare_gpus_re_uses_nothing(store) -> None:  # type: ignore[no-untyped-def]
     _decision(store, "d1", "cancel", "1", 2, NOW)
     for k in range(1, 25):                 # 12 of 16 GPUs busy: the new jobs did not need the freed two
@@ -140,10 +152,9 @@ def test_over_replayed_days_savings_never_exceed_the_waste_seen(tmp_path: Path, 
 def _re_used_by_definition(sweeps: list[tuple[float, float, str, int, int]], savings: list[dict[str, Any]],
                            freed_on: dict[str, dict[str, int]], until: float) -> dict[str, float]:
     """Re-used GPU-hours per saving by its definition: every sweep of every host it freed GPUs on, each one's overlap
-    with the freed span, the GPUs allocated beyond what the host could have offered (at most the freed ones). The
-    usage read is that of the savings' time (up to the latest span's end: a sweep after it is not read)."""
-    last = min(max(float(s["ts"]) + s["gpu_hours"] * H / s["gpus"] for s in savings), until) + 1
-    sweeps = [x for x in sweeps if x[0] <= last]
+    with the freed span, the GPUs allocated beyond what the host could have offered (at most the freed ones). Every
+    sweep up to the report's instant is read: the one stamped after a span's end covers its last minutes."""
+    sweeps = [x for x in sweeps if x[0] <= until + 1]
     out = {}
     for s in savings:
         t0 = float(s["ts"])
