@@ -6,7 +6,9 @@ per-GPU frame, joining jobs and processes, the rules and the decision engine. Ge
 simulated samples is not timed. Each size runs in a fresh process; peak memory is the process's
 peak RSS during the sweep above what it held when the sweep began (the peak is reset first).
 ``usage_s`` is the usage record every live sweep also writes (:func:`gpu_cost.report.usage.record_usage`,
-on a scratch store), timed apart: ``total_s`` is the decision path alone.
+on a scratch store), timed apart: ``total_s`` is the decision path alone. So are ``park_s``, the
+snapshot written as JSON into the audit store (``park_mb`` of it) for the run's later tasks, as the
+DAG's first task does, and ``read_s``, one later task reading it back.
 
     python -m bench.sweep [--sizes 1000,10000,50000,100000] [--sharded 100000:16]
     python -m bench.sweep --sizes 100000 --sharded "" --jobs-per-node 8 --pending-per-node 8.6   # ~200k jobs
@@ -35,6 +37,7 @@ def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: fl
     from gpu_cost.analyse.rules import run_rules
     from gpu_cost.audit.store import AuditStore
     from gpu_cost.config.loader import load_policy
+    from gpu_cost.core.model import Snapshot
     from gpu_cost.decide.engine import decide
     from gpu_cost.perceive.snapshot import from_matrix
     from gpu_cost.report.usage import record_usage
@@ -64,10 +67,19 @@ def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: fl
     t4 = time.perf_counter()
     record_usage(store, snap, policy, run_id="bench")
     usage_s = time.perf_counter() - t4
+    # the snapshot the sweep parks in the audit store for the run's later tasks, and one of them reading it back
+    t5 = time.perf_counter()
+    text = snap.to_json()
+    store.save_snapshot("bench", now, text)
+    park_s = time.perf_counter() - t5
+    t6 = time.perf_counter()
+    Snapshot.from_json(store.load_snapshot("bench"))
+    read_s = time.perf_counter() - t6
     return {
         "gpus": gpus, "jobs": len([j for j in jobs if j.running]), "pending": len([j for j in jobs if j.pending]),
         "samples": int(m.util.size), "snapshot_s": t1 - t0, "rules_s": t2 - t1, "decide_s": t3 - t2, "total_s": t3 - t0,
         "peak_mb": peak, "findings": len(findings), "decisions": len(plan.decisions), "usage_s": usage_s,
+        "park_s": park_s, "read_s": read_s, "park_mb": len(text) / 1e6,
     }
 
 
@@ -154,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
             r["growth_vs_first"] = (r["total_s"] / first["total_s"]) / (r["gpus"] / first["gpus"])
     if rows:
         report("sweep", rows, ["gpus", "jobs", "pending", "samples", "snapshot_s", "rules_s", "decide_s", "total_s", "usage_s",
-                               "peak_mb", "findings", "decisions", "per_gpu_us", "growth_vs_first"])
+                               "park_s", "read_s", "park_mb", "peak_mb", "findings", "decisions", "per_gpu_us",
+                               "growth_vs_first"])
     split = [in_fresh_process("bench.sweep", ["--one-sharded", spec, *load]) for spec in args.sharded.split(",") if spec]
     if split:
         report("sweep-sharded", split, ["gpus", "jobs", "pending", "shards", "gpus_per_shard", "view_gpus_max", "collect_max_s",

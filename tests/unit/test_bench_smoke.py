@@ -29,6 +29,9 @@ def test_sweep_bench_smoke() -> None:
     sizes = [r["gpus"] for r in whole["results"]]
     assert sizes == [80, 160]
     assert all(r["findings"] >= 0 and r["total_s"] > 0 and r["usage_s"] > 0 for r in whole["results"])
+    # the parked snapshot: written and read back, and twice the GPUs write more of it
+    assert all(r["park_s"] > 0 and r["read_s"] > 0 for r in whole["results"])
+    assert whole["results"][1]["park_mb"] > whole["results"][0]["park_mb"] > 0
     # the sharded sweep of the same cluster: every GPU once, the same findings and decisions
     (s,) = split["results"]
     assert (s["gpus"], s["shards"], s["gpus_merged"]) == (160, 4, 160)

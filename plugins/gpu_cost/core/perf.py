@@ -6,7 +6,8 @@ allocation at that rate triggers several per phase: at 100,000 GPUs and 200,000 
 about 2.7 s of the sweep, with nothing to free (the objects are alive). :func:`gc_paused` turns the
 collector off for one phase and back on after it (on error too); garbage without cycles is freed
 as always, and cycles made in the phase wait for the next collection. The phases: the snapshot,
-the rules, the merge of a sharded sweep's groups and the decision.
+the rules, the merge of a sharded sweep's groups, the decision, and the snapshot's JSON the audit
+store parks for a run's later tasks, written and read.
 """
 
 from __future__ import annotations
