@@ -88,3 +88,40 @@ def test_a_payload_an_older_version_wrote_is_read(snap: Snapshot) -> None:
     doc["nodes"][0]["cpu_util"] = math.nan
     back = Snapshot.from_json(json.dumps(doc, separators=(",", ":")))
     assert back.jobs == snap.jobs and math.isnan(back.nodes[0].cpu_util or 0.0)
+
+
+def test_the_parked_texts_codec_writes_strict_sorted_json_and_reads_the_old_writers(snap: Snapshot) -> None:
+    import numpy as np
+
+    from gpu_cost.core import jsontext
+
+    value = {"b": [1, 2.5, None], "a": {"d": np.int64(3), "c": np.float64(0.25), "e": np.bool_(True)},
+             "n": math.nan, "i": -math.inf, "s": "caf\u00e9 \u2713", "t": ("x", 1)}
+    text = jsontext.dumps(value, sort_keys=True)
+    doc = json.loads(text, parse_constant=_no_constants)
+    assert doc == {"a": {"c": 0.25, "d": 3, "e": True}, "b": [1, 2.5, None], "i": None, "n": None,
+                   "s": "caf\u00e9 \u2713", "t": ["x", 1]}
+    assert list(doc) == sorted(doc) and list(doc["a"]) == sorted(doc["a"])  # a text two writers compare
+    assert jsontext.dumps({"b": 1, "a": 2}, sort_keys=True) == jsontext.dumps({"a": 2, "b": 1}, sort_keys=True)
+    assert jsontext.loads(text) == doc
+    older = json.dumps({"x": math.nan, "y": [1.5]}, sort_keys=True)  # the standard library's, as parked before
+    got = jsontext.loads(older)
+    assert math.isnan(got["x"]) and got["y"] == [1.5]
+
+
+
+def test_a_runs_findings_and_plan_read_back_as_they_were_parked(snap: Snapshot) -> None:
+    from gpu_cost.airflow.sweep_tasks import findings_of, findings_text, plan_of, plan_text
+    from gpu_cost.analyse.rules import run_rules
+    from gpu_cost.decide.engine import decide
+
+    policy = load_policy()
+    findings = run_rules(snap, policy)
+    assert findings
+    text = findings_text(findings)
+    json.loads(text, parse_constant=_no_constants)
+    assert findings_of(text) == findings
+    plan = decide(findings, policy, now=snap.ts, escalations={}, total_gpus=len(snap.gpus))
+    back = plan_of(plan_text(plan))
+    assert back.decisions == plan.decisions and back.openings == plan.openings and back.seen == plan.seen
+    assert plan_text(back) == plan_text(plan)

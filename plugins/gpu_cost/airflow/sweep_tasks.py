@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_cost.airflow import runtime
 from gpu_cost.core.errors import AuditError, GpuCostError
+from gpu_cost.core.perf import gc_paused
 
 if TYPE_CHECKING:  # the model, the engine, the policy, the sweep (numpy) and the store are imported where
     # used: DAG files import this module at parse time
@@ -202,10 +203,10 @@ def plan_key(run_id: str) -> str:
 
 
 def _dumps(value: Any) -> str:
-    import json
+    from gpu_cost.core import jsontext
 
     # keys sorted: XCom on PostgreSQL (JSONB) gives a dict back with its keys in another order
-    return json.dumps(value, sort_keys=True, default=lambda v: v.item() if hasattr(v, "item") else str(v))
+    return jsontext.dumps(value, sort_keys=True)
 
 
 def detect(ref: Mapping[str, Any], part: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
@@ -222,15 +223,14 @@ def detect(ref: Mapping[str, Any], part: Mapping[str, Any], context: Mapping[str
     view = Snapshot.from_json(store.load_snapshot(shards.snapshot_key(run_id, shard, of)))
     sets = None
     if of > 1:
-        import json
-
         from gpu_cost.analyse import replicas
+        from gpu_cost.core import jsontext
 
-        sets = replicas.from_json(json.loads(store.load_snapshot(replicas_key(run_id))))
+        sets = replicas.from_json(jsontext.loads(store.load_snapshot(replicas_key(run_id))))
     findings = sweep.detect_shard(view, policy, shard, of, store, log_jobs=ref.get("log_jobs"), replica_sets=sets)
     for f in findings:
         logger.info("finding %s %s (%s, %d GPU) suggested %s", f.rule, f.target, f.user, f.gpus, f.action)
-    store.save_snapshot(findings_key(run_id, shard, of), now, _dumps([f.to_dict() for f in findings]))
+    store.save_snapshot(findings_key(run_id, shard, of), now, findings_text(findings))
     return {"shard": shard, "of": of, "findings": len(findings)}
 
 
@@ -240,15 +240,13 @@ def decide(ref: Mapping[str, Any], found: Sequence[Mapping[str, Any]], context: 
     The plan is parked in the audit store (:func:`plan_key`) for ``record``; XCom carries the
     decision ids. ``found`` (the groups' XCom) is only compared with what the groups stored.
     """
-    import json
-
-    from gpu_cost.core.model import Snapshot, as_findings
+    from gpu_cost.core.model import Snapshot
     from gpu_cost.loop import sweep
     from gpu_cost.perceive import shards
 
     run_id, store, policy, now = _run(context)
     of = policy.sweep.shards
-    parked = [as_findings(json.loads(store.load_snapshot(findings_key(run_id, i, of)))) for i in range(of)]
+    parked = [findings_of(store.load_snapshot(findings_key(run_id, i, of))) for i in range(of)]
     stored = [{"shard": i, "of": of, "findings": len(part)} for i, part in enumerate(parked)]
     claimed = [dict(f) if isinstance(f, Mapping) else {"entry": f} for f in runtime.mapped_values(found)]
     if sorted(map(_dumps, claimed)) != sorted(map(_dumps, stored)):
@@ -262,7 +260,7 @@ def decide(ref: Mapping[str, Any], found: Sequence[Mapping[str, Any]], context: 
                     " (needs approval)" if d.requires_approval and d.acts else "", d.reason)
     if p.cap_violation:
         logger.error("cap exceeded: %s", p.cap_violation)
-    store.save_snapshot(plan_key(run_id), now, _dumps(plan_to_json(p)))
+    store.save_snapshot(plan_key(run_id), now, plan_text(p))
     return plan_ref(p)
 
 
@@ -313,14 +311,12 @@ def record(ref: Mapping[str, Any], plan: Mapping[str, Any], context: Mapping[str
     The plan comes from the audit store; decide's XCom ``plan`` (decision ids) is only compared
     with it, and a difference is recorded as tampering (:func:`plan_tampering`).
     """
-    import json
-
     from gpu_cost.core.model import Snapshot
     from gpu_cost.loop import sweep
 
     run_id, store, policy, now = _run(context)
     try:
-        p = plan_from_json(json.loads(store.load_snapshot(plan_key(run_id))))
+        p = plan_of(store.load_snapshot(plan_key(run_id)))
     except AuditError as exc:
         raise GpuCostError(f"run {run_id}: decide stored no plan; nothing is recorded from XCom ({exc})") from exc
     tampered = plan_tampering(plan, p)
@@ -582,6 +578,37 @@ def _json_list(raw: Any) -> list[str]:
     except ValueError:
         return [str(raw)]
     return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+# -- what the tasks park in the audit store: 45 MB of findings and 60 MB of plan at 100k GPUs, the
+# collector paused while their hundreds of thousands of dicts are made (most of the time otherwise)
+@gc_paused()
+def findings_text(findings: Sequence[Finding]) -> str:
+    """Return a node group's findings as ``detect`` parks them (read back by :func:`findings_of`)."""
+    return _dumps([f.to_dict() for f in findings])
+
+
+@gc_paused()
+def findings_of(text: str) -> list[Finding]:
+    """Return the findings :func:`findings_text` parked."""
+    from gpu_cost.core import jsontext
+    from gpu_cost.core.model import as_findings
+
+    return as_findings(jsontext.loads(text))
+
+
+@gc_paused()
+def plan_text(p: Plan) -> str:
+    """Return the plan as ``decide`` parks it (read back by :func:`plan_of`)."""
+    return _dumps(plan_to_json(p))
+
+
+@gc_paused()
+def plan_of(text: str) -> Plan:
+    """Return the plan :func:`plan_text` parked."""
+    from gpu_cost.core import jsontext
+
+    return plan_from_json(jsontext.loads(text))
 
 
 def plan_to_json(p: Plan) -> dict[str, Any]:

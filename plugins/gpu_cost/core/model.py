@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -506,47 +505,43 @@ class Snapshot:
                 return j
         return None
 
-    @gc_paused()
     def to_json(self) -> str:
         """Return the snapshot as compact JSON (the audit store parks it for the run's later tasks).
 
-        Written by msgspec, the frames as pandas writes them (``split``, missing values ``null``): a
-        number that is not finite is ``null`` too, which :meth:`from_json` reads back as None, "not
-        known". A 100k-GPU snapshot is 140 MB of it; the cycle collector waits while it is written and
-        read (:func:`~gpu_cost.core.perf.gc_paused`: millions of live objects, none to free).
+        Written by :func:`gpu_cost.core.jsontext.dumps`, the frames as pandas writes them (``split``,
+        missing values ``null``): a number that is not finite is ``null`` too, which :meth:`from_json`
+        reads back as None, "not known". A 100k-GPU snapshot is 140 MB of it.
         """
-        import msgspec
+        from gpu_cost.core import jsontext
 
-        return msgspec.json.encode({
-            "ts": self.ts,
-            "window_s": self.window_s,
-            "lookback_s": self.lookback_s,
-            "source": self.source,
-            "sample_interval_s": self.sample_interval_s,
-            "gpus": msgspec.Raw(self.gpus.to_json(orient="split", index=False).encode()),
-            "jobs": [j.to_dict() for j in self.jobs],
-            "processes": [p.to_dict() for p in self.processes],
-            "nodes": [n.to_dict() for n in self.nodes],
-            "problems": list(self.problems),
-            "disagreements": [d.to_dict() for d in self.disagreements],
-            "windows": {
-                str(k): msgspec.Raw(v.to_json(orient="split", index=False).encode()) for k, v in self.windows.items()
-            },
-            "job_logs": self.job_logs,
-            "classes": self.classes,
-            "reservations": [r.to_dict() for r in self.reservations],
-        }).decode()
+        with gc_paused():  # the records' dicts too: hundreds of thousands of them
+            return jsontext.dumps({
+                "ts": self.ts,
+                "window_s": self.window_s,
+                "lookback_s": self.lookback_s,
+                "source": self.source,
+                "sample_interval_s": self.sample_interval_s,
+                "gpus": jsontext.raw(self.gpus.to_json(orient="split", index=False)),
+                "jobs": [j.to_dict() for j in self.jobs],
+                "processes": [p.to_dict() for p in self.processes],
+                "nodes": [n.to_dict() for n in self.nodes],
+                "problems": list(self.problems),
+                "disagreements": [d.to_dict() for d in self.disagreements],
+                "windows": {str(k): jsontext.raw(v.to_json(orient="split", index=False))
+                            for k, v in self.windows.items()},
+                "job_logs": self.job_logs,
+                "classes": self.classes,
+                "reservations": [r.to_dict() for r in self.reservations],
+            })
 
     @classmethod
     @gc_paused()
     def from_json(cls, text: str) -> Snapshot:
-        import msgspec
         import pandas as pd
 
-        try:
-            d = msgspec.json.decode(text)
-        except msgspec.DecodeError:
-            d = json.loads(text)  # parked by an older version, whose writer put NaN for a number not known
+        from gpu_cost.core import jsontext
+
+        d = jsontext.loads(text)
         g = d["gpus"]
         gpus = _typed(pd.DataFrame(g["data"], columns=g["columns"]))
         if gpus.empty and not len(gpus.columns):
