@@ -93,7 +93,6 @@ def _fields(obj: Any) -> dict[str, Any]:
     return dict(zip(names, get(obj), strict=True))
 
 
-
 def mig_share(profile: str, parent_mem_gb: float | None = None) -> float:
     """Return the share of its GPU a MIG profile holds: ``1g.10gb`` → 1/7, ``3g.40gb`` → 3/7, ``7g.80gb`` → 1.
 
