@@ -9,7 +9,8 @@ peak RSS during the sweep above what it held when the sweep began (the peak is r
 on a scratch store), timed apart: ``total_s`` is the decision path alone. So are ``park_s``, the
 snapshot written as JSON into the audit store (``park_mb`` of it) for the run's later tasks, as the
 DAG's first task does, and ``read_s``, one later task reading it back; ``findings_plan_s``: the
-findings and the plan the detect and decide tasks park, each written and read back once.
+findings and the plan the detect and decide tasks park, each written and read back once; ``size_s``:
+what each act step reads of the parked snapshot, the cluster's size for the rolling caps.
 
     python -m bench.sweep [--sizes 1000,10000,50000,100000] [--sharded 100000:16]
     python -m bench.sweep --sizes 100000 --sharded "" --jobs-per-node 8 --pending-per-node 8.6   # ~200k jobs
@@ -35,6 +36,7 @@ from bench._common import in_fresh_process, report, reset_peak, rss_mb
 
 
 def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: float = 1) -> dict[str, float]:
+    from gpu_cost.act.step import cluster_gpus
     from gpu_cost.airflow.sweep_tasks import findings_of, findings_text, plan_of, plan_text
     from gpu_cost.analyse.rules import run_rules
     from gpu_cost.audit.store import AuditStore
@@ -77,6 +79,11 @@ def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: fl
     t6 = time.perf_counter()
     Snapshot.from_json(store.load_snapshot("bench"))
     read_s = time.perf_counter() - t6
+    # what each act step reads of it: the cluster's size, for the rolling GPU-share caps
+    t8 = time.perf_counter()
+    size = cluster_gpus(store, "bench")
+    size_s = time.perf_counter() - t8
+    assert size == snap.gpu_count(), (size, snap.gpu_count())
     # the findings and the plan the detect and decide tasks park, each read back once
     t7 = time.perf_counter()
     findings_of(findings_text(findings))
@@ -87,6 +94,7 @@ def one(gpus: int, seed: int = 1, jobs_per_node: float = 2, pending_per_node: fl
         "samples": int(m.util.size), "snapshot_s": t1 - t0, "rules_s": t2 - t1, "decide_s": t3 - t2, "total_s": t3 - t0,
         "peak_mb": peak, "findings": len(findings), "decisions": len(plan.decisions), "usage_s": usage_s,
         "park_s": park_s, "read_s": read_s, "park_mb": len(text) / 1e6, "findings_plan_s": findings_plan_s,
+        "size_s": size_s,
     }
 
 
@@ -173,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
             r["growth_vs_first"] = (r["total_s"] / first["total_s"]) / (r["gpus"] / first["gpus"])
     if rows:
         report("sweep", rows, ["gpus", "jobs", "pending", "samples", "snapshot_s", "rules_s", "decide_s", "total_s", "usage_s",
-                               "park_s", "read_s", "park_mb", "findings_plan_s", "peak_mb", "findings", "decisions", "per_gpu_us",
+                               "park_s", "read_s", "park_mb", "findings_plan_s", "size_s", "peak_mb", "findings", "decisions", "per_gpu_us",
                                "growth_vs_first"])
     split = [in_fresh_process("bench.sweep", ["--one-sharded", spec, *load]) for spec in args.sharded.split(",") if spec]
     if split:

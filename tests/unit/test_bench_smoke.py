@@ -30,7 +30,8 @@ def test_sweep_bench_smoke() -> None:
     assert sizes == [80, 160]
     assert all(r["findings"] >= 0 and r["total_s"] > 0 and r["usage_s"] > 0 for r in whole["results"])
     # the parked snapshot: written and read back, and twice the GPUs write more of it
-    assert all(r["park_s"] > 0 and r["read_s"] > 0 and r["findings_plan_s"] > 0 for r in whole["results"])
+    assert all(r["park_s"] > 0 and r["read_s"] > 0 and r["findings_plan_s"] > 0 and r["size_s"] > 0
+               for r in whole["results"])
     assert whole["results"][1]["park_mb"] > whole["results"][0]["park_mb"] > 0
     # the sharded sweep of the same cluster: every GPU once, the same findings and decisions
     (s,) = split["results"]

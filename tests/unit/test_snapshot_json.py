@@ -52,6 +52,21 @@ def test_a_simulated_snapshot_reads_back_as_it_was_written(hour: int) -> None:
     # and the text is strict JSON: no NaN or Infinity token for another reader to choke on
     json.loads(text, parse_constant=_no_constants)
     assert Snapshot.from_json(back.to_json()).to_json() == back.to_json()
+    # the act steps' cluster size, read from the text alone, is the snapshot's
+    assert Snapshot.gpu_count_of_json(text) == s.gpu_count() == back.gpu_count() > 0
+
+
+def test_the_cluster_size_read_from_the_text_counts_slurms_gpus_when_the_metrics_show_fewer(snap: Snapshot) -> None:
+    # no metrics at all: the nodes' GPUs (Slurm's GRES) are the size; more GRES than GPU rows: the GRES
+    bare = dataclasses.replace(snap, gpus=snap.gpus.iloc[0:0])
+    assert Snapshot.gpu_count_of_json(bare.to_json()) == bare.gpu_count() == sum(n.gpus_total for n in snap.nodes) > 0
+    few = dataclasses.replace(snap, gpus=snap.gpus.iloc[:3])
+    big = tuple(dataclasses.replace(n, gpus_total=0) for n in snap.nodes)
+    assert Snapshot.gpu_count_of_json(dataclasses.replace(few, nodes=big).to_json()) == 3
+    # an older writer's text (NaN in it) is read whole, with the same answer
+    doc = json.loads(snap.to_json())
+    doc["nodes"][0]["cpu_util"] = math.nan
+    assert Snapshot.gpu_count_of_json(json.dumps(doc)) == snap.gpu_count()
 
 
 def test_each_records_dict_gives_its_fields_as_they_are(snap: Snapshot) -> None:

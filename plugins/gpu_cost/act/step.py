@@ -78,7 +78,7 @@ def live_rows(store: AuditStore, run_id: str) -> list[dict[str, Any]]:
 def cluster_gpus(store: AuditStore, run_id: str) -> int:
     """Return the cluster's GPU count as the run's stored snapshot has it; 0 (unknown) without one."""
     try:
-        return Snapshot.from_json(store.load_snapshot(run_id)).gpu_count()
+        return Snapshot.gpu_count_of_json(store.load_snapshot(run_id))
     except AuditError:
         return 0
 

@@ -456,7 +456,19 @@ class Snapshot:
 
     def gpu_count(self) -> int:
         """Return the cluster's GPUs as this snapshot shows them: GPUs in the metrics, else Slurm's GRES (0: unknown)."""
-        return max(len(self.gpus), sum(int(n.gpus_total or 0) for n in self.nodes))
+        return _gpu_count(len(self.gpus), (n.gpus_total for n in self.nodes))
+
+    @classmethod
+    def gpu_count_of_json(cls, text: str) -> int:
+        """Return :meth:`gpu_count` of the snapshot :meth:`to_json` wrote, reading only its GPU rows and its nodes'
+        GPUs: an act step asks it of a 140 MB text at 100k GPUs (0.13 s, where reading it all takes 5 s)."""
+        import msgspec
+
+        try:
+            doc = _count_decoder().decode(text)
+        except msgspec.DecodeError:
+            return cls.from_json(text).gpu_count()  # an older writer's NaN: read it all
+        return _gpu_count(len(doc.gpus.data), (n.gpus_total for n in doc.nodes))
 
     def running_jobs(self) -> list[Job]:
         """Return the running jobs: a new list each call, filtered once per ``jobs`` (every rule asks)."""
@@ -564,6 +576,28 @@ class Snapshot:
             classes=dict(d.get("classes") or {}),
             reservations=tuple(Reservation.from_dict(r) for r in d.get("reservations") or ()),
         )
+
+
+def _gpu_count(rows: int, node_gpus: Iterable[int | None]) -> int:
+    """:meth:`Snapshot.gpu_count` of a snapshot's GPU rows and its nodes' GPUs (Slurm's GRES)."""
+    return max(rows, sum(int(n or 0) for n in node_gpus))
+
+
+#: the decoder of :meth:`Snapshot.gpu_count_of_json` (made on first use: msgspec is not imported at DAG parse)
+_COUNT_DECODER: list[Any] = []
+
+
+def _count_decoder() -> Any:
+    if not _COUNT_DECODER:
+        import msgspec
+
+        # the GPU rows left undecoded, each node's GPUs alone; every other key is skipped, not built
+        rows = msgspec.defstruct("Rows", [("data", list[msgspec.Raw], msgspec.field(default_factory=list))])
+        node = msgspec.defstruct("NodeGpus", [("gpus_total", int | None, 0)])
+        counted = msgspec.defstruct("Counted", [("gpus", rows, msgspec.field(default_factory=rows)),
+                                                ("nodes", list[node], msgspec.field(default_factory=list))])  # type: ignore[valid-type]
+        _COUNT_DECODER.append(msgspec.json.Decoder(counted))
+    return _COUNT_DECODER[0]
 
 
 def _typed(frame: pd.DataFrame) -> pd.DataFrame:
