@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_cost.airflow import runtime
 from gpu_cost.core.errors import AuditError, GpuCostError
-from gpu_cost.core.perf import gc_paused
 
 if TYPE_CHECKING:  # the model, the engine, the policy, the sweep (numpy) and the store are imported where
     # used: DAG files import this module at parse time
@@ -581,34 +580,41 @@ def _json_list(raw: Any) -> list[str]:
 
 
 # -- what the tasks park in the audit store: 45 MB of findings and 60 MB of plan at 100k GPUs, the
-# collector paused while their hundreds of thousands of dicts are made (most of the time otherwise)
-@gc_paused()
+# collector paused while their hundreds of thousands of dicts are made (most of the time otherwise);
+# imported in each, as everything here that a DAG file's parse does not need
 def findings_text(findings: Sequence[Finding]) -> str:
     """Return a node group's findings as ``detect`` parks them (read back by :func:`findings_of`)."""
-    return _dumps([f.to_dict() for f in findings])
+    from gpu_cost.core.perf import gc_paused
+
+    with gc_paused():
+        return _dumps([f.to_dict() for f in findings])
 
 
-@gc_paused()
 def findings_of(text: str) -> list[Finding]:
     """Return the findings :func:`findings_text` parked."""
     from gpu_cost.core import jsontext
     from gpu_cost.core.model import as_findings
+    from gpu_cost.core.perf import gc_paused
 
-    return as_findings(jsontext.loads(text))
+    with gc_paused():
+        return as_findings(jsontext.loads(text))
 
 
-@gc_paused()
 def plan_text(p: Plan) -> str:
     """Return the plan as ``decide`` parks it (read back by :func:`plan_of`)."""
-    return _dumps(plan_to_json(p))
+    from gpu_cost.core.perf import gc_paused
+
+    with gc_paused():
+        return _dumps(plan_to_json(p))
 
 
-@gc_paused()
 def plan_of(text: str) -> Plan:
     """Return the plan :func:`plan_text` parked."""
     from gpu_cost.core import jsontext
+    from gpu_cost.core.perf import gc_paused
 
-    return plan_from_json(jsontext.loads(text))
+    with gc_paused():
+        return plan_from_json(jsontext.loads(text))
 
 
 def plan_to_json(p: Plan) -> dict[str, Any]:
