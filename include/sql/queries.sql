@@ -40,6 +40,12 @@ WHERE excluded.ts >= gpu_cost_snapshots.ts;
 -- name: load_snapshot
 SELECT payload FROM gpu_cost_snapshots WHERE run_id = :run_id;
 
+-- name: release_parked
+-- parked state (a run's snapshot, findings, plan) is read by the run's own tasks alone: older than the
+-- policy's sweep.keep_parked it is emptied (its history is in the decisions, actions and usage rows);
+-- found by the partial index of the rows not emptied yet
+UPDATE gpu_cost_snapshots SET payload = '' WHERE payload <> '' AND ts < :until;
+
 -- name: insert_decision
 INSERT INTO gpu_cost_decision_log (
     decision_id, run_id, ts, rule, target_kind, target, action, mode, rung, episode, job_id, user_name,

@@ -46,6 +46,8 @@ CREATE TABLE IF NOT EXISTS gpu_cost_snapshots (
     ts              TEXT NOT NULL,
     payload         TEXT NOT NULL                      -- Snapshot JSON
 );
+-- the parked state not released yet (release_parked empties what is older than sweep.keep_parked)
+CREATE INDEX IF NOT EXISTS ix_gpu_cost_snapshots_parked ON gpu_cost_snapshots (ts) WHERE payload <> '';
 
 CREATE TABLE IF NOT EXISTS gpu_cost_decision_log (
     decision_id     TEXT PRIMARY KEY,                  -- hash of (rule, target, episode, rung)

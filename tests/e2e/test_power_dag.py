@@ -67,8 +67,14 @@ def test_dry_run_on_the_simulator_records_and_powers_nothing(dag, audit, monkeyp
     monkeypatch.setenv("GPU_COST_SCENARIO", str(scenario))
     policy = audit / "policy.yaml"
     policy.write_text("offhours: {warm_reserve_nodes: 1, util_max: 50}\n")
+    # state parked by earlier runs: one past the default sweep.keep_parked (2 days) before this run's instant
+    parked = AuditStore().ensure_schema()
+    parked.save_snapshot(f"{DAG_ID}:before", NIGHT.timestamp() - 3 * 86400, "{}")
+    parked.save_snapshot(f"{DAG_ID}:within", NIGHT.timestamp() - 3600, "{}")
     dr, states, store, run = _run(dag, {"policy": policy.stem, "source": "sim"})
     assert dr.state == "success", states
+    assert [store.fetch("load_snapshot", {"run_id": f"{DAG_ID}:{k}"})[0]["payload"] for k in ("before", "within")] \
+        == ["", "{}"]  # the power run's end released the state past sweep.keep_parked
     assert states["approve"] == "skipped" and states["record"] == "success"
     rows = store.decisions_of_run(run["run_id"])
     down = sorted(r["target"] for r in rows if r["action"] == "power_down")

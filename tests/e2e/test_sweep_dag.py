@@ -16,6 +16,14 @@ def test_sweep_dag_records_expected_decisions(airflow_db, dagbag, tmp_path, monk
     text = (ROOT / "include" / "scenarios" / "default.yaml").read_text()
     (tmp_path / "scenario.yaml").write_text(text.replace("seed: 7", "seed: 7\nanchor: now", 1))
     monkeypatch.setenv("GPU_COST_SCENARIO", str(tmp_path / "scenario.yaml"))
+    import time
+
+    from gpu_cost.core.errors import AuditError
+
+    # runs of earlier days parked their state here: one past the default sweep.keep_parked (2 days), one not
+    parked = AuditStore().ensure_schema()
+    parked.save_snapshot("gpu_zombie_sweep:three-days-ago#plan", time.time() - 3 * 86400, '{"decisions": []}')
+    parked.save_snapshot("gpu_zombie_sweep:yesterday#plan", time.time() - 86400, '{"decisions": []}')
     dag = dagbag.dags["gpu_zombie_sweep"]
     # explicit conf: dag.test(run_conf=...) by another test leaves its conf in the shared DAG's params
     dr = dag.test(run_conf={"policy": "default", "source": "sim"})
@@ -37,3 +45,8 @@ def test_sweep_dag_records_expected_decisions(airflow_db, dagbag, tmp_path, monk
     acted = store.query("SELECT COUNT(*) AS n FROM gpu_cost_actions WHERE run_id = :r", {"r": runs[0]["run_id"]})
     assert acted[0]["n"] == 0  # dry-run touches nothing
     assert store.query("SELECT COUNT(*) AS n FROM gpu_cost_usage")[0]["n"] > 0
+    # the run's end released what is past sweep.keep_parked, and only that: its own state and yesterday's stay
+    with pytest.raises(AuditError, match="was released"):
+        store.load_snapshot("gpu_zombie_sweep:three-days-ago#plan")
+    assert store.load_snapshot("gpu_zombie_sweep:yesterday#plan") == '{"decisions": []}'
+    assert store.load_snapshot(runs[0]["run_id"]).startswith("{")

@@ -230,6 +230,8 @@ def _hot_path() -> dict[str, tuple[str, dict[str, Any]]]:
         # the sweep's rejections, for its findings' targets (two here: an IN list as the store expands it)
         "plan: rejected decisions": (q["rejected_of_targets"].replace(":targets", "(:t1, :t2)"),
                                      {"t1": "job:7", "t2": "job:8"}),
+        # the end of each run empties the parked state gone past sweep.keep_parked: a year's runs stay in the table
+        "end of a run: release parked": (q["release_parked"], {"until": "2026-12-01T00:00:00Z"}),
     }
 
 
@@ -259,6 +261,13 @@ def test_what_every_sweep_and_action_reads_is_found_by_index_not_by_reading_a_wh
         sql, params = _hot_path()["caps: recent destructive"]
         steps = [str(r[-1]) for r in conn.execute(sa.text("EXPLAIN QUERY PLAN " + sql), params)]
     assert any("ix_gpu_cost_action_log_action (action=? AND started_at>?)" in s for s in steps), steps
+    with store.engine.connect() as conn:  # only the rows not released yet: the partial index
+        sql, params = _hot_path()["end of a run: release parked"]
+        steps = [str(r[-1]) for r in conn.execute(sa.text("EXPLAIN QUERY PLAN " + sql), params)]
+    assert any("ix_gpu_cost_snapshots_parked (ts<?)" in s for s in steps), steps
+    with store.engine.connect() as conn:  # ... which holds the rows not released yet, not every run ever parked
+        index = conn.execute(sa.text("SELECT sql FROM sqlite_master WHERE name = 'ix_gpu_cost_snapshots_parked'")).scalar()
+    assert str(index).endswith("WHERE payload <> ''"), index
 
 
 def test_an_upgrade_twice_changes_nothing(tmp_path: Path) -> None:

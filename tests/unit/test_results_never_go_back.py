@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpu_cost.audit.store import AuditStore, queries
+from gpu_cost.core.errors import AuditError
 
 T1, T2, T3 = 1_780_000_000.0, 1_780_003_600.0, 1_780_007_200.0
 
@@ -104,6 +105,19 @@ def case_snapshot(store: AuditStore) -> None:
     assert store.load_snapshot("r") == "newer"
     store.execute("save_snapshot", {"run_id": "r", "ts": T2, "payload": "retried"})
     assert store.load_snapshot("r") == "retried"
+
+
+def case_parked_release(store: AuditStore) -> None:
+    store.execute("save_snapshot", {"run_id": "old", "ts": T1, "payload": "older"})
+    store.execute("save_snapshot", {"run_id": "new", "ts": T2, "payload": "newer"})
+    assert store.release_parked(T2) == 1  # parked for an instant before T2
+    assert store.release_parked(T2) == 0  # already empty: not written again
+    assert store.release_parked(T1) == 0  # an older release empties nothing newer
+    assert store.load_snapshot("new") == "newer"
+    with pytest.raises(AuditError, match=r"'old' was released .*sweep.keep_parked"):
+        store.load_snapshot("old")
+    store.execute("save_snapshot", {"run_id": "old", "ts": T1, "payload": "parked again"})  # a retried collect
+    assert store.load_snapshot("old") == "parked again"
 
 
 _USAGE = {"ts": T1, "interval_s": 300.0, "host": "n1", "gpu_model": "a100", "user_name": "alice", "account": "nlp",
@@ -208,7 +222,7 @@ CASES: dict[str, Callable[[AuditStore], None]] = {
 #: the statements the cases write: every upsert and every UPDATE of state must be among them
 COVERED = {"insert_escalation", "touch_escalation", "advance_escalation", "close_escalation", "save_snapshot",
            "upsert_usage", "upsert_job_usage", "upsert_forecast", "upsert_class_members", "upsert_outcome",
-           "upsert_rightsize", "insert_saving"}
+           "upsert_rightsize", "insert_saving", "release_parked"}
 #: state writes that are not about instants: who snoozed what (an operator's command, not a run's result)
 # rescale_*: a sweep recorded late shrinks the next sweep's share of time; it only ever lowers
 # interval_s (WHERE interval_s > :interval_s), so an older write cannot undo a newer one either

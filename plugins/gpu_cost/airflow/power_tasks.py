@@ -337,6 +337,7 @@ def record_task(plan: Mapping[str, Any], context: Mapping[str, Any]) -> dict[str
               "skipped": plan.get("skipped", {}), "failed_to_resume": planned.get("failed_to_resume", 0),
               "problems": plan.get("problems", [])}
     store.finish_run(run_id, status="ok", finished_at=time.time(), problems=plan.get("problems") or [], counts=counts)
+    runtime.release_parked(store, policy, now)
     logger.info("power run %s: %s", run_id, json.dumps(counts, default=str))
     return {"run_id": run_id, "mode": mode, **counts}
 

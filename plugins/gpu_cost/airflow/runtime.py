@@ -344,6 +344,21 @@ def store() -> AuditStore:
     return AuditStore().ensure_schema()
 
 
+def release_parked(store: AuditStore, policy: Policy, now: float) -> int:
+    """At a run's end: empty the parked state (snapshots, findings, plans) of data instants more than the policy's
+    ``sweep.keep_parked`` before ``now`` (the run's data instant); return how many. A failure is logged, never the
+    run's: the state is released at the next run's end."""
+    try:
+        released = store.release_parked(now - policy.sweep.keep_parked)
+    except GpuCostError:
+        logger.exception("the parked state before %s could not be released", now - policy.sweep.keep_parked)
+        return 0
+    if released:
+        logger.info("released the parked state of %d run(s) and node groups older than %s", released,
+                    dt.timedelta(seconds=policy.sweep.keep_parked))
+    return released
+
+
 def approver_store(agent: AuditStore) -> AuditStore:
     """Return the store an approval is written through: connection ``gpu_cost_db_approver`` (on PostgreSQL
     the role ``gpu_cost_approver``, the only one that may write approvals), else ``agent`` itself (SQLite)."""

@@ -553,12 +553,18 @@ def finish(context: Mapping[str, Any]) -> dict[str, Any]:
     if cfg is not None:
         from gpu_cost.loop import health
 
+        now = float((ref or {}).get("now") or time.time())
         try:
             policy = runtime.run_policy(store, run_id)
-            health.degraded_alert(store, policy, run_id=run_id, dag_id=run_id.split(":", 1)[0], status=status,
-                                  problems=problems, now=float((ref or {}).get("now") or time.time()))
         except GpuCostError:
-            logger.exception("the agent-health alert could not be raised")
+            logger.exception("the run's policy could not be read: no agent-health alert, nothing released")
+        else:
+            try:
+                health.degraded_alert(store, policy, run_id=run_id, dag_id=run_id.split(":", 1)[0], status=status,
+                                      problems=problems, now=now)
+            except GpuCostError:
+                logger.exception("the agent-health alert could not be raised")
+            runtime.release_parked(store, policy, now)
     out = {"run_id": run_id, "status": status, "problems": problems, "counts": counts,
            "decisions": (summary or {}).get("decisions", []), "approval": decision}
     ti.xcom_push(key="summary", value=out)

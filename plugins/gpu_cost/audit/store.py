@@ -358,10 +358,19 @@ class AuditStore:
         self.execute("save_snapshot", {"run_id": run_id, "ts": ts, "payload": payload})
 
     def load_snapshot(self, run_id: str) -> str:
+        """Return what was parked under ``run_id``; AuditError when nothing is, or it was released."""
         rows = self.fetch("load_snapshot", {"run_id": run_id})
         if not rows:
             raise AuditError(f"no snapshot stored for run {run_id!r}")
+        if not rows[0]["payload"]:
+            raise AuditError(f"the state parked for run {run_id!r} was released (older than the policy's "
+                             "sweep.keep_parked): trigger a new run instead of retrying this one")
         return str(rows[0]["payload"])
+
+    def release_parked(self, until: float) -> int:
+        """Empty the parked state (:meth:`save_snapshot`) written for data instants before ``until``; return how many
+        rows. Only a run's own tasks read it; its decisions, actions and usage rows are untouched."""
+        return self.execute("release_parked", {"until": until})
 
     # -- decisions ----------------------------------------------------------------------------
     def record_decisions(self, decisions: Iterable[Decision], run_id: str, status: str = "decided") -> int:

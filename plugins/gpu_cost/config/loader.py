@@ -149,6 +149,11 @@ def check_policy(policy: Policy, raw: dict[str, Any] | None = None) -> None:
     if policy.mode == "enforce" and policy.caps.max_gpu_share == 0 and _has_destructive(policy):
         raise PolicyError(src, "caps.max_gpu_share", "is 0 while mode is enforce and a ladder has destructive rungs: "
                                                      "every run acting on them would be capped")
+    if sweep.keep_parked < policy.approval.timeout + 3600:
+        raise PolicyError(src, "sweep.keep_parked",
+                          f"{format_duration(sweep.keep_parked)} is shorter than approval.timeout "
+                          f"({format_duration(policy.approval.timeout)}) plus an hour: a run awaiting an answer "
+                          "would lose the plan and snapshot it acts on")
     if policy.approval.assigned_users and len(set(policy.approval.assigned_users)) != len(policy.approval.assigned_users):
         raise PolicyError(src, "approval.assigned_users", "lists a user twice")
     for j, pat in enumerate(policy.inference.name_patterns):

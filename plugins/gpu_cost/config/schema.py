@@ -60,6 +60,12 @@ class SweepConfig:
     #: node groups the sweep collects and runs the rules in, each as its own mapped task (spread
     #: over the workers); one decision takes all their findings. 1: the whole cluster in one task
     shards: Annotated[int, Range(1, 1024)] = 1
+    #: how long a run's parked state is kept: the snapshot, findings and plan each run of the sweep,
+    #: power and manual-reclaim DAGs writes into the audit store for its own later tasks (about 1 MB a
+    #: run per 1,000 GPUs). Once older than this, the end of each sweep and power run empties it (the
+    #: decisions, actions and usage rows are history and stay). At least approval.timeout plus an hour:
+    #: a run awaiting an answer reads its plan and snapshot when the answer comes
+    keep_parked: Annotated[float, Dur(), Range(3600, 366 * 86400)] = 2 * 86400.0
 
 
 class Sections(Mapping[str, Any]):

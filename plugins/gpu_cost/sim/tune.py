@@ -81,6 +81,7 @@ FIXED = {
     "mode": "every candidate is replayed in enforce; the written policy keeps the base's mode",
     "sweep.sample_interval": "the replay samples at the trace's own interval",
     "sweep.source": "the replay reads the trace, whatever the source",
+    "sweep.keep_parked": "the replay parks no state for later tasks",
 }
 RANGE_KEYS = ("min", "max", "steps")
 

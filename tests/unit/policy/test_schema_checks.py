@@ -30,6 +30,9 @@ BAD = [
     ("approval-timeout-silly", "approval: {timeout: 10s}", r"approval\.timeout: must be ≥ 60"),
     ("on-timeout-approve", "approval: {on_timeout: approve}", r"approval\.on_timeout: must be one of 'reject'"),
     ("snooze-reason-zero", "snooze: {min_reason_chars: 0}", r"snooze\.min_reason_chars: must be ≥ 1"),
+    ("parked-gone-before-the-answer", "approval: {timeout: 2d}\nsweep: {keep_parked: 2d}",
+     r"sweep\.keep_parked: 2d is shorter than approval\.timeout \(2d\) plus an hour: a run awaiting an answer"),
+    ("parked-kept-a-minute", "sweep: {keep_parked: 1m}", r"sweep\.keep_parked: must be ≥ 3600"),
 ]
 
 
@@ -44,6 +47,7 @@ GOOD = [
     ("managers-chain", "people: {a: {manager: b}, b: {manager: c}}"),
     ("disabled-low-eff", "rules: {low_efficiency: {enabled: false, util_mean_max: 5}}"),
     ("share-zero-notify", "mode: notify\ncaps: {max_gpu_share: 0}"),
+    ("parked-past-the-longest-wait", "approval: {timeout: 7d}\nsweep: {keep_parked: 7d 1h}"),
     ("every-protection-criterion", "protections: [{name: x, level: approval, match: {users: [a], accounts: [b], "
                                    "partitions: [c], qos: [d], name_patterns: ['e*'], labels: [f], nodes: ['g[0-9]']}}]"),
 ]
