@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -62,3 +65,79 @@ def test_text_columns_read_as_categories_keep_their_text(tmp_path) -> None:  # t
     pq = trace.read_table(tmp_path / "s.parquet", "samples", categories=("host", "job_id"))
     assert isinstance(pq["job_id"].dtype, pd.CategoricalDtype)
     assert pq["job_id"].tolist()[0] == "101" and pq["job_id"].isna().tolist() == [False, True]
+
+
+# -- measures written with their units, and columns in the wrong scale ------------------------------------------
+def _numeric_samples(rng) -> pd.DataFrame:  # type: ignore[no-untyped-def]
+    n = int(rng.integers(5, 200))
+    return pd.DataFrame({
+        "ts": 1_700_000_000 + 60 * np.arange(n), "host": rng.choice(["a", "b"], n), "gpu": rng.integers(0, 8, n),
+        "util": np.where(rng.random(n) < 0.5, rng.integers(0, 101, n), np.round(rng.random(n) * 100, 2)),
+        "mem_used_mib": np.round(rng.random(n) * 81_000, 1), "mem_total_mib": 81_559.0,
+        "power_w": np.round(rng.random(n) * 700, 2)})
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_measures_written_with_units_read_as_the_numbers(tmp_path, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """nvidia-smi's CSV writes ``45 %``, ``1234 MiB``, ``61.5 W`` and ``[N/A]``: read as the format's percent, MiB and
+    watts (GiB and KiB converted), each not-known cell as not known, whatever the mix of cells."""
+    rng = np.random.default_rng(seed)
+    want = _numeric_samples(rng)
+    n = len(want)
+    unknown = {c: rng.random(n) < 0.1 for c in ("util", "mem_used_mib", "power_w")}
+    gib = rng.random(n) < 0.3
+    text = want.astype({"util": object, "mem_used_mib": object, "power_w": object})
+    text["util"] = [rng.choice(["[N/A]", "", "N/A"]) if unknown["util"][i] else f"{u:g} %"
+                    for i, u in enumerate(want["util"])]
+    text["mem_used_mib"] = ["[Not Supported]" if unknown["mem_used_mib"][i] else
+                            (f"{m / 1024!r} GiB" if gib[i] else f"{m:g}MiB") for i, m in enumerate(want["mem_used_mib"])]
+    text["power_w"] = ["[N/A]" if unknown["power_w"][i] else f" {p:g} W " for i, p in enumerate(want["power_w"])]
+    text.to_csv(tmp_path / "s.csv", index=False)
+    got = trace.read_samples(tmp_path / "s.csv")
+    for col in ("util", "mem_used_mib", "power_w"):
+        expect = np.where(unknown[col], np.nan, want[col].to_numpy(dtype=float))
+        np.testing.assert_allclose(got[col].to_numpy(dtype=float), expect, rtol=1e-12, err_msg=col)
+
+
+def test_a_trace_with_units_finds_what_the_numbers_find(tmp_path, policy, scenario) -> None:  # type: ignore[no-untyped-def]
+    cluster = sim.SimCluster(scenario, anchor=NOW)
+    samples = cluster.samples(NOW - policy.sweep.lookback, NOW)
+    samples.to_csv(tmp_path / "numbers.csv", index=False)
+    smi = samples.assign(util=[f"{u:g} %" for u in samples["util"]],
+                         mem_used_mib=[f"{m:g} MiB" for m in samples["mem_used_mib"]])
+    smi.to_csv(tmp_path / "smi.csv", index=False)
+    cluster.jobs_trace(NOW - 86400, NOW).to_csv(tmp_path / "jobs.csv", index=False)
+    found = [sorted(json.dumps(f.to_dict(), sort_keys=True, default=str)
+                    for f in run_rules(trace.snapshot(policy, NOW, tmp_path / name, tmp_path / "jobs.csv"), policy))
+             for name in ("numbers.csv", "smi.csv")]
+    assert found[0] and found[0] == found[1]  # the same findings, evidence and all
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_util_in_fractions_is_refused_and_percent_never(tmp_path, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """DCGM's ratios (0-1) read as percent would make every GPU idle: refused, naming the column and a row. A trace in
+    percent with any value above 1 is read, and so is one of whole percents at most 1 (a cluster idle throughout)."""
+    rng = np.random.default_rng(seed)
+    s = _numeric_samples(rng)
+    s.loc[int(rng.integers(0, len(s))), "util"] = 37.5  # at least one fraction once divided
+    s.to_csv(tmp_path / "percent.csv", index=False)
+    assert trace.read_samples(tmp_path / "percent.csv")["util"].max() > 1
+    s.assign(util=s["util"] / 100).to_csv(tmp_path / "fraction.csv", index=False)
+    with pytest.raises(TraceError, match=r"fraction\.csv: column util holds fractions .*row \d+: 0\.\d+.*multiply it by 100"):
+        trace.read_samples(tmp_path / "fraction.csv")
+    s.assign(util=rng.integers(0, 2, len(s))).to_csv(tmp_path / "idle.csv", index=False)
+    assert trace.read_samples(tmp_path / "idle.csv")["util"].max() <= 1
+
+
+def test_memory_in_bytes_and_unknown_units_are_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(0)
+    s = _numeric_samples(rng)
+    s.assign(mem_used_mib=s["mem_used_mib"] * 2**20 + 1).to_csv(tmp_path / "bytes.csv", index=False)
+    with pytest.raises(TraceError, match=r"bytes\.csv: column mem_used_mib is mostly above 2097152 MiB .*bytes or KiB"):
+        trace.read_samples(tmp_path / "bytes.csv")
+    s.assign(power_w=["12 kW", *["1 W"] * (len(s) - 1)]).to_csv(tmp_path / "kw.csv", index=False)
+    with pytest.raises(TraceError, match=r"kw\.csv: column power_w, row 1: '12 kW' is not a number \(units read: W"):
+        trace.read_samples(tmp_path / "kw.csv")
+    s.assign(util=[*["5 %"] * (len(s) - 1), "busy"]).to_csv(tmp_path / "word.csv", index=False)
+    with pytest.raises(TraceError, match=rf"word\.csv: column util, row {len(s)}: 'busy' is not a number"):
+        trace.read_samples(tmp_path / "word.csv")

@@ -82,13 +82,76 @@ def _epoch_col(values: pd.Series, source: str, col: str) -> np.ndarray:
     return out
 
 
+#: the measured sample columns, each with the units its values may carry as text (nvidia-smi's CSV writes
+#: ``45 %``, ``1234 MiB``, ``61.52 W``) and what each is worth in the column's own unit
+MEASURES: dict[str, dict[str, float]] = {
+    "util": {"%": 1.0},
+    "mem_used_mib": {"MiB": 1.0, "GiB": 1024.0, "KiB": 1.0 / 1024},
+    "mem_total_mib": {"MiB": 1.0, "GiB": 1024.0, "KiB": 1.0 / 1024},
+    "power_w": {"W": 1.0},
+}
+#: what nvidia-smi and exporters write for a value they do not have: read as not known
+NOT_KNOWN = frozenset({"", "n/a", "[n/a]", "[not supported]", "not supported", "nan", "none", "null", "-"})
+_MEASURE = r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z%]*)\s*$"
+
+
+def _measure(values: pd.Series, source: str, col: str) -> np.ndarray:
+    """Return a measured column written as text as numbers in the column's unit (a unit of :data:`MEASURES`
+    converted, one the trace format does not know refused); an unreadable value names its row."""
+    codes, uniq = pd.factorize(values, use_na_sentinel=True)
+    text = pd.Series([str(u) for u in uniq], dtype=object)
+    parts = text.str.extract(_MEASURE)
+    number = pd.to_numeric(parts[0], errors="coerce").to_numpy(dtype=float)
+    units = MEASURES[col]
+    factor = parts[1].fillna("").map(lambda u: units.get(u, 1.0 if u == "" else math.nan)).to_numpy(dtype=float)
+    known = ~text.str.strip().str.lower().isin(NOT_KNOWN).to_numpy()
+    bad = np.flatnonzero(known & ~np.isfinite(number * factor))
+    if len(bad):
+        row = int(np.flatnonzero(codes == bad[0])[0])
+        raise TraceError(f"{source}: column {col}, row {row + 1}: {uniq[bad[0]]!r} is not a number "
+                         f"(units read: {', '.join(units)}; not known: empty or N/A)")
+    value = np.where(known, number * factor, math.nan)
+    return np.append(value, math.nan)[codes]  # a missing cell (code -1) reads not known
+
+
+def _check_scale(out: pd.DataFrame, source: str) -> None:
+    """Refuse a util column in fractions (0–1: DCGM's ratios) and a memory column in bytes: read as the format's
+    percent and MiB, the first would make every GPU idle and the second every memory reading impossible."""
+    from gpu_cost.perceive.aggregate import MAX_MEM_MIB
+
+    # no copy of a 10 M-row column: reductions and masks only
+    util = out["util"].to_numpy(dtype=float)
+    if len(util) and np.fmax.reduce(util) <= 1.0:  # NaN when nothing is known: not <= 1
+        fraction = np.flatnonzero((util > 0) & (util < 1))
+        if len(fraction):
+            row = int(fraction[0])
+            raise TraceError(f"{source}: column util holds fractions (no value above 1; row {row + 1}: {util[row]:g}), "
+                             "but the trace format's util is percent 0-100: multiply it by 100 (a cluster below 1 % "
+                             "for the whole trace: round util to whole percent)")
+    mem = out["mem_used_mib"].to_numpy(dtype=float)
+    over = mem > MAX_MEM_MIB
+    if np.count_nonzero(over) > np.count_nonzero(np.isfinite(mem)) / 2:
+        row = int(np.flatnonzero(over)[0])
+        raise TraceError(f"{source}: column mem_used_mib is mostly above {MAX_MEM_MIB:.0f} MiB (2 TiB; row {row + 1}: "
+                         f"{mem[row]:g}): it looks like bytes or KiB; the trace format wants MiB")
+
+
 def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.DataFrame:
-    """Return samples with the required columns checked and ``ts`` as epoch seconds."""
+    """Return samples with the required columns checked, ``ts`` as epoch seconds and the measured columns as numbers.
+
+    Measures written with their units (nvidia-smi's CSV: ``45 %``, ``1234 MiB``) are read in the format's
+    units; util in fractions and memory in bytes are refused (:func:`_check_scale`).
+    """
     missing = [c for c in SAMPLE_COLUMNS if c not in samples.columns]
     if missing:
         raise TraceError(f"{source}: samples lack column(s) {', '.join(missing)} "
                          f"(required: {', '.join(SAMPLE_COLUMNS)})")
     out = samples
+    text = {c: _measure(out[c], source, c) for c in MEASURES if c in out.columns
+            and not pd.api.types.is_numeric_dtype(out[c])}
+    if text:
+        out = out.assign(**text)
+    _check_scale(out, source)
     if not pd.api.types.is_numeric_dtype(out["ts"]):
         out = out.assign(ts=_epoch_col(out["ts"], source, "ts"))
     if not pd.api.types.is_integer_dtype(out["gpu"]):
