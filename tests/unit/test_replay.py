@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -320,3 +321,20 @@ def test_idle_gpu_hours_count_every_held_idle_sample_across_blocks_of_gpus(seed:
     held = (job_code != 0) | (np.nan_to_num(mem, nan=0.0) > 1000.0)
     idle = ~np.isnan(util) & (np.nan_to_num(util, nan=100.0) < 1.0)
     assert eng._idle_hours() == float((held & idle).sum() * 60.0 / 3600.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_samples_off_the_step_replay_as_the_samples_on_it(truth_trace: Path, policy, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """Each host's exporter on its own clock and a scrape's jitter put a trace's GPUs a few seconds apart: the replay
+    reads every sample at its step and decides as on the aligned trace (it read each GPU as its own time before:
+    1 s "samples", every sweep degraded, nothing found)."""
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    rng = np.random.default_rng(seed)
+    offset = {h: float(rng.uniform(0, 20)) for h in s["host"].unique()}  # under half the 60 s step, with the jitter
+    s["ts"] = s["ts"] + s["host"].map(offset) + rng.uniform(0, 9, len(s))
+    s.to_parquet(tmp := truth_trace.parent / f"off-step-{seed}.parquet")
+    a = replay_files(tmp, truth_trace / "jobs.csv", policy).to_dict()
+    b = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy).to_dict()
+    assert any("do not line up" in n for n in a.pop("notes")) and not any("line up" in n for n in b.pop("notes"))
+    a.pop("seconds"), b.pop("seconds")
+    assert a == b and b["kills"] == 2 and b["degraded_sweeps"] == 0

@@ -480,6 +480,68 @@ class RollingWindows:
                 "busy_share_lb": share, "bursts_lb": bursts.astype(np.int64), "n_lb": n.astype(np.int64)}
 
 
+#: GPUs whose own sampling step is measured (their consecutive samples' median gap)
+STEP_GPUS = 64
+#: the intervals exporters and scrapes are set to, in seconds: a measured step within 5 % of one is taken as it
+NOMINAL_STEPS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1800, 3600)
+
+
+def sorted_factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``np.unique(values, return_inverse=True)`` for many rows of few distinct values (sample times):
+    hashed once, then only the distinct values are sorted."""
+    codes, uniq = pd.factorize(values, use_na_sentinel=False)
+    order = np.argsort(uniq, kind="stable")
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[order] = np.arange(len(uniq))
+    return np.asarray(uniq)[order], rank[codes]
+
+
+def sample_steps(ts: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float | None]:
+    """Return ``(times, col, keep, step)``: the matrix's sample times, each sample's column in it, which samples
+    to keep (None: all) and the step the times were put on (None: they were not).
+
+    A trace's GPUs are rarely sampled at one instant: each host's exporter runs on its own clock, and a
+    scrape or an ``nvidia-smi`` loop drifts by a second or two. Taken as they come, every GPU would then
+    have its own column of a matrix whose other GPUs read "no sample", every window would look nearly
+    empty, and runs of samples (bursts, a steady load) would be cut into pieces. When the distinct times'
+    median gap is under half the GPUs' own step (the median gap between one GPU's consecutive samples a
+    step apart, over :data:`STEP_GPUS` GPUs: one of :data:`NOMINAL_STEPS` when within 5 % of it, else in
+    whole seconds), each sample is read at the nearest whole multiple of
+    that step since the epoch, as a Prometheus range query aligns its steps; of a GPU's samples that land
+    on one step, the latest is kept. Times that line up already (a Prometheus range query, the
+    simulator) are taken as they are.
+    """
+    times, col = sorted_factorize(ts)
+    if len(times) < 3:
+        return times, col, None, None
+    pick = np.flatnonzero(row < STEP_GPUS)
+    r, c = row[pick], col[pick]
+    order = np.lexsort((c, r))
+    r, c = r[order], c[order]
+    gaps = np.diff(times[c])[r[1:] == r[:-1]]
+    gaps = gaps[gaps > 0]
+    if not len(gaps):
+        return times, col, None, None
+    # the gaps of one step (a missed sample makes one of two or more): the median of those under 1.5 times the
+    # lower quartile, which lies among them while at most half the samples are missing
+    gaps = gaps[gaps < 1.5 * np.percentile(gaps, 25)]
+    step = float(np.median(gaps))
+    nominal = min(NOMINAL_STEPS, key=lambda n: abs(n - step))
+    step = float(nominal) if abs(nominal - step) <= 0.05 * nominal else max(1.0, float(np.rint(step)))
+    if float(np.median(np.diff(times))) >= step / 2:
+        return times, col, None, None
+    grid, cell = sorted_factorize(np.rint(times / step) * step)
+    col = cell[col]
+    # of one GPU's samples on one step the latest: the last of each (row, column) once ordered by time
+    flat = row.astype(np.int64) * len(grid) + col
+    order = np.lexsort((ts, flat))
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = flat[order][1:] != flat[order][:-1]
+    keep = np.zeros(len(ts), dtype=bool)
+    keep[order[last]] = True
+    return grid, col, (None if keep.all() else keep), step
+
+
 def to_dense(samples: pd.DataFrame, start: float, end: float) -> tuple[pd.DataFrame, np.ndarray, dict[str, np.ndarray]]:
     """Pivot long trace samples in ``(start, end]`` to a dense matrix.
 
@@ -493,7 +555,9 @@ def to_dense(samples: pd.DataFrame, start: float, end: float) -> tuple[pd.DataFr
         empty = np.zeros((len(keys), 0))
         return keys, np.zeros(0), {"util": empty, "mem": empty, "power": empty, "job": empty.astype(object)}
     row_of = pd.MultiIndex.from_frame(keys).get_indexer(pd.MultiIndex.from_frame(s[["host", "gpu"]]))
-    times, col_of = np.unique(s["ts"].to_numpy(dtype=float), return_inverse=True)
+    times, col_of, keep, _ = sample_steps(s["ts"].to_numpy(dtype=float), row_of)
+    if keep is not None:
+        s, row_of, col_of = s[keep], row_of[keep], col_of[keep]
     shape = (len(keys), len(times))
 
     def fill(col: str, default: float = np.nan) -> np.ndarray:
@@ -514,11 +578,27 @@ def to_dense(samples: pd.DataFrame, start: float, end: float) -> tuple[pd.DataFr
     return keys, times, arrays
 
 
-def last_label(job: np.ndarray) -> np.ndarray:
-    """Return, per GPU row, the job label of its newest sample ("" when none)."""
-    if job.shape[1] == 0:
-        return np.full(job.shape[0], "", dtype=object)
-    return job[:, -1]
+def last_label(job: np.ndarray, util: np.ndarray, mem: np.ndarray) -> np.ndarray:
+    """Return, per GPU row, the job label of its newest sample ("" when none), the columns in time order.
+
+    That is the last column's, but for a row with no sample there (no utilisation or memory reading: a
+    missed scrape, or another host's clock when the times were put on one step) it is the label of the
+    newest column the row has a sample in: the job the exporter last saw, not "no job". ``job`` may hold
+    only the newest of the columns of ``util`` and ``mem`` (a replay hands the last one).
+    """
+    n, m = job.shape
+    if m == 0:
+        return np.full(n, "", dtype=object)
+    util, mem = util[:, util.shape[1] - m:], mem[:, mem.shape[1] - m:]  # the columns the labels are of
+    label = job[:, -1]
+    gone = np.flatnonzero(np.isnan(util[:, -1]) & np.isnan(mem[:, -1]))
+    if len(gone):
+        present = ~(np.isnan(util[gone]) & np.isnan(mem[gone]))
+        has = present.any(axis=1)
+        newest = m - 1 - np.argmax(present[:, ::-1], axis=1)
+        label = label.copy()
+        label[gone[has]] = job[gone[has], newest[has]]
+    return label
 
 
 def windows_needed(windows: Iterable[float]) -> list[float]:

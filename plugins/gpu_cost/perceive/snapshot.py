@@ -12,7 +12,14 @@ from gpu_cost.config.schema import Policy
 from gpu_cost.core.model import GpuProcess, Job, Node, Snapshot
 from gpu_cost.core.perf import gc_paused
 from gpu_cost.core.redact import redact_all
-from gpu_cost.perceive.aggregate import RollingWindows, clean, extra_window, gpu_frame, last_sample_ts
+from gpu_cost.perceive.aggregate import (
+    RollingWindows,
+    clean,
+    extra_window,
+    gpu_frame,
+    last_label,
+    last_sample_ts,
+)
 from gpu_cost.perceive.correlate import attribute
 
 
@@ -56,7 +63,7 @@ def from_matrix(
     """
     sw = policy.sweep
     primary, others = rule_windows(policy)
-    label = job[:, -1] if job.shape[1] else np.full(len(hosts), "", dtype=object)
+    label = last_label(job, util, mem)
     cleaned = rolling is not None
     last = None
     if not cleaned and others:

@@ -109,16 +109,6 @@ def _small_unique(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.nonzero(present)[0].astype(key.dtype), rank[key]
 
 
-def _sorted_factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``np.unique(values, return_inverse=True)`` for many rows of few distinct values (sample times):
-    hashed once, then only the distinct values are sorted."""
-    codes, uniq = pd.factorize(values, use_na_sentinel=False)
-    order = np.argsort(uniq, kind="stable")
-    rank = np.empty(len(uniq), dtype=np.int64)
-    rank[order] = np.arange(len(uniq))
-    return np.asarray(uniq)[order], rank[codes]
-
-
 # -- the replay ------------------------------------------------------------------------------
 @dataclass
 class _Alloc:
@@ -416,7 +406,7 @@ class _Replay:
         handed over, and each column is dropped from it once it is in its matrix (a week's column
         is 80 MB: they need not all be held beside the matrices).
         """
-        from gpu_cost.perceive.aggregate import clean
+        from gpu_cost.perceive.aggregate import clean, sample_steps
 
         def take(col: str) -> pd.Series:
             values = s[col]
@@ -432,7 +422,11 @@ class _Replay:
         del host_codes, gpu
         ukeys, rows = _small_unique(key)
         del key
-        times, cols = _sorted_factorize(take("ts").to_numpy(dtype=float))
+        times, cols, keep, step = sample_steps(take("ts").to_numpy(dtype=float), rows)
+        if step is not None:
+            dropped = f"; of {len(keep) - int(keep.sum())} pairs on one step the later kept" if keep is not None else ""
+            self.res.notes.append(f"the GPUs' sample times do not line up (each host on its own clock, or jitter): "
+                                  f"each sample is read at the nearest whole {step:g}s step{dropped}")
         self.times = times
         self.hosts = np.asarray(host_names, dtype=object)[ukeys // width]
         self.gpu_idx = (ukeys % width).astype(np.int64)
@@ -448,10 +442,12 @@ class _Replay:
         # one flat index into the matrices instead of a row and a column index per sample
         flat = rows.astype(np.int64) * shape[1] + cols
         del rows, cols
+        if keep is not None:
+            flat = flat[keep]
 
         def fill(values: np.ndarray, dtype: Any = float, default: Any = np.nan) -> np.ndarray:
             out = np.full(shape, default, dtype=dtype)
-            out.ravel()[flat] = values
+            out.ravel()[flat] = values if keep is None else values[keep]
             return out
 
         util = fill(pd.to_numeric(take("util"), errors="coerce").to_numpy(dtype=float))
