@@ -211,6 +211,43 @@ def _tres_gpus(tres: str) -> int:
     return plain or typed
 
 
+def gpus_of_text(text: str) -> int | None:
+    """Return the GPUs a job asked for or holds, as accounting writes them: a TRES list (``cpu=8,gres/gpu=4``),
+    a GRES (``gpu:a100:4``, ``gres:gpu:4``) or a bare count; None when the text is none of these."""
+    t = text.strip()
+    if t.isdigit():
+        return int(t)
+    if "=" in t:  # a TRES list; one without GPUs is a job without them
+        return _tres_gpus(t)
+    t = t.removeprefix("gres:")
+    if re.fullmatch(r"gpu(?::[A-Za-z][^:,(]*)?", t):
+        return 1  # --gres=gpu[:type]: one
+    count, _ = gpu_count_and_model(t)
+    return count if count else None
+
+
+#: what accounting writes for a job without a time limit
+_NO_LIMIT = frozenset({"unlimited", "infinite", "partition_limit", "not_set", "none", "n/a", ""})
+
+
+def time_limit_of_text(text: str) -> float | None:
+    """Return a time limit in seconds from Slurm's forms (``D-HH:MM:SS``, ``HH:MM:SS``, ``MM:SS``, ``D-HH``,
+    ``D-HH:MM``); None for ``UNLIMITED``, ``Partition_Limit`` and the like. Raises ValueError otherwise."""
+    t = text.strip()
+    if t.lower() in _NO_LIMIT:
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+    if not m or (m.group(1) is None and m.group(3) is None):
+        raise ValueError(f"not a Slurm time limit: {text!r}")
+    days = int(m.group(1) or 0)
+    fields = [int(g) for g in m.groups()[1:] if g is not None]
+    if m.group(1) is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, mi, sec = (*fields, 0, 0)[:3]
+    else:  # MM:SS, HH:MM:SS
+        h, mi, sec = (0, *fields) if len(fields) == 2 else fields
+    return float(((days * 24 + h) * 60 + mi) * 60 + sec)
+
+
 # -- number/state helpers for both shapes ------------------------------------------------------
 class _Bad(Exception):
     """Internal: a field has the wrong shape (turned into SourceError with context)."""

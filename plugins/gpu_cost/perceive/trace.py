@@ -8,7 +8,9 @@ epoch seconds (UTC). Faults name the file and the column.
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,8 @@ import pandas as pd
 
 from gpu_cost.core.errors import TraceError
 from gpu_cost.core.model import Job, labels_from_comment
+
+logger = logging.getLogger(__name__)
 
 SAMPLE_COLUMNS = ("ts", "host", "gpu", "util", "mem_used_mib")
 JOB_COLUMNS = ("job_id", "user", "start_ts")
@@ -71,6 +75,12 @@ def release_arrow_memory() -> None:
 def _epoch_col(values: pd.Series, source: str, col: str) -> np.ndarray:
     if pd.api.types.is_numeric_dtype(values):
         return values.to_numpy(dtype=float)
+    unknown = values.astype(str).str.strip().str.lower().isin(_NO_TIME).to_numpy()
+    if unknown.any():  # accounting's word for a time not known (a running job's end): not known
+        out = np.full(len(values), math.nan)
+        if not unknown.all():
+            out[~unknown] = _epoch_col(values[~unknown], source, col)
+        return out
     try:
         parsed = pd.to_datetime(values, utc=True, errors="raise", format="mixed")
     except (ValueError, TypeError) as exc:
@@ -166,17 +176,80 @@ def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.Da
     return out
 
 
+#: a job step's id as accounting lists it beside its job: ``1001.batch``, ``1001.extern``, ``1003_1.0``, ``7+0.2``
+_STEP = re.compile(r"^(.+)\.(?:batch|extern|interactive|\d+)$")
+#: what accounting writes for a time it does not know (a running job's end: ``Unknown``)
+_NO_TIME = frozenset({"unknown", "none", "n/a", "(null)", "-"})
+
+
+def _without_steps(jobs: pd.DataFrame, source: str) -> pd.DataFrame:
+    """Drop the rows of job steps (``sacct`` lists ``1001.batch``, ``1001.0``… beside ``1001``): each is part of its
+    job, which holds the GPUs; counted as jobs they would hold them again. A step whose job is absent stays."""
+    parent = jobs["job_id"].str.extract(_STEP, expand=False)
+    step = parent.notna().to_numpy() & parent.isin(set(jobs["job_id"])).to_numpy()
+    if step.any():
+        logger.info("%s: %d job step row(s) (%s…) left out: their jobs hold the GPUs", source, int(step.sum()),
+                    jobs["job_id"].to_numpy()[step][0])
+        return jobs[~step].reset_index(drop=True)
+    return jobs
+
+
+def _gpus_col(values: pd.Series, source: str) -> np.ndarray:
+    """Return a jobs' ``gpus`` column written as accounting does (``gres/gpu=4``, ``gpu:a100:4``) as counts."""
+    from gpu_cost.perceive.slurm import gpus_of_text
+
+    out = np.full(len(values), math.nan)
+    for i, v in enumerate(values.tolist()):
+        if v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip().lower() in _NO_TIME | {""}:
+            continue
+        n = gpus_of_text(str(v))
+        if n is None:
+            raise TraceError(f"{source}: column gpus, row {i + 1}: {v!r} is not a GPU count "
+                             "(a number, a TRES list such as cpu=8,gres/gpu=4, or a GRES such as gpu:a100:4)")
+        out[i] = n
+    return out
+
+
+def _limit_col(values: pd.Series, source: str) -> np.ndarray:
+    """Return a jobs' ``time_limit_s`` column as seconds: numbers as they are, Slurm's ``D-HH:MM:SS`` forms read,
+    ``UNLIMITED`` and the like not known."""
+    from gpu_cost.perceive.slurm import time_limit_of_text
+
+    out = np.full(len(values), math.nan)
+    for i, v in enumerate(values.tolist()):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            continue
+        text = str(v).strip()
+        try:
+            out[i] = float(text)
+            continue
+        except ValueError:
+            pass
+        try:
+            limit = time_limit_of_text(text)
+        except ValueError:
+            raise TraceError(f"{source}: column time_limit_s, row {i + 1}: {v!r} is neither seconds nor a Slurm "
+                             "time limit (D-HH:MM:SS, HH:MM:SS, UNLIMITED)") from None
+        out[i] = math.nan if limit is None else limit
+    return out
+
+
 def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
-    """Return jobs with the required columns checked and times as epoch seconds."""
+    """Return jobs with the required columns checked, times as epoch seconds, GPU counts and time limits as numbers
+    (accounting's forms read) and job step rows left out."""
     missing = [c for c in JOB_COLUMNS if c not in jobs.columns]
     if missing:
         raise TraceError(f"{source}: jobs lack column(s) {', '.join(missing)} (required: {', '.join(JOB_COLUMNS)})")
     out = jobs.copy()
     out["job_id"] = out["job_id"].astype(str)
+    out = _without_steps(out, source)
     out["user"] = out["user"].fillna("").astype(str)
     for col in ("start_ts", "end_ts", "submit_ts", "linger_end_ts"):
         if col in out.columns:
             out[col] = _epoch_col(out[col], source, col)
+    for col, read in (("gpus", _gpus_col), ("time_limit_s", _limit_col)):
+        if col in out.columns and not pd.api.types.is_numeric_dtype(out[col]):
+            out[col] = read(out[col], source)
     for col in ("account", "partition", "name", "labels", "gpu_ids", "nodes", "state", "qos"):
         if col in out.columns:
             out[col] = out[col].fillna("").astype(str)

@@ -1,0 +1,82 @@
+"""A jobs trace as Slurm's accounting writes it: job steps, ``Unknown`` times, TRES and GRES GPU counts, Slurm time
+limits. Read as the numbers the trace format means, each bad cell named by column and row."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpu_cost.core.errors import TraceError
+from gpu_cost.perceive import trace
+from gpu_cost.perceive.slurm import gpus_of_text, time_limit_of_text
+from gpu_cost.sim.replay import replay_files
+
+SACCT = """job_id,user,account,partition,name,state,submit_ts,start_ts,end_ts,time_limit_s,gpus,nodes
+1001,alice,nlp,gpu,train,COMPLETED,2026-12-01T00:00:00Z,2026-12-01T00:00:05Z,2026-12-01T02:00:05Z,2-00:00:00,4,1
+1001.batch,,nlp,,batch,COMPLETED,2026-12-01T00:00:05Z,2026-12-01T00:00:05Z,2026-12-01T02:00:05Z,,4,1
+1001.extern,,nlp,,extern,COMPLETED,2026-12-01T00:00:05Z,2026-12-01T00:00:05Z,2026-12-01T02:00:05Z,,4,1
+1002,bob,cv,gpu,eval,RUNNING,2026-12-01T00:10:00Z,2026-12-01T00:10:05Z,Unknown,01:00:00,"cpu=8,mem=64G,gres/gpu=2,gres/gpu:a100=2,node=1",1
+1003_1,carol,cv,gpu,sweep,CANCELLED by 1234,2026-12-01T00:20:00Z,2026-12-01T00:20:05Z,2026-12-01T01:20:05Z,UNLIMITED,gpu:a100:1,1
+1003_1.0,carol,cv,gpu,python,CANCELLED,2026-12-01T00:20:05Z,2026-12-01T00:20:05Z,2026-12-01T01:20:05Z,,gpu:a100:1,1
+1004,dan,cv,cpu,prep,COMPLETED,2026-12-01T00:30:00Z,2026-12-01T00:30:05Z,2026-12-01T00:40:05Z,30:00,cpu=4,1
+1005,erin,cv,gpu,wait,PENDING,2026-12-01T00:40:00Z,Unknown,Unknown,1-00:00,gres:gpu:8,1
+"""
+
+
+def test_accounting_forms_read_as_the_trace_format_means_them(tmp_path: Path) -> None:
+    (tmp_path / "jobs.csv").write_text(SACCT)
+    jobs = trace.read_jobs(tmp_path / "jobs.csv").set_index("job_id")
+    # the steps of 1001 and 1003_1 are parts of their jobs, not jobs holding the GPUs again
+    assert list(jobs.index) == ["1001", "1002", "1003_1", "1004", "1005"]
+    assert jobs["gpus"].tolist() == [4, 2, 1, 0, 8]  # typed TRES not counted twice; a CPU job holds none
+    limits = jobs["time_limit_s"]
+    assert (limits["1001"], limits["1002"], limits["1004"], limits["1005"]) == (172800.0, 3600.0, 1800.0, 86400.0)
+    assert np.isnan(limits["1003_1"])  # UNLIMITED: none known
+    assert np.isnan(jobs["end_ts"]["1002"]) and np.isnan(jobs["start_ts"]["1005"])  # Unknown: not known
+    assert jobs["end_ts"]["1001"] - jobs["start_ts"]["1001"] == 7200.0
+    res = replay_files(None, tmp_path / "jobs.csv", _policy())
+    assert res.jobs == 5 and res.allocated_gpu_hours == pytest.approx(4 * 2 + 1 * 1)  # ended jobs: 1001, 1003_1
+
+
+def _policy():  # type: ignore[no-untyped-def]
+    from gpu_cost.config.loader import load_policy
+    from tests.fixtures.core import ROOT
+
+    return load_policy(ROOT / "include" / "policy" / "default.yaml")
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_slurm_time_limits_read_as_seconds(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    d, h, m, s = (int(x) for x in (rng.integers(0, 30), rng.integers(0, 24), rng.integers(0, 60), rng.integers(0, 60)))
+    want = ((d * 24 + h) * 60 + m) * 60 + s
+    assert time_limit_of_text(f"{d}-{h:02d}:{m:02d}:{s:02d}") == want
+    assert time_limit_of_text(f"{d * 24 + h:02d}:{m:02d}:{s:02d}") == want
+    assert time_limit_of_text(f"{d}-{h:02d}:{m:02d}") == want - s
+    assert time_limit_of_text(f"{d}-{h}") == want - s - 60 * m
+    assert time_limit_of_text(f"{m}:{s:02d}") == 60 * m + s
+
+
+@pytest.mark.parametrize(("text", "gpus"), [
+    ("4", 4), ("gres/gpu=2", 2), ("cpu=8,mem=64G,gres/gpu=2,gres/gpu:a100=2,node=1", 2), ("gres/gpu:a100=3", 3),
+    ("cpu=4,mem=1G", 0), ("gpu:a100:4", 4), ("gres:gpu:8", 8), ("gpu:4", 4), ("gpu", 1), ("gpu:a100", 1),
+    ("gpu:a100:2,gpu:v100:1", 3), ("gpu:a100:4(S:0-1)", 4), ("banana", None), ("mps:100", None)])
+def test_gpu_counts_as_accounting_writes_them(text: str, gpus: int | None) -> None:
+    assert gpus_of_text(text) == gpus
+
+
+@pytest.mark.parametrize(("column", "value", "message"), [
+    ("gpus", "lots", r"column gpus, row 2: 'lots' is not a GPU count"),
+    ("time_limit_s", "soon", r"column time_limit_s, row 2: 'soon' is neither seconds nor a Slurm time limit"),
+    ("end_ts", "yesterday", r"column end_ts: not ISO 8601 or epoch seconds"),
+])
+def test_a_bad_cell_names_its_column_and_row(tmp_path: Path, column: str, value: str, message: str) -> None:
+    frame = pd.DataFrame({"job_id": ["1", "2"], "user": ["a", "b"], "start_ts": [1.0, 2.0], "end_ts": [5.0, 6.0],
+                          "gpus": ["1", "2"], "time_limit_s": ["60", "60"]}, dtype=object)
+    frame.loc[1, column] = value
+    frame.to_csv(tmp_path / "jobs.csv", index=False)
+    with pytest.raises(TraceError, match=message):
+        trace.read_jobs(tmp_path / "jobs.csv")
