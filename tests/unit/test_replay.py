@@ -338,3 +338,18 @@ def test_samples_off_the_step_replay_as_the_samples_on_it(truth_trace: Path, pol
     assert any("do not line up" in n for n in a.pop("notes")) and not any("line up" in n for n in b.pop("notes"))
     a.pop("seconds"), b.pop("seconds")
     assert a == b and b["kills"] == 2 and b["degraded_sweeps"] == 0
+
+
+def test_hosts_the_samples_name_by_their_full_name_replay_under_the_jobs_names(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    """An exporter labelling its series ``gpu01.cluster.example.org`` where the scheduler says ``gpu01``: the jobs'
+    GPUs are theirs again, and the replay decides as on the trace where both say ``gpu01``."""
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    assert "gpu_ids" in pd.read_csv(truth_trace / "jobs.csv").columns
+    s.assign(host=s["host"].astype(str) + ".cluster.example.org", job_id="").to_parquet(
+        full := truth_trace.parent / "fqdn.parquet")
+    s.assign(job_id="").to_parquet(short := truth_trace.parent / "short.parquet")  # no exporter job label to fall back on
+    a = replay_files(full, truth_trace / "jobs.csv", policy).to_dict()
+    b = replay_files(short, truth_trace / "jobs.csv", policy).to_dict()
+    assert any("read under the name the jobs' gpu_ids give them" in n for n in a.pop("notes"))
+    b.pop("notes"), a.pop("seconds"), b.pop("seconds")
+    assert a == b and b["kills"] == 2

@@ -141,3 +141,47 @@ def test_memory_in_bytes_and_unknown_units_are_refused(tmp_path) -> None:  # typ
     s.assign(util=[*["5 %"] * (len(s) - 1), "busy"]).to_csv(tmp_path / "word.csv", index=False)
     with pytest.raises(TraceError, match=rf"word\.csv: column util, row {len(s)}: 'busy' is not a number"):
         trace.read_samples(tmp_path / "word.csv")
+
+
+# -- hosts the exporter and the scheduler name differently -------------------------------------------------------
+@pytest.mark.parametrize(("metric", "scheduler", "want"), [
+    ({"gpu01.c.org", "gpu02.c.org"}, {"gpu01", "gpu02"}, {"gpu01.c.org": "gpu01", "gpu02.c.org": "gpu02"}),
+    ({"gpu01", "gpu02"}, {"gpu01.c.org", "gpu02.c.org"}, {"gpu01": "gpu01.c.org", "gpu02": "gpu02.c.org"}),
+    ({"gpu01", "gpu02"}, {"gpu01", "gpu02"}, {}),  # the same names: nothing to do
+    ({"gpu01.a.org", "gpu01.b.org"}, {"gpu01"}, {}),  # two series onto one node: which one? neither
+    ({"gpu01", "gpu01.c.org"}, {"gpu01"}, {}),  # the node's name is already a series' own
+    ({"gpu01"}, {"gpu01.a.org", "gpu01.b.org"}, {}),  # two full names start so: neither
+    ({"10.0.0.5", "gpu02.c.org"}, {"gpu02"}, {"gpu02.c.org": "gpu02"}),  # an address is no name: left alone
+    ({"gpu01.c.org"}, set(), {}),  # nothing known of the scheduler: left alone
+])
+def test_hosts_named_twice_are_matched_only_when_the_match_is_one(metric, scheduler, want) -> None:  # type: ignore[no-untyped-def]
+    from gpu_cost.perceive.correlate import host_names
+
+    assert host_names(metric, scheduler) == want
+
+
+def test_a_trace_whose_samples_name_hosts_in_full_finds_what_short_names_find(tmp_path, policy, scenario) -> None:  # type: ignore[no-untyped-def]
+    cluster = sim.SimCluster(scenario, anchor=NOW)
+    samples = cluster.samples(NOW - policy.sweep.lookback, NOW).drop(columns=["job_id"])  # the jobs' gpu_ids alone
+    cluster.jobs_trace(NOW - 86400, NOW).to_csv(tmp_path / "jobs.csv", index=False)
+    samples.to_csv(tmp_path / "short.csv", index=False)
+    samples.assign(host=samples["host"] + ".cluster.example.org").to_csv(tmp_path / "full.csv", index=False)
+    found = [sorted(json.dumps(f.to_dict(), sort_keys=True, default=str)
+                    for f in run_rules(trace.snapshot(policy, NOW, tmp_path / name, tmp_path / "jobs.csv"), policy))
+             for name in ("short.csv", "full.csv")]
+    assert any('"rule": "idle_allocation"' in f for f in found[0]) and found[0] == found[1]
+
+
+def test_the_live_sources_read_exporter_hosts_under_slurms_names() -> None:
+    from gpu_cost.core.model import Job, Node
+    from gpu_cost.perceive.live import _scheduler_names
+
+    frame = pd.DataFrame({"host": ["gpu01.c.org", "gpu01.c.org", "gpu02.c.org"], "gpu": [0, 1, 0]})
+    jobs = [Job(job_id="7", user="a", state="RUNNING", start_ts=0.0, gpu_alloc=(("gpu01", (0, 1)),))]
+    nodes = [Node(name="gpu01"), Node(name="gpu02")]
+    stats = {"gpu01.c.org": {"cpu_util": 5.0}, "gpu02.c.org": {"cpu_util": 7.0}}
+    out, out_stats = _scheduler_names(frame, stats, jobs, nodes)
+    assert out["host"].tolist() == ["gpu01", "gpu01", "gpu02"] and frame["host"][0] == "gpu01.c.org"  # a new frame
+    assert out_stats == {"gpu01": {"cpu_util": 5.0}, "gpu02": {"cpu_util": 7.0}}
+    same, _ = _scheduler_names(out, out_stats, jobs, nodes)
+    assert same is out  # names that agree: nothing done

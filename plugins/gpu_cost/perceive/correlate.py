@@ -23,6 +23,47 @@ from gpu_cost.core.model import Disagreement, GpuProcess, Job
 _NONE: frozenset[str] = frozenset()
 
 
+def host_names(metric_hosts: Iterable[str], scheduler_hosts: Iterable[str]) -> dict[str, str]:
+    """Return ``{a metric series' host: the scheduler's name for it}`` where the two name a node differently.
+
+    An exporter often labels its series with the node's fully qualified name (``gpu01.cluster.example.org``)
+    where Slurm says ``gpu01``, or the other way round. Matched so, a job's GPUs would be nobody's and its
+    node would have no GPU series. A metric host the scheduler does not know is renamed when its first
+    label is a scheduler node (or it is the first label of exactly one), that name is no other metric
+    host's, and no other metric host maps onto it. Everything else is left as it is.
+    """
+    metric = set(metric_hosts)
+    known = set(scheduler_hosts)
+    if not known or metric <= known:
+        return {}
+    full_names: dict[str, list[str]] = defaultdict(list)
+    for k in known:
+        full_names[k.split(".", 1)[0]].append(k)
+    out: dict[str, str] = {}
+    for h in metric - known:
+        short = h.split(".", 1)[0]
+        if short != h:
+            name = short if short in known else None
+        else:
+            fulls = full_names.get(h, [])
+            name = fulls[0] if len(fulls) == 1 and fulls[0] != h else None
+        if name is not None and name not in metric:
+            out[h] = name
+    taken: dict[str, int] = defaultdict(int)
+    for name in out.values():
+        taken[name] += 1
+    return {h: name for h, name in out.items() if taken[name] == 1}
+
+
+def scheduler_hosts(jobs: Iterable[Job], nodes: Iterable[str] = ()) -> set[str]:
+    """Return the node names the scheduler uses: its nodes' and those its jobs hold GPUs on."""
+    out = set(nodes)
+    for j in jobs:
+        out.update(h for h, _ in j.gpu_alloc)
+        out.update(h for h, _ in j.mig_alloc)
+    return out
+
+
 def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuProcess]) -> tuple[pd.DataFrame, list[Disagreement]]:
     """Return ``gpus`` with ``job_id`` and ``attribution`` columns, and the disagreements found.
 

@@ -35,12 +35,15 @@ import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_cost.config.schema import Policy
 from gpu_cost.core.errors import SourceError
 from gpu_cost.core.model import GpuProcess, Job, Node, Reservation, Snapshot
 from gpu_cost.core.redact import redact, redact_all
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +63,26 @@ def _slurm_source(slurm: Any) -> Any:
     return SlurmSource(runner=slurm)  # a Runner: local or on a login node
 
 
+def _scheduler_names(frame: pd.DataFrame, node_stats: dict[str, dict[str, float]], jobs: Sequence[Job],
+                     nodes: Sequence[Node]) -> tuple[pd.DataFrame, dict[str, dict[str, float]]]:
+    """Read each host the exporters name otherwise than Slurm (``gpu01.cluster.example.org`` for ``gpu01``) under
+    Slurm's name (:func:`gpu_cost.perceive.correlate.host_names`): the GPU series and node_exporter's alike."""
+    from gpu_cost.perceive.correlate import host_names, scheduler_hosts
+
+    if not len(frame) and not node_stats:
+        return frame, node_stats
+    known = scheduler_hosts(jobs, (n.name for n in nodes))
+    gpu_hosts = host_names(frame["host"].astype(str).unique(), known) if len(frame) else {}
+    if gpu_hosts:
+        frame = frame.assign(host=frame["host"].astype(str).replace(gpu_hosts))
+        logger.info("GPU series' hosts read under Slurm's names: %s",
+                    ", ".join(f"{a} as {b}" for a, b in sorted(gpu_hosts.items())[:5]))
+    stat_hosts = host_names(node_stats, known)
+    if stat_hosts:
+        node_stats = {stat_hosts.get(h, h): v for h, v in node_stats.items()}
+    return frame, node_stats
+
+
 def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any = None, node_source: Any = None,
              processes: bool | None = None, **_ignored: Any) -> Snapshot:
     """Return the snapshot of the real cluster at ``now`` (see the module docstring).
@@ -69,7 +92,6 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     :param node_source: a :class:`~gpu_cost.perceive.nodes.NodeSource` (default: from ``gpu_cost_node_ssh``).
     :param processes: read GPU processes over SSH (default: when the node connection is configured).
     """
-    import pandas as pd
 
     from gpu_cost.core.model import empty_gpu_frame
     from gpu_cost.perceive import nodes as nodes_mod
@@ -122,6 +144,7 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
                 problems.append(f"node_exporter: {exc}")
         jobs, nodes, resv, slurm_problems = slurm_read.result()
     problems.extend(slurm_problems)
+    frame, node_stats = _scheduler_names(frame, node_stats, jobs, nodes)
 
     # processes
     procs: list[GpuProcess] = []

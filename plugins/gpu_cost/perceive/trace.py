@@ -308,10 +308,32 @@ def snapshot(policy: Any, now: float, samples: str | Path | pd.DataFrame, jobs: 
 
     s = read_samples(samples) if isinstance(samples, str | Path) else normalise_samples(samples)
     j = read_jobs(jobs) if isinstance(jobs, str | Path) else normalise_jobs(jobs)
+    s = s.assign(host=scheduler_names(s["host"], j))
     window = s[(s["ts"] > now - policy.sweep.lookback) & (s["ts"] <= now)]
     problems = [] if len(window) else [f"trace has no samples in the {policy.sweep.lookback:g}s before {now:g}"]
     return from_samples(policy=policy, now=now, source="trace", samples=window, jobs=jobs_at(j, s, now),
                         problems=problems)
+
+
+def gpu_id_hosts(jobs: pd.DataFrame) -> set[str]:
+    """Return the hosts a jobs trace's ``gpu_ids`` (``host:idx,...``) name: the scheduler's names for its nodes."""
+    if "gpu_ids" not in jobs.columns:
+        return set()
+    return {part.strip().rpartition(":")[0] for text in jobs["gpu_ids"].dropna().astype(str).unique()
+            for part in text.split(",") if ":" in part}
+
+
+def scheduler_names(hosts: pd.Series, jobs: pd.DataFrame) -> pd.Series:
+    """Return the samples' ``host`` column with each host the jobs' ``gpu_ids`` name otherwise (``gpu01`` for
+    ``gpu01.cluster.example.org``) under that name (:func:`gpu_cost.perceive.correlate.host_names`)."""
+    from gpu_cost.perceive.correlate import host_names
+
+    text = hosts.astype(str)
+    renamed = host_names(text.unique(), gpu_id_hosts(jobs))
+    if renamed:
+        logger.info("trace hosts read under the jobs' names for them: %s",
+                    ", ".join(f"{a} as {b}" for a, b in sorted(renamed.items())[:5]))
+    return text.replace(renamed) if renamed else hosts
 
 
 __all__ = ["JOB_COLUMNS", "SAMPLE_COLUMNS", "jobs_at", "normalise_jobs", "normalise_samples", "read_jobs",

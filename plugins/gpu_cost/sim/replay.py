@@ -381,6 +381,7 @@ class _Replay:
             self._dense(samples, consume)
         if consume:
             release_arrow_memory()  # the last columns dropped
+        self._scheduler_names(jobs)
         n_g = len(self.hosts)
         times = self.times
         self.row_of = {(h, int(g)): i for i, (h, g) in enumerate(zip(self.hosts, self.gpu_idx, strict=True))}
@@ -485,6 +486,19 @@ class _Replay:
             self.user = fill(uc.astype(np.int32), np.int32, -1)
             self.user_names = np.array([*un, ""], dtype=object)
             del uc
+
+    def _scheduler_names(self, jobs: pd.DataFrame) -> None:
+        """Read each sampled host the jobs' ``gpu_ids`` name otherwise (``gpu01`` for ``gpu01.cluster.example.org``)
+        under the jobs' name (:func:`gpu_cost.perceive.correlate.host_names`): a new array, a prepared trace's is shared."""
+        from gpu_cost.perceive.correlate import host_names
+        from gpu_cost.perceive.trace import gpu_id_hosts
+
+        renamed = host_names(set(self.hosts.tolist()), gpu_id_hosts(jobs))
+        if renamed:
+            self.hosts = np.array([renamed.get(h, h) for h in self.hosts.tolist()], dtype=object)
+            shown = ", ".join(f"{a} as {b}" for a, b in sorted(renamed.items())[:3])
+            self.res.notes.append(f"{len(renamed)} sampled host(s) read under the name the jobs' gpu_ids give them: "
+                                  f"{shown}{'…' if len(renamed) > 3 else ''}")
 
     def _adopt(self, prepared: PreparedTrace) -> None:
         """Take a prepared trace's matrices: a copy of those a simulated kill edits, the others shared."""
