@@ -80,3 +80,27 @@ def test_a_bad_cell_names_its_column_and_row(tmp_path: Path, column: str, value:
     frame.to_csv(tmp_path / "jobs.csv", index=False)
     with pytest.raises(TraceError, match=message):
         trace.read_jobs(tmp_path / "jobs.csv")
+
+
+@pytest.mark.parametrize(("unit", "per_second"), [("s", 1), ("ms", 1e3), ("us", 1e6), ("ns", 1e9)])
+def test_epoch_times_in_any_unit_read_as_seconds(tmp_path: Path, unit: str, per_second: float) -> None:
+    """Epoch milliseconds (what JavaScript, Java and many loggers write), micro- and nanoseconds (Arrow, pandas) are
+    told by their size; a column holding a stray 0 or a missing cell is told by its typical row."""
+    start = 1_795_000_000 + 60 * np.arange(50)
+    frame = pd.DataFrame({"job_id": [str(i) for i in range(50)], "user": "a",
+                          "start_ts": (start * per_second).astype(np.int64), "end_ts": (start + 3600) * per_second})
+    frame.loc[3, "end_ts"] = np.nan
+    frame.loc[4, "end_ts"] = 0
+    frame.to_csv(tmp_path / "jobs.csv", index=False)
+    jobs = trace.read_jobs(tmp_path / "jobs.csv")
+    np.testing.assert_allclose(jobs["start_ts"].to_numpy(), start)
+    assert np.isnan(jobs["end_ts"][3]) and jobs["end_ts"][4] == 0 and jobs["end_ts"][5] == start[5] + 3600
+
+
+@pytest.mark.parametrize(("text", "pairs"), [
+    ("gpu01:0,gpu01:1,gpu02:3", [("gpu01", 0), ("gpu01", 1), ("gpu02", 3)]),
+    ("gpu01:0-3", [("gpu01", 0), ("gpu01", 1), ("gpu01", 2), ("gpu01", 3)]),
+    ("gpu01:0,2,gpu02:1-2", [("gpu01", 0), ("gpu01", 2), ("gpu02", 1), ("gpu02", 2)]),
+    ("", []), (None, []), ("gpu01:x", []), ("n.example.org:2", [("n.example.org", 2)])])
+def test_gpu_ids_as_the_trace_format_and_slurm_write_them(text: str | None, pairs: list[tuple[str, int]]) -> None:
+    assert trace.parse_gpu_ids(text) == pairs

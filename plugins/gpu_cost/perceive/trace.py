@@ -74,22 +74,41 @@ def release_arrow_memory() -> None:
 
 def _epoch_col(values: pd.Series, source: str, col: str) -> np.ndarray:
     if pd.api.types.is_numeric_dtype(values):
-        return values.to_numpy(dtype=float)
-    unknown = values.astype(str).str.strip().str.lower().isin(_NO_TIME).to_numpy()
-    if unknown.any():  # accounting's word for a time not known (a running job's end): not known
-        out = np.full(len(values), math.nan)
-        if not unknown.all():
-            out[~unknown] = _epoch_col(values[~unknown], source, col)
-        return out
+        return _seconds(values.to_numpy(dtype=float), source, col)
     try:
         parsed = pd.to_datetime(values, utc=True, errors="raise", format="mixed")
     except (ValueError, TypeError) as exc:
+        unknown = values.astype(str).str.strip().str.lower().isin(_NO_TIME).to_numpy()
+        if unknown.any():  # accounting's word for a time not known (a running job's end): not known
+            out = np.full(len(values), math.nan)
+            if not unknown.all():
+                out[~unknown] = _epoch_col(values[~unknown], source, col)
+            return out
         num = pd.to_numeric(values, errors="coerce")
         if num.notna().sum() == values.notna().sum():
-            return num.to_numpy(dtype=float)
+            return _seconds(num.to_numpy(dtype=float), source, col)
         raise TraceError(f"{source}: column {col}: not ISO 8601 or epoch seconds ({exc})") from None
     out = (parsed - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(dtype=float)
     return out
+
+
+#: epoch times above these are in milliseconds, microseconds, nanoseconds (seconds reach 1e11 in the year 5138)
+_EPOCH_UNITS = ((1e17, 1e9, "nanoseconds"), (1e14, 1e6, "microseconds"), (1e11, 1e3, "milliseconds"))
+
+
+def _seconds(epoch: np.ndarray, source: str, col: str) -> np.ndarray:
+    """Return epoch times as seconds: a column in milliseconds (what JavaScript, Java and many loggers write), micro-
+    or nanoseconds (pandas, Arrow) is read in its unit, told by its size; seconds as they are."""
+    seen = epoch[:: max(1, len(epoch) // 10_000)]  # the median of 10,000 rows spread over the column tells the unit
+    seen = seen[np.isfinite(seen)]
+    if not len(seen):
+        return epoch
+    typical = float(np.median(np.abs(seen)))
+    for above, per_second, unit in _EPOCH_UNITS:
+        if typical > above:
+            logger.info("%s: column %s read as epoch %s", source, col, unit)
+            return epoch / per_second
+    return epoch
 
 
 #: the measured sample columns, each with the units its values may carry as text (nvidia-smi's CSV writes
@@ -280,10 +299,8 @@ def jobs_at(jobs: pd.DataFrame, samples: pd.DataFrame, t: float) -> list[Job]:
             continue
         jid = str(rec["job_id"])
         alloc: dict[str, list[int]] = {}
-        for part in str(rec.get("gpu_ids") or "").split(","):
-            host, _, gpu = part.strip().rpartition(":")
-            if host and gpu.isdigit():
-                alloc.setdefault(host, []).append(int(gpu))
+        for host, gpu in parse_gpu_ids(rec.get("gpu_ids")):
+            alloc.setdefault(host, []).append(gpu)
         if not alloc and recent is not None:
             mine = recent[recent["job_id"].astype(str) == jid][["host", "gpu"]].drop_duplicates()
             for host, gpu in mine.itertuples(index=False):
@@ -315,12 +332,34 @@ def snapshot(policy: Any, now: float, samples: str | Path | pd.DataFrame, jobs: 
                         problems=problems)
 
 
+def parse_gpu_ids(text: object) -> list[tuple[str, int]]:
+    """Return the ``(host, GPU index)`` pairs of a jobs trace's ``gpu_ids``: ``host:idx`` items separated by
+    commas, an index range as Slurm writes one (``gpu01:0-3``) read whole, ``gpu01:0,1`` as the host's 0 and 1.
+    Items that name no index are skipped."""
+    from gpu_cost.perceive.slurm import parse_index_list
+
+    out: list[tuple[str, int]] = []
+    host = ""
+    for part in str(text or "").split(","):
+        part = part.strip()
+        if ":" in part:
+            host, _, idx = part.rpartition(":")
+        else:
+            idx = part  # an index after a comma: the host before it
+        if not host or not idx:
+            continue
+        try:
+            out.extend((host, i) for i in parse_index_list(idx))
+        except ValueError:
+            continue
+    return out
+
+
 def gpu_id_hosts(jobs: pd.DataFrame) -> set[str]:
-    """Return the hosts a jobs trace's ``gpu_ids`` (``host:idx,...``) name: the scheduler's names for its nodes."""
+    """Return the hosts a jobs trace's ``gpu_ids`` name: the scheduler's names for its nodes."""
     if "gpu_ids" not in jobs.columns:
         return set()
-    return {part.strip().rpartition(":")[0] for text in jobs["gpu_ids"].dropna().astype(str).unique()
-            for part in text.split(",") if ":" in part}
+    return {h for text in jobs["gpu_ids"].dropna().astype(str).unique() for h, _ in parse_gpu_ids(text)}
 
 
 def scheduler_names(hosts: pd.Series, jobs: pd.DataFrame) -> pd.Series:

@@ -557,12 +557,9 @@ class _Replay:
         return {name: np.array(v, dtype=np.int64) for name, v in out.items()}
 
     def _rows_of_ids(self, text: Any) -> np.ndarray:
-        rows = []
-        for part in str(text or "").split(","):
-            host, _, gpu = part.strip().rpartition(":")
-            if host and gpu.isdigit() and (host, int(gpu)) in self.row_of:
-                rows.append(self.row_of[(host, int(gpu))])
-        return np.array(rows, dtype=np.int64)
+        from gpu_cost.perceive.trace import parse_gpu_ids
+
+        return np.array([self.row_of[k] for k in parse_gpu_ids(text) if k in self.row_of], dtype=np.int64)
 
     def _totals(self) -> None:
         valid = ~np.isnan(self.util)
