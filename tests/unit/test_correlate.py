@@ -148,3 +148,20 @@ def test_a_slice_no_allocation_names_is_the_job_whose_process_runs_there(job_nod
     procs = [GpuProcess(host="g1", pid=5, gpu_uuid="MIG-a", gpu=0, used_mib=900.0, start_ts=1.0, job_id="7", mig="3")]
     out, _ = attribute(gpus, jobs, procs)
     assert (out["job_id"].iloc[0], out["attribution"].iloc[0]) == want
+
+
+def test_gpus_a_running_job_may_hold_unplaced_are_nobodys_but_no_zombies_either() -> None:
+    """A job Slurm (or an accounting export) says holds 2 GPUs on g1 without saying which: g1's unnamed GPUs are
+    ``unplaced``, not ``none`` (the zombie rule's), and another node's stay ``none``. A job placed in full changes
+    nothing; one that names no node at all makes every node's unnamed GPUs unplaced."""
+    gpus = pd.concat([frame(["", "", "", ""]), frame(["", "", "", ""]).assign(host="g2")], ignore_index=True)
+    running = {"state": "RUNNING", "start_ts": 0.0}
+    somewhere_on_g1 = Job(job_id="9", user="bob", nodes=("g1",), gpus_requested=2, **running)  # type: ignore[arg-type]
+    out, _ = attribute(gpus, [job("7", (0,), **running), somewhere_on_g1], [])
+    assert out["attribution"].tolist() == ["slurm", "unplaced", "unplaced", "unplaced"] + ["none"] * 4
+    assert out["job_id"].tolist()[1:] == [None] * 7
+    out, _ = attribute(gpus, [job("7", (0, 1), gpus_requested=2, **running)], [])
+    assert out["attribution"].tolist() == ["slurm", "slurm"] + ["none"] * 6
+    nowhere = Job(job_id="9", user="bob", gpus_requested=1, **running)  # type: ignore[arg-type]
+    out, _ = attribute(gpus, [nowhere], [])
+    assert set(out["attribution"]) == {"unplaced"}

@@ -353,3 +353,18 @@ def test_hosts_the_samples_name_by_their_full_name_replay_under_the_jobs_names(t
     assert any("read under the name the jobs' gpu_ids give them" in n for n in a.pop("notes"))
     b.pop("notes"), a.pop("seconds"), b.pop("seconds")
     assert a == b and b["kills"] == 2
+
+
+def test_jobs_the_trace_does_not_place_leave_their_nodes_gpus_to_nobody(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    """An accounting export names a job's nodes and GPU count, not its GPU indices; without the exporter's job labels
+    nothing says which GPUs are the job's. Its idle GPUs holding memory are then no zombie: no process is killed
+    on them (before: every such job's process was decided for kill_process, "with no running job")."""
+    jobs = pd.read_csv(truth_trace / "jobs.csv")
+    nodes = jobs["gpu_ids"].fillna("").map(lambda t: ",".join(sorted({p.rpartition(":")[0] for p in t.split(",") if p})))
+    jobs.assign(nodes=nodes).drop(columns=["gpu_ids"]).to_csv(truth_trace.parent / "accounting.csv", index=False)
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    s.assign(job_id="").to_parquet(bare := truth_trace.parent / "unlabelled.parquet")
+    res = replay_files(bare, truth_trace.parent / "accounting.csv", policy)
+    assert any("hold GPUs the trace does not place" in n for n in res.notes)
+    assert not res.decisions.get("kill_process") and res.kills == 0
+    assert res.idle_gpu_hours and res.idle_gpu_hours > 0  # the idle GPUs are still counted as idle

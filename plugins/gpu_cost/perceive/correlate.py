@@ -6,7 +6,9 @@ processes on it. When two of them name *different running* jobs the GPU is marke
 and the rules leave it alone. Processes are matched to GPUs by UUID first, by index otherwise.
 An orphan process (no job, or a job that ended) on a GPU that Slurm allocates to a running job
 does not change the attribution but is reported as a disagreement: the job's owner shares the
-GPU with a leftover they may not know about.
+GPU with a leftover they may not know about. A GPU no source names, on a node where a running
+job holds GPUs no source places (an accounting export has no GPU indices), is ``unplaced``, not
+``none``: it may be that job's, so it is nobody's zombie.
 """
 
 from __future__ import annotations
@@ -55,6 +57,18 @@ def host_names(metric_hosts: Iterable[str], scheduler_hosts: Iterable[str]) -> d
     return {h: name for h, name in out.items() if taken[name] == 1}
 
 
+def unplaced_hosts(jobs: Iterable[Job]) -> set[str]:
+    """Return the nodes where a running job holds GPUs the sources do not place: more GPUs than its known indices
+    (an accounting export, a Slurm answer without GRES indices). A job that names no node at all makes it every
+    node's: the set holds ``""``."""
+    out: set[str] = set()
+    for j in jobs:
+        placed = sum(len(idx) for _, idx in j.gpu_alloc) + sum(len(s) for _, s in j.mig_alloc)
+        if j.gpus_requested > placed:
+            out.update(j.nodes or ("",))
+    return out
+
+
 def scheduler_hosts(jobs: Iterable[Job], nodes: Iterable[str] = ()) -> set[str]:
     """Return the node names the scheduler uses: its nodes' and those its jobs hold GPUs on."""
     out = set(nodes)
@@ -80,6 +94,7 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     processes = list(processes)
     gpus = join_mig_uuids(gpus, processes)
     running = {j.job_id: j for j in jobs if j.running}
+    unplaced = unplaced_hosts(running.values())
     alloc: dict[tuple[str, int], set[str]] = defaultdict(set)
     mig_alloc: dict[tuple[str, str], set[str]] = defaultdict(set)
     shared_jobs = {jid for jid, j in running.items() if j.gpu_shared}
@@ -190,6 +205,9 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
             how.append("conflict")
             problems.append(Disagreement(host, gpu, f"{_slice(mig)}processes of running job(s) "
                                                     f"{','.join(sorted(cg_running))} on a GPU Slurm allocates to none"))
+        elif host in unplaced or "" in unplaced:
+            job_ids.append(None)
+            how.append("unplaced")  # a running job holds GPUs on this node, which ones unknown: maybe this one
         else:
             job_ids.append(None)
             how.append("none")

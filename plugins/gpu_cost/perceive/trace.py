@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -305,18 +306,37 @@ def jobs_at(jobs: pd.DataFrame, samples: pd.DataFrame, t: float) -> list[Job]:
             mine = recent[recent["job_id"].astype(str) == jid][["host", "gpu"]].drop_duplicates()
             for host, gpu in mine.itertuples(index=False):
                 alloc.setdefault(str(host), []).append(int(gpu))
-        labels = tuple(x for x in str(rec.get("labels") or "").replace(";", ",").split(",") if x)
-        labels += labels_from_comment(str(rec.get("comment") or ""))
-        limit = rec.get("time_limit_s")
-        out.append(Job(
-            job_id=jid, user=str(rec.get("user") or ""), state="RUNNING", start_ts=float(start),
-            account=str(rec.get("account") or ""), partition=str(rec.get("partition") or ""),
-            qos=str(rec.get("qos") or ""), name=str(rec.get("name") or ""),
-            time_limit_s=float(limit) if limit is not None and limit == limit else None,
-            nodes=tuple(sorted(alloc)), gpu_alloc=tuple((h, tuple(sorted(i))) for h, i in sorted(alloc.items())),
-            gpus_requested=sum(len(v) for v in alloc.values()), labels=labels,
-        ))
+        out.append(trace_job(rec, alloc))
     return out
+
+
+def trace_job(rec: Mapping[str, Any], alloc: Mapping[str, Sequence[int]], **more: Any) -> Job:
+    """Return a jobs trace's row as the running job it is, holding the GPUs ``alloc`` places (per host, indices).
+
+    A job the trace does not place (no ``gpu_ids``, no sample labelled with it: an accounting export) still holds
+    the GPUs its ``gpus`` column counts, on the nodes its ``nodes`` column names (a Slurm host list; a count names
+    none): :func:`gpu_cost.perceive.correlate.attribute` then calls none of those nodes' GPUs "no job's".
+    """
+    from gpu_cost.perceive.slurm import expand_hostlist
+
+    placed = sum(len(v) for v in alloc.values())
+    asked = rec.get("gpus")
+    asked = int(asked) if isinstance(asked, int | float) and asked == asked and asked > 0 else 0
+    names = rec.get("nodes")
+    on = tuple(sorted(alloc))
+    if asked > placed and isinstance(names, str) and names.strip() and not names.strip().isdigit():
+        on = tuple(sorted({*on, *expand_hostlist(names.strip())}))
+    labels = tuple(x for x in str(rec.get("labels") or "").replace(";", ",").split(",") if x)
+    labels += labels_from_comment(str(rec.get("comment") or ""))
+    limit = rec.get("time_limit_s")
+    return Job(
+        job_id=str(rec["job_id"]), user=str(rec.get("user") or ""), state="RUNNING", start_ts=float(rec["start_ts"]),
+        account=str(rec.get("account") or ""), partition=str(rec.get("partition") or ""),
+        qos=str(rec.get("qos") or ""), name=str(rec.get("name") or ""),
+        time_limit_s=float(limit) if limit is not None and limit == limit else None,
+        nodes=on, gpu_alloc=tuple((h, tuple(sorted(i))) for h, i in sorted(alloc.items())),
+        gpus_requested=max(placed, asked), labels=labels, **more,
+    )
 
 
 def snapshot(policy: Any, now: float, samples: str | Path | pd.DataFrame, jobs: str | Path | pd.DataFrame) -> Any:

@@ -64,12 +64,14 @@ def _columns(snapshot: Snapshot, policy: Policy) -> dict[str, np.ndarray]:
     memmin = np.nan_to_num(g["mem_min_mib"].to_numpy(dtype=float), nan=0.0)
     umax0 = np.nan_to_num(umax, nan=100.0)
     job_ids = g["job_id"].to_numpy(dtype=object) if "job_id" in g else np.full(len(g), None, dtype=object)
+    # a GPU on a node where a running job holds GPUs no source places may be that job's: no zombie
+    placed = g["attribution"].to_numpy(dtype=object) != "unplaced" if "attribution" in g else np.ones(len(g), bool)
     return {
         "fresh": fresh,
         "util": np.where(fresh, np.nan_to_num(util_mean, nan=0.0), 0.0),
         "active": fresh & (umax0 >= policy.rules.idle_allocation.util_max),
         "busy": fresh & (np.nan_to_num(util_mean, nan=0.0) >= policy.sweep.busy_util),
-        "zombie": fresh & (umax0 < policy.rules.zombie.util_max) & (memmin > policy.rules.zombie.mem_min_mib),
+        "zombie": fresh & placed & (umax0 < policy.rules.zombie.util_max) & (memmin > policy.rules.zombie.mem_min_mib),
         "job": job_ids,
         "host": g["host"].to_numpy(dtype=object),
         "model": g["model"].fillna("").to_numpy(dtype=object),

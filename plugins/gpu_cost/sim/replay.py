@@ -54,7 +54,7 @@ import pandas as pd
 from gpu_cost.act.base import ActionContext, Outcome
 from gpu_cost.config.schema import Policy
 from gpu_cost.core.errors import TraceError
-from gpu_cost.core.model import KILL_ACTIONS, Decision, GpuProcess, Job, labels_from_comment
+from gpu_cost.core.model import KILL_ACTIONS, Decision, GpuProcess, Job
 from gpu_cost.core.registry import names as _action_names
 from gpu_cost.core.timeutil import iso
 from gpu_cost.perceive.trace import (
@@ -64,6 +64,7 @@ from gpu_cost.perceive.trace import (
     normalise_samples,
     read_table,
     release_arrow_memory,
+    trace_job,
 )
 
 logger = logging.getLogger(__name__)
@@ -395,6 +396,10 @@ class _Replay:
             object.__setattr__(policy, "source", src)
         self.policy = policy
         self.allocs = self._allocs(jobs)
+        unplaced = sum(1 for a in self.allocs.values() if a.job.gpus_requested > len(a.rows))
+        if unplaced:
+            res.notes.append(f"{unplaced} job(s) hold GPUs the trace does not place (no gpu_ids, no sample labelled "
+                             "with them): no rule judges those GPUs, and no GPU on their nodes is taken for a zombie")
         res.gpus, res.start, res.end, res.sample_interval_s = n_g, float(times[0]), float(times[-1]), self.dt
         self._totals()
 
@@ -533,17 +538,7 @@ class _Replay:
             alloc: dict[str, list[int]] = {}
             for r in rows:
                 alloc.setdefault(str(self.hosts[r]), []).append(int(self.gpu_idx[r]))
-            labels = tuple(x for x in str(rec.get("labels", "") or "").replace(";", ",").split(",") if x)
-            labels += labels_from_comment(str(rec.get("comment", "") or ""))
-            limit = rec.get("time_limit_s")
-            job = Job(
-                job_id=jid, user=str(rec.get("user") or ""), state="RUNNING", start_ts=float(start),
-                account=str(rec.get("account") or ""), partition=str(rec.get("partition") or ""),
-                qos=str(rec.get("qos") or ""), name=str(rec.get("name") or ""),
-                time_limit_s=float(limit) if limit is not None and limit == limit else None,
-                nodes=tuple(sorted(alloc)), gpu_alloc=tuple((h, tuple(sorted(i))) for h, i in sorted(alloc.items())),
-                gpus_requested=len(rows), labels=labels, batch=_flag(rec.get("batch")),
-            )
+            job = trace_job(rec, alloc, batch=_flag(rec.get("batch")))
             out[jid] = _Alloc(job, np.sort(rows), float(start), end)
         return out
 
