@@ -368,3 +368,29 @@ def test_jobs_the_trace_does_not_place_leave_their_nodes_gpus_to_nobody(truth_tr
     assert any("hold GPUs the trace does not place" in n for n in res.notes)
     assert not res.decisions.get("kill_process") and res.kills == 0
     assert res.idle_gpu_hours and res.idle_gpu_hours > 0  # the idle GPUs are still counted as idle
+
+
+def test_a_job_taking_whole_nodes_is_placed_on_them_when_the_trace_does_not_say(tmp_path: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    """An accounting export's job of 4 GPUs on a 4-GPU node, alone there while it runs, holds every GPU of the node:
+    the replay judges it as if the trace placed it (the same actions as with its gpu_ids); a job sharing its node
+    stays unplaced and is judged by nobody."""
+    whole = [{"job_id": "201", "user": "gus", "behaviour": "idle", "node": "g1", "gpus": [0, 1, 2, 3], "start": "-20h",
+              "end": "-2h", "busy_first": "30m", "name": "finetune"},
+             {"job_id": "202", "user": "hal", "behaviour": "training", "node": "g2", "gpus": [0, 1], "start": "-20h",
+              "name": "train"},
+             {"job_id": "203", "user": "ivy", "behaviour": "idle", "node": "g2", "gpus": [2, 3], "start": "-20h",
+              "end": "-2h", "busy_first": "30m", "name": "finetune"}]
+    write_scenario_trace(tmp_path, _scenario(whole), END - DAY, END)
+    jobs = pd.read_csv(tmp_path / "jobs.csv")
+    nodes = jobs["gpu_ids"].fillna("").map(lambda t: ",".join(sorted({p.rpartition(":")[0] for p in t.split(",") if p})))
+    jobs.assign(nodes=nodes).drop(columns=["gpu_ids"]).to_csv(tmp_path / "accounting.csv", index=False)
+    s = pd.read_parquet(tmp_path / "samples.parquet")
+    s.assign(job_id="").to_parquet(tmp_path / "unlabelled.parquet")
+    placed = replay_files(tmp_path / "samples.parquet", tmp_path / "jobs.csv", policy)
+    guessed = replay_files(tmp_path / "unlabelled.parquet", tmp_path / "accounting.csv", policy)
+    mine = [a for a in placed.actions if a["job_id"] == "201"]
+    assert {a["rule"] for a in mine} == {"idle_allocation", "low_efficiency"}
+    assert [a for a in guessed.actions if a["job_id"] == "201"] == mine
+    assert any(a["job_id"] == "203" for a in placed.actions)
+    assert not any(a["job_id"] == "203" for a in guessed.actions)  # shares g2 with 202: not placed, not judged
+    assert any(n.startswith("2 job(s) hold GPUs the trace does not place") for n in guessed.notes)  # 202 and 203

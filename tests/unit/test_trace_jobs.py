@@ -104,3 +104,40 @@ def test_epoch_times_in_any_unit_read_as_seconds(tmp_path: Path, unit: str, per_
     ("", []), (None, []), ("gpu01:x", []), ("n.example.org:2", [("n.example.org", 2)])])
 def test_gpu_ids_as_the_trace_format_and_slurm_write_them(text: str | None, pairs: list[tuple[str, int]]) -> None:
     assert trace.parse_gpu_ids(text) == pairs
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_whole_nodes_are_placed_only_when_the_job_is_alone_on_them(seed: int) -> None:
+    """Random jobs on random 4- and 8-GPU nodes: a job is placed exactly when it names nodes of one size, asks for
+    all their GPUs, holds none placed, and no other job overlaps it on any of them; then on every GPU they have."""
+    from gpu_cost.perceive.trace import whole_nodes
+
+    rng = np.random.default_rng(seed)
+    node_gpus = {f"n{i}": list(range(int(rng.choice([4, 8])))) for i in range(6)}
+    jobs = []
+    for k in range(int(rng.integers(1, 12))):
+        nodes = tuple(sorted(rng.choice(list(node_gpus), size=int(rng.integers(1, 3)), replace=False).tolist()))
+        start = float(rng.integers(0, 100))
+        full = sum(len(node_gpus[h]) for h in nodes)
+        gpus = full if rng.random() < 0.6 else int(rng.integers(1, full + 1))
+        placed = {nodes[0]: [0]} if rng.random() < 0.2 else {}
+        jobs.append((str(k), start, start + float(rng.integers(1, 60)), nodes, gpus, placed))
+    got = whole_nodes(jobs, node_gpus)
+    for jid, start, end, nodes, gpus, placed in jobs:
+        sizes = {len(node_gpus[h]) for h in nodes}
+        alone = not any(o != jid and s < end and start < e and set(nodes) & ({*n, *p})
+                        for o, s, e, n, _, p in jobs)
+        want = not placed and len(sizes) == 1 and gpus == sum(len(node_gpus[h]) for h in nodes) and alone
+        assert (jid in got) == want, (jid, jobs)
+        if want:
+            assert got[jid] == {h: node_gpus[h] for h in nodes}
+
+
+def test_the_trace_source_places_a_whole_node_job_and_leaves_a_partial_one_unplaced() -> None:
+    samples = pd.DataFrame({"ts": 100.0, "host": ["g1"] * 4 + ["g2"] * 4, "gpu": [0, 1, 2, 3] * 2, "util": 0.0,
+                            "mem_used_mib": 0.0})
+    jobs = trace.normalise_jobs(pd.DataFrame({"job_id": ["1", "2"], "user": "a", "start_ts": [0.0, 0.0],
+                                              "gpus": [4, 2], "nodes": ["g1", "g2"]}))
+    got = {j.job_id: j for j in trace.jobs_at(jobs, samples, 100.0)}
+    assert got["1"].gpu_alloc == (("g1", (0, 1, 2, 3)),) and got["1"].gpu_count == 4
+    assert got["2"].gpu_alloc == () and got["2"].gpus_requested == 2 and got["2"].nodes == ("g2",)

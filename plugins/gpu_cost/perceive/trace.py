@@ -287,10 +287,41 @@ def read_jobs(path: str | Path) -> pd.DataFrame:
     return normalise_jobs(read_table(path, "jobs"), str(path))
 
 
+#: a job as :func:`whole_nodes` reads it: id, start, end, the nodes it names, the GPUs it holds, those placed per host
+Held = tuple[str, float, float, tuple[str, ...], int, Mapping[str, Sequence[int]]]
+
+
+def whole_nodes(jobs: Sequence[Held], node_gpus: Mapping[str, Sequence[int]]) -> dict[str, dict[str, list[int]]]:
+    """Return, for each job no source places that takes whole nodes, every GPU of its nodes (per host).
+
+    A job without ``gpu_ids`` and without samples labelled with it (an accounting export) holds whole nodes
+    when its GPU count is what its nodes have (``node_gpus``: the GPU indices the samples show per host), the
+    same on each, and no other job is on any of them while it runs: Slurm then gives those GPUs to it alone.
+    Any other job stays unplaced (:func:`gpu_cost.perceive.correlate.unplaced_hosts`).
+    """
+    on: dict[str, list[tuple[float, float, str]]] = {}
+    for jid, start, end, nodes, _, placed in jobs:
+        for h in {*nodes, *placed}:
+            on.setdefault(h, []).append((start, end, jid))
+    out: dict[str, dict[str, list[int]]] = {}
+    for jid, start, end, nodes, gpus, placed in jobs:
+        if placed or not nodes or gpus <= 0:
+            continue
+        sizes = {len(node_gpus.get(h, ())) for h in nodes}
+        if len(sizes) != 1 or next(iter(sizes)) * len(nodes) != gpus:
+            continue
+        if any(other != jid and s < end and start < e for h in nodes for s, e, other in on[h]):
+            continue
+        out[jid] = {h: sorted(int(i) for i in node_gpus[h]) for h in nodes}
+    return out
+
+
 def jobs_at(jobs: pd.DataFrame, samples: pd.DataFrame, t: float) -> list[Job]:
-    """Return the jobs running at ``t``; GPUs from ``gpu_ids`` (``host:idx,...``) or the samples' job labels."""
-    out = []
-    recent = samples[(samples["ts"] <= t) & (samples["ts"] > t - 3600)] if "job_id" in samples.columns else None
+    """Return the jobs running at ``t``; GPUs from ``gpu_ids`` (``host:idx,...``), the samples' job labels, or a
+    job's whole nodes (:func:`whole_nodes`)."""
+    running: list[tuple[Mapping[str, Any], dict[str, list[int]]]] = []
+    window = samples[(samples["ts"] <= t) & (samples["ts"] > t - 3600)]
+    recent = window if "job_id" in samples.columns else None
     for rec in jobs.to_dict("records"):
         start = rec.get("start_ts")
         if start is None or start != start or start > t:
@@ -306,8 +337,15 @@ def jobs_at(jobs: pd.DataFrame, samples: pd.DataFrame, t: float) -> list[Job]:
             mine = recent[recent["job_id"].astype(str) == jid][["host", "gpu"]].drop_duplicates()
             for host, gpu in mine.itertuples(index=False):
                 alloc.setdefault(str(host), []).append(int(gpu))
-        out.append(trace_job(rec, alloc))
-    return out
+        running.append((rec, alloc))
+    held = [trace_job(rec, alloc) for rec, alloc in running]
+    unplaced = [j for j in held if j.gpus_requested > sum(len(i) for _, i in j.gpu_alloc)]
+    if unplaced:
+        node_gpus = {str(h): sorted({int(g) for g in part}) for h, part in window.groupby("host")["gpu"]}
+        whole = whole_nodes([(j.job_id, 0.0, math.inf, j.nodes, j.gpus_requested, dict(j.gpu_alloc)) for j in held],
+                            node_gpus)
+        held = [trace_job(rec, whole.get(str(rec["job_id"]), alloc)) for rec, alloc in running]
+    return held
 
 
 def trace_job(rec: Mapping[str, Any], alloc: Mapping[str, Sequence[int]], **more: Any) -> Job:

@@ -65,6 +65,7 @@ from gpu_cost.perceive.trace import (
     read_table,
     release_arrow_memory,
     trace_job,
+    whole_nodes,
 )
 
 logger = logging.getLogger(__name__)
@@ -522,6 +523,7 @@ class _Replay:
         by_label = self._rows_by_label()
         t_end = float(self.times[-1])
         out: dict[str, _Alloc] = {}
+        recs: dict[str, Mapping[str, Any]] = {}
         cols = set(jobs.columns)
         for rec in jobs.to_dict("records"):
             jid = str(rec["job_id"])
@@ -540,6 +542,18 @@ class _Replay:
                 alloc.setdefault(str(self.hosts[r]), []).append(int(self.gpu_idx[r]))
             job = trace_job(rec, alloc, batch=_flag(rec.get("batch")))
             out[jid] = _Alloc(job, np.sort(rows), float(start), end)
+            recs[jid] = rec
+        if any(a.job.gpus_requested > len(a.rows) for a in out.values()):
+            # a job the trace does not place that takes whole nodes holds their GPUs (trace.whole_nodes)
+            node_gpus: dict[str, list[int]] = {}
+            for h, g in zip(self.hosts.tolist(), self.gpu_idx.tolist(), strict=True):
+                node_gpus.setdefault(str(h), []).append(int(g))
+            held = [(jid, a.start, a.end, a.job.nodes, a.job.gpus_requested, dict(a.job.gpu_alloc))
+                    for jid, a in out.items()]
+            for jid, alloc in whole_nodes(held, node_gpus).items():
+                rows = np.sort(np.array([self.row_of[(h, i)] for h, idx in alloc.items() for i in idx], dtype=np.int64))
+                out[jid].job = trace_job(recs[jid], alloc, batch=_flag(recs[jid].get("batch")))
+                out[jid].rows = rows
         return out
 
     def _rows_by_label(self) -> dict[str, np.ndarray]:
