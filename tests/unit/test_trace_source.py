@@ -153,6 +153,9 @@ def test_memory_in_bytes_and_unknown_units_are_refused(tmp_path) -> None:  # typ
     ({"gpu01"}, {"gpu01.a.org", "gpu01.b.org"}, {}),  # two full names start so: neither
     ({"10.0.0.5", "gpu02.c.org"}, {"gpu02"}, {"gpu02.c.org": "gpu02"}),  # an address is no name: left alone
     ({"gpu01.c.org"}, set(), {}),  # nothing known of the scheduler: left alone
+    ({"GPU01", "Gpu02.C.Org"}, {"gpu01", "gpu02"}, {"GPU01": "gpu01", "Gpu02.C.Org": "gpu02"}),  # letter case
+    ({"gpu01"}, {"GPU01.c.org"}, {"gpu01": "GPU01.c.org"}),
+    ({"GPU01"}, {"gpu01", "Gpu01"}, {}),  # two nodes differing in case alone: which one? neither
 ])
 def test_hosts_named_twice_are_matched_only_when_the_match_is_one(metric, scheduler, want) -> None:  # type: ignore[no-untyped-def]
     from gpu_cost.perceive.correlate import host_names

@@ -29,26 +29,37 @@ def host_names(metric_hosts: Iterable[str], scheduler_hosts: Iterable[str]) -> d
     """Return ``{a metric series' host: the scheduler's name for it}`` where the two name a node differently.
 
     An exporter often labels its series with the node's fully qualified name (``gpu01.cluster.example.org``)
-    where Slurm says ``gpu01``, or the other way round. Matched so, a job's GPUs would be nobody's and its
-    node would have no GPU series. A metric host the scheduler does not know is renamed when its first
-    label is a scheduler node (or it is the first label of exactly one), that name is no other metric
-    host's, and no other metric host maps onto it. Everything else is left as it is.
+    where Slurm says ``gpu01``, or the other way round, or in other letter case (``GPU01``). Matched so, a job's GPUs would be nobody's and its
+    node would have no GPU series. A metric host the scheduler does not know is renamed when, in any
+    letter case, it is a scheduler node, its first label is one, or it is the first label of exactly one;
+    that name is no other metric host's, and no other metric host maps onto it. Everything else is left
+    as it is.
     """
     metric = set(metric_hosts)
     known = set(scheduler_hosts)
     if not known or metric <= known:
         return {}
+    # host names are case-insensitive (RFC 4343): a node is GPU01 to one source and gpu01 to the other
     full_names: dict[str, list[str]] = defaultdict(list)
     for k in known:
-        full_names[k.split(".", 1)[0]].append(k)
+        full_names[k.split(".", 1)[0].lower()].append(k)
+    exact: dict[str, list[str]] = defaultdict(list)
+    for k in known:
+        exact[k.lower()].append(k)
     out: dict[str, str] = {}
     for h in metric - known:
-        short = h.split(".", 1)[0]
-        if short != h:
-            name = short if short in known else None
+        short = h.split(".", 1)[0].lower()
+        same = exact.get(h.lower(), [])
+        if len(same) == 1:
+            name: str | None = same[0]
+        elif same:
+            name = None
+        elif short != h.lower():
+            shorts = exact.get(short, [])
+            name = shorts[0] if len(shorts) == 1 else None
         else:
-            fulls = full_names.get(h, [])
-            name = fulls[0] if len(fulls) == 1 and fulls[0] != h else None
+            fulls = full_names.get(short, [])
+            name = fulls[0] if len(fulls) == 1 else None
         if name is not None and name not in metric:
             out[h] = name
     taken: dict[str, int] = defaultdict(int)
