@@ -394,3 +394,25 @@ def test_a_job_taking_whole_nodes_is_placed_on_them_when_the_trace_does_not_say(
     assert any(a["job_id"] == "203" for a in placed.actions)
     assert not any(a["job_id"] == "203" for a in guessed.actions)  # shares g2 with 202: not placed, not judged
     assert any(n.startswith("2 job(s) hold GPUs the trace does not place") for n in guessed.notes)  # 202 and 203
+
+
+def test_a_requeued_job_is_each_of_its_runs(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    """A requeued job is in an accounting export once per run, under one id. Each run holds its GPUs while it runs
+    and is judged as itself. Before, the later run was read over the earlier one: the earlier run was no job at all,
+    its idle GPUs judged by nobody (and its process open to the zombie rule's reading)."""
+    jobs = pd.read_csv(truth_trace / "jobs.csv", dtype={"job_id": str})
+    row = jobs[jobs["job_id"] == "103"].iloc[0]  # idle after its first 30 minutes, its memory held
+    middle = float(row["start_ts"]) + 6 * 3600
+    first, second = row.copy(), row.copy()
+    first["end_ts"], second["start_ts"] = middle, middle
+    split = pd.concat([jobs[jobs["job_id"] != "103"], first.to_frame().T, second.to_frame().T], ignore_index=True)
+    split.to_csv(truth_trace.parent / "requeued.csv", index=False)
+    res = replay_files(truth_trace / "samples.parquet", truth_trace.parent / "requeued.csv", policy).to_dict()
+    assert not [x for x in res["actions"] if x["rule"] == "zombie" and x["target"].startswith("proc:g1:10103:")]
+    mine = [x for x in res["actions"] if x["job_id"] == "103"]
+    assert {x["rule"] for x in mine} <= {"idle_allocation", "low_efficiency"}  # judged as the job it is
+    from gpu_cost.core.timeutil import epoch
+
+    when = [epoch(x["ts"]) for x in mine]
+    assert min(when) < middle <= max(when)  # each run
+    assert res["false_kills"] == 0

@@ -397,6 +397,10 @@ class _Replay:
             object.__setattr__(policy, "source", src)
         self.policy = policy
         self.allocs = self._allocs(jobs)
+        #: job id -> its runs' keys in ``allocs`` (a requeued job's runs share an id)
+        self.runs: dict[str, list[str]] = {}
+        for key, a in self.allocs.items():
+            self.runs.setdefault(a.job.job_id, []).append(key)
         unplaced = sum(1 for a in self.allocs.values() if a.job.gpus_requested > len(a.rows))
         if unplaced:
             res.notes.append(f"{unplaced} job(s) hold GPUs the trace does not place (no gpu_ids, no sample labelled "
@@ -524,6 +528,7 @@ class _Replay:
         t_end = float(self.times[-1])
         out: dict[str, _Alloc] = {}
         recs: dict[str, Mapping[str, Any]] = {}
+        runs: dict[str, int] = {}
         cols = set(jobs.columns)
         for rec in jobs.to_dict("records"):
             jid = str(rec["job_id"])
@@ -541,8 +546,11 @@ class _Replay:
             for r in rows:
                 alloc.setdefault(str(self.hosts[r]), []).append(int(self.gpu_idx[r]))
             job = trace_job(rec, alloc, batch=_flag(rec.get("batch")))
-            out[jid] = _Alloc(job, np.sort(rows), float(start), end)
-            recs[jid] = rec
+            # a requeued job is in the trace once per run, under one id: each run is its own
+            runs[jid] = runs.get(jid, 0) + 1
+            key = jid if runs[jid] == 1 else f"{jid}#{runs[jid]}"
+            out[key] = _Alloc(job, np.sort(rows), float(start), end)
+            recs[key] = rec
         if any(a.job.gpus_requested > len(a.rows) for a in out.values()):
             # a job the trace does not place that takes whole nodes holds their GPUs (trace.whole_nodes)
             node_gpus: dict[str, list[int]] = {}
@@ -883,11 +891,23 @@ class _Replay:
         self._asked_at[d.decision_id] = self.res.human_asked[-1]
         self.res.human_asked_count = len(self.res.human_asked)
 
+    def _run_at(self, job_id: str, t: float) -> _Alloc | None:
+        """Return job ``job_id``'s run under way at ``t`` (a requeued job has one per run): the one running then,
+        else the latest started by then, else the first."""
+        runs = [self.allocs[k] for k in self.runs.get(job_id, [])]
+        under_way = [a for a in runs if a.start <= t < a.end]
+        if under_way:
+            return under_way[0]
+        started = [a for a in runs if a.start <= t]
+        if started:
+            return max(started, key=lambda a: a.start)
+        return runs[0] if runs else None
+
     def _kill(self, d: Decision, t: float) -> dict[str, Any]:
         p = self.policy
         kc = int(np.searchsorted(self.times, t, side="right"))
-        if d.target_kind == "job" and d.job_id in self.allocs:
-            a = self.allocs[d.job_id]
+        a = self._run_at(str(d.job_id), t) if d.target_kind == "job" else None
+        if a is not None:
             rows = a.rows
             ec = np.full(len(rows), int(np.searchsorted(self.times, a.end, side="left")) if a.end != math.inf
                          else len(self.times))
@@ -910,8 +930,8 @@ class _Replay:
         self.res.kills += 1
         wc = int(np.searchsorted(self.times, t - window, side="right"))
         # the waste measured on the target before the kill: its idle GPU samples since it started
-        if d.target_kind == "job":
-            sc = int(np.searchsorted(self.times, self.allocs[str(d.job_id)].start, side="left"))
+        if a is not None:
+            sc = int(np.searchsorted(self.times, a.start, side="left"))
             seen = [self.util[r, sc:kc] for r in rows]
         else:
             pid = int(d.evidence.get("pid") or 0)
