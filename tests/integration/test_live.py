@@ -122,6 +122,38 @@ def test_every_job_is_attributed(live: LiveCluster) -> None:
     assert set(snap.gpus["attribution"]) == {"slurm"} or "none" in set(snap.gpus["attribution"])
 
 
+def test_an_exporter_naming_nodes_in_full_is_read_under_slurms_names(live: LiveCluster) -> None:
+    """dcgm-exporter on nodes whose hostname is fully qualified labels its series ``node1.cluster.example.org``
+    where Slurm says ``node1``. Read under Slurm's names, every job has its GPUs (before: none had, and every run
+    said "no GPU series for node(s) running GPU jobs" and acted on nothing)."""
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.perceive import live as live_mod
+    from gpu_cost.perceive.prometheus import PrometheusSource
+    from gpu_cost.perceive.slurm import SlurmSource
+
+    job = "gpu-slurm-fqdn"
+    nodes = ",".join(f"{n}:{live.slurm.gpus_per_node}" for n in live.slurm.nodes)
+    port = live.lab.start_exporter(job, "--slurm", "--nodes", nodes, "--sample-interval", "5s",
+                                   "--hostname-domain", "cluster.example.org", env=live.slurm.env)
+    live.lab.add_target(job, port)
+    try:
+        live.lab.wait_up(1, timeout=30, job=job)
+        live.wait(11)  # two scrapes after the exporter came up
+        policy = load_policy(live.policy_file)
+        snap = live_mod.snapshot(policy, time.time(), prometheus=PrometheusSource(live.lab.config(f'job="{job}"')),
+                                 slurm=SlurmSource(live.slurm.runner), processes=False)
+    finally:
+        live.lab.stop_process(job)
+    assert not [p for p in snap.problems if p.startswith(("prometheus", "slurm", "no GPU series"))], snap.problems
+    assert set(snap.gpus["host"]) == set(live.slurm.nodes)
+    g = snap.gpus.set_index(["host", "gpu"])
+    running = snap.running_jobs()
+    assert running
+    for j in running:
+        for key in j.gpu_keys():
+            assert g.loc[key, "attribution"] == "slurm" and g.loc[key, "job_id"] == j.job_id, (j.job_id, key)
+
+
 def _findings(payload: dict[str, Any]) -> set[tuple[str, str, str, bool]]:
     return {(f["rule"], f["target"], f["suggested"], bool(f["inference"])) for f in payload["findings"]}
 

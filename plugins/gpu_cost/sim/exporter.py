@@ -100,7 +100,7 @@ def _mig_of(state: GpuState, i: int) -> tuple[str, str]:
     return str(state.mig["mig"][i] or ""), str(state.mig["mig_profile"][i] or "")
 
 
-def _labels(state: GpuState, i: int) -> dict[str, str]:
+def _labels(state: GpuState, i: int, domain: str = "") -> dict[str, str]:
     g = int(state.gpus[i])
     labels = {
         "gpu": str(g),
@@ -108,7 +108,7 @@ def _labels(state: GpuState, i: int) -> dict[str, str]:
         "pci_bus_id": f"00000000:{0x07 + 0x10 * g:02X}:00.0",
         "device": f"nvidia{g}",
         "modelName": model_name(str(state.models[i])),
-        "Hostname": str(state.hosts[i]),
+        "Hostname": f"{state.hosts[i]}.{domain}" if domain else str(state.hosts[i]),
         "DCGM_FI_DRIVER_VERSION": DRIVER_VERSION,
     }
     gi, profile = _mig_of(state, i)
@@ -261,16 +261,19 @@ class SlurmFeed:
 class DcgmCollector:
     """A prometheus_client collector printing a feed's GPUs as dcgm-exporter does."""
 
-    def __init__(self, feed: Any, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, feed: Any, clock: Callable[[], float] = time.time, domain: str = "") -> None:
         self.feed = feed
         self.clock = clock
+        #: a DNS domain the ``Hostname`` label carries after the node's name, as on nodes whose hostname is
+        #: fully qualified ("": the node's name alone)
+        self.domain = domain
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import Metric
 
         state = self.feed.state(self.clock())
         values = _values(state)
-        labels = [_labels(state, i) for i in range(len(state.hosts))]
+        labels = [_labels(state, i, self.domain) for i in range(len(state.hosts))]
         for name, doc in METRICS:
             metric = Metric(name, doc, "gauge")
             for i, lab in enumerate(labels):
@@ -292,12 +295,13 @@ def exposition(feed: Any, t: float) -> str:
     return generate_latest(registry).decode()
 
 
-def serve(feed: Any, host: str, port: int) -> tuple[Any, Any]:
-    """Start the HTTP exporter in a background thread; return ``(server, thread)``."""
+def serve(feed: Any, host: str, port: int, domain: str = "") -> tuple[Any, Any]:
+    """Start the HTTP exporter in a background thread; return ``(server, thread)`` (``domain``: see
+    :class:`DcgmCollector`)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DcgmCollector(feed))
+    registry.register(DcgmCollector(feed, domain=domain))
     server, thread = start_http_server(port, addr=host, registry=registry)
     logger.info("dcgm-format exporter on http://%s:%d/metrics", host, port)
     return server, thread

@@ -39,6 +39,9 @@ def register(sub: Any) -> None:
     s.add_argument("--nodes", help="--slurm: GPU nodes as NAME:GPUS[,NAME:GPUS] (default: from Slurm)")
     s.add_argument("--model", default="a100", help="--slurm: GPU model of the nodes (default a100)")
     s.add_argument("--sample-interval", default="5s", help="--slurm: sample grid (default 5s)")
+    s.add_argument("--hostname-domain", default="",
+                   help="a DNS domain the Hostname label carries after each node's name, as on nodes whose "
+                        "hostname is fully qualified (default: the name alone)")
     add_json(s)
     s.set_defaults(handler=_serve)
 
@@ -105,7 +108,7 @@ def _serve(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gpu_cost.sim.exporter import ScenarioFeed, serve
 
     feed = _slurm_feed(args) if args.slurm else ScenarioFeed(_scenario(args.scenario))
-    server, _thread = serve(feed, args.host, args.port)
+    server, _thread = serve(feed, args.host, args.port, domain=args.hostname_domain.strip("."))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
