@@ -48,6 +48,13 @@ def _compare(prom, sim, exact: bool) -> None:  # type: ignore[no-untyped-def]
     tol = 0.01 if exact else 2.0
     # live util_max and power_w: see _within (a window edge sample more or less moves them most)
     for col in EXACT if exact else [c for c in EXACT if c not in ("util_max", "power_w")]:
+        if col == "busy_share_lb" and exact:
+            # a sample at the busy threshold itself reads either side of it once the exporter has rounded it
+            # (its ratio to 6 decimals): which anchor puts one there is the wall clock's, so one sample may differ
+            one = 1.0 / s["n_lb"].to_numpy(float) + 1e-9
+            diff = np.abs(p[col].to_numpy(float) - s[col].to_numpy(float))
+            assert (diff <= one).all(), (col, p[col].to_numpy(float), s[col].to_numpy(float))
+            continue
         np.testing.assert_allclose(p[col].to_numpy(float), s[col].to_numpy(float), rtol=1e-7,
                                    atol=tol if col != "busy_share_lb" else tol / 50, err_msg=col)
     for col in ("mem_min_mib", "mem_max_mib", "mem_total_mib"):  # the exporter prints whole MiB
@@ -158,6 +165,12 @@ def test_snapshot_columns_equal_the_simulators_aggregation(prom_lab: PromLab, po
 
 def test_number_of_queries_is_constant_for_2_and_20_nodes(prom_lab: PromLab, policy) -> None:  # type: ignore[no-untyped-def]
     counts = {}
+    # node_exporter's CPU figure is a rate: it needs two of its scrapes, which a test run early in the session
+    # may not have yet (wait for them with another source: the counted ones below make only their own queries)
+    deadline = time.time() + 30
+    while time.time() < deadline and "cpu_util" not in PrometheusSource(prom_lab.config('job="gpu-small"')).node_stats(
+            policy, time.time()).get("gpu01", {}):
+        time.sleep(1)
     for job, nodes in (("gpu-small", 2), ("gpu-big", 20)):
         src = PrometheusSource(prom_lab.config(f'job="{job}"'))
         # these exporters started with the session (no backfill): asked about the session's first
