@@ -201,6 +201,13 @@ class Job:
         allocated = sum(len(idx) for _, idx in self.gpu_alloc)
         return allocated or self.gpus_requested
 
+    @property
+    def unplaced_gpus(self) -> int:
+        """GPUs the job holds that no source places: ``gpus_requested`` beyond its known indices and MIG slices
+        (an accounting export, a Slurm answer without GRES indices)."""
+        placed = sum(len(idx) for _, idx in self.gpu_alloc) + sum(len(s) for _, s in self.mig_alloc)
+        return max(0, self.gpus_requested - placed)
+
     def gpu_keys(self) -> list[tuple[str, int]]:
         """Return ``(host, index)`` for every GPU the job holds."""
         return [(host, i) for host, idx in self.gpu_alloc for i in idx]

@@ -13,7 +13,7 @@ job holds GPUs no source places (an accounting export has no GPU indices), is ``
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 
@@ -29,8 +29,8 @@ def host_names(metric_hosts: Iterable[str], scheduler_hosts: Iterable[str]) -> d
     """Return ``{a metric series' host: the scheduler's name for it}`` where the two name a node differently.
 
     An exporter often labels its series with the node's fully qualified name (``gpu01.cluster.example.org``)
-    where Slurm says ``gpu01``, or the other way round, or in other letter case (``GPU01``). Matched so, a job's GPUs would be nobody's and its
-    node would have no GPU series. A metric host the scheduler does not know is renamed when, in any
+    where Slurm says ``gpu01``, or the other way round, or in other letter case (``GPU01``). Matched so, a
+    job's GPUs would be nobody's and its node would have no GPU series. A metric host the scheduler does not know is renamed when, in any
     letter case, it is a scheduler node, its first label is one, or it is the first label of exactly one;
     that name is no other metric host's, and no other metric host maps onto it. Everything else is left
     as it is.
@@ -40,11 +40,10 @@ def host_names(metric_hosts: Iterable[str], scheduler_hosts: Iterable[str]) -> d
     if not known or metric <= known:
         return {}
     # host names are case-insensitive (RFC 4343): a node is GPU01 to one source and gpu01 to the other
-    full_names: dict[str, list[str]] = defaultdict(list)
-    for k in known:
-        full_names[k.split(".", 1)[0].lower()].append(k)
+    full_names: dict[str, list[str]] = defaultdict(list)  # by first label
     exact: dict[str, list[str]] = defaultdict(list)
     for k in known:
+        full_names[k.split(".", 1)[0].lower()].append(k)
         exact[k.lower()].append(k)
     out: dict[str, str] = {}
     for h in metric - known:
@@ -62,22 +61,8 @@ def host_names(metric_hosts: Iterable[str], scheduler_hosts: Iterable[str]) -> d
             name = fulls[0] if len(fulls) == 1 else None
         if name is not None and name not in metric:
             out[h] = name
-    taken: dict[str, int] = defaultdict(int)
-    for name in out.values():
-        taken[name] += 1
+    taken = Counter(out.values())
     return {h: name for h, name in out.items() if taken[name] == 1}
-
-
-def unplaced_hosts(jobs: Iterable[Job]) -> set[str]:
-    """Return the nodes where a running job holds GPUs the sources do not place: more GPUs than its known indices
-    (an accounting export, a Slurm answer without GRES indices). A job that names no node at all makes it every
-    node's: the set holds ``""``."""
-    out: set[str] = set()
-    for j in jobs:
-        placed = sum(len(idx) for _, idx in j.gpu_alloc) + sum(len(s) for _, s in j.mig_alloc)
-        if j.gpus_requested > placed:
-            out.update(j.nodes or ("",))
-    return out
 
 
 def scheduler_hosts(jobs: Iterable[Job], nodes: Iterable[str] = ()) -> set[str]:
@@ -105,12 +90,15 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     processes = list(processes)
     gpus = join_mig_uuids(gpus, processes)
     running = {j.job_id: j for j in jobs if j.running}
-    unplaced = unplaced_hosts(running.values())
+    #: nodes where a running job holds GPUs no source places (Job.unplaced_gpus); "": a job naming no node
+    unplaced: set[str] = set()
     alloc: dict[tuple[str, int], set[str]] = defaultdict(set)
     mig_alloc: dict[tuple[str, str], set[str]] = defaultdict(set)
     shared_jobs = {jid for jid, j in running.items() if j.gpu_shared}
     mig_hosts: AbstractSet[str]
     for j in running.values():
+        if j.unplaced_gpus:
+            unplaced.update(j.nodes or ("",))
         if j.mig_alloc:
             mig_hosts = {h for h, _ in j.mig_alloc}
             for host, slices in j.mig_alloc:

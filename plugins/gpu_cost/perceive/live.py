@@ -92,7 +92,6 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     :param node_source: a :class:`~gpu_cost.perceive.nodes.NodeSource` (default: from ``gpu_cost_node_ssh``).
     :param processes: read GPU processes over SSH (default: when the node connection is configured).
     """
-
     from gpu_cost.core.model import empty_gpu_frame
     from gpu_cost.perceive import nodes as nodes_mod
     from gpu_cost.perceive.correlate import attribute

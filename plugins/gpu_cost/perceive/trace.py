@@ -79,7 +79,7 @@ def _epoch_col(values: pd.Series, source: str, col: str) -> np.ndarray:
     try:
         parsed = pd.to_datetime(values, utc=True, errors="raise", format="mixed")
     except (ValueError, TypeError) as exc:
-        unknown = values.astype(str).str.strip().str.lower().isin(_NO_TIME).to_numpy()
+        unknown = values.astype(str).str.strip().str.lower().isin(NOT_KNOWN).to_numpy()
         if unknown.any():  # accounting's word for a time not known (a running job's end): not known
             out = np.full(len(values), math.nan)
             if not unknown.all():
@@ -120,8 +120,10 @@ MEASURES: dict[str, dict[str, float]] = {
     "mem_total_mib": {"MiB": 1.0, "GiB": 1024.0, "KiB": 1.0 / 1024},
     "power_w": {"W": 1.0},
 }
-#: what nvidia-smi and exporters write for a value they do not have: read as not known
-NOT_KNOWN = frozenset({"", "n/a", "[n/a]", "[not supported]", "not supported", "nan", "none", "null", "-"})
+#: what exporters, nvidia-smi and accounting write for a value they do not have (a running job's end: ``Unknown``):
+#: read as not known, in a measure, a time or a GPU count
+NOT_KNOWN = frozenset({"", "n/a", "[n/a]", "[not supported]", "not supported", "nan", "none", "null", "(null)", "-",
+                       "unknown"})
 _MEASURE = r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z%]*)\s*$"
 
 
@@ -198,8 +200,6 @@ def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.Da
 
 #: a job step's id as accounting lists it beside its job: ``1001.batch``, ``1001.extern``, ``1003_1.0``, ``7+0.2``
 _STEP = re.compile(r"^(.+)\.(?:batch|extern|interactive|\d+)$")
-#: what accounting writes for a time it does not know (a running job's end: ``Unknown``)
-_NO_TIME = frozenset({"unknown", "none", "n/a", "(null)", "-"})
 
 
 def _without_steps(jobs: pd.DataFrame, source: str) -> pd.DataFrame:
@@ -220,7 +220,7 @@ def _gpus_col(values: pd.Series, source: str) -> np.ndarray:
 
     out = np.full(len(values), math.nan)
     for i, v in enumerate(values.tolist()):
-        if v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip().lower() in _NO_TIME | {""}:
+        if v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip().lower() in NOT_KNOWN:
             continue
         n = gpus_of_text(str(v))
         if n is None:
@@ -297,7 +297,7 @@ def whole_nodes(jobs: Sequence[Held], node_gpus: Mapping[str, Sequence[int]]) ->
     A job without ``gpu_ids`` and without samples labelled with it (an accounting export) holds whole nodes
     when its GPU count is what its nodes have (``node_gpus``: the GPU indices the samples show per host), the
     same on each, and no other job is on any of them while it runs: Slurm then gives those GPUs to it alone.
-    Any other job stays unplaced (:func:`gpu_cost.perceive.correlate.unplaced_hosts`).
+    Any other job stays unplaced (``Job.unplaced_gpus``: :func:`gpu_cost.perceive.correlate.attribute`).
     """
     on: dict[str, list[tuple[float, float, str]]] = {}
     for jid, start, end, nodes, _, placed in jobs:
@@ -339,8 +339,7 @@ def jobs_at(jobs: pd.DataFrame, samples: pd.DataFrame, t: float) -> list[Job]:
                 alloc.setdefault(str(host), []).append(int(gpu))
         running.append((rec, alloc))
     held = [trace_job(rec, alloc) for rec, alloc in running]
-    unplaced = [j for j in held if j.gpus_requested > sum(len(i) for _, i in j.gpu_alloc)]
-    if unplaced:
+    if any(j.unplaced_gpus for j in held):
         node_gpus = {str(h): sorted({int(g) for g in part}) for h, part in window.groupby("host")["gpu"]}
         whole = whole_nodes([(j.job_id, 0.0, math.inf, j.nodes, j.gpus_requested, dict(j.gpu_alloc)) for j in held],
                             node_gpus)

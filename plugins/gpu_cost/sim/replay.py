@@ -401,7 +401,7 @@ class _Replay:
         self.runs: dict[str, list[str]] = {}
         for key, a in self.allocs.items():
             self.runs.setdefault(a.job.job_id, []).append(key)
-        unplaced = sum(1 for a in self.allocs.values() if a.job.gpus_requested > len(a.rows))
+        unplaced = sum(1 for a in self.allocs.values() if a.job.unplaced_gpus)
         if unplaced:
             res.notes.append(f"{unplaced} job(s) hold GPUs the trace does not place (no gpu_ids, no sample labelled "
                              "with them): no rule judges those GPUs, and no GPU on their nodes is taken for a zombie")
@@ -551,7 +551,7 @@ class _Replay:
             key = jid if runs[jid] == 1 else f"{jid}#{runs[jid]}"
             out[key] = _Alloc(job, np.sort(rows), float(start), end)
             recs[key] = rec
-        if any(a.job.gpus_requested > len(a.rows) for a in out.values()):
+        if any(a.job.unplaced_gpus for a in out.values()):
             # a job the trace does not place that takes whole nodes holds their GPUs (trace.whole_nodes)
             node_gpus: dict[str, list[int]] = {}
             for h, g in zip(self.hosts.tolist(), self.gpu_idx.tolist(), strict=True):
