@@ -165,3 +165,44 @@ def test_gpus_a_running_job_may_hold_unplaced_are_nobodys_but_no_zombies_either(
     nowhere = Job(job_id="9", user="bob", gpus_requested=1, **running)  # type: ignore[arg-type]
     out, _ = attribute(gpus, [nowhere], [])
     assert set(out["attribution"]) == {"unplaced"}
+
+
+def test_a_host_the_scheduler_does_not_name_may_be_a_node_it_sees_no_series_for() -> None:
+    """Jobs run on g1 and g2; the exporters name g1 and 10.0.0.2:9400 (g2 by its address). Attributed as "no job's",
+    the address's GPUs would be zombies of g2's running job: they are ``unplaced`` while a node running GPU jobs
+    has no series, and ``none`` again once every such node has one (or, with the scheduler's node list, when the
+    address is a node it lists)."""
+    from gpu_cost.core.model import Node
+    from gpu_cost.perceive.correlate import unseen_nodes, unseen_problem
+
+    running = {"state": "RUNNING", "start_ts": 0.0}
+    gpus = pd.concat([frame(["", "", "", ""]), frame(["", "", "", ""]).assign(host="10.0.0.2:9400")],
+                     ignore_index=True)
+    on_g2 = Job(job_id="8", user="bob", gpu_alloc=(("g2", (0, 1)),), nodes=("g2",), **running)  # type: ignore[arg-type]
+    jobs = [job("7", (0,), **running), on_g2]
+    out, _ = attribute(gpus, jobs, [])
+    assert out["attribution"].tolist() == ["slurm", "none", "none", "none"] + ["unplaced"] * 4
+    assert unseen_nodes(gpus["host"], jobs) == ["g2"]
+    assert unseen_problem(["g2"]) == "no GPU series for node(s) running GPU jobs: g2 (exporter missing?)"
+    # g2's job has ended: every node running GPU jobs is seen, and a stray host's GPUs are nobody's again
+    out, _ = attribute(gpus, jobs[:1], [])
+    assert out["attribution"].tolist() == ["slurm"] + ["none"] * 7 and unseen_nodes(gpus["host"], jobs[:1]) == []
+    # the scheduler's node list: what it says runs GPU jobs, and what it names
+    listed = [Node(name="g1", gpus_alloc=1), Node(name="g2", gpus_alloc=2), Node(name="10.0.0.2:9400")]
+    out, _ = attribute(gpus, jobs, [], listed)
+    assert out["attribution"].tolist() == ["slurm", "none", "none", "none"] + ["none"] * 4
+    assert unseen_nodes(gpus["host"], [], listed) == ["g2"]
+
+
+def test_a_nodes_second_name_is_nobodys() -> None:
+    """An exporter relabelled mid-trace names g1 both ``g1`` and ``g1.c.org``; the job on g1 uses both series'
+    GPUs. The second name's GPUs are ``unplaced`` (maybe the job's), not zombies; an address no node is called
+    stays ``none``, since every node running GPU jobs has its series."""
+    from gpu_cost.perceive.correlate import aliases
+
+    running = {"state": "RUNNING", "start_ts": 0.0}
+    gpus = pd.concat([frame(["", "", "", ""]), frame(["", "", "", ""]).assign(host="g1.c.org"),
+                      frame(["", "", "", ""]).assign(host="10.0.0.9")], ignore_index=True)
+    out, _ = attribute(gpus, [job("7", (0,), **running)], [])
+    assert out["attribution"].tolist() == ["slurm"] + ["none"] * 3 + ["unplaced"] * 4 + ["none"] * 4
+    assert aliases({"g1", "g1.c.org", "G1:9400", "10.0.0.9", "g2"}, {"g1"}) == {"g1.c.org", "G1:9400"}

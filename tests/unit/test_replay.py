@@ -14,6 +14,7 @@ import pytest
 from gpu_cost.cli.commands.simtrace import write_scenario_trace, write_sim_trace
 from gpu_cost.config.loader import load_policy, parse_policy
 from gpu_cost.core.errors import TraceError
+from gpu_cost.core.model import KILL_ACTIONS
 from gpu_cost.sim.cluster import scenario_from_dict
 from gpu_cost.sim.replay import JOBS_ONLY_NOTE, _text_codes, normalise_jobs, read_logs, replay, replay_files
 from tests.fixtures.core import ROOT
@@ -350,7 +351,7 @@ def test_hosts_the_samples_name_by_their_full_name_replay_under_the_jobs_names(t
     s.assign(job_id="").to_parquet(short := truth_trace.parent / "short.parquet")  # no exporter job label to fall back on
     a = replay_files(full, truth_trace / "jobs.csv", policy).to_dict()
     b = replay_files(short, truth_trace / "jobs.csv", policy).to_dict()
-    assert any("read under the name the jobs' gpu_ids give them" in n for n in a.pop("notes"))
+    assert any("read under the name the jobs give them" in n for n in a.pop("notes"))
     b.pop("notes"), a.pop("seconds"), b.pop("seconds")
     assert a == b and b["kills"] == 2
 
@@ -416,3 +417,56 @@ def test_a_requeued_job_is_each_of_its_runs(truth_trace: Path, policy) -> None: 
     when = [epoch(x["ts"]) for x in mine]
     assert min(when) < middle <= max(when)  # each run
     assert res["false_kills"] == 0
+
+
+#: how exporters name a node the scheduler calls ``h``: each the replay can read under the scheduler's name ...
+_MATCHED = (lambda h, i: f"{h}.cluster.example.org", lambda h, i: f"{h}:9400", lambda h, i: h.upper(),
+            lambda h, i: f"{h.upper()}.Cluster.Example.org:9100")
+#: ... and each it cannot (Prometheus's instance as an address; an inventory name)
+_UNMATCHED = (lambda h, i: f"10.0.{i}.1:9400", lambda h, i: f"rack7-slot{i}")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_node_named_otherwise_in_the_samples_never_gets_its_jobs_processes_killed(truth_trace: Path, policy,
+                                                                                      seed: int) -> None:  # type: ignore[no-untyped-def]
+    """Random hosts of the samples renamed as exporters name them, the jobs placed by ``gpu_ids`` or by ``nodes``
+    alone, no exporter job label: a name the scheduler's can be read from (a DNS domain, Prometheus's ``:port``,
+    letter case) replays as the scheduler's name does. One it cannot (an address) leaves that node's jobs unseen,
+    so its GPUs are nobody's zombies and the sweeps that see it act on nothing destructive. A node relabelled
+    halfway (``n01`` then ``n01.cluster.example.org``) is two series; the second name's GPUs are nobody's. Never a
+    false kill. (Before: a host written ``n01:9400``, or named only by ``nodes``, or relabelled, made running jobs'
+    processes zombies.)"""
+    rng = np.random.default_rng(seed)
+    mode = ("matched", "unmatched", "relabelled")[seed // 2]
+    s = pd.read_parquet(truth_trace / "samples.parquet").assign(job_id="")
+    jobs = pd.read_csv(truth_trace / "jobs.csv", dtype={"job_id": str})
+    if seed % 2:  # an accounting export: the nodes, no GPU indices
+        nodes = jobs["gpu_ids"].fillna("").map(lambda t: ",".join(sorted({p.rpartition(":")[0] for p in t.split(",") if p})))
+        jobs = jobs.assign(nodes=nodes).drop(columns=["gpu_ids"])
+    jobs.to_csv(jobs_csv := truth_trace.parent / f"jobs-{seed}.csv", index=False)
+    hosts = sorted(s["host"].astype(str).unique())
+    chosen = rng.choice(len(hosts), size=int(rng.integers(1, len(hosts) + 1)), replace=False)
+    names = {}
+    for k, i in enumerate(sorted(chosen)):
+        schemes = _UNMATCHED if mode == "unmatched" and k == 0 else _MATCHED
+        names[hosts[i]] = schemes[int(rng.integers(len(schemes)))](hosts[i], int(i))
+    s.to_parquet(plain := truth_trace.parent / f"plain-{seed}.parquet")
+    after = s["ts"] > (float(rng.uniform(s["ts"].min(), s["ts"].max())) if mode == "relabelled" else -np.inf)
+    s.assign(host=s["host"].astype(str).where(~after, s["host"].astype(str).map(lambda h: names.get(h, h)))).to_parquet(
+        named := truth_trace.parent / f"named-{seed}.parquet")
+    a = replay_files(named, jobs_csv, policy).to_dict()
+    b = replay_files(plain, jobs_csv, policy).to_dict()
+    assert a["false_kills"] == 0
+    if mode == "matched":
+        assert any("read under the name the jobs give them" in n for n in a.pop("notes"))
+        b.pop("notes"), a.pop("seconds"), b.pop("seconds")
+        assert a == b
+        return
+    killed = {x["target"] for x in a["actions"] if x["action"] in KILL_ACTIONS}
+    assert killed <= {x["target"] for x in b["actions"] if x["action"] in KILL_ACTIONS}
+    if mode == "unmatched":
+        # the unreadable node ran GPU jobs in this trace: the sweeps that saw them were degraded, and said so
+        assert a["degraded_sweeps"] > b["degraded_sweeps"]
+        assert any("no sample names" in n for n in a["notes"])
+    else:
+        assert any("second name of a node the samples also name" in n for n in a["notes"])

@@ -72,10 +72,12 @@ def test_gpu_counts_as_accounting_writes_them(text: str, gpus: int | None) -> No
     ("gpus", "lots", r"column gpus, row 2: 'lots' is not a GPU count"),
     ("time_limit_s", "soon", r"column time_limit_s, row 2: 'soon' is neither seconds nor a Slurm time limit"),
     ("end_ts", "yesterday", r"column end_ts: not ISO 8601 or epoch seconds"),
+    ("nodes", "gpu[01-02", r"column nodes, row 2: 'gpu\[01-02' is not a Slurm host list"),
 ])
 def test_a_bad_cell_names_its_column_and_row(tmp_path: Path, column: str, value: str, message: str) -> None:
     frame = pd.DataFrame({"job_id": ["1", "2"], "user": ["a", "b"], "start_ts": [1.0, 2.0], "end_ts": [5.0, 6.0],
-                          "gpus": ["1", "2"], "time_limit_s": ["60", "60"]}, dtype=object)
+                          "gpus": ["1", "2"], "time_limit_s": ["60", "60"], "nodes": ["gpu01", "gpu[01-02]"]},
+                         dtype=object)
     frame.loc[1, column] = value
     frame.to_csv(tmp_path / "jobs.csv", index=False)
     with pytest.raises(TraceError, match=message):
@@ -141,3 +143,39 @@ def test_the_trace_source_places_a_whole_node_job_and_leaves_a_partial_one_unpla
     got = {j.job_id: j for j in trace.jobs_at(jobs, samples, 100.0)}
     assert got["1"].gpu_alloc == (("g1", (0, 1, 2, 3)),) and got["1"].gpu_count == 4
     assert got["2"].gpu_alloc == () and got["2"].gpus_requested == 2 and got["2"].nodes == ("g2",)
+
+
+@pytest.mark.parametrize(("column", "value"), [("gpus", "lots"), ("time_limit_s", "soon"), ("nodes", "gpu[0")])
+def test_a_bad_cell_below_job_steps_is_named_by_its_row_in_the_file(tmp_path: Path, column: str, value: str) -> None:
+    """The step rows are left out before the cells are read; the row an error names is still the file's (the last
+    job, 1005, is the file's 8th row, the 5th job)."""
+    frame = pd.read_csv(pd.io.common.StringIO(SACCT), dtype=str, keep_default_na=False)
+    frame.loc[len(frame) - 1, column] = value
+    frame.to_csv(tmp_path / "jobs.csv", index=False)
+    with pytest.raises(TraceError, match=rf"column {column}, row 8: "):
+        trace.read_jobs(tmp_path / "jobs.csv")
+
+
+def test_a_trace_that_places_jobs_on_nodes_no_sample_names_is_degraded() -> None:
+    """The trace source sees job 1 on g2 and job 2 on g1, and GPU samples from g1 and 10.0.0.2:9400 only: what runs
+    on g2 is not seen, so the snapshot is degraded (nothing destructive acts) as a live sweep's is, and the
+    address's GPUs, which may be g2's, are nobody's zombies; g1's GPU no job holds is still "no job's"."""
+    from gpu_cost.analyse.rules import run_rules
+
+    now = 1_800_000_000.0
+    ts = np.arange(now - 3600, now + 1, 60.0)
+    samples = pd.concat([pd.DataFrame({"ts": ts, "host": host, "gpu": gpu, "util": 0.0, "mem_used_mib": 30_000.0,
+                                       "pid": 42})
+                         for host in ("g1", "10.0.0.2:9400") for gpu in (0, 1)], ignore_index=True)
+    jobs = pd.DataFrame({"job_id": ["1", "2"], "user": ["ann", "bob"], "start_ts": [now - 7200] * 2,
+                         "end_ts": [np.nan] * 2, "gpus": [1, 1], "gpu_ids": ["g2:0", "g1:0"]})
+    snap = trace.snapshot(_policy(), now, samples, jobs)
+    assert snap.degraded and "no GPU series for node(s) running GPU jobs: g2 (exporter missing?)" in snap.problems
+    seen = snap.gpus.set_index(["host", "gpu"])["attribution"].to_dict()
+    assert seen == {("g1", 0): "slurm", ("g1", 1): "none", ("10.0.0.2:9400", 0): "unplaced",
+                    ("10.0.0.2:9400", 1): "unplaced"}
+    zombies = [f.target for f in run_rules(snap, _policy()) if f.rule == "zombie"]
+    assert zombies == ["gpu:g1:1"]  # the samples have pids, but a trace has no process list: the GPU is the target
+    # named as the jobs name it, g2 is seen: nothing is missing
+    snap = trace.snapshot(_policy(), now, samples.replace({"host": {"10.0.0.2:9400": "g2:9400"}}), jobs)
+    assert not snap.degraded and set(snap.gpus["host"]) == {"g1", "g2"}

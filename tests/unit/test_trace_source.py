@@ -156,6 +156,10 @@ def test_memory_in_bytes_and_unknown_units_are_refused(tmp_path) -> None:  # typ
     ({"GPU01", "Gpu02.C.Org"}, {"gpu01", "gpu02"}, {"GPU01": "gpu01", "Gpu02.C.Org": "gpu02"}),  # letter case
     ({"gpu01"}, {"GPU01.c.org"}, {"gpu01": "GPU01.c.org"}),
     ({"GPU01"}, {"gpu01", "Gpu01"}, {}),  # two nodes differing in case alone: which one? neither
+    # Prometheus's instance label (host:port): the port is no part of the name
+    ({"gpu01:9400", "gpu02.c.org:9100"}, {"gpu01", "gpu02"}, {"gpu01:9400": "gpu01", "gpu02.c.org:9100": "gpu02"}),
+    ({"gpu01:9400", "gpu01:9401"}, {"gpu01"}, {}),  # two exporters of one node: which one? neither
+    ({"10.0.0.5:9400", "[fe80::1]:9400", "fe80::1"}, {"gpu01"}, {}),  # addresses: left alone
 ])
 def test_hosts_named_twice_are_matched_only_when_the_match_is_one(metric, scheduler, want) -> None:  # type: ignore[no-untyped-def]
     from gpu_cost.perceive.correlate import host_names

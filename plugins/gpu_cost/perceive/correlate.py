@@ -8,7 +8,11 @@ An orphan process (no job, or a job that ended) on a GPU that Slurm allocates to
 does not change the attribution but is reported as a disagreement: the job's owner shares the
 GPU with a leftover they may not know about. A GPU no source names, on a node where a running
 job holds GPUs no source places (an accounting export has no GPU indices), is ``unplaced``, not
-``none``: it may be that job's, so it is nobody's zombie.
+``none``: it may be that job's, so it is nobody's zombie. So is a GPU on a host the scheduler does
+not name while a node it runs GPU jobs on has no GPU series (:func:`unseen_nodes`): the host may
+be that node under a name no rule matches (an IP address), its GPUs that node's jobs'. And so is a
+GPU on a node's second name (:func:`aliases`: ``gpu01.example.org`` beside ``gpu01``, an exporter
+relabelled mid-trace): the node's jobs may be using it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Set as AbstractSet
 
 import pandas as pd
 
-from gpu_cost.core.model import Disagreement, GpuProcess, Job
+from gpu_cost.core.model import Disagreement, GpuProcess, Job, Node
 
 #: an empty set to read, never to change
 _NONE: frozenset[str] = frozenset()
@@ -36,45 +40,94 @@ def host_names(metric_hosts: Iterable[str], scheduler_hosts: Iterable[str]) -> d
     as it is.
     """
     metric = set(metric_hosts)
+    out: dict[str, str] = {}
+    for h, names in _candidates(metric, scheduler_hosts).items():
+        if len(names) == 1 and names[0] not in metric:
+            out[h] = names[0]
+    taken = Counter(out.values())
+    return {h: name for h, name in out.items() if taken[name] == 1}
+
+
+def aliases(metric_hosts: Iterable[str], scheduler_hosts: Iterable[str]) -> set[str]:
+    """Return the metric hosts the scheduler does not know that are another name of one or more of its nodes
+    (:func:`host_names`' match), renamed or not: after renaming, those left are a node's second name (the node's
+    own name is also a series' host: an exporter relabelled mid-trace) or a name of two nodes. Their GPUs may be
+    a running job's, seen twice."""
+    return {h for h, names in _candidates(set(metric_hosts), scheduler_hosts).items() if names}
+
+
+def _candidates(metric: AbstractSet[str], scheduler_hosts: Iterable[str]) -> dict[str, list[str]]:
+    """Return, for each metric host the scheduler does not know, the scheduler's names that match it: in any
+    letter case and without a port, its own name, else its first label, else the full names it is the first
+    label of."""
     known = set(scheduler_hosts)
     if not known or metric <= known:
         return {}
-    # host names are case-insensitive (RFC 4343): a node is GPU01 to one source and gpu01 to the other
+    # host names are case-insensitive (RFC 4343): a node is GPU01 to one source and gpu01 to the other; a port
+    # is no part of them (Prometheus's instance label is host:port, and a trace exported from it may name hosts so)
     full_names: dict[str, list[str]] = defaultdict(list)  # by first label
     exact: dict[str, list[str]] = defaultdict(list)
     for k in known:
         full_names[k.split(".", 1)[0].lower()].append(k)
         exact[k.lower()].append(k)
-    out: dict[str, str] = {}
+    out: dict[str, list[str]] = {}
     for h in metric - known:
-        short = h.split(".", 1)[0].lower()
-        same = exact.get(h.lower(), [])
-        if len(same) == 1:
-            name: str | None = same[0]
-        elif same:
-            name = None
-        elif short != h.lower():
-            shorts = exact.get(short, [])
-            name = shorts[0] if len(shorts) == 1 else None
+        bare = _without_port(h).lower()
+        short = bare.split(".", 1)[0]
+        if bare in exact:
+            out[h] = exact[bare]
+        elif short != bare:
+            out[h] = exact.get(short, [])
         else:
-            fulls = full_names.get(short, [])
-            name = fulls[0] if len(fulls) == 1 else None
-        if name is not None and name not in metric:
-            out[h] = name
-    taken = Counter(out.values())
-    return {h: name for h, name in out.items() if taken[name] == 1}
+            out[h] = full_names.get(short, [])
+    return out
+
+
+def _without_port(host: str) -> str:
+    """Return ``host`` without a ``:port`` (``gpu01:9400`` → ``gpu01``); an IPv6 address (two colons) as it is."""
+    name, colon, port = host.rpartition(":")
+    return name if colon and port.isdigit() and ":" not in name and name else host
+
+
+def gpu_job_nodes(jobs: Iterable[Job]) -> set[str]:
+    """Return the nodes the running ``jobs`` hold GPUs on (placed or not: a job's ``nodes`` when it holds GPUs)."""
+    out: set[str] = set()
+    for j in jobs:
+        if not j.running:
+            continue
+        out.update(h for h, _ in j.gpu_alloc)
+        out.update(h for h, _ in j.mig_alloc)
+        if j.gpus_requested > 0:
+            out.update(j.nodes)
+    return out
+
+
+def unseen_nodes(series_hosts: Iterable[str], jobs: Iterable[Job], nodes: Iterable[Node] = ()) -> list[str]:
+    """Return the nodes (sorted) where the scheduler says GPUs are in use and no GPU series is: those of its
+    node list with GPUs allocated (``nodes``), or, without a node list (a trace), those its running jobs hold
+    GPUs on. A sweep that sees them is degraded (:func:`unseen_problem`): part of what runs is not seen."""
+    node_list = list(nodes)
+    busy = {n.name for n in node_list if n.gpus_alloc} if node_list else gpu_job_nodes(jobs)
+    return sorted(busy - set(series_hosts))
+
+
+def unseen_problem(unseen: list[str]) -> str:
+    """Return the snapshot problem for :func:`unseen_nodes`' answer (not empty)."""
+    return f"no GPU series for node(s) running GPU jobs: {', '.join(unseen[:10])} (exporter missing?)"
 
 
 def scheduler_hosts(jobs: Iterable[Job], nodes: Iterable[str] = ()) -> set[str]:
-    """Return the node names the scheduler uses: its nodes' and those its jobs hold GPUs on."""
+    """Return the node names the scheduler uses: its nodes' and those its jobs run and hold GPUs on."""
     out = set(nodes)
     for j in jobs:
+        out.update(j.nodes)
         out.update(h for h, _ in j.gpu_alloc)
         out.update(h for h, _ in j.mig_alloc)
     return out
 
 
-def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuProcess]) -> tuple[pd.DataFrame, list[Disagreement]]:
+def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuProcess],
+              nodes: Iterable[Node] = ()) -> tuple[pd.DataFrame, list[Disagreement]]:
     """Return ``gpus`` with ``job_id`` and ``attribution`` columns, and the disagreements found.
 
     A MIG slice (a row with ``mig``) is a device of its own: Slurm's claim on it is the job's
@@ -88,6 +141,7 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     and ``sharers`` lists the jobs, so no job is judged by a utilisation that is not its alone.
     """
     processes = list(processes)
+    node_list = list(nodes)
     gpus = join_mig_uuids(gpus, processes)
     running = {j.job_id: j for j in jobs if j.running}
     #: nodes where a running job holds GPUs no source places (Job.unplaced_gpus); "": a job naming no node
@@ -133,6 +187,12 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
             if p.gpu is not None and p.mig:
                 orphans_slice[(p.host, int(p.gpu), p.mig)].append(p)
     hosts = gpus["host"].tolist()
+    series_hosts = set(hosts)
+    #: series hosts that may be a node seen under another name: its second name (the node's own is a series' too),
+    #: or any name the scheduler does not know while a node it runs GPU jobs on has no series
+    known = scheduler_hosts(running.values(), (n.name for n in node_list))
+    strangers = (series_hosts - known if unseen_nodes(series_hosts, running.values(), node_list)
+                 else aliases(series_hosts, known))
     idxs = gpus["gpu"].astype(int).tolist()
     n = len(gpus)
     uuids = gpus["uuid"].fillna("").tolist() if "uuid" in gpus else [""] * n
@@ -204,9 +264,9 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
             how.append("conflict")
             problems.append(Disagreement(host, gpu, f"{_slice(mig)}processes of running job(s) "
                                                     f"{','.join(sorted(cg_running))} on a GPU Slurm allocates to none"))
-        elif host in unplaced or "" in unplaced:
+        elif host in unplaced or "" in unplaced or host in strangers:
             job_ids.append(None)
-            how.append("unplaced")  # a running job holds GPUs on this node, which ones unknown: maybe this one
+            how.append("unplaced")  # a running job holds GPUs here (or on a node seen by no name): maybe this one
         else:
             job_ids.append(None)
             how.append("none")

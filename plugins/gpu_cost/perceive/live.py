@@ -94,7 +94,7 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     """
     from gpu_cost.core.model import empty_gpu_frame
     from gpu_cost.perceive import nodes as nodes_mod
-    from gpu_cost.perceive.correlate import attribute
+    from gpu_cost.perceive.correlate import attribute, unseen_nodes, unseen_problem
     from gpu_cost.perceive.prometheus import PrometheusSource
     from gpu_cost.perceive.snapshot import rule_windows
 
@@ -173,7 +173,7 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
         frame, map_problems = gpu_map.apply(frame, checks)
         problems.extend(map_problems)
 
-    frame, disagreements = attribute(frame, jobs, procs)
+    frame, disagreements = attribute(frame, jobs, procs, nodes)
     if len(frame) and frame["stale"].all():
         problems.append("every GPU series is stale or missing")
     elif len(frame) and frame["stale"].any():
@@ -182,9 +182,9 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
         problems.append(f"stale or missing GPU series: {int(frame['stale'].sum())} of {len(frame)} GPUs "
                         f"(on {', '.join(stale_hosts[:10])})")
     if len(frame):
-        unseen = sorted({n.name for n in nodes if n.gpus_alloc} - {str(h) for h in frame["host"]})
+        unseen = unseen_nodes(frame["host"].astype(str), jobs, nodes)
         if unseen:
-            problems.append(f"no GPU series for node(s) running GPU jobs: {', '.join(unseen[:10])} (exporter missing?)")
+            problems.append(unseen_problem(unseen))
     if not len(frame) and not any(p.startswith("prometheus:") for p in problems):
         problems.append("prometheus: no GPU series (check the exporters and the connection's selector)")
     nodes = _merge_nodes(nodes, frame, node_stats)

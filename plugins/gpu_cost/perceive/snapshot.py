@@ -20,7 +20,7 @@ from gpu_cost.perceive.aggregate import (
     last_label,
     last_sample_ts,
 )
-from gpu_cost.perceive.correlate import attribute
+from gpu_cost.perceive.correlate import attribute, unseen_nodes, unseen_problem
 
 
 def rule_windows(policy: Policy) -> tuple[float, list[float]]:
@@ -82,10 +82,13 @@ def from_matrix(
                         rolling=rolling, cleaned=cleaned, last_ts=last)
         for w in others
     }
-    frame, disagreements = attribute(frame, jobs, processes)
+    frame, disagreements = attribute(frame, jobs, processes, nodes)
     found = redact_all(problems)  # they are stored, returned and alerted on: no credentials
     if len(frame) and frame["stale"].all():
         found.append("every GPU series is stale or missing")
+    unseen = unseen_nodes(hosts.tolist(), jobs, nodes) if len(frame) else []
+    if unseen:
+        found.append(unseen_problem(unseen))
     return Snapshot(
         ts=now, window_s=primary, lookback_s=sw.lookback, source=source, gpus=frame, jobs=tuple(jobs),
         processes=tuple(processes), nodes=tuple(nodes), problems=tuple(found), disagreements=tuple(disagreements),

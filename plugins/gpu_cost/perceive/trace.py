@@ -210,7 +210,7 @@ def _without_steps(jobs: pd.DataFrame, source: str) -> pd.DataFrame:
     if step.any():
         logger.info("%s: %d job step row(s) (%s…) left out: their jobs hold the GPUs", source, int(step.sum()),
                     jobs["job_id"].to_numpy()[step][0])
-        return jobs[~step].reset_index(drop=True)
+        return jobs[~step]  # the index keeps each row's place in the file, for errors that name it
     return jobs
 
 
@@ -219,12 +219,12 @@ def _gpus_col(values: pd.Series, source: str) -> np.ndarray:
     from gpu_cost.perceive.slurm import gpus_of_text
 
     out = np.full(len(values), math.nan)
-    for i, v in enumerate(values.tolist()):
+    for i, (row, v) in enumerate(zip(values.index, values.tolist(), strict=True)):
         if v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip().lower() in NOT_KNOWN:
             continue
         n = gpus_of_text(str(v))
         if n is None:
-            raise TraceError(f"{source}: column gpus, row {i + 1}: {v!r} is not a GPU count "
+            raise TraceError(f"{source}: column gpus, row {row + 1}: {v!r} is not a GPU count "
                              "(a number, a TRES list such as cpu=8,gres/gpu=4, or a GRES such as gpu:a100:4)")
         out[i] = n
     return out
@@ -236,7 +236,7 @@ def _limit_col(values: pd.Series, source: str) -> np.ndarray:
     from gpu_cost.perceive.slurm import time_limit_of_text
 
     out = np.full(len(values), math.nan)
-    for i, v in enumerate(values.tolist()):
+    for i, (row, v) in enumerate(zip(values.index, values.tolist(), strict=True)):
         if v is None or (isinstance(v, float) and math.isnan(v)):
             continue
         text = str(v).strip()
@@ -248,7 +248,7 @@ def _limit_col(values: pd.Series, source: str) -> np.ndarray:
         try:
             limit = time_limit_of_text(text)
         except ValueError:
-            raise TraceError(f"{source}: column time_limit_s, row {i + 1}: {v!r} is neither seconds nor a Slurm "
+            raise TraceError(f"{source}: column time_limit_s, row {row + 1}: {v!r} is neither seconds nor a Slurm "
                              "time limit (D-HH:MM:SS, HH:MM:SS, UNLIMITED)") from None
         out[i] = math.nan if limit is None else limit
     return out
@@ -260,7 +260,7 @@ def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
     missing = [c for c in JOB_COLUMNS if c not in jobs.columns]
     if missing:
         raise TraceError(f"{source}: jobs lack column(s) {', '.join(missing)} (required: {', '.join(JOB_COLUMNS)})")
-    out = jobs.copy()
+    out = jobs.reset_index(drop=True)  # a copy; the index is each row's place in the file until steps are left out
     out["job_id"] = out["job_id"].astype(str)
     out = _without_steps(out, source)
     out["user"] = out["user"].fillna("").astype(str)
@@ -273,7 +273,28 @@ def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
     for col in ("account", "partition", "name", "labels", "gpu_ids", "nodes", "state", "qos"):
         if col in out.columns:
             out[col] = out[col].fillna("").astype(str)
-    return out
+    if "nodes" in out.columns:
+        _check_nodes(out["nodes"], source)
+    return out.reset_index(drop=True)
+
+
+def node_names(text: str) -> tuple[str, ...]:
+    """Return the hosts a jobs trace's ``nodes`` cell names: a Slurm host list (``gpu[01-02]``); a count (``2``,
+    as some exports write it) names none. Raises ValueError on a host list that does not parse."""
+    from gpu_cost.perceive.slurm import expand_hostlist
+
+    text = text.strip()
+    return () if not text or text.isdigit() else tuple(expand_hostlist(text))
+
+
+def _check_nodes(values: pd.Series, source: str) -> None:
+    """Refuse a ``nodes`` cell that is no Slurm host list, naming its row."""
+    for v in values.unique().tolist():  # a job trace repeats its few nodes: each text parsed once
+        try:
+            node_names(v)
+        except ValueError as exc:
+            row = int(values.index[(values == v).to_numpy()][0])
+            raise TraceError(f"{source}: column nodes, row {row + 1}: {v!r} is not a Slurm host list ({exc})") from None
 
 
 
@@ -354,15 +375,13 @@ def trace_job(rec: Mapping[str, Any], alloc: Mapping[str, Sequence[int]], **more
     the GPUs its ``gpus`` column counts, on the nodes its ``nodes`` column names (a Slurm host list; a count names
     none): :func:`gpu_cost.perceive.correlate.attribute` then calls none of those nodes' GPUs "no job's".
     """
-    from gpu_cost.perceive.slurm import expand_hostlist
-
     placed = sum(len(v) for v in alloc.values())
     asked = rec.get("gpus")
     asked = int(asked) if isinstance(asked, int | float) and asked == asked and asked > 0 else 0
     names = rec.get("nodes")
     on = tuple(sorted(alloc))
-    if asked > placed and isinstance(names, str) and names.strip() and not names.strip().isdigit():
-        on = tuple(sorted({*on, *expand_hostlist(names.strip())}))
+    if asked > placed and isinstance(names, str):
+        on = tuple(sorted({*on, *node_names(names)}))
     labels = tuple(x for x in str(rec.get("labels") or "").replace(";", ",").split(",") if x)
     labels += labels_from_comment(str(rec.get("comment") or ""))
     limit = rec.get("time_limit_s")
@@ -412,24 +431,33 @@ def parse_gpu_ids(text: object) -> list[tuple[str, int]]:
     return out
 
 
-def gpu_id_hosts(jobs: pd.DataFrame) -> set[str]:
-    """Return the hosts a jobs trace's ``gpu_ids`` name: the scheduler's names for its nodes."""
-    if "gpu_ids" not in jobs.columns:
-        return set()
-    return {h for text in jobs["gpu_ids"].dropna().astype(str).unique() for h, _ in parse_gpu_ids(text)}
+def named_hosts(jobs: pd.DataFrame) -> set[str]:
+    """Return the hosts a jobs trace names, in ``gpu_ids`` and in ``nodes``: the scheduler's names for its nodes."""
+    out: set[str] = set()
+    if "gpu_ids" in jobs.columns:
+        out.update(h for text in jobs["gpu_ids"].dropna().astype(str).unique() for h, _ in parse_gpu_ids(text))
+    if "nodes" in jobs.columns:
+        out.update(h for text in jobs["nodes"].dropna().astype(str).unique() for h in node_names(text))
+    return out
 
 
 def scheduler_names(hosts: pd.Series, jobs: pd.DataFrame) -> pd.Series:
-    """Return the samples' ``host`` column with each host the jobs' ``gpu_ids`` name otherwise (``gpu01`` for
+    """Return the samples' ``host`` column with each host the jobs name otherwise (``gpu01`` for
     ``gpu01.cluster.example.org``) under that name (:func:`gpu_cost.perceive.correlate.host_names`)."""
-    from gpu_cost.perceive.correlate import host_names
+    from gpu_cost.perceive.correlate import aliases, host_names
 
     text = hosts.astype(str)
-    renamed = host_names(text.unique(), gpu_id_hosts(jobs))
+    names = named_hosts(jobs)
+    renamed = host_names(text.unique(), names)
     if renamed:
         logger.info("trace hosts read under the jobs' names for them: %s",
                     ", ".join(f"{a} as {b}" for a, b in sorted(renamed.items())[:5]))
-    return text.replace(renamed) if renamed else hosts
+        text = text.replace(renamed)
+    second = sorted(aliases(text.unique(), names))
+    if second:
+        logger.warning("trace hosts that are a second name of a node the samples also name (judged by no rule): %s",
+                       ", ".join(second[:5]))
+    return text if renamed else hosts
 
 
 __all__ = ["JOB_COLUMNS", "SAMPLE_COLUMNS", "jobs_at", "normalise_jobs", "normalise_samples", "read_jobs",

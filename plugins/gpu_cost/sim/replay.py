@@ -498,17 +498,25 @@ class _Replay:
             del uc
 
     def _scheduler_names(self, jobs: pd.DataFrame) -> None:
-        """Read each sampled host the jobs' ``gpu_ids`` name otherwise (``gpu01`` for ``gpu01.cluster.example.org``)
-        under the jobs' name (:func:`gpu_cost.perceive.correlate.host_names`): a new array, a prepared trace's is shared."""
-        from gpu_cost.perceive.correlate import host_names
-        from gpu_cost.perceive.trace import gpu_id_hosts
+        """Read each sampled host the jobs (``gpu_ids``, ``nodes``) name otherwise (``gpu01`` for
+        ``gpu01.cluster.example.org``, ``gpu01:9400``) under the jobs' name
+        (:func:`gpu_cost.perceive.correlate.host_names`): a new array, a prepared trace's is shared."""
+        from gpu_cost.perceive.correlate import aliases, host_names
+        from gpu_cost.perceive.trace import named_hosts
 
-        renamed = host_names(set(self.hosts.tolist()), gpu_id_hosts(jobs))
+        names = named_hosts(jobs)
+        renamed = host_names(set(self.hosts.tolist()), names)
         if renamed:
             self.hosts = np.array([renamed.get(h, h) for h in self.hosts.tolist()], dtype=object)
             shown = ", ".join(f"{a} as {b}" for a, b in sorted(renamed.items())[:3])
-            self.res.notes.append(f"{len(renamed)} sampled host(s) read under the name the jobs' gpu_ids give them: "
+            self.res.notes.append(f"{len(renamed)} sampled host(s) read under the name the jobs give them: "
                                   f"{shown}{'…' if len(renamed) > 3 else ''}")
+        second = sorted(aliases(set(self.hosts.tolist()), names))
+        if second:
+            self.res.notes.append(
+                f"{len(second)} sampled host(s) are a second name of a node the samples also name, or a name of two "
+                f"({', '.join(second[:3])}{'…' if len(second) > 3 else ''}): their GPUs may be that node's jobs', "
+                "so they are judged by no rule; name each node one way in the samples")
 
     def _adopt(self, prepared: PreparedTrace) -> None:
         """Take a prepared trace's matrices: a copy of those a simulated kill edits, the others shared."""
@@ -604,6 +612,7 @@ class _Replay:
         from gpu_cost.analyse.rules import run_rules
         from gpu_cost.audit.store import AuditStore
         from gpu_cost.loop import sweep
+        from gpu_cost.perceive.correlate import unseen_nodes
         from gpu_cost.perceive.snapshot import from_matrix, rule_windows
         from gpu_cost.report.usage import record_usage
 
@@ -618,6 +627,9 @@ class _Replay:
         t = math.ceil(first / step) * step
         last = float(self.times[-1])
         lookback = p.sweep.lookback
+        self.host_set = set(self.hosts.tolist())
+        self.unseen: set[str] = set()
+        self.unseen_sweeps = 0
         from gpu_cost.perceive.aggregate import RollingWindows
 
         # the lookback slides along the trace: its sums run along it once, each sweep reads them
@@ -641,6 +653,10 @@ class _Replay:
                 )
                 if snap.degraded:
                     self.res.degraded_sweeps += 1
+                    unseen = unseen_nodes(self.host_set, jobs)
+                    if unseen:
+                        self.unseen_sweeps += 1
+                        self.unseen.update(unseen)
                 run_id = f"replay:{int(t)}"
                 snap.job_logs = self._logs_at(snap, t)
                 baselines.observe(store, snap, p, run_id=run_id)  # learnt from the trace up to t, never after
@@ -661,6 +677,13 @@ class _Replay:
                     self._act(plan.decisions, store, t, snap.gpu_count(), run_id)
                 self.res.sweeps += 1
                 t += step
+        if self.unseen:
+            shown = ", ".join(sorted(self.unseen)[:5]) + ("…" if len(self.unseen) > 5 else "")
+            self.res.notes.append(
+                f"{self.unseen_sweeps} sweep(s) degraded: running jobs hold GPUs on node(s) no sample names ({shown}), "
+                "so nothing destructive acted in them, and no GPU on a host the jobs do not name was taken for a "
+                "zombie; if the samples name those nodes otherwise (an IP address), write the scheduler's names "
+                "in their host column")
         del self.rolling  # its running sums (five GPU x time arrays) are the sweeps' alone: not held while the ledger reads
         self._ledger(store, last)
         self._outcomes()
@@ -1007,7 +1030,7 @@ def summary_text(r: Mapping[str, Any]) -> str:
                      f"{row['killed']} ({row['false_kills']} false), reclaimed "
                      f"{row.get('reclaimed_gpu_hours') or 0.0:,.1f} GPU-h{first}")
     lines.append(f"  decisions: {r['decisions']}; approvals requested {r['approvals_requested']}; "
-                 f"capped sweeps {r['capped_sweeps']}")
+                 f"capped sweeps {r['capped_sweeps']}; degraded sweeps {r.get('degraded_sweeps', 0)}")
     asked = r.get("human_asked") or []
     if asked:
         conf = sorted(float(a["confidence"]) for a in asked if a.get("confidence") is not None)
