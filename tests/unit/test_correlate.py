@@ -206,3 +206,15 @@ def test_a_nodes_second_name_is_nobodys() -> None:
     out, _ = attribute(gpus, [job("7", (0,), **running)], [])
     assert out["attribution"].tolist() == ["slurm"] + ["none"] * 3 + ["unplaced"] * 4 + ["none"] * 4
     assert aliases({"g1", "g1.c.org", "G1:9400", "10.0.0.9", "g2"}, {"g1"}) == {"g1.c.org", "G1:9400"}
+
+
+def test_a_label_naming_a_job_the_record_does_not_hold_is_nobodys_in_a_trace() -> None:
+    """The exporter labels g1:1 with job 8, g1:2 with job 5; job 7 runs on g1:0. Live (``recorded`` None), Slurm
+    lists every running job: 8 and 5 ended, their GPUs are no job's. In a trace whose jobs file holds 5 (ended)
+    but not 8, g1:1 is ``unplaced`` (job 8 may still run) and g1:2 stays ``none``."""
+    running = {"state": "RUNNING", "start_ts": 0.0}
+    gpus = frame(["", "8", "5", ""])
+    out, _ = attribute(gpus, [job("7", (0,), **running)], [])
+    assert out["attribution"].tolist() == ["slurm", "none", "none", "none"]
+    out, _ = attribute(gpus, [job("7", (0,), **running)], [], recorded=frozenset({"7", "5"}))
+    assert out["attribution"].tolist() == ["slurm", "unplaced", "none", "none"]

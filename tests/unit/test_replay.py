@@ -470,3 +470,37 @@ def test_a_node_named_otherwise_in_the_samples_never_gets_its_jobs_processes_kil
         assert any("no sample names" in n for n in a["notes"])
     else:
         assert any("second name of a node the samples also name" in n for n in a["notes"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_job_the_jobs_file_misses_is_no_zombie_while_the_samples_label_it(truth_trace: Path, policy,
+                                                                            seed: int) -> None:  # type: ignore[no-untyped-def]
+    """A jobs file exported for less than the samples' span, or filtered (one partition, some users), misses
+    jobs the exporter's labels name. Nothing says those jobs ended, so the GPUs they label are nobody's: never a
+    false kill, and the notes name the jobs missed. (Before: each such job's process was a zombie, killed.)"""
+    rng = np.random.default_rng(seed)
+    jobs = pd.read_csv(truth_trace / "jobs.csv", dtype={"job_id": str})
+    labelled = set(pd.read_parquet(truth_trace / "samples.parquet", columns=["job_id"])["job_id"].dropna().astype(str))
+    drop = rng.random(len(jobs)) < rng.uniform(0.2, 0.8)
+    jobs[~drop].to_csv(part := truth_trace.parent / f"part-{seed}.csv", index=False)
+    res = replay_files(truth_trace / "samples.parquet", part, policy)
+    assert res.false_kills == 0
+    missed = sorted(set(jobs.loc[drop, "job_id"]) & labelled - {""})
+    said = [n for n in res.notes if "not in the jobs file" in n]
+    assert (said[0].startswith(f"{len(missed)} job(s) the samples label") if missed else not said)
+
+
+def test_job_labels_read_as_floats_name_the_jobs_file_s_ids(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    """A job label column with blanks is read as floats by a CSV reader (``101.0``), and Parquet written from it keeps
+    them so. Read as text, no label would name a job of the jobs file: each is read as the whole number it is, and
+    the replay, placing jobs by their labels alone, decides as on the text labels."""
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    jobs = pd.read_csv(truth_trace / "jobs.csv", dtype={"job_id": str}).drop(columns=["gpu_ids"])
+    jobs.to_csv(by_label := truth_trace.parent / "jobs-by-label.csv", index=False)
+    as_float = pd.to_numeric(s["job_id"].replace("", np.nan), errors="raise").astype(float)
+    assert as_float.isna().any() and (as_float.dropna() % 1 == 0).all()
+    s.assign(job_id=as_float).to_parquet(floats := truth_trace.parent / "float-labels.parquet")
+    a = replay_files(floats, by_label, policy).to_dict()
+    b = replay_files(truth_trace / "samples.parquet", by_label, policy).to_dict()
+    a.pop("seconds"), b.pop("seconds")
+    assert a == b and b["kills"] == 2

@@ -179,3 +179,19 @@ def test_a_trace_that_places_jobs_on_nodes_no_sample_names_is_degraded() -> None
     # named as the jobs name it, g2 is seen: nothing is missing
     snap = trace.snapshot(_policy(), now, samples.replace({"host": {"10.0.0.2:9400": "g2:9400"}}), jobs)
     assert not snap.degraded and set(snap.gpus["host"]) == {"g1", "g2"}
+
+
+def test_the_trace_source_leaves_a_gpu_labelled_with_a_job_the_file_misses_to_nobody() -> None:
+    """g1:0 is labelled with job 9, which the jobs file does not list; g1:1 with job 3, which it lists as ended. Only
+    the second holds memory for no job: a zombie. The first may be job 9's, still running."""
+    from gpu_cost.analyse.rules import run_rules
+
+    now = 1_800_000_000.0
+    ts = np.arange(now - 3600, now + 1, 60.0)
+    samples = pd.concat([pd.DataFrame({"ts": ts, "host": "g1", "gpu": gpu, "util": 0.0, "mem_used_mib": 30_000.0,
+                                       "job_id": label}) for gpu, label in ((0, "9"), (1, "3"))], ignore_index=True)
+    jobs = pd.DataFrame({"job_id": ["3"], "user": ["ann"], "start_ts": [now - 9000], "end_ts": [now - 7200],
+                         "gpus": [1], "gpu_ids": ["g1:1"]})
+    snap = trace.snapshot(_policy(), now, samples, jobs)
+    assert snap.gpus.set_index("gpu")["attribution"].to_dict() == {0: "unplaced", 1: "none"}
+    assert [f.target for f in run_rules(snap, _policy()) if f.rule == "zombie"] == ["gpu:g1:1"]

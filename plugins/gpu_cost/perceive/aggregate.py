@@ -569,7 +569,7 @@ def to_dense(samples: pd.DataFrame, start: float, end: float) -> tuple[pd.DataFr
     arrays = {"util": fill("util"), "mem": fill("mem_used_mib"), "power": fill("power_w")}
     job = np.full(shape, "", dtype=object)
     if "job_id" in s.columns:
-        job[row_of, col_of] = s["job_id"].fillna("").astype(str).to_numpy()
+        job[row_of, col_of] = s["job_id"].astype(object).fillna("").astype(str).to_numpy()  # categories too
     arrays["job"] = job
     last = s.sort_values("ts").groupby(["host", "gpu"], sort=True).last().reset_index()
     for col in ("uuid", "mem_total_mib", "model"):

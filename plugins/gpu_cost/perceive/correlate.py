@@ -12,7 +12,8 @@ job holds GPUs no source places (an accounting export has no GPU indices), is ``
 not name while a node it runs GPU jobs on has no GPU series (:func:`unseen_nodes`): the host may
 be that node under a name no rule matches (an IP address), its GPUs that node's jobs'. And so is a
 GPU on a node's second name (:func:`aliases`: ``gpu01.example.org`` beside ``gpu01``, an exporter
-relabelled mid-trace): the node's jobs may be using it.
+relabelled mid-trace): the node's jobs may be using it. So, in a trace, is a GPU the exporter
+labels with a job the jobs file does not list: nothing says that job ended.
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ def scheduler_hosts(jobs: Iterable[Job], nodes: Iterable[str] = ()) -> set[str]:
 
 
 def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuProcess],
-              nodes: Iterable[Node] = ()) -> tuple[pd.DataFrame, list[Disagreement]]:
+              nodes: Iterable[Node] = (), recorded: AbstractSet[str] | None = None,
+              ) -> tuple[pd.DataFrame, list[Disagreement]]:
     """Return ``gpus`` with ``job_id`` and ``attribution`` columns, and the disagreements found.
 
     A MIG slice (a row with ``mig``) is a device of its own: Slurm's claim on it is the job's
@@ -139,6 +141,13 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     A device several running jobs hold (Slurm ``shard``/``mps`` gres, time-slicing: two jobs
     allocated the same GPU, or a job marked ``gpu_shared``) is ``shared``: its ``job_id`` is empty
     and ``sharers`` lists the jobs, so no job is judged by a utilisation that is not its alone.
+
+    :param nodes: the scheduler's node list, when it has one (a live sweep): the names it knows, and the nodes
+        it runs GPU jobs on (:func:`unseen_nodes`).
+    :param recorded: every job id the scheduler's record holds, running or ended (a trace's jobs file), when
+        that record may miss jobs: a GPU the exporter labels with a job it does not hold is ``unplaced``, since
+        nothing says that job ended. ``None`` (a live sweep): Slurm lists every running job, so a label naming
+        none of them is an ended job's.
     """
     processes = list(processes)
     node_list = list(nodes)
@@ -264,7 +273,8 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
             how.append("conflict")
             problems.append(Disagreement(host, gpu, f"{_slice(mig)}processes of running job(s) "
                                                     f"{','.join(sorted(cg_running))} on a GPU Slurm allocates to none"))
-        elif host in unplaced or "" in unplaced or host in strangers:
+        elif (host in unplaced or "" in unplaced or host in strangers
+              or (label and recorded is not None and label not in recorded)):
             job_ids.append(None)
             how.append("unplaced")  # a running job holds GPUs here (or on a node seen by no name): maybe this one
         else:

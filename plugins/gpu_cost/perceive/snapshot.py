@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 import pandas as pd
@@ -55,11 +56,13 @@ def from_matrix(
     problems: Sequence[str] = (),
     mig: Mapping[str, np.ndarray] | None = None,
     rolling: RollingWindows | None = None,
+    recorded: AbstractSet[str] | None = None,
 ) -> Snapshot:
     """Aggregate a GPU × time matrix and join it with jobs and processes (``mig``: the rows' MIG columns).
 
     :param rolling: running sums over the whole matrix ``util``/``mem`` are a slice of (a replay);
         the slice is then taken as clean.
+    :param recorded: a trace's job ids, running or ended (:func:`gpu_cost.perceive.correlate.attribute`).
     """
     sw = policy.sweep
     primary, others = rule_windows(policy)
@@ -82,7 +85,7 @@ def from_matrix(
                         rolling=rolling, cleaned=cleaned, last_ts=last)
         for w in others
     }
-    frame, disagreements = attribute(frame, jobs, processes, nodes)
+    frame, disagreements = attribute(frame, jobs, processes, nodes, recorded)
     found = redact_all(problems)  # they are stored, returned and alerted on: no credentials
     if len(frame) and frame["stale"].all():
         found.append("every GPU series is stale or missing")
@@ -132,8 +135,10 @@ def from_samples(
     processes: Sequence[GpuProcess] = (),
     nodes: Sequence[Node] = (),
     problems: Sequence[str] = (),
+    recorded: AbstractSet[str] | None = None,
 ) -> Snapshot:
-    """Aggregate long trace-format samples (the lookback before ``now``) into a snapshot."""
+    """Aggregate long trace-format samples (the lookback before ``now``) into a snapshot (``recorded``: see
+    :func:`from_matrix`)."""
     from gpu_cost.perceive.aggregate import to_dense
 
     keys, times, arrays = to_dense(samples, now - policy.sweep.lookback, now)
@@ -145,5 +150,5 @@ def from_samples(
         models=keys["model"].fillna("").to_numpy(dtype=object) if "model" in keys else np.full(n, "", dtype=object),
         mem_total=keys["mem_total_mib"].to_numpy(dtype=float) if "mem_total_mib" in keys else np.full(n, np.nan),
         times=times, util=arrays["util"], mem=arrays["mem"], power=arrays["power"], job=arrays["job"],
-        jobs=jobs, processes=processes, nodes=nodes, problems=problems,
+        jobs=jobs, processes=processes, nodes=nodes, problems=problems, recorded=recorded,
     )

@@ -168,6 +168,20 @@ def _check_scale(out: pd.DataFrame, source: str) -> None:
                          f"{mem[row]:g}): it looks like bytes or KiB; the trace format wants MiB")
 
 
+def whole_ids(ids: pd.Series) -> pd.Series:
+    """Return a job id column read as floats (a CSV column with blanks, or Parquet written from one: ``100001.0``) as
+    the whole numbers Slurm's ids are, missing kept missing; any other column as it is. Read as text, ``100001.0``
+    would name no job of the jobs file's ``100001``."""
+    if not pd.api.types.is_float_dtype(ids):
+        return ids
+    codes, uniq = pd.factorize(ids, use_na_sentinel=True)  # a few thousand ids in ten million rows: each once
+    values = np.asarray(uniq, dtype=float)
+    if not np.all(np.isfinite(values) & (values == np.floor(values))):
+        return ids
+    return pd.Series(pd.Categorical.from_codes(codes, categories=[str(int(v)) for v in values]), index=ids.index,
+                     name=ids.name)
+
+
 def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.DataFrame:
     """Return samples with the required columns checked, ``ts`` as epoch seconds and the measured columns as numbers.
 
@@ -191,6 +205,8 @@ def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.Da
         if gpu.isna().any():
             raise TraceError(f"{source}: column gpu must hold GPU indices (integers)")
         out = out.assign(gpu=gpu.astype(np.int64))
+    if "job_id" in out.columns and pd.api.types.is_float_dtype(out["job_id"]):
+        out = out.assign(job_id=whole_ids(out["job_id"]))
     negative = np.flatnonzero(out["gpu"].to_numpy() < 0)
     if len(negative):
         raise TraceError(f"{source}: column gpu must hold GPU indices (0 or more); row {int(negative[0]) + 1} "
@@ -261,7 +277,7 @@ def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
     if missing:
         raise TraceError(f"{source}: jobs lack column(s) {', '.join(missing)} (required: {', '.join(JOB_COLUMNS)})")
     out = jobs.reset_index(drop=True)  # a copy; the index is each row's place in the file until steps are left out
-    out["job_id"] = out["job_id"].astype(str)
+    out["job_id"] = whole_ids(out["job_id"]).astype(object).astype(str)
     out = _without_steps(out, source)
     out["user"] = out["user"].fillna("").astype(str)
     for col in ("start_ts", "end_ts", "submit_ts", "linger_end_ts"):
@@ -405,7 +421,7 @@ def snapshot(policy: Any, now: float, samples: str | Path | pd.DataFrame, jobs: 
     window = s[(s["ts"] > now - policy.sweep.lookback) & (s["ts"] <= now)]
     problems = [] if len(window) else [f"trace has no samples in the {policy.sweep.lookback:g}s before {now:g}"]
     return from_samples(policy=policy, now=now, source="trace", samples=window, jobs=jobs_at(j, s, now),
-                        problems=problems)
+                        problems=problems, recorded=frozenset(j["job_id"]))
 
 
 def parse_gpu_ids(text: object) -> list[tuple[str, int]]:

@@ -401,6 +401,14 @@ class _Replay:
         self.runs: dict[str, list[str]] = {}
         for key, a in self.allocs.items():
             self.runs.setdefault(a.job.job_id, []).append(key)
+        #: the jobs file's job ids: a GPU labelled with another job is nobody's (correlate.attribute's ``recorded``)
+        self.recorded = frozenset(self.runs)
+        unrecorded = sorted(set(self.job_names[1:].tolist()) - self.recorded)
+        if unrecorded:
+            shown = ", ".join(unrecorded[:3]) + ("…" if len(unrecorded) > 3 else "")
+            res.notes.append(f"{len(unrecorded)} job(s) the samples label are not in the jobs file ({shown}): their GPUs "
+                             "are judged by no rule while so labelled (nothing says those jobs ended); export the jobs "
+                             "over the samples' whole span")
         unplaced = sum(1 for a in self.allocs.values() if a.job.unplaced_gpus)
         if unplaced:
             res.notes.append(f"{unplaced} job(s) hold GPUs the trace does not place (no gpu_ids, no sample labelled "
@@ -650,6 +658,7 @@ class _Replay:
                     models=self.models, mem_total=self.mem_total, times=self.times[lo:hi], util=self.util[:, lo:hi],
                     mem=self.mem[:, lo:hi], power=None, job=self._labels(slice(None), slice(max(lo, hi - 1), hi)), jobs=jobs,
                     processes=self._procs_at(hi - 1, running) if hi > lo else [], nodes=(), rolling=self.rolling,
+                    recorded=self.recorded,
                 )
                 if snap.degraded:
                     self.res.degraded_sweeps += 1
