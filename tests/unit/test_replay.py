@@ -155,8 +155,8 @@ def test_generated_trace_with_ground_truth(tmp_path: Path, policy) -> None:  # t
 
 def test_jobs_only_traces_say_so(tmp_path: Path, policy) -> None:  # type: ignore[no-untyped-def]
     jobs = tmp_path / "jobs.csv"
-    pd.DataFrame({"job_id": ["1", "2"], "user": ["a", ""], "start_ts": [0, 3600], "end_ts": [7200, 10800],
-                  "gpus": [4, 8]}).to_csv(jobs, index=False)
+    pd.DataFrame({"job_id": ["1", "2"], "user": ["a", ""], "start_ts": [END, END + 3600],
+                  "end_ts": [END + 7200, END + 10800], "gpus": [4, 8]}).to_csv(jobs, index=False)
     res = replay_files(None, jobs, policy).to_dict()
     assert res["idle_gpu_hours"] is None and res["actions"] == [] and res["false_kills"] == 0
     assert res["allocated_gpu_hours"] == pytest.approx(4 * 2 + 8 * 2)
@@ -504,3 +504,23 @@ def test_job_labels_read_as_floats_name_the_jobs_file_s_ids(truth_trace: Path, p
     b = replay_files(truth_trace / "samples.parquet", by_label, policy).to_dict()
     a.pop("seconds"), b.pop("seconds")
     assert a == b and b["kills"] == 2
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_jobs_file_in_another_time_zone_is_refused_and_a_skewed_one_is_not(truth_trace: Path, policy,
+                                                                           seed: int) -> None:  # type: ignore[no-untyped-def]
+    """sacct prints local time without its offset. A jobs file so written puts every job hours off its GPUs' labels:
+    read so, a running job would be gone while its processes run, their GPUs zombies. A random zone (a whole
+    number of quarter hours, 30 min to 12 h either way) is refused with the offset named; a few minutes of skew
+    between the two sources replay as they are."""
+    rng = np.random.default_rng(seed)
+    jobs = pd.read_csv(truth_trace / "jobs.csv", dtype={"job_id": str})
+    zone = float(rng.choice([-1, 1]) * 900 * rng.integers(2, 49))
+    times = [c for c in ("submit_ts", "start_ts", "end_ts", "linger_end_ts") if c in jobs.columns]
+    jobs.assign(**{c: jobs[c] + zone for c in times}).to_csv(off := truth_trace.parent / f"zone-{seed}.csv", index=False)
+    with pytest.raises(TraceError, match=rf"zone-{seed}\.csv: the jobs' times run {abs(zone) / 3600:.2f} h "
+                                         rf"{'ahead of' if zone > 0 else 'behind'} the samples'"):
+        replay_files(truth_trace / "samples.parquet", off, policy)
+    skew = float(rng.uniform(-300, 300))
+    jobs.assign(**{c: jobs[c] + skew for c in times}).to_csv(near := truth_trace.parent / f"skew-{seed}.csv", index=False)
+    assert replay_files(truth_trace / "samples.parquet", near, policy).sweeps > 0

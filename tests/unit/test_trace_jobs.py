@@ -96,7 +96,8 @@ def test_epoch_times_in_any_unit_read_as_seconds(tmp_path: Path, unit: str, per_
     frame.to_csv(tmp_path / "jobs.csv", index=False)
     jobs = trace.read_jobs(tmp_path / "jobs.csv")
     np.testing.assert_allclose(jobs["start_ts"].to_numpy(), start)
-    assert np.isnan(jobs["end_ts"][3]) and jobs["end_ts"][4] == 0 and jobs["end_ts"][5] == start[5] + 3600
+    # a 0 is "not known" (Slurm JSON), as a missing cell is
+    assert np.isnan(jobs["end_ts"][3]) and np.isnan(jobs["end_ts"][4]) and jobs["end_ts"][5] == start[5] + 3600
 
 
 @pytest.mark.parametrize(("text", "pairs"), [
@@ -136,11 +137,12 @@ def test_whole_nodes_are_placed_only_when_the_job_is_alone_on_them(seed: int) ->
 
 
 def test_the_trace_source_places_a_whole_node_job_and_leaves_a_partial_one_unplaced() -> None:
-    samples = pd.DataFrame({"ts": 100.0, "host": ["g1"] * 4 + ["g2"] * 4, "gpu": [0, 1, 2, 3] * 2, "util": 0.0,
+    t = 1_800_000_000.0
+    samples = pd.DataFrame({"ts": t + 100.0, "host": ["g1"] * 4 + ["g2"] * 4, "gpu": [0, 1, 2, 3] * 2, "util": 0.0,
                             "mem_used_mib": 0.0})
-    jobs = trace.normalise_jobs(pd.DataFrame({"job_id": ["1", "2"], "user": "a", "start_ts": [0.0, 0.0],
+    jobs = trace.normalise_jobs(pd.DataFrame({"job_id": ["1", "2"], "user": "a", "start_ts": [t, t],
                                               "gpus": [4, 2], "nodes": ["g1", "g2"]}))
-    got = {j.job_id: j for j in trace.jobs_at(jobs, samples, 100.0)}
+    got = {j.job_id: j for j in trace.jobs_at(jobs, samples, t + 100.0)}
     assert got["1"].gpu_alloc == (("g1", (0, 1, 2, 3)),) and got["1"].gpu_count == 4
     assert got["2"].gpu_alloc == () and got["2"].gpus_requested == 2 and got["2"].nodes == ("g2",)
 
@@ -195,3 +197,39 @@ def test_the_trace_source_leaves_a_gpu_labelled_with_a_job_the_file_misses_to_no
     snap = trace.snapshot(_policy(), now, samples, jobs)
     assert snap.gpus.set_index("gpu")["attribution"].to_dict() == {0: "unplaced", 1: "none"}
     assert [f.target for f in run_rules(snap, _policy()) if f.rule == "zombie"] == ["gpu:g1:1"]
+
+
+def test_the_trace_source_refuses_a_jobs_file_in_another_time_zone() -> None:
+    """Six jobs, each labelled on its GPU from its start to its end; the jobs file written 8 h ahead (local time in
+    UTC+8, no offset) is refused; written in UTC it reads."""
+    now = 1_800_000_000.0
+    ts = np.arange(now - 12 * 3600, now + 1, 60.0)
+    starts = now - 11 * 3600 + 3600 * np.arange(6)
+    rows = []
+    for k, start in enumerate(starts):
+        on = (ts >= start) & (ts < start + 3 * 3600)
+        rows.append(pd.DataFrame({"ts": ts, "host": "g1", "gpu": k, "util": 50.0, "mem_used_mib": 1000.0,
+                                  "job_id": np.where(on, str(100 + k), "")}))
+    samples = pd.concat(rows, ignore_index=True)
+    jobs = pd.DataFrame({"job_id": [str(100 + k) for k in range(6)], "user": "ann", "start_ts": starts,
+                         "end_ts": starts + 3 * 3600, "gpus": 1})
+    assert not trace.snapshot(_policy(), now, samples, jobs).degraded
+    with pytest.raises(TraceError, match=r"the jobs' times run 8.0\d h ahead of the samples'"):
+        trace.snapshot(_policy(), now, samples, jobs.assign(start_ts=starts + 8 * 3600, end_ts=starts + 11 * 3600))
+
+
+def test_slurm_json_s_zero_times_read_as_not_known_and_an_end_before_its_start_is_refused(tmp_path: Path) -> None:
+    """sacct --json writes 0 for a time not known yet: a pending job's start, a running job's end. Read as 1970, the
+    pending job would run forever holding GPUs no source places, and the running one would have ended before it
+    began, its processes zombies. A real end before its start is bad data: refused, its row named."""
+    frame = pd.DataFrame({"job_id": ["1", "2", "3"], "user": ["a", "b", "c"],
+                          "start_ts": [1_800_000_000.0, 1_800_000_100.0, 0.0], "end_ts": [1_800_003_600.0, 0.0, 0.0],
+                          "gpus": [1, 2, 8]})
+    frame.to_csv(tmp_path / "jobs.csv", index=False)
+    jobs = trace.read_jobs(tmp_path / "jobs.csv").set_index("job_id")
+    assert jobs.loc["1", "end_ts"] == 1_800_003_600.0 and np.isnan(jobs.loc["2", "end_ts"])
+    assert np.isnan(jobs.loc["3", "start_ts"]) and np.isnan(jobs.loc["3", "end_ts"])
+    frame.loc[1, "end_ts"] = 1_799_999_000.0
+    frame.to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(TraceError, match=r"bad\.csv: row 2 \(job 2\): end_ts 1799999000 is before start_ts 1800000100"):
+        trace.read_jobs(tmp_path / "bad.csv")

@@ -182,6 +182,64 @@ def whole_ids(ids: pd.Series) -> pd.Series:
                      name=ids.name)
 
 
+#: a jobs file whose times are off the samples' by at least this much, for most jobs alike, is in another clock
+#: (sacct prints local time without its offset); time zones differ by 30 min at least
+CLOCK_OFF_MIN_S = 1800.0
+#: how closely the jobs must agree on the offset (labels appear and vanish within a scrape or a prolog's minutes)
+CLOCK_AGREE_S = 600.0
+
+
+def check_job_clock(jobs: pd.DataFrame, spans: Mapping[str, tuple[float, float]], first_ts: float, last_ts: float,
+                    step: float) -> None:
+    """Refuse a jobs file whose times are off the samples' by one offset (a zone written as UTC).
+
+    ``spans``: per job label, the first and last sample time the exporter labels a GPU with it. A job's label
+    appears at its start and vanishes at its end, within a scrape; a jobs file written in local time (``sacct``'s
+    default has no offset) puts every job hours off. Read so, a job would be gone while its processes run, and
+    its GPUs' processes would look like zombies. Each labelled job that starts (or ends) inside the samples'
+    span gives one offset; when at least 5 do, and 80 % of them lie within :data:`CLOCK_AGREE_S` of their
+    median, a median of :data:`CLOCK_OFF_MIN_S` or more is refused.
+    """
+    if not spans or "start_ts" not in jobs.columns:
+        return
+    edge = 2 * step
+    offsets: list[float] = []
+    ends = jobs["end_ts"] if "end_ts" in jobs.columns else pd.Series(math.nan, index=jobs.index)
+    for jid, start, end in zip(jobs["job_id"].astype(str), jobs["start_ts"], ends, strict=True):
+        span = spans.get(jid)
+        if span is None:
+            continue
+        first, last = span
+        if first > first_ts + edge and start == start:
+            offsets.append(first - float(start))
+        if last < last_ts - edge and end == end and not math.isinf(end):
+            offsets.append(last - float(end))
+    if len(offsets) < 5:
+        return
+    median = float(np.median(offsets))
+    agree = float(np.mean(np.abs(np.array(offsets) - median) <= CLOCK_AGREE_S))
+    if abs(median) >= CLOCK_OFF_MIN_S and agree >= 0.8:
+        raise TraceError(
+            f"{jobs.attrs.get('source', '<jobs>')}: the jobs' times run {abs(median) / 3600:.2f} h "
+            f"{'ahead of' if median < 0 else 'behind'} the samples': the exporter labels each job's GPUs from and "
+            f"until that long {'before' if median < 0 else 'after'} its start_ts and end_ts ({agree:.0%} of "
+            f"{len(offsets)} starts and ends agree). "
+            "The jobs file looks written in another time zone (sacct prints local time without its offset): "
+            "write its times in UTC, or in ISO 8601 with their offset")
+
+
+def label_spans(samples: pd.DataFrame) -> dict[str, tuple[float, float]]:
+    """Return, per job label of long samples, the first and last sample time that carries it."""
+    if "job_id" not in samples.columns:
+        return {}
+    labels = samples["job_id"].astype(object)
+    keep = labels.notna().to_numpy() & (labels.astype(str) != "").to_numpy()
+    if not keep.any():
+        return {}
+    g = samples.loc[keep, "ts"].groupby(labels[keep].astype(str).to_numpy())
+    return {str(k): (float(a), float(b)) for k, a, b in zip(g.min().index, g.min(), g.max(), strict=True)}
+
+
 def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.DataFrame:
     """Return samples with the required columns checked, ``ts`` as epoch seconds and the measured columns as numbers.
 
@@ -282,7 +340,15 @@ def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
     out["user"] = out["user"].fillna("").astype(str)
     for col in ("start_ts", "end_ts", "submit_ts", "linger_end_ts"):
         if col in out.columns:
-            out[col] = _epoch_col(out[col], source, col)
+            # Slurm's JSON (sacct --json) writes 0 for a time not known yet: a pending job's start, a running one's end
+            out[col] = np.where(out[col].to_numpy() == 0, math.nan, _epoch_col(out[col], source, col)) \
+                if pd.api.types.is_numeric_dtype(out[col]) else _epoch_col(out[col], source, col)
+    if "end_ts" in out.columns:
+        before = np.flatnonzero(out["end_ts"].to_numpy() < out["start_ts"].to_numpy())  # NaN compares false
+        if len(before):
+            i = int(before[0])
+            raise TraceError(f"{source}: row {int(out.index[i]) + 1} (job {out['job_id'].iloc[i]}): end_ts "
+                             f"{out['end_ts'].iloc[i]:.0f} is before start_ts {out['start_ts'].iloc[i]:.0f}")
     for col, read in (("gpus", _gpus_col), ("time_limit_s", _limit_col)):
         if col in out.columns and not pd.api.types.is_numeric_dtype(out[col]):
             out[col] = read(out[col], source)
@@ -291,7 +357,9 @@ def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
             out[col] = out[col].fillna("").astype(str)
     if "nodes" in out.columns:
         _check_nodes(out["nodes"], source)
-    return out.reset_index(drop=True)
+    out = out.reset_index(drop=True)
+    out.attrs["source"] = source  # for errors found later, when the jobs are read beside the samples
+    return out
 
 
 def node_names(text: str) -> tuple[str, ...]:
@@ -418,6 +486,8 @@ def snapshot(policy: Any, now: float, samples: str | Path | pd.DataFrame, jobs: 
     s = read_samples(samples) if isinstance(samples, str | Path) else normalise_samples(samples)
     j = read_jobs(jobs) if isinstance(jobs, str | Path) else normalise_jobs(jobs)
     s = s.assign(host=scheduler_names(s["host"], j))
+    if len(s):
+        check_job_clock(j, label_spans(s), float(s["ts"].min()), float(s["ts"].max()), policy.sweep.sample_interval)
     window = s[(s["ts"] > now - policy.sweep.lookback) & (s["ts"] <= now)]
     problems = [] if len(window) else [f"trace has no samples in the {policy.sweep.lookback:g}s before {now:g}"]
     return from_samples(policy=policy, now=now, source="trace", samples=window, jobs=jobs_at(j, s, now),

@@ -60,6 +60,7 @@ from gpu_cost.core.timeutil import iso
 from gpu_cost.perceive.trace import (
     SAMPLE_COLUMNS,
     _epoch_col,
+    check_job_clock,
     normalise_jobs,
     normalise_samples,
     read_table,
@@ -262,6 +263,9 @@ def prepare(samples: pd.DataFrame | list[pd.DataFrame] | None, jobs: pd.DataFram
     dense.res = ReplayResult(policy="", mode="")
     dense._dense(frame, consume=isinstance(samples, list))
     release_arrow_memory()
+    times = dense.times
+    check_job_clock(jobs, dense._label_spans(), float(times[0]), float(times[-1]),
+                    float(np.median(np.diff(times))) if len(times) > 1 else 0.0)
     return PreparedTrace(jobs, logs, {k: getattr(dense, k, None) for k in _MATRICES}, [*(notes or []), *dense.res.notes])
 
 
@@ -396,13 +400,15 @@ class _Replay:
             policy = dataclasses.replace(policy, sweep=sweep_cfg)
             object.__setattr__(policy, "source", src)
         self.policy = policy
+        if not isinstance(samples, PreparedTrace):  # a prepared trace was checked once, for all its replays
+            check_job_clock(jobs, self._label_spans(), float(times[0]), float(times[-1]), self.dt)
         self.allocs = self._allocs(jobs)
         #: job id -> its runs' keys in ``allocs`` (a requeued job's runs share an id)
         self.runs: dict[str, list[str]] = {}
         for key, a in self.allocs.items():
             self.runs.setdefault(a.job.job_id, []).append(key)
         #: the jobs file's job ids: a GPU labelled with another job is nobody's (correlate.attribute's ``recorded``)
-        self.recorded = frozenset(self.runs)
+        self.recorded = frozenset(jobs["job_id"].astype(str))
         unrecorded = sorted(set(self.job_names[1:].tolist()) - self.recorded)
         if unrecorded:
             shown = ", ".join(unrecorded[:3]) + ("…" if len(unrecorded) > 3 else "")
@@ -579,6 +585,25 @@ class _Replay:
                 out[jid].job = trace_job(recs[jid], alloc, batch=_flag(recs[jid].get("batch")))
                 out[jid].rows = rows
         return out
+
+    def _label_spans(self) -> dict[str, tuple[float, float]]:
+        """Return, per job label, the first and last sample time that carries it (a block of GPUs at a time: a
+        label holds a GPU for a run of samples, so only the runs' edges are read)."""
+        n_codes = len(self.job_names)
+        first = np.full(n_codes, np.iinfo(np.int64).max)
+        last = np.full(n_codes, -1)
+        for lo in range(0, self.job_code.shape[0], 64):
+            b = self.job_code[lo:lo + 64]
+            starts = b != 0
+            starts[:, 1:] &= b[:, 1:] != b[:, :-1]
+            ends = b != 0
+            ends[:, :-1] &= b[:, :-1] != b[:, 1:]
+            r, c = np.nonzero(starts)
+            np.minimum.at(first, b[r, c], c)
+            r, c = np.nonzero(ends)
+            np.maximum.at(last, b[r, c], c)
+        return {str(self.job_names[k]): (float(self.times[first[k]]), float(self.times[last[k]]))
+                for k in np.flatnonzero(last >= 0) if k}
 
     def _rows_by_label(self) -> dict[str, np.ndarray]:
         """Return job id → GPU rows whose samples carry that job label."""
