@@ -500,10 +500,33 @@ def test_job_labels_read_as_floats_name_the_jobs_file_s_ids(truth_trace: Path, p
     as_float = pd.to_numeric(s["job_id"].replace("", np.nan), errors="raise").astype(float)
     assert as_float.isna().any() and (as_float.dropna() % 1 == 0).all()
     s.assign(job_id=as_float).to_parquet(floats := truth_trace.parent / "float-labels.parquet")
-    a = replay_files(floats, by_label, policy).to_dict()
+    s.assign(job_id=as_float).to_csv(texts := truth_trace.parent / "float-labels.csv", index=False)  # "101.0" as text
+    assert ".0," in texts.read_text()
     b = replay_files(truth_trace / "samples.parquet", by_label, policy).to_dict()
+    b.pop("seconds")
+    for written in (floats, texts):
+        a = replay_files(written, by_label, policy).to_dict()
+        a.pop("seconds")
+        assert a == b and b["kills"] == 2
+
+
+def test_two_samples_of_one_gpu_at_one_time_that_differ_are_refused(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    """MIG instances exported without their instance, or two exporters on one GPU, give a GPU several samples at
+    one time. Read as one, the last would stand for the GPU: an idle instance listed after the busy one made busy
+    jobs look idle, and the replay, judging kills on the same matrix, counted none false. Refused, the first such
+    GPU and time named; duplicates that agree (two Prometheus replicas) replay as the samples once."""
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    host, gpu = str(s["host"].iloc[0]), int(s["gpu"].iloc[0])
+    idle = s[(s["host"] == host) & (s["gpu"] == gpu)].assign(util=0.0, mem_used_mib=500.0)
+    pd.concat([s, idle], ignore_index=True).to_parquet(two := truth_trace.parent / "two-series.parquet")
+    with pytest.raises(TraceError, match=rf"sample\(s\) share their GPU and time with another that differs "
+                                         rf"\({host} GPU {gpu} at "):
+        replay_files(two, truth_trace / "jobs.csv", policy)
+    pd.concat([s, s.iloc[::7]], ignore_index=True).to_parquet(again := truth_trace.parent / "replicas.parquet")
+    a = replay_files(again, truth_trace / "jobs.csv", policy).to_dict()
+    b = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy).to_dict()
     a.pop("seconds"), b.pop("seconds")
-    assert a == b and b["kills"] == 2
+    assert a == b
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -524,3 +547,24 @@ def test_a_jobs_file_in_another_time_zone_is_refused_and_a_skewed_one_is_not(tru
     skew = float(rng.uniform(-300, 300))
     jobs.assign(**{c: jobs[c] + skew for c in times}).to_csv(near := truth_trace.parent / f"skew-{seed}.csv", index=False)
     assert replay_files(truth_trace / "samples.parquet", near, policy).sweeps > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_job_listed_twice_by_overlapping_exports_is_one_job(truth_trace: Path, policy, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """Jobs files exported over overlapping spans and concatenated list some jobs twice, the earlier export while the
+    job ran (no end yet). Each job is read once, with its latest known end: the replay decides as on the file with
+    each job once. (Before: each repeated job was judged, and its owner told, twice.)"""
+    rng = np.random.default_rng(seed)
+    jobs = pd.read_csv(truth_trace / "jobs.csv", dtype={"job_id": str})
+    # the earlier export: the first jobs, some still running then (no end); the later one: every job, each ended
+    again = jobs.iloc[: int(rng.integers(2, len(jobs) + 1))]
+    again = again.assign(end_ts=np.where(rng.random(len(again)) < 0.5, np.nan, again["end_ts"]))
+    mixed = pd.concat([again, jobs], ignore_index=True) if seed % 2 else pd.concat([jobs, again], ignore_index=True)
+    mixed.to_csv(twice := truth_trace.parent / f"twice-{seed}.csv", index=False)
+    jobs.to_csv(once := truth_trace.parent / f"once-{seed}.csv", index=False)  # beside it: no logs.csv for either
+    a = replay_files(truth_trace / "samples.parquet", twice, policy).to_dict()
+    b = replay_files(truth_trace / "samples.parquet", once, policy).to_dict()
+    notes = a.pop("notes")
+    b.pop("notes"), a.pop("seconds"), b.pop("seconds")
+    assert a == b and b["kills"] == 2
+    assert any(n.startswith(f"{len(again)} job row(s) repeat") for n in notes)

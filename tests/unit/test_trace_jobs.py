@@ -233,3 +233,13 @@ def test_slurm_json_s_zero_times_read_as_not_known_and_an_end_before_its_start_i
     frame.to_csv(tmp_path / "bad.csv", index=False)
     with pytest.raises(TraceError, match=r"bad\.csv: row 2 \(job 2\): end_ts 1799999000 is before start_ts 1800000100"):
         trace.read_jobs(tmp_path / "bad.csv")
+
+
+def test_the_trace_source_refuses_two_samples_of_one_gpu_at_one_time_that_differ() -> None:
+    now = 1_800_000_000.0
+    ts = np.arange(now - 3600, now + 1, 60.0)
+    busy = pd.DataFrame({"ts": ts, "host": "g1", "gpu": 0, "util": 90.0, "mem_used_mib": 30_000.0})
+    jobs = pd.DataFrame({"job_id": ["1"], "user": ["ann"], "start_ts": [now - 7200], "gpus": [1], "gpu_ids": ["g1:0"]})
+    assert not trace.snapshot(_policy(), now, pd.concat([busy, busy.iloc[::5]]), jobs).degraded  # replicas agree
+    with pytest.raises(TraceError, match=r"\(g1 GPU 0 at 2027-01-15T07:00:00Z: util 90 and 0, memory 30000 and 30000 MiB\)"):
+        trace.snapshot(_policy(), now, pd.concat([busy, busy.assign(util=0.0)]), jobs)

@@ -14,7 +14,9 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import pandas as pd
 
+from gpu_cost.core.errors import TraceError
 from gpu_cost.core.model import GPU_COLUMNS, MIG_COLUMNS
+from gpu_cost.core.timeutil import iso
 
 #: framebuffer readings above this (2 TiB, several times any GPU's memory) are garbage, e.g. DCGM's
 #: blank value 0x7ffffff0 for a field the driver could not read: dropped, never read as memory held
@@ -542,6 +544,44 @@ def sample_steps(ts: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return grid, col, (None if keep.all() else keep), step
 
 
+def check_one_sample_per_cell(flat: np.ndarray, size: int, util: np.ndarray, mem: np.ndarray,
+                              where: Callable[[int], str]) -> None:
+    """Refuse several samples of one GPU at one time that differ (``flat``: each sample's cell of a GPU x time
+    matrix of ``size`` cells; ``util``, ``mem``: each sample's values; ``where(i)``: sample ``i`` named).
+
+    The trace format has one row per GPU per sample time. Several at once are MIG instances exported without
+    their instance, or two exporters on one GPU: read as one, whichever came last would stand for the GPU, and
+    an idle instance would make a busy job's GPU look idle (the replay's false-kill check reads the same
+    matrix, so it could not tell). Equal duplicates (two Prometheus replicas) are one sample.
+    """
+    if not len(flat):
+        return
+    dtype = np.int64 if len(flat) > np.iinfo(np.int32).max else np.int32
+    owner = np.full(size, -1, dtype=dtype)
+    owner[flat] = np.arange(len(flat), dtype=dtype)  # of several samples in one cell, one owns it
+
+    def differ(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return ~((a == b) | (np.isnan(a) & np.isnan(b)))
+
+    bad: list[np.ndarray] = []
+    for lo in range(0, len(flat), 1 << 20):  # a million samples at a time: a week's trace is ten million
+        winner = owner[flat[lo:lo + (1 << 20)]]
+        lost = np.flatnonzero(winner != np.arange(lo, lo + len(winner), dtype=dtype))
+        if len(lost):
+            other, mine = winner[lost], lost + lo
+            d = differ(util[mine], util[other]) | differ(mem[mine], mem[other])
+            bad.append(np.stack([mine[d], other[d]]))
+    del owner
+    pairs = np.concatenate(bad, axis=1) if bad else np.zeros((2, 0), dtype=np.int64)
+    if pairs.shape[1]:
+        i, j = int(pairs[0, 0]), int(pairs[1, 0])
+        raise TraceError(
+            f"{pairs.shape[1]} sample(s) share their GPU and time with another that differs ({where(i)}: util "
+            f"{util[i]:g} and {util[j]:g}, memory {mem[i]:g} and {mem[j]:g} MiB): the trace format has one row per "
+            "GPU per sample time. MIG instances exported without their instance, or two exporters on one GPU? "
+            "Keep one series per GPU")
+
+
 def to_dense(samples: pd.DataFrame, start: float, end: float) -> tuple[pd.DataFrame, np.ndarray, dict[str, np.ndarray]]:
     """Pivot long trace samples in ``(start, end]`` to a dense matrix.
 
@@ -559,6 +599,11 @@ def to_dense(samples: pd.DataFrame, start: float, end: float) -> tuple[pd.DataFr
     if keep is not None:
         s, row_of, col_of = s[keep], row_of[keep], col_of[keep]
     shape = (len(keys), len(times))
+    check_one_sample_per_cell(
+        row_of.astype(np.int64) * shape[1] + col_of, shape[0] * shape[1],
+        pd.to_numeric(s["util"], errors="coerce").to_numpy(dtype=float),
+        pd.to_numeric(s["mem_used_mib"], errors="coerce").to_numpy(dtype=float),
+        lambda i: f"{s['host'].iloc[i]} GPU {s['gpu'].iloc[i]} at {iso(float(s['ts'].iloc[i]))}")
 
     def fill(col: str, default: float = np.nan) -> np.ndarray:
         out = np.full(shape, default)

@@ -168,18 +168,38 @@ def _check_scale(out: pd.DataFrame, source: str) -> None:
                          f"{mem[row]:g}): it looks like bytes or KiB; the trace format wants MiB")
 
 
+#: a whole number written as a float (``100001.0``)
+_FLOAT_TEXT = re.compile(r"^(\d+)\.0*$")
+
+
 def whole_ids(ids: pd.Series) -> pd.Series:
-    """Return a job id column read as floats (a CSV column with blanks, or Parquet written from one: ``100001.0``) as
-    the whole numbers Slurm's ids are, missing kept missing; any other column as it is. Read as text, ``100001.0``
-    would name no job of the jobs file's ``100001``."""
-    if not pd.api.types.is_float_dtype(ids):
-        return ids
+    """Return a job id column of whole numbers written as floats (a CSV column with blanks is read as floats, and
+    written back or to Parquet so: ``100001.0``) as the ids Slurm's are (``100001``), missing kept missing; any
+    other column as it is. Read as text, ``100001.0`` would name no job of the jobs file's ``100001``."""
+    if isinstance(ids.dtype, pd.CategoricalDtype):  # the replay reads its text columns so: only the names to read
+        names = _whole_names([str(c) for c in ids.cat.categories])
+        return ids if names is None else ids.cat.rename_categories(names)
     codes, uniq = pd.factorize(ids, use_na_sentinel=True)  # a few thousand ids in ten million rows: each once
-    values = np.asarray(uniq, dtype=float)
-    if not np.all(np.isfinite(values) & (values == np.floor(values))):
-        return ids
-    return pd.Series(pd.Categorical.from_codes(codes, categories=[str(int(v)) for v in values]), index=ids.index,
-                     name=ids.name)
+    if pd.api.types.is_float_dtype(ids):
+        values = np.asarray(uniq, dtype=float)
+        if not np.all(np.isfinite(values) & (values == np.floor(values))):
+            return ids
+        names = [str(int(v)) for v in values]
+        names = names if len(set(names)) == len(names) else None
+    else:
+        names = _whole_names([str(u) for u in uniq])
+    return ids if names is None else pd.Series(pd.Categorical.from_codes(codes, categories=names), index=ids.index,
+                                               name=ids.name)
+
+
+def _whole_names(texts: list[str]) -> list[str] | None:
+    """Return distinct texts of whole numbers with the float's ``.0`` taken off, or None when none has one, one is
+    no number, or two would become one (``7`` and ``7.0``)."""
+    found = [_FLOAT_TEXT.match(t) for t in texts]
+    if not any(found) or not all(m or t.isdigit() for m, t in zip(found, texts, strict=True)):
+        return None
+    names = [m.group(1) if m else t for m, t in zip(found, texts, strict=True)]
+    return names if len(set(names)) == len(names) else None
 
 
 #: a jobs file whose times are off the samples' by at least this much, for most jobs alike, is in another clock
@@ -263,8 +283,10 @@ def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.Da
         if gpu.isna().any():
             raise TraceError(f"{source}: column gpu must hold GPU indices (integers)")
         out = out.assign(gpu=gpu.astype(np.int64))
-    if "job_id" in out.columns and pd.api.types.is_float_dtype(out["job_id"]):
-        out = out.assign(job_id=whole_ids(out["job_id"]))
+    if "job_id" in out.columns:
+        ids = whole_ids(out["job_id"])
+        if ids is not out["job_id"]:
+            out = out.assign(job_id=ids)
     negative = np.flatnonzero(out["gpu"].to_numpy() < 0)
     if len(negative):
         raise TraceError(f"{source}: column gpu must hold GPU indices (0 or more); row {int(negative[0]) + 1} "
@@ -357,9 +379,30 @@ def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
             out[col] = out[col].fillna("").astype(str)
     if "nodes" in out.columns:
         _check_nodes(out["nodes"], source)
+    out, repeated = _once_each(out)
+    if repeated:
+        logger.info("%s: %d job row(s) repeat another's job and start: each job read once", source, repeated)
     out = out.reset_index(drop=True)
     out.attrs["source"] = source  # for errors found later, when the jobs are read beside the samples
+    out.attrs["repeated_rows"] = repeated
     return out
+
+
+def _once_each(jobs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Return the jobs with each (job id, start) once, and how many rows were left out. Exports concatenated over
+    overlapping spans list a job twice, once maybe while it ran (no end yet): the row with the latest known end is
+    kept. Counted twice, a job would be judged, and its owner told, twice. A requeued job's runs start apart: all
+    kept."""
+    key = ["job_id", "start_ts"]
+    if not jobs.duplicated(key).any():
+        return jobs, 0
+    # each job where it first appears (the order of the file is the order jobs are read in), with its best row
+    group = jobs.groupby(key, dropna=False, sort=False).ngroup()
+    order = pd.Series(jobs.index, index=jobs.index).groupby(group).transform("min")
+    best = jobs.sort_values("end_ts", na_position="first", kind="stable") if "end_ts" in jobs.columns else jobs
+    once = best.drop_duplicates(key, keep="last")
+    once = once.loc[order.loc[once.index].sort_values(kind="stable").index]
+    return once, len(jobs) - len(once)
 
 
 def node_names(text: str) -> tuple[str, ...]:

@@ -407,6 +407,9 @@ class _Replay:
         self.runs: dict[str, list[str]] = {}
         for key, a in self.allocs.items():
             self.runs.setdefault(a.job.job_id, []).append(key)
+        if jobs.attrs.get("repeated_rows"):
+            res.notes.append(f"{jobs.attrs['repeated_rows']} job row(s) repeat another row's job and start (exports "
+                             "over overlapping spans): each job is read once, with its latest known end")
         #: the jobs file's job ids: a GPU labelled with another job is nobody's (correlate.attribute's ``recorded``)
         self.recorded = frozenset(jobs["job_id"].astype(str))
         unrecorded = sorted(set(self.job_names[1:].tolist()) - self.recorded)
@@ -431,7 +434,7 @@ class _Replay:
         handed over, and each column is dropped from it once it is in its matrix (a week's column
         is 80 MB: they need not all be held beside the matrices).
         """
-        from gpu_cost.perceive.aggregate import clean, sample_steps
+        from gpu_cost.perceive.aggregate import check_one_sample_per_cell, clean, sample_steps
 
         def take(col: str) -> pd.Series:
             values = s[col]
@@ -475,9 +478,13 @@ class _Replay:
             out.ravel()[flat] = values if keep is None else values[keep]
             return out
 
-        util = fill(pd.to_numeric(take("util"), errors="coerce").to_numpy(dtype=float))
-        mem = fill(pd.to_numeric(take("mem_used_mib"), errors="coerce").to_numpy(dtype=float))
-        self.util, self.mem = clean(util, mem)
+        util = pd.to_numeric(take("util"), errors="coerce").to_numpy(dtype=float)
+        mem = pd.to_numeric(take("mem_used_mib"), errors="coerce").to_numpy(dtype=float)
+        check_one_sample_per_cell(
+            flat, shape[0] * shape[1], util if keep is None else util[keep], mem if keep is None else mem[keep],
+            lambda i: f"{self.hosts[flat[i] // shape[1]]} GPU {self.gpu_idx[flat[i] // shape[1]]} at "
+                      f"{iso(float(times[flat[i] % shape[1]]))}")
+        self.util, self.mem = clean(fill(util), fill(mem))
         del util, mem
         self.job_names = np.array([""], dtype=object)
         if "job_id" in s.columns:
