@@ -104,7 +104,11 @@ def test_epoch_times_in_any_unit_read_as_seconds(tmp_path: Path, unit: str, per_
     ("gpu01:0,gpu01:1,gpu02:3", [("gpu01", 0), ("gpu01", 1), ("gpu02", 3)]),
     ("gpu01:0-3", [("gpu01", 0), ("gpu01", 1), ("gpu01", 2), ("gpu01", 3)]),
     ("gpu01:0,2,gpu02:1-2", [("gpu01", 0), ("gpu01", 2), ("gpu02", 1), ("gpu02", 2)]),
-    ("", []), (None, []), ("gpu01:x", []), ("n.example.org:2", [("n.example.org", 2)])])
+    ("", []), (None, []), ("gpu01:x", []), ("n.example.org:2", [("n.example.org", 2)]),
+    # a Slurm host list before the indices, as scontrol show job -d pairs Nodes= with IDX:
+    ("gpu[01-02]:0-1", [("gpu01", 0), ("gpu01", 1), ("gpu02", 0), ("gpu02", 1)]),
+    ("gpu[01,03]:2,gpu05:0", [("gpu01", 2), ("gpu03", 2), ("gpu05", 0)]),
+    ("gpu[01-02:0", [])])
 def test_gpu_ids_as_the_trace_format_and_slurm_write_them(text: str | None, pairs: list[tuple[str, int]]) -> None:
     assert trace.parse_gpu_ids(text) == pairs
 

@@ -76,12 +76,14 @@ def expand_hostlist(text: str | None) -> list[str]:
     if not text or text in ("(null)", "None assigned", "N/A"):
         return []
     out: list[str] = []
-    for part in _split_top(text):
+    for part in split_top_level(text):
         out.extend(_expand_one(part))
     return out
 
 
-def _split_top(text: str) -> list[str]:
+def split_top_level(text: str) -> list[str]:
+    """Split a Slurm list at its commas outside brackets (``gpu[01,03],login1:0`` → ``gpu[01,03]``, ``login1:0``).
+    Raises ValueError on unbalanced brackets."""
     parts: list[str] = []
     cur: list[str] = []
     depth = 0

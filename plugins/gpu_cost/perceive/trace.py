@@ -539,24 +539,35 @@ def snapshot(policy: Any, now: float, samples: str | Path | pd.DataFrame, jobs: 
 
 def parse_gpu_ids(text: object) -> list[tuple[str, int]]:
     """Return the ``(host, GPU index)`` pairs of a jobs trace's ``gpu_ids``: ``host:idx`` items separated by
-    commas, an index range as Slurm writes one (``gpu01:0-3``) read whole, ``gpu01:0,1`` as the host's 0 and 1.
-    Items that name no index are skipped."""
-    from gpu_cost.perceive.slurm import parse_index_list
+    commas, an index range as Slurm writes one (``gpu01:0-3``) read whole, ``gpu01:0,1`` as the host's 0 and 1,
+    and a Slurm host list before the indices (``gpu[01-02]:0-3``, as ``scontrol show job -d`` pairs its
+    ``Nodes=`` with ``IDX:``) as each of its hosts'. Items that name no index are skipped."""
+    from gpu_cost.perceive.slurm import expand_hostlist, parse_index_list, split_top_level
 
     out: list[tuple[str, int]] = []
-    host = ""
-    for part in str(text or "").split(","):
+    hosts: list[str] = []
+    raw = str(text or "")
+    try:
+        parts = split_top_level(raw)
+    except ValueError:
+        parts = raw.split(",")
+    for part in parts:
         part = part.strip()
         if ":" in part:
-            host, _, idx = part.rpartition(":")
+            name, _, idx = part.rpartition(":")
+            try:
+                hosts = expand_hostlist(name) if "[" in name else [name]
+            except ValueError:
+                hosts = []  # no host list: no host
         else:
-            idx = part  # an index after a comma: the host before it
-        if not host or not idx:
+            idx = part  # an index after a comma: the hosts before it
+        if not hosts or not hosts[0] or not idx:
             continue
         try:
-            out.extend((host, i) for i in parse_index_list(idx))
+            found = parse_index_list(idx)
         except ValueError:
             continue
+        out.extend((h, i) for h in hosts for i in found)
     return out
 
 
