@@ -362,9 +362,9 @@ def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
     out["user"] = out["user"].fillna("").astype(str)
     for col in ("start_ts", "end_ts", "submit_ts", "linger_end_ts"):
         if col in out.columns:
+            seconds = _epoch_col(out[col], source, col)
             # Slurm's JSON (sacct --json) writes 0 for a time not known yet: a pending job's start, a running one's end
-            out[col] = np.where(out[col].to_numpy() == 0, math.nan, _epoch_col(out[col], source, col)) \
-                if pd.api.types.is_numeric_dtype(out[col]) else _epoch_col(out[col], source, col)
+            out[col] = np.where(seconds == 0, math.nan, seconds)
     if "end_ts" in out.columns:
         before = np.flatnonzero(out["end_ts"].to_numpy() < out["start_ts"].to_numpy())  # NaN compares false
         if len(before):
