@@ -176,6 +176,8 @@ def whole_ids(ids: pd.Series) -> pd.Series:
     """Return a job id column of whole numbers written as floats (a CSV column with blanks is read as floats, and
     written back or to Parquet so: ``100001.0``) as the ids Slurm's are (``100001``), missing kept missing; any
     other column as it is. Read as text, ``100001.0`` would name no job of the jobs file's ``100001``."""
+    if pd.api.types.is_integer_dtype(ids):
+        return ids  # whole already: read as text as they are
     if isinstance(ids.dtype, pd.CategoricalDtype):  # the replay reads its text columns so: only the names to read
         names = _whole_names([str(c) for c in ids.cat.categories])
         return ids if names is None else ids.cat.rename_categories(names)
