@@ -247,3 +247,22 @@ def test_the_trace_source_refuses_two_samples_of_one_gpu_at_one_time_that_differ
     assert not trace.snapshot(_policy(), now, pd.concat([busy, busy.iloc[::5]]), jobs).degraded  # replicas agree
     with pytest.raises(TraceError, match=r"\(g1 GPU 0 at 2027-01-15T07:00:00Z: util 90 and 0, memory 30000 and 30000 MiB\)"):
         trace.snapshot(_policy(), now, pd.concat([busy, busy.assign(util=0.0)]), jobs)
+
+
+def test_a_requeued_job_s_run_ends_when_its_next_run_starts() -> None:
+    """Job 7 was written while its first run ran (no end), then requeued and run again; job 8's first run is written
+    ending after its second began. Slurm runs one job id once at a time: each first run is read as ended when the
+    second started, so at any instant one run of each is running (the trace source's jobs_at)."""
+    t = 1_800_000_000.0
+    jobs = trace.normalise_jobs(pd.DataFrame({
+        "job_id": ["7", "8", "7", "8", "9"], "user": "a", "start_ts": [t, t, t + 3600, t + 3600, t],
+        "end_ts": [np.nan, t + 5000, t + 7200, t + 7200, np.nan], "gpus": 1,
+        "gpu_ids": ["g1:0", "g1:1", "g1:2", "g1:3", "g2:0"]}))
+    ends = {(j, s): e for j, s, e in zip(jobs["job_id"], jobs["start_ts"], jobs["end_ts"], strict=True)}
+    assert ends[("7", t)] == t + 3600 and ends[("8", t)] == t + 3600 and np.isnan(ends[("9", t)])
+    assert ends[("7", t + 3600)] == t + 7200 and jobs.attrs["runs_cut"] == 2
+    samples = pd.DataFrame({"ts": t + 4000, "host": ["g1"] * 4 + ["g2"], "gpu": [0, 1, 2, 3, 0], "util": 50.0,
+                            "mem_used_mib": 100.0})
+    running = trace.jobs_at(jobs, samples, t + 4000)
+    assert sorted((j.job_id, j.gpu_alloc) for j in running) == [
+        ("7", (("g1", (2,)),)), ("8", (("g1", (3,)),)), ("9", (("g2", (0,)),))]

@@ -384,10 +384,34 @@ def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
     out, repeated = _once_each(out)
     if repeated:
         logger.info("%s: %d job row(s) repeat another's job and start: each job read once", source, repeated)
+    out, cut = _runs_apart(out)
+    if cut:
+        logger.info("%s: %d run(s) of a requeued job read as ended when its next run started", source, cut)
     out = out.reset_index(drop=True)
     out.attrs["source"] = source  # for errors found later, when the jobs are read beside the samples
     out.attrs["repeated_rows"] = repeated
+    out.attrs["runs_cut"] = cut
     return out
+
+
+def _runs_apart(jobs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Return the jobs with each run of one job id ending by the time its next run starts, and how many were cut.
+
+    Slurm runs one job id once at a time: a requeued job's run ends before the next begins. A run whose end is
+    unknown or later than that (written while it ran, then requeued) would run beside its successor, each judged
+    and told as the job. It is read as ended when the next run starts."""
+    if not jobs["job_id"].duplicated().any():
+        return jobs, 0
+    if "end_ts" not in jobs.columns:
+        jobs = jobs.assign(end_ts=math.nan)
+    order = jobs.sort_values(["job_id", "start_ts"], kind="stable")
+    following = order.groupby("job_id", sort=False)["start_ts"].shift(-1)
+    over = following.notna() & order["start_ts"].notna() & ~(order["end_ts"] <= following)
+    if not over.any():
+        return jobs, 0
+    jobs = jobs.copy()
+    jobs.loc[over.index[over.to_numpy()], "end_ts"] = following[over]
+    return jobs, int(over.sum())
 
 
 def _once_each(jobs: pd.DataFrame) -> tuple[pd.DataFrame, int]:

@@ -410,6 +410,9 @@ class _Replay:
         if jobs.attrs.get("repeated_rows"):
             res.notes.append(f"{jobs.attrs['repeated_rows']} job row(s) repeat another row's job and start (exports "
                              "over overlapping spans): each job is read once, with its latest known end")
+        if jobs.attrs.get("runs_cut"):
+            res.notes.append(f"{jobs.attrs['runs_cut']} run(s) of a requeued job overlap the job's next run (an end "
+                             "not known, or later): each is read as ended when the next started")
         #: the jobs file's job ids: a GPU labelled with another job is nobody's (correlate.attribute's ``recorded``)
         self.recorded = frozenset(jobs["job_id"].astype(str))
         unrecorded = sorted(set(self.job_names[1:].tolist()) - self.recorded)
