@@ -180,16 +180,16 @@ def test_a_host_the_scheduler_does_not_name_may_be_a_node_it_sees_no_series_for(
                      ignore_index=True)
     on_g2 = Job(job_id="8", user="bob", gpu_alloc=(("g2", (0, 1)),), nodes=("g2",), **running)  # type: ignore[arg-type]
     jobs = [job("7", (0,), **running), on_g2]
-    out, _ = attribute(gpus, jobs, [])
+    out, _ = attribute(gpus, jobs, [], unseen=unseen_nodes(gpus["host"], jobs))
     assert out["attribution"].tolist() == ["slurm", "none", "none", "none"] + ["unplaced"] * 4
     assert unseen_nodes(gpus["host"], jobs) == ["g2"]
     assert unseen_problem(["g2"]) == "no GPU series for node(s) running GPU jobs: g2 (exporter missing?)"
     # g2's job has ended: every node running GPU jobs is seen, and a stray host's GPUs are nobody's again
-    out, _ = attribute(gpus, jobs[:1], [])
+    out, _ = attribute(gpus, jobs[:1], [], unseen=unseen_nodes(gpus["host"], jobs[:1]))
     assert out["attribution"].tolist() == ["slurm"] + ["none"] * 7 and unseen_nodes(gpus["host"], jobs[:1]) == []
     # the scheduler's node list: what it says runs GPU jobs, and what it names
     listed = [Node(name="g1", gpus_alloc=1), Node(name="g2", gpus_alloc=2), Node(name="10.0.0.2:9400")]
-    out, _ = attribute(gpus, jobs, [], listed)
+    out, _ = attribute(gpus, jobs, [], listed, unseen=unseen_nodes(gpus["host"], jobs, listed))
     assert out["attribution"].tolist() == ["slurm", "none", "none", "none"] + ["none"] * 4
     assert unseen_nodes(gpus["host"], [], listed) == ["g2"]
 

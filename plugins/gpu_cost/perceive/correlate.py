@@ -19,7 +19,7 @@ labels with a job the jobs file does not list: nothing says that job ended.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 
 import pandas as pd
@@ -129,7 +129,7 @@ def scheduler_hosts(jobs: Iterable[Job], nodes: Iterable[str] = ()) -> set[str]:
 
 def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuProcess],
               nodes: Iterable[Node] = (), recorded: AbstractSet[str] | None = None,
-              ) -> tuple[pd.DataFrame, list[Disagreement]]:
+              unseen: Sequence[str] = ()) -> tuple[pd.DataFrame, list[Disagreement]]:
     """Return ``gpus`` with ``job_id`` and ``attribution`` columns, and the disagreements found.
 
     A MIG slice (a row with ``mig``) is a device of its own: Slurm's claim on it is the job's
@@ -142,8 +142,9 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     allocated the same GPU, or a job marked ``gpu_shared``) is ``shared``: its ``job_id`` is empty
     and ``sharers`` lists the jobs, so no job is judged by a utilisation that is not its alone.
 
-    :param nodes: the scheduler's node list, when it has one (a live sweep): the names it knows, and the nodes
-        it runs GPU jobs on (:func:`unseen_nodes`).
+    :param nodes: the scheduler's node list, when it has one (a live sweep): the names it knows.
+    :param unseen: :func:`unseen_nodes` of these GPUs (the caller says it as a problem too): while one is, a
+        host the scheduler does not name may be it.
     :param recorded: every job id the scheduler's record holds, running or ended (a trace's jobs file), when
         that record may miss jobs: a GPU the exporter labels with a job it does not hold is ``unplaced``, since
         nothing says that job ended. ``None`` (a live sweep): Slurm lists every running job, so a label naming
@@ -196,12 +197,14 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
             if p.gpu is not None and p.mig:
                 orphans_slice[(p.host, int(p.gpu), p.mig)].append(p)
     hosts = gpus["host"].tolist()
-    series_hosts = set(hosts)
     #: series hosts that may be a node seen under another name: its second name (the node's own is a series' too),
     #: or any name the scheduler does not know while a node it runs GPU jobs on has no series
-    known = scheduler_hosts(running.values(), (n.name for n in node_list))
-    strangers = (series_hosts - known if unseen_nodes(series_hosts, running.values(), node_list)
-                 else aliases(series_hosts, known))
+    strangers: AbstractSet[str] = _NONE
+    listed = {n.name for n in node_list}
+    rest = set(hosts) - listed  # a live node list names every series host: no job to read
+    if rest:
+        known = scheduler_hosts(running.values(), listed)
+        strangers = rest - known if unseen else aliases(rest, known)
     idxs = gpus["gpu"].astype(int).tolist()
     n = len(gpus)
     uuids = gpus["uuid"].fillna("").tolist() if "uuid" in gpus else [""] * n

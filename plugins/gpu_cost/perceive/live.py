@@ -173,7 +173,8 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
         frame, map_problems = gpu_map.apply(frame, checks)
         problems.extend(map_problems)
 
-    frame, disagreements = attribute(frame, jobs, procs, nodes)
+    unseen = unseen_nodes(frame["host"].astype(str), jobs, nodes) if len(frame) else []
+    frame, disagreements = attribute(frame, jobs, procs, nodes, unseen=unseen)
     if len(frame) and frame["stale"].all():
         problems.append("every GPU series is stale or missing")
     elif len(frame) and frame["stale"].any():
@@ -181,10 +182,8 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
         stale_hosts = sorted({str(h) for h in frame.loc[frame["stale"], "host"]})
         problems.append(f"stale or missing GPU series: {int(frame['stale'].sum())} of {len(frame)} GPUs "
                         f"(on {', '.join(stale_hosts[:10])})")
-    if len(frame):
-        unseen = unseen_nodes(frame["host"].astype(str), jobs, nodes)
-        if unseen:
-            problems.append(unseen_problem(unseen))
+    if unseen:
+        problems.append(unseen_problem(unseen))
     if not len(frame) and not any(p.startswith("prometheus:") for p in problems):
         problems.append("prometheus: no GPU series (check the exporters and the connection's selector)")
     nodes = _merge_nodes(nodes, frame, node_stats)

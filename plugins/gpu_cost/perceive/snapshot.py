@@ -85,11 +85,11 @@ def from_matrix(
                         rolling=rolling, cleaned=cleaned, last_ts=last)
         for w in others
     }
-    frame, disagreements = attribute(frame, jobs, processes, nodes, recorded)
+    unseen = unseen_nodes(hosts.tolist(), jobs, nodes) if len(frame) else []
+    frame, disagreements = attribute(frame, jobs, processes, nodes, recorded, unseen)
     found = redact_all(problems)  # they are stored, returned and alerted on: no credentials
     if len(frame) and frame["stale"].all():
         found.append("every GPU series is stale or missing")
-    unseen = unseen_nodes(hosts.tolist(), jobs, nodes) if len(frame) else []
     if unseen:
         found.append(unseen_problem(unseen))
     return Snapshot(
