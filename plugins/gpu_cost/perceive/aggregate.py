@@ -482,7 +482,7 @@ class RollingWindows:
                 "busy_share_lb": share, "bursts_lb": bursts.astype(np.int64), "n_lb": n.astype(np.int64)}
 
 
-#: GPUs whose own sampling step is measured (their consecutive samples' median gap)
+#: GPUs whose own sampling step is measured (their consecutive samples' median gap), spread over the fleet
 STEP_GPUS = 64
 #: the intervals exporters and scrapes are set to, in seconds: a measured step within 5 % of one is taken as it
 NOMINAL_STEPS = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1800, 3600)
@@ -508,40 +508,199 @@ def sample_steps(ts: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarra
     empty, and runs of samples (bursts, a steady load) would be cut into pieces. When the distinct times'
     median gap is under half the GPUs' own step (the median gap between one GPU's consecutive samples a
     step apart, over :data:`STEP_GPUS` GPUs: one of :data:`NOMINAL_STEPS` when within 5 % of it, else in
-    whole seconds), each sample is read at the nearest whole multiple of
-    that step since the epoch, as a Prometheus range query aligns its steps; of a GPU's samples that land
-    on one step, the latest is kept. Times that line up already (a Prometheus range query, the
-    simulator) are taken as they are.
+    whole seconds), each sample is read at the nearest whole multiple of that step since the epoch, as a
+    Prometheus range query aligns its steps, once its GPU's own phase is taken off (:func:`clock_offsets`); of a
+    GPU's samples that land on one step, the latest is kept. GPUs that would lose 40 % of their samples so, at a
+    regular shorter step, are a pool sampled faster than the rest: the step is then theirs. Times that line up
+    already (a Prometheus range query, the simulator) are taken as they are. Either way, when the times are whole
+    steps apart with whole steps missing (an interval changed, an outage), every step gets a column (:func:`_on_grid`).
     """
     times, col = sorted_factorize(ts)
     if len(times) < 3:
         return times, col, None, None
-    pick = np.flatnonzero(row < STEP_GPUS)
+    rows = int(row.max()) + 1
+    chosen = np.zeros(rows, dtype=bool)
+    chosen[::max(1, rows // STEP_GPUS)] = True  # GPUs from all over the fleet
+    step = _own_step(times, col, row, chosen[row])
+    if step is None:
+        return times, col, None, None
+    if float(np.median(np.diff(times))) >= step / 2:
+        times, col = _on_grid(times, col, step)
+        return times, col, None, None
+    while True:
+        grid, cells = sorted_factorize(np.rint((ts - clock_offsets(ts, row, step)) / step) * step)
+        # of one GPU's samples on one step the latest: the last of each (row, column) once ordered by time
+        flat = row.astype(np.int64) * len(grid) + cells
+        order = np.lexsort((ts, flat))
+        last = np.ones(len(order), dtype=bool)
+        last[:-1] = flat[order][1:] != flat[order][:-1]
+        keep = np.zeros(len(ts), dtype=bool)
+        keep[order[last]] = True
+        # GPUs that lost 40 % of their samples so, at a regular shorter step, are sampled faster than the step (a
+        # pool scraped every 15 s among GPUs scraped every 60 s): their bursts would be lost, so the step is theirs.
+        # A second sample now and then (two exporters a second apart) is kept to one, as above.
+        fast = np.bincount(row[~keep], minlength=rows) * 5 >= np.bincount(row, minlength=rows) * 2
+        finer = _own_step(times, col, row, fast[row], regular=True) if fast.any() else None
+        if finer is None or finer >= step:
+            moved = not keep.all() or not np.array_equal(grid[cells], ts)  # aligned but for a faster pool: as given
+            grid, cells = _on_grid(grid, cells, step)
+            return grid, cells, (None if keep.all() else keep), (step if moved else None)
+        step = finer
+
+
+def _own_step(times: np.ndarray, col: np.ndarray, row: np.ndarray, which: np.ndarray, *,
+              regular: bool = False) -> float | None:
+    """Return the step the samples ``which`` (a mask) of their GPUs are taken at (None: no GPU has two; with
+    ``regular``, also None unless most of their gaps are that step: not a sample and its double a second apart)."""
+    pick = np.flatnonzero(which)
     r, c = row[pick], col[pick]
     order = np.lexsort((c, r))
     r, c = r[order], c[order]
     gaps = np.diff(times[c])[r[1:] == r[:-1]]
     gaps = gaps[gaps > 0]
     if not len(gaps):
-        return times, col, None, None
+        return None
+    if regular:
+        step = float(np.median(gaps))
+        if np.count_nonzero(np.abs(gaps - step) <= 0.2 * step) < 0.6 * len(gaps):
+            return None
+        gaps = gaps[np.abs(gaps - step) <= 0.2 * step]
     # the gaps of one step (a missed sample makes one of two or more): the median of those under 1.5 times the
-    # lower quartile, which lies among them while at most half the samples are missing
+    # lower quartile, which lies among them while at most half the samples are missing; a sample written twice a
+    # moment apart (two exporters) makes a gap under a third of the median, not a step (a pool truly sampled faster
+    # sets the step afterwards, in sample_steps)
+    gaps = gaps[gaps >= np.median(gaps) / 3]
     gaps = gaps[gaps < 1.5 * np.percentile(gaps, 25)]
     step = float(np.median(gaps))
     nominal = min(NOMINAL_STEPS, key=lambda n: abs(n - step))
-    step = float(nominal) if abs(nominal - step) <= 0.05 * nominal else max(1.0, float(np.rint(step)))
-    if float(np.median(np.diff(times))) >= step / 2:
-        return times, col, None, None
-    grid, cell = sorted_factorize(np.rint(times / step) * step)
-    col = cell[col]
-    # of one GPU's samples on one step the latest: the last of each (row, column) once ordered by time
-    flat = row.astype(np.int64) * len(grid) + col
-    order = np.lexsort((ts, flat))
-    last = np.ones(len(order), dtype=bool)
-    last[:-1] = flat[order][1:] != flat[order][:-1]
-    keep = np.zeros(len(ts), dtype=bool)
-    keep[order[last]] = True
-    return grid, col, (None if keep.all() else keep), step
+    return float(nominal) if abs(nominal - step) <= 0.05 * nominal else max(1.0, float(np.rint(step)))
+
+
+def _on_grid(times: np.ndarray, col: np.ndarray, step: float) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(times, col)`` with a column for every ``step`` from the first time to the last, where the times are
+    whole steps apart but some steps have no sample of any GPU: the whole fleet scraped every 60 s for a while, then
+    every 30 s (the interval changed), or an outage. Each window then counts the samples the step promises, and
+    :func:`held_cells` sees the slower spans. Times off the step, or a grid over twice the columns, are left as they
+    are."""
+    k = (times - times[0]) / step
+    whole = np.rint(k)
+    n = int(whole[-1]) + 1
+    if n == len(times) or n > 2 * len(times) or not np.allclose(k, whole, rtol=0.0, atol=1e-6):
+        return times, col
+    at = whole.astype(np.int64)
+    grid = times[0] + np.arange(n) * step
+    grid[at] = times  # the times as given, to the last bit
+    return grid, at[col]
+
+
+#: seconds a Prometheus query reads a series' last sample for (its default ``--query.lookback-delta``)
+LOOKBACK_DELTA_S = 300.0
+#: the share of a GPU's gaps between samples that must be one whole number of steps for it to be read as
+#: sampled at that slower step (:func:`held_cells`); a GPU losing samples at random has gaps of every length
+SLOW_REGULAR_SHARE = 0.8
+
+
+def held_cells(flat: np.ndarray, n_rows: int, times: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[int, int]]:
+    """Return ``(cells, src, slow)``: further cells of a GPU × time matrix (``n_rows`` by ``len(times)``, the sample
+    times) each to hold sample ``src`` (an index into ``flat``, each sample's cell), and ``slow``: row → its own step
+    in columns, for the GPUs sampled at a whole multiple of the matrix's step.
+
+    A fleet's exporters need not share one interval: a node pool scraped every 60 s beside one scraped every
+    30 s. On the 30 s matrix the slow GPUs would have a sample every other column, every window would be half
+    empty, and the sweep would read them as stale: no rule would judge them, and no class baseline would learn
+    from them (a service whose peers vanish from its class is then judged alone). A Prometheus range query at the
+    30 s step reads such a series as a Prometheus sweep does: each sample stands until the next. So does this: a
+    GPU whose gaps between samples are, for at least :data:`SLOW_REGULAR_SHARE` of them, one whole number ``k >=
+    2`` of columns has each sample held in the ``k - 1`` columns after it, up to its next sample, and for no longer
+    than Prometheus holds a sample (:data:`LOOKBACK_DELTA_S`): a series scraped every 10 minutes reads as half
+    empty here as in a live sweep. A GPU whose samples are lost at random has gaps of many lengths and keeps its
+    holes: missing data stays missing.
+    """
+    none = np.zeros(0, dtype=np.int64)
+    n_cols = len(times)
+    if not len(flat) or n_cols < 3:
+        return none, none, {}
+    step = float(np.median(np.diff(times)))
+    hold = int(LOOKBACK_DELTA_S // step)
+    # judged an hour (at least 20 columns) at a time: a scrape interval changed mid-trace is followed
+    span = max(20, int(OFFSET_SPAN_S // step))
+    n_spans = -(-n_cols // span)
+    has = np.zeros(n_rows * n_cols, dtype=bool)
+    has[flat] = True
+    count = np.add.reduceat(has.reshape(n_rows, n_cols), np.arange(0, n_cols, span), axis=1, dtype=np.int64).ravel()
+    del has
+    sparse = (count >= 3) & (count * 4 <= 3 * span)  # at most three samples in four columns
+    if not sparse.any():
+        return none, none, {}
+    row = flat // n_cols
+    key = row * n_spans + (flat % n_cols) // span
+    idx = np.flatnonzero(sparse[key])
+    idx = idx[np.argsort(flat[idx], kind="stable")]  # by row, then column
+    r, c, kk = row[idx], flat[idx] % n_cols, key[idx]
+    same = np.r_[r[1:] == r[:-1], False]  # a sample followed by its row's next
+    gap = np.where(same, np.r_[c[1:], 0] - c, 0)
+    pairs, counts = np.unique(np.stack([kk[same], gap[same]]), axis=1, return_counts=True)
+    gaps_of = np.bincount(kk[same], minlength=n_rows * n_spans)
+    k_of = np.zeros(n_rows * n_spans, dtype=np.int64)
+    regular = (pairs[1] >= 2) & (counts >= SLOW_REGULAR_SHARE * gaps_of[pairs[0]])
+    k_of[pairs[0][regular]] = pairs[1][regular]
+    k = k_of[kk]
+    if not k.any():
+        return none, none, {}
+    slow: dict[int, int] = {}
+    for g_row, own in zip(r[k > 0].tolist(), k[k > 0].tolist(), strict=True):
+        slow.setdefault(g_row, own)
+    k = np.minimum(k, hold + 1)
+    nxt = np.where(same, np.r_[c[1:], 0], n_cols)  # the row's next sample's column (or the end)
+    cells, src = [none], [none]
+    for j in range(1, int(k.max())):
+        to = c + j
+        ok = (j < k) & (to < nxt)
+        cells.append(r[ok] * n_cols + to[ok])
+        src.append(idx[ok])
+    return np.concatenate(cells), np.concatenate(src), slow
+
+
+def slow_note(slow: Mapping[int, int], times: np.ndarray) -> str:
+    """Return the replay's note on :func:`held_cells`' ``slow`` GPUs (row → own step in columns)."""
+    step = float(np.median(np.diff(times)))
+    own = sorted({k * step for k in slow.values()})
+    return (f"{len(slow)} GPU(s) sampled every {', '.join(f'{x:g}' for x in own[:3])}s for some or all of the "
+            f"trace, slower than its {step:g}s: each of their samples is read until the next, for at most "
+            f"{LOOKBACK_DELTA_S:g}s, as a Prometheus query at the trace's step reads it")
+
+
+#: seconds over which one GPU's clock offset from the step is taken as constant (:func:`clock_offsets`)
+OFFSET_SPAN_S = 3600.0
+
+
+def clock_offsets(ts: np.ndarray, row: np.ndarray, step: float) -> np.ndarray:
+    """Return each sample's offset from the nearest whole ``step``, as its GPU's samples of that hour agree on it.
+
+    A host's exporter samples at its own phase of the step: a scrape target's offset, a loop started at boot.
+    Rounding each sample alone fails where that phase is near half a step: 14.9 s on a 30 s step, with a second
+    of jitter, rounds one sample down and the next up, and two samples land on one step (one is lost) beside a
+    step with none. The phase is instead taken per GPU, as the circular mean of its samples' places in the step
+    (a phase of 29 s and one of 1 s are 2 s apart), over spans of :data:`OFFSET_SPAN_S` (at least 20 steps), so an
+    exporter restarted at another phase is followed, each span's phase taken as the change from the span before;
+    each sample is then rounded after its GPU's phase is taken off, and the GPU's consecutive samples stay on
+    consecutive steps.
+    """
+    span = max(OFFSET_SPAN_S, 20.0 * step)
+    chunk = np.floor(ts / span).astype(np.int64)
+    chunk -= int(chunk.min())
+    keys, code = sorted_factorize(row.astype(np.int64) * (int(chunk.max()) + 1) + chunk)
+    angle = (2.0 * np.pi / step) * np.mod(ts, step)
+    phase = np.arctan2(np.bincount(code, weights=np.sin(angle)), np.bincount(code, weights=np.cos(angle)))
+    # keys are in order of GPU, then span: each span's phase is its GPU's previous span's plus the change between
+    # them, within half a step, so a phase near half a step (+29.9 s in one hour, -29.9 s the next) stays one
+    first = np.r_[True, keys[1:] // (int(chunk.max()) + 1) != keys[:-1] // (int(chunk.max()) + 1)]
+    change = np.r_[0.0, np.angle(np.exp(1j * np.diff(phase)))]
+    change[first] = 0.0
+    total = np.cumsum(change)
+    starts = np.flatnonzero(first)
+    base = np.repeat(phase[starts] - total[starts], np.diff(np.r_[starts, len(keys)]))
+    return ((base + total) * (step / (2.0 * np.pi)))[code]
 
 
 def check_one_sample_per_cell(flat: np.ndarray, size: int, util: np.ndarray, mem: np.ndarray,
@@ -605,16 +764,24 @@ def to_dense(samples: pd.DataFrame, start: float, end: float) -> tuple[pd.DataFr
         pd.to_numeric(s["mem_used_mib"], errors="coerce").to_numpy(dtype=float),
         lambda i: f"{s['host'].iloc[i]} GPU {s['gpu'].iloc[i]} at {iso(float(s['ts'].iloc[i]))}")
 
+    flat = row_of.astype(np.int64) * shape[1] + col_of
+    held, held_src, _ = held_cells(flat, shape[0], times)  # a GPU sampled slower: each sample until its next
+
+    def put(out: np.ndarray, values: np.ndarray) -> np.ndarray:
+        out.ravel()[flat] = values
+        out.ravel()[held] = values[held_src]
+        return out
+
     def fill(col: str, default: float = np.nan) -> np.ndarray:
         out = np.full(shape, default)
         if col in s.columns:
-            out[row_of, col_of] = pd.to_numeric(s[col], errors="coerce").to_numpy(dtype=float)
+            put(out, pd.to_numeric(s[col], errors="coerce").to_numpy(dtype=float))
         return out
 
     arrays = {"util": fill("util"), "mem": fill("mem_used_mib"), "power": fill("power_w")}
     job = np.full(shape, "", dtype=object)
     if "job_id" in s.columns:
-        job[row_of, col_of] = s["job_id"].astype(object).fillna("").astype(str).to_numpy()  # categories too
+        put(job, s["job_id"].astype(object).fillna("").astype(str).to_numpy())  # categories too
     arrays["job"] = job
     last = s.sort_values("ts").groupby(["host", "gpu"], sort=True).last().reset_index()
     for col in ("uuid", "mem_total_mib", "model"):

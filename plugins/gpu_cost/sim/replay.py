@@ -437,7 +437,13 @@ class _Replay:
         handed over, and each column is dropped from it once it is in its matrix (a week's column
         is 80 MB: they need not all be held beside the matrices).
         """
-        from gpu_cost.perceive.aggregate import check_one_sample_per_cell, clean, sample_steps
+        from gpu_cost.perceive.aggregate import (
+            check_one_sample_per_cell,
+            clean,
+            held_cells,
+            sample_steps,
+            slow_note,
+        )
 
         def take(col: str) -> pd.Series:
             values = s[col]
@@ -475,10 +481,16 @@ class _Replay:
         del rows, cols
         if keep is not None:
             flat = flat[keep]
+        # a GPU sampled at a slower step than the trace's: each sample stands until its next (as a range query reads it)
+        held, held_src, slow = held_cells(flat, n_g, times)
+        if slow:
+            self.res.notes.append(slow_note(slow, times))
 
         def fill(values: np.ndarray, dtype: Any = float, default: Any = np.nan) -> np.ndarray:
             out = np.full(shape, default, dtype=dtype)
-            out.ravel()[flat] = values if keep is None else values[keep]
+            kept = values if keep is None else values[keep]
+            out.ravel()[flat] = kept
+            out.ravel()[held] = kept[held_src]
             return out
 
         util = pd.to_numeric(take("util"), errors="coerce").to_numpy(dtype=float)
