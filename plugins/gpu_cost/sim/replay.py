@@ -112,6 +112,28 @@ def _small_unique(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.nonzero(present)[0].astype(key.dtype), rank[key]
 
 
+def process_starts(pid: np.ndarray, present: np.ndarray, block: int = 256) -> np.ndarray:
+    """Return, per cell of the GPU × time ``pid`` matrix, the column where the GPU's current process started: a
+    sample (``present``) showing another PID than the GPU's sample before starts a new one. A cell with no sample
+    carries nothing: a scrape missed does not end the process, so the same PID after it is the same process (Linux
+    does not hand a PID out again before it has used every other, and a process that lives on through a missed
+    scrape is one target, not two: one kill, its freed GPU-hours counted once). Worked ``block`` GPUs at a time."""
+    n_rows, n_cols = pid.shape
+    start = np.zeros(pid.shape, dtype=np.int32)
+    cols = np.arange(n_cols, dtype=np.int32)
+    for lo in range(0, n_rows, block):
+        p, seen = pid[lo:lo + block], present[lo:lo + block]
+        last = np.where(seen, cols, 0).astype(np.int32)
+        np.maximum.accumulate(last, axis=1, out=last)  # the latest column with a sample, at or before each
+        before = np.take_along_axis(p, last, axis=1)  # the PID that sample showed
+        change = np.ones(p.shape, dtype=bool)
+        change[:, 1:] = seen[:, 1:] & (p[:, 1:] != before[:, :-1])
+        mine = start[lo:lo + block]
+        mine[change] = np.broadcast_to(cols, p.shape)[change]
+        np.maximum.accumulate(mine, axis=1, out=mine)
+    return start
+
+
 # -- the replay ------------------------------------------------------------------------------
 @dataclass
 class _Alloc:
@@ -519,14 +541,11 @@ class _Replay:
         small = not len(pids) or (int(pids.min()) >= np.iinfo(np.int32).min and int(pids.max()) <= np.iinfo(np.int32).max)
         pid = fill(pids.astype(np.int32) if small else pids, np.int32 if small else np.int64, 0)
         del pids
-        # column where the current process of each GPU started (a PID change starts a new one)
-        start = np.zeros(shape, dtype=np.int32)
-        change = np.ones(shape, dtype=bool)
-        change[:, 1:] = pid[:, 1:] != pid[:, :-1]
-        start[change] = np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape)[change]
-        del change
-        np.maximum.accumulate(start, axis=1, out=start)
-        self.pid, self.pid_start = pid, start
+        present = np.zeros(shape, dtype=bool)
+        present.ravel()[flat] = True
+        present.ravel()[held] = True
+        self.pid, self.pid_start = pid, process_starts(pid, present)
+        del present
         if "user" in s.columns:
             uc, un = _text_codes(take("user"))
             self.user = fill(uc.astype(np.int32), np.int32, -1)
@@ -999,7 +1018,9 @@ class _Replay:
             pid = int(d.evidence.get("pid") or 0)
             ec = np.empty(len(rows), dtype=np.int64)
             for i, r in enumerate(rows):
-                other = np.nonzero(self.pid[r, kc:] != pid)[0]
+                # the process lasts until a sample shows another (a missed sample is not its end)
+                seen = ~(np.isnan(self.util[r, kc:]) & np.isnan(self.mem[r, kc:]))
+                other = np.nonzero((self.pid[r, kc:] != pid) & seen)[0]
                 ec[i] = kc + int(other[0]) if len(other) else len(self.times)
             ends = np.array([float(self.times[c]) if c < len(self.times) else float(self.times[-1]) + self.dt
                              for c in ec])
