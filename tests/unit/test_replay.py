@@ -633,3 +633,24 @@ def test_a_process_starts_where_a_sample_shows_another_pid_not_where_one_is_miss
     # that is another "PID", 0), then 8 again at 7 is new, 7 at 9 new; row 1: 5 from 2 through a miss, 6 from 6
     assert process_starts(pid, seen, block=1).tolist() == [[0, 0, 0, 0, 4, 4, 6, 7, 7, 9],
                                                             [0, 0, 2, 2, 2, 2, 6, 6, 6, 9]]
+
+
+@pytest.mark.parametrize("cells", [20_000, 3_000])
+def test_a_trace_too_fine_to_hold_is_read_at_a_coarser_step(truth_trace: Path, policy, monkeypatch,
+                                                            cells: int) -> None:  # type: ignore[no-untyped-def]
+    """A trace sampled every 5 s, over more GPU × time cells than the replay holds (here a few thousand; 25 million
+    as shipped, a week of a hundred GPUs at 1 s is 60 million): read at the least usual step that fits, each GPU's
+    latest sample of the step standing for it, with a note; it finds what the minute trace finds. (Before: the
+    matrices were made whatever their size, and a fine trace of a real fleet ran out of memory.)"""
+    from gpu_cost.perceive import aggregate
+
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    fine = pd.concat([s.assign(ts=s["ts"] - 55 + 5 * i) for i in range(12)])  # each minute's sample, every 5 s
+    fine.to_parquet(path := truth_trace.parent / f"fine-{cells}.parquet")
+    monkeypatch.setattr(aggregate, "MAX_CELLS", cells)
+    a = replay_files(path, truth_trace / "jobs.csv", policy).to_dict()
+    b = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy).to_dict()
+    step = a["sample_interval_s"]
+    assert step in aggregate.NOMINAL_STEPS and step > 5 and 8 * (86400 / step) <= cells
+    assert any(f"read at a {step:g}s step" in n for n in a["notes"])
+    assert a["false_kills"] == 0 and _kill_targets(a) == _kill_targets(b)

@@ -7,7 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_cost.perceive.aggregate import LOOKBACK_DELTA_S, held_cells, last_label, sample_steps, to_dense
+from gpu_cost.perceive.aggregate import (
+    LOOKBACK_DELTA_S,
+    coarse_step,
+    held_cells,
+    last_label,
+    sample_steps,
+    to_dense,
+)
 
 
 def _grid(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, float]:
@@ -240,3 +247,12 @@ def test_the_trace_source_reads_a_slower_host_as_a_range_query_does() -> None:
     _, times, arrays = to_dense(samples, t[0] - 1, t[-1] + 1)
     assert len(times) == 60 and not np.isnan(arrays["util"]).any() and (arrays["job"][1] == "8").all()
     np.testing.assert_array_equal(arrays["util"][1], np.repeat(np.arange(30.0), 2))
+
+
+def test_the_step_to_read_a_trace_too_big_to_hold_at() -> None:
+    times = 1_795_000_000.0 + np.arange(0, 7 * 86400, 1.0)  # a week at 1 s
+    assert coarse_step(times, 10) is None  # 6 M cells: held as they are
+    assert coarse_step(times, 100) == 5.0  # 60 M: the least usual step under 25 M
+    assert coarse_step(times, 1000) == 30.0
+    assert coarse_step(times, 10_000) == 300.0
+    assert coarse_step(times[:10], 1) is None

@@ -498,9 +498,11 @@ def sorted_factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(uniq)[order], rank[codes]
 
 
-def sample_steps(ts: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float | None]:
+def sample_steps(ts: np.ndarray, row: np.ndarray, step: float | None = None,
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float | None]:
     """Return ``(times, col, keep, step)``: the matrix's sample times, each sample's column in it, which samples
-    to keep (None: all) and the step the times were put on (None: they were not).
+    to keep (None: all) and the step the times were put on (None: they were not). ``step``: read the samples at
+    this step whatever theirs (:func:`coarse_step`).
 
     A trace's GPUs are rarely sampled at one instant: each host's exporter runs on its own clock, and a
     scrape or an ``nvidia-smi`` loop drifts by a second or two. Taken as they come, every GPU would then
@@ -519,14 +521,16 @@ def sample_steps(ts: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarra
     if len(times) < 3:
         return times, col, None, None
     rows = int(row.max()) + 1
-    chosen = np.zeros(rows, dtype=bool)
-    chosen[::max(1, rows // STEP_GPUS)] = True  # GPUs from all over the fleet
-    step = _own_step(times, col, row, chosen[row])
+    forced = step is not None
     if step is None:
-        return times, col, None, None
-    if float(np.median(np.diff(times))) >= step / 2:
-        times, col = _on_grid(times, col, step)
-        return times, col, None, None
+        chosen = np.zeros(rows, dtype=bool)
+        chosen[::max(1, rows // STEP_GPUS)] = True  # GPUs from all over the fleet
+        step = _own_step(times, col, row, chosen[row])
+        if step is None:
+            return times, col, None, None
+        if float(np.median(np.diff(times))) >= step / 2:
+            times, col = _on_grid(times, col, step)
+            return times, col, None, None
     while True:
         grid, cells = sorted_factorize(np.rint((ts - clock_offsets(ts, row, step)) / step) * step)
         # of one GPU's samples on one step the latest: the last of each (row, column) once ordered by time
@@ -540,12 +544,32 @@ def sample_steps(ts: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarra
         # pool scraped every 15 s among GPUs scraped every 60 s): their bursts would be lost, so the step is theirs.
         # A second sample now and then (two exporters a second apart) is kept to one, as above.
         fast = np.bincount(row[~keep], minlength=rows) * 5 >= np.bincount(row, minlength=rows) * 2
-        finer = _own_step(times, col, row, fast[row], regular=True) if fast.any() else None
+        finer = _own_step(times, col, row, fast[row], regular=True) if fast.any() and not forced else None
         if finer is None or finer >= step:
             moved = not keep.all() or not np.array_equal(grid[cells], ts)  # aligned but for a faster pool: as given
             grid, cells = _on_grid(grid, cells, step)
             return grid, cells, (None if keep.all() else keep), (step if moved else None)
         step = finer
+
+
+#: GPU × time cells a replay's matrices may hold (about 80 bytes each, over them all: some 2 GB)
+MAX_CELLS = 25_000_000
+
+
+def coarse_step(times: np.ndarray, n_rows: int) -> float | None:
+    """Return the step to read a trace of ``n_rows`` GPUs at, its sample ``times`` (sorted) giving more than
+    :data:`MAX_CELLS` cells, else None: the least of :data:`NOMINAL_STEPS` that fits.
+
+    A trace sampled every second (or every 100 ms, as a job's own ``nvidia-smi`` loop writes) over a week of a
+    hundred GPUs would be 60 million cells, several GB of matrices: the replay would be killed for memory, with
+    nothing said. Read at a coarser step instead, each GPU's latest sample of the step stands for it, as an
+    exporter scraped at that step reads the GPU's newest value.
+    """
+    if not n_rows or n_rows * len(times) <= MAX_CELLS:
+        return None
+    span = float(times[-1] - times[0])
+    fits = [s for s in NOMINAL_STEPS if n_rows * (span / s + 1) <= MAX_CELLS]
+    return float(fits[0] if fits else NOMINAL_STEPS[-1])
 
 
 def _own_step(times: np.ndarray, col: np.ndarray, row: np.ndarray, which: np.ndarray, *,

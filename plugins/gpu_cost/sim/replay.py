@@ -462,6 +462,7 @@ class _Replay:
         from gpu_cost.perceive.aggregate import (
             check_one_sample_per_cell,
             clean,
+            coarse_step,
             held_cells,
             sample_steps,
             slow_note,
@@ -481,8 +482,16 @@ class _Replay:
         del host_codes, gpu
         ukeys, rows = _small_unique(key)
         del key
-        times, cols, keep, step = sample_steps(take("ts").to_numpy(dtype=float), rows)
-        if step is not None:
+        ts = take("ts").to_numpy(dtype=float)
+        times, cols, keep, step = sample_steps(ts, rows)
+        coarse = coarse_step(times, len(ukeys))
+        if coarse is not None:
+            self.res.notes.append(f"the trace has {len(times)} sample times for {len(ukeys)} GPUs: read at a {coarse:g}s "
+                                  "step (each GPU's latest sample of the step, as an exporter scraped at that step reads "
+                                  "it), so that its matrices fit in memory")
+            times, cols, keep, step = sample_steps(ts, rows, coarse)
+        del ts
+        if step is not None and coarse is None:
             dropped = f"; of {len(keep) - int(keep.sum())} pairs on one step the later kept" if keep is not None else ""
             self.res.notes.append(f"the GPUs' sample times do not line up (each host on its own clock, or jitter): "
                                   f"each sample is read at the nearest whole {step:g}s step{dropped}")
