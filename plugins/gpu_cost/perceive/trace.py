@@ -100,16 +100,22 @@ _EPOCH_UNITS = ((1e17, 1e9, "nanoseconds"), (1e14, 1e6, "microseconds"), (1e11, 
 def _seconds(epoch: np.ndarray, source: str, col: str) -> np.ndarray:
     """Return epoch times as seconds: a column in milliseconds (what JavaScript, Java and many loggers write), micro-
     or nanoseconds (pandas, Arrow) is read in its unit, told by its size; seconds as they are."""
-    seen = epoch[:: max(1, len(epoch) // 10_000)]  # the median of 10,000 rows spread over the column tells the unit
+    per_second = _per_second(epoch, source, col)
+    return epoch if per_second == 1.0 else epoch / per_second
+
+
+def _per_second(epoch: np.ndarray, source: str, col: str) -> float:
+    """Return how many of the unit of the epoch times ``epoch`` make a second (1: seconds)."""
+    seen = np.asarray(epoch[:: max(1, len(epoch) // 10_000)], dtype=float)  # 10,000 rows over the column tell it
     seen = seen[np.isfinite(seen)]
     if not len(seen):
-        return epoch
+        return 1.0
     typical = float(np.median(np.abs(seen)))
     for above, per_second, unit in _EPOCH_UNITS:
         if typical > above:
             logger.info("%s: column %s read as epoch %s", source, col, unit)
-            return epoch / per_second
-    return epoch
+            return per_second
+    return 1.0
 
 
 #: the measured sample columns, each with the units its values may carry as text (nvidia-smi's CSV writes
@@ -146,9 +152,17 @@ def _measure(values: pd.Series, source: str, col: str) -> np.ndarray:
     return np.append(value, math.nan)[codes]  # a missing cell (code -1) reads not known
 
 
+#: a trace whose busy samples' memory is never above this (MiB) is in GiB or percent: a CUDA context alone is larger,
+#: and the largest GPUs hold under 200 GiB
+MAX_BUSY_GIB = 200.0
+#: busy samples (util at least 50 %) that must agree before memory is judged to be in GiB
+MIN_BUSY_SAMPLES = 100
+
+
 def _check_scale(out: pd.DataFrame, source: str) -> None:
-    """Refuse a util column in fractions (0–1: DCGM's ratios) and a memory column in bytes: read as the format's
-    percent and MiB, the first would make every GPU idle and the second every memory reading impossible."""
+    """Refuse a util column in fractions (0–1: DCGM's ratios) and a memory column in bytes or GiB: read as the format's
+    percent and MiB, the first would make every GPU idle, the second every memory reading impossible and the third
+    every job's memory as small as an unused GPU's."""
     from gpu_cost.perceive.aggregate import MAX_MEM_MIB
 
     # no copy of a 10 M-row column: reductions and masks only
@@ -166,6 +180,22 @@ def _check_scale(out: pd.DataFrame, source: str) -> None:
         row = int(np.flatnonzero(over)[0])
         raise TraceError(f"{source}: column mem_used_mib is mostly above {MAX_MEM_MIB:.0f} MiB (2 TiB; row {row + 1}: "
                          f"{mem[row]:g}): it looks like bytes or KiB; the trace format wants MiB")
+    # the other way: GiB (or a share of the memory, in percent). Read as MiB, every job's memory would look like a
+    # GPU nobody uses: no zombie's memory seen, and a service's resident memory (what tells it from an idle job) gone
+    with np.errstate(invalid="ignore"):
+        busy = util >= 50.0
+    if np.count_nonzero(busy) >= MIN_BUSY_SAMPLES and np.fmax.reduce(mem[busy]) <= MAX_BUSY_GIB:
+        row = int(np.flatnonzero(busy)[0])
+        raise TraceError(f"{source}: column mem_used_mib is never above {MAX_BUSY_GIB:g} on a busy GPU (row {row + 1}: "
+                         f"util {util[row]:g} %, memory {mem[row]:g}), but a GPU running work holds its context, "
+                         "hundreds of MiB at least: it looks like GiB, a percentage, or not measured (0); the trace format "
+                         "wants MiB (leave it empty where not measured)")
+    if "mem_total_mib" in out.columns:
+        total = out["mem_total_mib"].to_numpy(dtype=float)
+        if np.isfinite(total).any() and np.fmax.reduce(total) < 1024.0:
+            row = int(np.flatnonzero(np.isfinite(total))[0])
+            raise TraceError(f"{source}: column mem_total_mib is under 1024 everywhere (row {row + 1}: {total[row]:g}): "
+                             "no GPU has under 1 GiB; it looks like GiB; the trace format wants MiB")
 
 
 #: a whole number written as a float (``100001.0``)
@@ -280,6 +310,8 @@ def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.Da
     _check_scale(out, source)
     if not pd.api.types.is_numeric_dtype(out["ts"]):
         out = out.assign(ts=_epoch_col(out["ts"], source, "ts"))
+    elif (per_second := _per_second(out["ts"].to_numpy(), source, "ts")) != 1.0:  # milliseconds (Grafana's CSV)
+        out = out.assign(ts=out["ts"] / per_second)
     if not pd.api.types.is_integer_dtype(out["gpu"]):
         gpu = pd.to_numeric(out["gpu"], errors="coerce")
         if gpu.isna().any():
