@@ -218,3 +218,30 @@ def test_a_label_naming_a_job_the_record_does_not_hold_is_nobodys_in_a_trace() -
     assert out["attribution"].tolist() == ["slurm", "none", "none", "none"]
     out, _ = attribute(gpus, [job("7", (0,), **running)], [], recorded=frozenset({"7", "5"}))
     assert out["attribution"].tolist() == ["slurm", "unplaced", "none", "none"]
+
+
+def test_a_host_outside_the_scheduler_is_not_its_to_judge() -> None:
+    """The same Prometheus scrapes g1, a Slurm node, and inf1, an inference server Slurm does not run; both hold
+    memory in processes no job owns. Live, with Slurm's node list, inf1's GPUs are ``outside``: no rule judges
+    them, their processes are nobody's zombies, and they are not the cluster's GPUs (a cap on a share of the
+    cluster counts without them). g1's free GPUs stay ``none``. In a trace the nodes the jobs file names say the
+    same; a record that names no node says nothing, and every host stays the scheduler's."""
+    from gpu_cost.core.model import Node, Snapshot
+
+    running = {"state": "RUNNING", "start_ts": 0.0}
+    gpus = pd.concat([frame(["", "", "", ""]), frame(["", "", "", ""]).assign(host="inf1")], ignore_index=True)
+    procs = [proc(1, 3, None), GpuProcess(host="inf1", pid=2, gpu_uuid="GPU-9", gpu=0, used_mib=9000.0, start_ts=1.0)]
+    jobs = [job("7", (0,), **running)]
+    out, _ = attribute(gpus, jobs, procs, [Node(name="g1", gpus_total=4)])
+    assert out["attribution"].tolist() == ["slurm", "none", "none", "none"] + ["outside"] * 4
+    out, _ = attribute(gpus, jobs, procs, managed=frozenset({"g1"}))
+    assert out["attribution"].tolist() == ["slurm", "none", "none", "none"] + ["outside"] * 4
+    out, _ = attribute(gpus, jobs, procs)  # nothing names the scheduler's nodes: every host is its
+    assert out["attribution"].tolist() == ["slurm"] + ["none"] * 7
+    # a running job's node is the scheduler's, whatever the node list forgot
+    out, _ = attribute(gpus, [*jobs, Job(job_id="8", user="bob", gpu_alloc=(("inf1", (0,)),), nodes=("inf1",),
+                                         **running)], procs, [Node(name="g1", gpus_total=4)])  # type: ignore[arg-type]
+    assert out["attribution"].tolist()[4:] == ["slurm", "none", "none", "none"]
+    out, _ = attribute(gpus, jobs, procs, [Node(name="g1", gpus_total=4)])
+    snap = Snapshot(ts=0.0, window_s=60.0, lookback_s=60.0, source="test", gpus=out, jobs=tuple(jobs))
+    assert snap.gpu_count() == 4 == Snapshot.gpu_count_of_json(snap.to_json())

@@ -654,3 +654,24 @@ def test_a_trace_too_fine_to_hold_is_read_at_a_coarser_step(truth_trace: Path, p
     assert step in aggregate.NOMINAL_STEPS and step > 5 and 8 * (86400 / step) <= cells
     assert any(f"read at a {step:g}s step" in n for n in a["notes"])
     assert a["false_kills"] == 0 and _kill_targets(a) == _kill_targets(b)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_hosts_outside_the_scheduler_are_left_alone(truth_trace: Path, policy, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """The samples also hold hosts no job of the jobs file names (inference servers, workstations the same
+    Prometheus scrapes), each a copy of a real host's samples, processes and idle memory and all, without job
+    labels: no action touches them, and the replay acts as on the plain trace (their GPUs are not the cluster's,
+    so no cap on a share of it loosens). (Before: their processes were zombies; on a generated day, 3 kills, 1 of a
+    serving process, and the caps held nothing back.)"""
+    rng = np.random.default_rng(seed)
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    s["host"] = s["host"].astype(str)
+    extra = [s[s["host"] == rng.choice(sorted(s["host"].unique()))].assign(host=f"inf{i}", job_id="",
+                                                                               pid=s["pid"] + 40_000 * (i + 1))
+             for i in range(int(rng.integers(1, 4)))]
+    pd.concat([s, *extra]).to_parquet(path := truth_trace.parent / f"outside-{seed}.parquet")
+    a = replay_files(path, truth_trace / "jobs.csv", policy).to_dict()
+    b = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy).to_dict()
+    assert not [x for x in a["actions"] if x["target"].startswith("proc:inf") or ":inf" in x["target"]]
+    assert _kill_targets(a) == _kill_targets(b) and a["capped_sweeps"] == b["capped_sweeps"]
+    assert any(f"{len(extra)} sampled host(s) no job of the jobs file names" in n for n in a["notes"])

@@ -462,8 +462,13 @@ class Snapshot:
         return bool(self.problems)
 
     def gpu_count(self) -> int:
-        """Return the cluster's GPUs as this snapshot shows them: GPUs in the metrics, else Slurm's GRES (0: unknown)."""
-        return _gpu_count(len(self.gpus), (n.gpus_total for n in self.nodes))
+        """Return the cluster's GPUs as this snapshot shows them: GPUs in the metrics, else Slurm's GRES (0: unknown).
+        GPUs outside the scheduler (attributed ``outside``: an inference server the same Prometheus scrapes) are
+        not the cluster's: counted, they would loosen every cap on a share of it."""
+        rows = len(self.gpus)
+        if rows and "attribution" in self.gpus:
+            rows -= int((self.gpus["attribution"] == "outside").sum())
+        return _gpu_count(rows, (n.gpus_total for n in self.nodes))
 
     @classmethod
     def gpu_count_of_json(cls, text: str) -> int:
@@ -475,7 +480,12 @@ class Snapshot:
             doc = _count_decoder().decode(text)
         except msgspec.DecodeError:
             return cls.from_json(text).gpu_count()  # an older writer's NaN: read it all
-        return _gpu_count(len(doc.gpus.data), (n.gpus_total for n in doc.nodes))
+        rows = len(doc.gpus.data)
+        if "attribution" in doc.gpus.columns and '"outside"' in text:  # those rows read whole
+            at = doc.gpus.columns.index("attribution")
+            rows -= sum(1 for raw in doc.gpus.data
+                        if b'"outside"' in bytes(raw) and msgspec.json.decode(raw)[at] == "outside")
+        return _gpu_count(rows, (n.gpus_total for n in doc.nodes))
 
     def running_jobs(self) -> list[Job]:
         """Return the running jobs: a new list each call, filtered once per ``jobs`` (every rule asks)."""
@@ -586,7 +596,8 @@ class Snapshot:
 
 
 def _gpu_count(rows: int, node_gpus: Iterable[int | None]) -> int:
-    """:meth:`Snapshot.gpu_count` of a snapshot's GPU rows and its nodes' GPUs (Slurm's GRES)."""
+    """:meth:`Snapshot.gpu_count` of a snapshot's GPU rows (those outside the scheduler left out) and its nodes'
+    GPUs (Slurm's GRES)."""
     return max(rows, sum(int(n or 0) for n in node_gpus))
 
 
@@ -599,7 +610,8 @@ def _count_decoder() -> Any:
         import msgspec
 
         # the GPU rows left undecoded, each node's GPUs alone; every other key is skipped, not built
-        rows = msgspec.defstruct("Rows", [("data", list[msgspec.Raw], msgspec.field(default_factory=list))])
+        rows = msgspec.defstruct("Rows", [("columns", list[str], msgspec.field(default_factory=list)),
+                                          ("data", list[msgspec.Raw], msgspec.field(default_factory=list))])
         node = msgspec.defstruct("NodeGpus", [("gpus_total", int | None, 0)])
         counted = msgspec.defstruct("Counted", [("gpus", rows, msgspec.field(default_factory=rows)),
                                                 ("nodes", list[node], msgspec.field(default_factory=list))])  # type: ignore[valid-type]

@@ -13,7 +13,10 @@ not name while a node it runs GPU jobs on has no GPU series (:func:`unseen_nodes
 be that node under a name no rule matches (an IP address), its GPUs that node's jobs'. And so is a
 GPU on a node's second name (:func:`aliases`: ``gpu01.example.org`` beside ``gpu01``, an exporter
 relabelled mid-trace): the node's jobs may be using it. So, in a trace, is a GPU the exporter
-labels with a job the jobs file does not list: nothing says that job ended.
+labels with a job the jobs file does not list: nothing says that job ended. And so is a GPU on a
+host outside the scheduler (one its node list, or a trace's jobs file, never names): an inference
+server or a workstation the same Prometheus scrapes runs processes no job owns, and they are not
+the agent's to kill.
 """
 
 from __future__ import annotations
@@ -129,7 +132,8 @@ def scheduler_hosts(jobs: Iterable[Job], nodes: Iterable[str] = ()) -> set[str]:
 
 def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuProcess],
               nodes: Iterable[Node] = (), recorded: AbstractSet[str] | None = None,
-              unseen: Sequence[str] = ()) -> tuple[pd.DataFrame, list[Disagreement]]:
+              unseen: Sequence[str] = (), managed: AbstractSet[str] | None = None,
+              ) -> tuple[pd.DataFrame, list[Disagreement]]:
     """Return ``gpus`` with ``job_id`` and ``attribution`` columns, and the disagreements found.
 
     A MIG slice (a row with ``mig``) is a device of its own: Slurm's claim on it is the job's
@@ -149,6 +153,11 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
         that record may miss jobs: a GPU the exporter labels with a job it does not hold is ``unplaced``, since
         nothing says that job ended. ``None`` (a live sweep): Slurm lists every running job, so a label naming
         none of them is an ended job's.
+    :param managed: every node the scheduler's record names (a trace's jobs file, over its span), where there is no
+        node list. A host neither it nor the node list names, and no running job holds, is outside the scheduler
+        (an inference server, a workstation, a Kubernetes node scraped by the same Prometheus): its GPUs are
+        ``unplaced``, judged by no rule, their processes nobody's zombies. ``None`` with no node list: every host
+        is taken as the scheduler's (a bare sample set).
     """
     processes = list(processes)
     node_list = list(nodes)
@@ -200,11 +209,15 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     #: series hosts that may be a node seen under another name: its second name (the node's own is a series' too),
     #: or any name the scheduler does not know while a node it runs GPU jobs on has no series
     strangers: AbstractSet[str] = _NONE
+    #: series hosts outside the scheduler: no node list, jobs file or running job names them
+    outside: AbstractSet[str] = _NONE
     listed = {n.name for n in node_list}
     rest = set(hosts) - listed  # a live node list names every series host: no job to read
     if rest:
         known = scheduler_hosts(running.values(), listed)
         strangers = rest - known if unseen else aliases(rest, known)
+        if listed or managed is not None:  # the scheduler's own nodes are known: the others are not its
+            outside = rest - known - (managed or _NONE) - strangers
     idxs = gpus["gpu"].astype(int).tolist()
     n = len(gpus)
     uuids = gpus["uuid"].fillna("").tolist() if "uuid" in gpus else [""] * n
@@ -276,6 +289,9 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
             how.append("conflict")
             problems.append(Disagreement(host, gpu, f"{_slice(mig)}processes of running job(s) "
                                                     f"{','.join(sorted(cg_running))} on a GPU Slurm allocates to none"))
+        elif host in outside:
+            job_ids.append(None)
+            how.append("outside")  # not the scheduler's machine: its processes are no job's, nor the agent's to kill
         elif (host in unplaced or "" in unplaced or host in strangers
               or (label and recorded is not None and label not in recorded)):
             job_ids.append(None)

@@ -57,12 +57,14 @@ def from_matrix(
     mig: Mapping[str, np.ndarray] | None = None,
     rolling: RollingWindows | None = None,
     recorded: AbstractSet[str] | None = None,
+    managed: AbstractSet[str] | None = None,
 ) -> Snapshot:
     """Aggregate a GPU × time matrix and join it with jobs and processes (``mig``: the rows' MIG columns).
 
     :param rolling: running sums over the whole matrix ``util``/``mem`` are a slice of (a replay);
         the slice is then taken as clean.
     :param recorded: a trace's job ids, running or ended (:func:`gpu_cost.perceive.correlate.attribute`).
+    :param managed: the nodes a trace's jobs file names (:func:`gpu_cost.perceive.correlate.attribute`).
     """
     sw = policy.sweep
     primary, others = rule_windows(policy)
@@ -86,7 +88,7 @@ def from_matrix(
         for w in others
     }
     unseen = unseen_nodes(hosts.tolist(), jobs, nodes) if len(frame) else []
-    frame, disagreements = attribute(frame, jobs, processes, nodes, recorded, unseen)
+    frame, disagreements = attribute(frame, jobs, processes, nodes, recorded, unseen, managed)
     found = redact_all(problems)  # they are stored, returned and alerted on: no credentials
     if len(frame) and frame["stale"].all():
         found.append("every GPU series is stale or missing")
@@ -136,9 +138,10 @@ def from_samples(
     nodes: Sequence[Node] = (),
     problems: Sequence[str] = (),
     recorded: AbstractSet[str] | None = None,
+    managed: AbstractSet[str] | None = None,
 ) -> Snapshot:
-    """Aggregate long trace-format samples (the lookback before ``now``) into a snapshot (``recorded``: see
-    :func:`from_matrix`)."""
+    """Aggregate long trace-format samples (the lookback before ``now``) into a snapshot (``recorded``, ``managed``:
+    see :func:`from_matrix`)."""
     from gpu_cost.perceive.aggregate import to_dense
 
     keys, times, arrays = to_dense(samples, now - policy.sweep.lookback, now)
@@ -150,5 +153,5 @@ def from_samples(
         models=keys["model"].fillna("").to_numpy(dtype=object) if "model" in keys else np.full(n, "", dtype=object),
         mem_total=keys["mem_total_mib"].to_numpy(dtype=float) if "mem_total_mib" in keys else np.full(n, np.nan),
         times=times, util=arrays["util"], mem=arrays["mem"], power=arrays["power"], job=arrays["job"],
-        jobs=jobs, processes=processes, nodes=nodes, problems=problems, recorded=recorded,
+        jobs=jobs, processes=processes, nodes=nodes, problems=problems, recorded=recorded, managed=managed,
     )

@@ -592,7 +592,7 @@ def snapshot(policy: Any, now: float, samples: str | Path | pd.DataFrame, jobs: 
     window = s[(s["ts"] > now - policy.sweep.lookback) & (s["ts"] <= now)]
     problems = [] if len(window) else [f"trace has no samples in the {policy.sweep.lookback:g}s before {now:g}"]
     return from_samples(policy=policy, now=now, source="trace", samples=window, jobs=jobs_at(j, s, now),
-                        problems=problems, recorded=frozenset(j["job_id"]))
+                        problems=problems, recorded=frozenset(j["job_id"]), managed=frozenset(named_hosts(j)) or None)
 
 
 def parse_gpu_ids(text: object) -> list[tuple[str, int]]:

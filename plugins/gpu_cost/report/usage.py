@@ -64,8 +64,10 @@ def _columns(snapshot: Snapshot, policy: Policy) -> dict[str, np.ndarray]:
     memmin = np.nan_to_num(g["mem_min_mib"].to_numpy(dtype=float), nan=0.0)
     umax0 = np.nan_to_num(umax, nan=100.0)
     job_ids = g["job_id"].to_numpy(dtype=object) if "job_id" in g else np.full(len(g), None, dtype=object)
-    # a GPU on a node where a running job holds GPUs no source places may be that job's: no zombie
-    placed = g["attribution"].to_numpy(dtype=object) != "unplaced" if "attribution" in g else np.ones(len(g), bool)
+    # a GPU on a node where a running job holds GPUs no source places may be that job's, and one outside the
+    # scheduler is no job's: no zombie
+    placed = (~np.isin(g["attribution"].to_numpy(dtype=object), ("unplaced", "outside")) if "attribution" in g
+              else np.ones(len(g), bool))
     return {
         "fresh": fresh,
         "util": np.where(fresh, np.nan_to_num(util_mean, nan=0.0), 0.0),

@@ -569,6 +569,9 @@ class _Replay:
         from gpu_cost.perceive.trace import named_hosts
 
         names = named_hosts(jobs)
+        #: the nodes the jobs file names: a sampled host it never names is outside the scheduler (correlate.attribute);
+        #: a jobs file naming no node at all (no gpu_ids, no nodes) cannot tell: every host is taken as the scheduler's
+        self.managed = frozenset(names) if names else None
         renamed = host_names(set(self.hosts.tolist()), names)
         if renamed:
             self.hosts = np.array([renamed.get(h, h) for h in self.hosts.tolist()], dtype=object)
@@ -581,6 +584,12 @@ class _Replay:
                 f"{len(second)} sampled host(s) are a second name of a node the samples also name, or a name of two "
                 f"({', '.join(second[:3])}{'…' if len(second) > 3 else ''}): their GPUs may be that node's jobs', "
                 "so they are judged by no rule; name each node one way in the samples")
+        outside = sorted(set(self.hosts.tolist()) - names - set(second))
+        if outside and names:
+            self.res.notes.append(
+                f"{len(outside)} sampled host(s) no job of the jobs file names ({', '.join(outside[:3])}"
+                f"{'…' if len(outside) > 3 else ''}): taken as outside the scheduler (an inference server, a "
+                "workstation the same Prometheus scrapes), their GPUs judged by no rule and their processes no zombies")
 
     def _adopt(self, prepared: PreparedTrace) -> None:
         """Take a prepared trace's matrices: a copy of those a simulated kill edits, the others shared."""
@@ -733,7 +742,7 @@ class _Replay:
                     models=self.models, mem_total=self.mem_total, times=self.times[lo:hi], util=self.util[:, lo:hi],
                     mem=self.mem[:, lo:hi], power=None, job=self._labels(slice(None), slice(max(lo, hi - 1), hi)), jobs=jobs,
                     processes=self._procs_at(hi - 1, running) if hi > lo else [], nodes=(), rolling=self.rolling,
-                    recorded=self.recorded,
+                    recorded=self.recorded, managed=self.managed,
                 )
                 if snap.degraded:
                     self.res.degraded_sweeps += 1
