@@ -227,3 +227,15 @@ def test_sample_times_in_milliseconds_are_read_as_seconds(tmp_path, per_second: 
     s = _numeric_samples(np.random.default_rng(0))
     s.assign(ts=(s["ts"] * per_second).astype(np.int64)).to_csv(tmp_path / "ms.csv", index=False)
     np.testing.assert_allclose(trace.read_samples(tmp_path / "ms.csv")["ts"].to_numpy(), s["ts"].to_numpy())
+
+
+@pytest.mark.parametrize("categorical", [False, True])
+def test_spaces_around_host_names_are_not_part_of_them(tmp_path, categorical: bool) -> None:  # type: ignore[no-untyped-def]
+    """A hand-made CSV writes ``ts, host, ...`` rows as ``1700000000, gpu01, 0``: the host is ``gpu01``, the node the
+    jobs name, not `` gpu01`` (whose GPUs would be no job's). Read as text or as categories, as the replay reads
+    them; ``gpu_ids`` items with spaces around their parts alike."""
+    s = _numeric_samples(np.random.default_rng(1))
+    s.assign(host=" " + s["host"] + " ").to_csv(tmp_path / "spaced.csv", index=False)
+    frame = pd.read_csv(tmp_path / "spaced.csv", dtype={"host": "category"} if categorical else None)
+    assert sorted(trace.normalise_samples(frame)["host"].astype(str).unique()) == sorted(s["host"].unique())
+    assert trace.parse_gpu_ids(" a:0, a : 1 ,b:2") == [("a", 0), ("a", 1), ("b", 2)]

@@ -321,11 +321,29 @@ def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.Da
         ids = whole_ids(out["job_id"])
         if ids is not out["job_id"]:
             out = out.assign(job_id=ids)
+    hosts = _stripped(out["host"])
+    if hosts is not out["host"]:
+        out = out.assign(host=hosts)
     negative = np.flatnonzero(out["gpu"].to_numpy() < 0)
     if len(negative):
         raise TraceError(f"{source}: column gpu must hold GPU indices (0 or more); row {int(negative[0]) + 1} "
                          f"has {int(out['gpu'].iloc[int(negative[0])])}")
     return out
+
+
+def _stripped(text: pd.Series) -> pd.Series:
+    """Return a text column (a host name) without the spaces a hand-made CSV puts around its values (``a, b``): read
+    with them, `` gpu01`` is no node the jobs name, and its GPUs no job's. Each distinct value is looked at once; the
+    column is returned as it is when none has any."""
+    if isinstance(text.dtype, pd.CategoricalDtype):
+        names = [str(c) for c in text.cat.categories]
+        if not any(n != n.strip() for n in names):
+            return text
+        return text.astype(str).str.strip().astype("category")
+    uniq = text.dropna().unique()
+    if not any(str(u) != str(u).strip() for u in uniq):
+        return text
+    return text.astype(str).str.strip()
 
 
 #: a job step's id as accounting lists it beside its job: ``1001.batch``, ``1001.extern``, ``1003_1.0``, ``7+0.2``
@@ -613,6 +631,7 @@ def parse_gpu_ids(text: object) -> list[tuple[str, int]]:
         part = part.strip()
         if ":" in part:
             name, _, idx = part.rpartition(":")
+            name, idx = name.strip(), idx.strip()
             try:
                 hosts = expand_hostlist(name) if "[" in name else [name]
             except ValueError:
