@@ -96,7 +96,13 @@ def usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | None =
     if g.empty:
         return {**{k: [] for k in USAGE_KEYS}, "ts": snapshot.ts, "interval_s": interval}
     c = _columns(snapshot, policy)
-    n = len(g)
+    if "attribution" in g:  # a GPU outside the scheduler (an inference server the same Prometheus scrapes) is not
+        mine = g["attribution"].to_numpy(dtype=object) != "outside"  # the cluster's: its hours are no one's here
+        if not mine.all():
+            c = {k: v[mine] for k, v in c.items()}
+            if not mine.any():
+                return {**{k: [] for k in USAGE_KEYS}, "ts": snapshot.ts, "interval_s": interval}
+    n = len(c["host"])
     jobs = {j.job_id: j for j in snapshot.running_jobs()}
     # each GPU's owner: the running job its row names (none: no owner, not allocated)
     job_code, job_ids = pd.factorize(c["job"], use_na_sentinel=True)

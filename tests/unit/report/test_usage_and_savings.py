@@ -47,6 +47,17 @@ def test_stale_gpus_are_neither_busy_nor_idle(snap, policy) -> None:  # type: ig
     assert rows[("gpu01", "")]["zombie_gpu_s"] == 0
 
 
+def test_gpus_outside_the_scheduler_are_not_the_clusters_hours(snap, policy) -> None:  # type: ignore[no-untyped-def]
+    """gpu03's GPUs read as a host outside the scheduler (an inference server the same Prometheus scrapes): no
+    usage row counts them, and the other hosts' rows are as they were."""
+    before = [r for r in usage_rows(snap, policy, 300) if r["host"] != "gpu03"]
+    snap.gpus.loc[snap.gpus["host"] == "gpu03", "attribution"] = "outside"
+    rows = usage_rows(snap, policy, 300)
+    assert rows == before and rows
+    snap.gpus["attribution"] = "outside"
+    assert usage_rows(snap, policy, 300) == []
+
+
 def test_job_usage_rows_count_busy_gpus_and_work(snap, policy) -> None:  # type: ignore[no-untyped-def]
     jobs = {r["job_id"]: r for r in job_usage_rows(snap, policy, 300)}
     assert all(tuple(r) == JOB_USAGE_KEYS for r in jobs.values())
