@@ -675,3 +675,5 @@ def test_hosts_outside_the_scheduler_are_left_alone(truth_trace: Path, policy, s
     assert not [x for x in a["actions"] if x["target"].startswith("proc:inf") or ":inf" in x["target"]]
     assert _kill_targets(a) == _kill_targets(b) and a["capped_sweeps"] == b["capped_sweeps"]
     assert any(f"{len(extra)} sampled host(s) no job of the jobs file names" in n for n in a["notes"])
+    # the cluster's figures are the scheduler's GPUs'
+    assert [a[k] for k in ("gpus", "gpu_hours", "idle_gpu_hours")] == [b[k] for k in ("gpus", "gpu_hours", "idle_gpu_hours")]

@@ -410,7 +410,6 @@ class _Replay:
         if consume:
             release_arrow_memory()  # the last columns dropped
         self._scheduler_names(jobs)
-        n_g = len(self.hosts)
         times = self.times
         self.row_of = {(h, int(g)): i for i, (h, g) in enumerate(zip(self.hosts, self.gpu_idx, strict=True))}
         self.dt = float(np.median(np.diff(times))) if len(times) > 1 else float(policy.sweep.sample_interval)
@@ -447,7 +446,7 @@ class _Replay:
         if unplaced:
             res.notes.append(f"{unplaced} job(s) hold GPUs the trace does not place (no gpu_ids, no sample labelled "
                              "with them): no rule judges those GPUs, and no GPU on their nodes is taken for a zombie")
-        res.gpus, res.start, res.end, res.sample_interval_s = n_g, float(times[0]), float(times[-1]), self.dt
+        res.gpus, res.start, res.end, res.sample_interval_s = len(self._ours()), float(times[0]), float(times[-1]), self.dt
         self._totals()
 
     # -- set-up ------------------------------------------------------------------------------
@@ -679,11 +678,20 @@ class _Replay:
         return np.array([self.row_of[k] for k in parse_gpu_ids(text) if k in self.row_of], dtype=np.int64)
 
     def _totals(self) -> None:
-        valid = ~np.isnan(self.util)
+        ours = self._ours()
+        rows: Any = slice(None) if len(ours) == len(self.util) else ours  # every row: no copy of a matrix
         h = self.dt / 3600.0
-        self.res.gpu_hours = float(valid.sum() * h)
-        self.res.allocated_gpu_hours = float((self.job_code != 0).sum() * h)
+        self.res.gpu_hours = float(np.count_nonzero(~np.isnan(self.util[rows])) * h)
+        self.res.allocated_gpu_hours = float(np.count_nonzero(self.job_code[rows] != 0) * h)
         self.res.idle_gpu_hours = self._idle_hours()
+
+    def _ours(self) -> np.ndarray:
+        """Return the rows of the scheduler's GPUs: not those of a host no job of the jobs file names (outside it:
+        :func:`gpu_cost.perceive.correlate.attribute`), whose hours are not the cluster's."""
+        managed = getattr(self, "managed", None)
+        if managed is None:
+            return np.arange(len(self.util))
+        return np.flatnonzero(np.isin(self.hosts, np.array(sorted(managed), dtype=object)))
 
     def _idle_hours(self) -> float:
         """Return the GPU-hours held (by a job, or memory above the zombie floor) while idle, in the matrices now."""
@@ -692,9 +700,12 @@ class _Replay:
         # a block of GPUs at a time, and no float copy of a matrix (a week of 1,000 GPUs: 80 MB each): a
         # missing sample (NaN) is neither above the memory floor nor under the utilisation bound
         n = 0
-        for lo in range(0, self.util.shape[0], 64):
-            held = (self.job_code[lo:lo + 64] != 0) | (self.mem[lo:lo + 64] > mem_min)
-            n += int(np.count_nonzero(held & (self.util[lo:lo + 64] < util_max)))
+        ours = self._ours()
+        whole = len(ours) == len(self.util)  # every row: blocks as slices, no copies
+        for lo in range(0, len(ours), 64):
+            rows: Any = slice(lo, lo + 64) if whole else ours[lo:lo + 64]
+            held = (self.job_code[rows] != 0) | (self.mem[rows] > mem_min)
+            n += int(np.count_nonzero(held & (self.util[rows] < util_max)))
         return float(n * self.dt / 3600.0)
 
     # -- the loop ----------------------------------------------------------------------------
