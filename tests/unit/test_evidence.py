@@ -265,6 +265,23 @@ def test_empty_memory_raises_it() -> None:
     assert evidence.confidence({}, None, resident=None)[0] == BASE  # unknown memory: no change
 
 
+def test_a_quiet_log_says_nothing_of_gpus_that_hold_memory_or_were_not_measured() -> None:
+    """A model loaded and waiting for requests writes nothing: a quiet log raises the confidence only of empty GPUs.
+    Memory not measured (a trace of utilisation alone) counts as memory held: nothing says the GPUs are empty.
+    (Before, resident memory and a quiet log made exactly min_confidence, and a generated service fleet's idle
+    endpoints were terminated once someone approved: 1 false kill of 2 on the hard golden day, 4 of 6 with the
+    class baselines off.)"""
+    quiet = classify(log("step 1\n", ago=3600.0))
+    assert evidence.confidence(quiet, None, resident=False)[0] > evidence.confidence({}, None, resident=False)[0]
+    for kw in ({"resident": True}, {"resident": None, "measured": False}):
+        c, why = evidence.confidence(quiet, None, **kw)  # type: ignore[arg-type]
+        assert c == evidence.confidence({}, None, **kw)[0] < MIN_CONFIDENCE  # type: ignore[arg-type]
+    c, why = evidence.confidence({}, None, measured=False)
+    assert c < MIN_CONFIDENCE and any("GPU memory not measured" in w for w in why)
+    finished = classify(log("Training finished\n", ago=3600.0))
+    assert evidence.confidence(finished, None, measured=False)[0] >= MIN_CONFIDENCE  # the log still decides
+
+
 def test_a_service_class_lowers_it() -> None:
     c, why = evidence.confidence({}, {"kind": "service", "members": 5})
     assert c < BASE and any("service" in w for w in why)

@@ -1,7 +1,7 @@
 """Replays of a generated trace with the hard behaviours (a serving fleet that wakes rarely, checkpoint
 pauses, data loading, finished and crashed jobs that keep their GPUs, zombies, sessions): the class
-baselines and the evidence beyond utilisation stop the false kills the rules alone make, and lose
-nothing the rules alone find.
+baselines and the evidence beyond utilisation stop the false kills and the notices the rules alone make,
+and lose nothing the rules alone find.
 
 One trace, two replays (baselines on and off), shared by the tests of this module.
 """
@@ -40,17 +40,23 @@ def test_the_trace_has_every_hard_behaviour_and_its_logs(hard: dict[str, Any]) -
     assert "job logs read from" in hard["on"]["notes"][0]  # logs.csv beside jobs.csv is read by default
 
 
-def test_baselines_stop_the_false_kills_of_quiet_endpoints(hard: dict[str, Any]) -> None:
+def test_quiet_endpoints_are_never_killed_and_the_baselines_stop_nagging_their_owners(hard: dict[str, Any]) -> None:
+    """Judged alone, a quiet endpoint looks abandoned. Its model stays resident, so with no class that tells, the
+    agent is unsure of it and only writes to its owner and manager (before, memory held and a quiet log came to
+    exactly min_confidence, and once someone approved it was terminated: 4 endpoints killed, 1 with the baselines
+    on). The class baselines see a service and advise instead: a third of the notices."""
     on, off = hard["on"], hard["off"]
     services = set(hard["jobs"].loc[hard["jobs"]["behaviour"] == "service", "job_id"].astype(str))
-    killed_off = {t.split(":", 1)[1] for t in off["false_kill_targets"]}
-    # judged alone, quiet endpoints look abandoned and are killed: the problem this feature solves
-    assert len(killed_off & services) >= 3
-    assert on["false_kills"] < off["false_kills"]
-    assert on["by_behaviour"]["service"]["false_kills"] < off["by_behaviour"]["service"]["false_kills"]
-    assert on["reclaimed_by_kind"].get("service", 0.0) < off["reclaimed_by_kind"]["service"]
-    # nothing else is a false kill in either replay
-    assert {t.split(":", 1)[1] for t in on["false_kill_targets"]} <= services
+    for replay in (on, off):
+        assert replay["by_behaviour"]["service"]["killed"] == 0 and replay["false_kills"] == 0
+        assert not replay["reclaimed_by_kind"].get("service")
+
+    def notices(replay: dict[str, Any]) -> list[dict[str, Any]]:
+        return [a for a in replay["actions"] if str(a["job_id"]) in services and a["action"] in ("notify",
+                                                                                              "notify_manager")]
+
+    assert len({a["job_id"] for a in notices(off)}) >= 3  # judged alone, every quiet endpoint is nagged
+    assert 2 * len(notices(on)) < len(notices(off))
 
 
 def test_nothing_the_rules_alone_find_is_lost(hard: dict[str, Any]) -> None:

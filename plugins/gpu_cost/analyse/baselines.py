@@ -106,7 +106,7 @@ def _job_state(snapshot: Snapshot, policy: Policy) -> dict[str, tuple[int, bool,
 
     A GPU with a stale or missing window is not fresh; a job is active when a fresh GPU is at the idle
     threshold or above, idle when every GPU is fresh and none is, and resident when idle with every GPU's
-    least memory (missing: none) above the zombie floor.
+    least memory above the zombie floor or not measured.
     """
     g = snapshot.gpus
     if g.empty or "job_id" not in g:
@@ -115,11 +115,14 @@ def _job_state(snapshot: Snapshot, policy: Policy) -> dict[str, tuple[int, bool,
     index = job_index(snapshot)
     umax = g["util_max"].to_numpy(dtype=float)
     unfresh = g["stale"].to_numpy(dtype=bool) | np.isnan(umax)
-    mem = np.nan_to_num(g["mem_min_mib"].to_numpy(dtype=float), nan=0.0)
+    mem = g["mem_min_mib"].to_numpy(dtype=float)
     with np.errstate(invalid="ignore"):
         active = index.any(~unfresh & (umax >= thr))
+        # memory not measured (NaN: a trace of utilisation alone) counts as held, as the rules' confidence counts it:
+        # a service must not lose its class's protection for a metric the exporter lacks
+        held = (mem > policy.rules.zombie.mem_min_mib) | np.isnan(mem)
     idle = ~index.any(unfresh) & ~active
-    resident = idle & ~index.any(~(mem > policy.rules.zombie.mem_min_mib))
+    resident = idle & ~index.any(~held)
     sizes = index.sizes()
     return {jid: (int(sizes[k]), bool(active[k]), bool(idle[k]), bool(resident[k])) for jid, k in index.code.items()}
 

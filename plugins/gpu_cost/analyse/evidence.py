@@ -176,7 +176,8 @@ def nodes_to_itself(snapshot: Snapshot, job: Job) -> set[str]:
 
 
 def confidence(log: Mapping[str, Any], klass: Mapping[str, Any] | None, *, bursts: int = 0,
-               progress_signs: Iterable[str] = (), resident: bool | None = None) -> tuple[float, list[str]]:
+               progress_signs: Iterable[str] = (), resident: bool | None = None,
+               measured: bool = True) -> tuple[float, list[str]]:
     """Return how sure the agent is that an idle finding is waste (0-1) and what moved it.
 
     :param resident: the GPUs hold memory (a model loaded, or a process lingering); False: empty.
@@ -184,18 +185,26 @@ def confidence(log: Mapping[str, Any], klass: Mapping[str, Any] | None, *, burst
         inference endpoint looks like, so it lowers the confidence below ``evidence.min_confidence``
         by default: the destructive rungs then wait for a human unless the class baseline or the
         log decides.
+    :param measured: False when no sample of the GPUs' memory was there to read (a trace of utilisation alone, an
+        exporter without the framebuffer metric): nothing then says the GPUs are empty, and a waiting model cannot
+        be told from a finished job, so it counts as memory held would.
     """
     c, why = BASE_CONFIDENCE, [f"utilisation alone: {BASE_CONFIDENCE:g}"]
     state = log.get("state")
     if state in ("finished", "crashed"):
         c += 0.25
         why.append(f"+0.25 the log says it {state}")
-    elif log.get("read") and log.get("written_s_ago") is not None and not log.get("growing"):
+    elif (log.get("read") and log.get("written_s_ago") is not None and not log.get("growing")
+          and resident is not True and measured):
+        # a model loaded and waiting for requests writes nothing either: quiet says something only of empty GPUs
         c += 0.05
         why.append("+0.05 its log is quiet")
     if resident is True:
         c -= 0.25
         why.append("-0.25 memory resident: a model may be waiting for requests")
+    elif not measured:
+        c -= 0.25
+        why.append("-0.25 GPU memory not measured: a model may be waiting for requests")
     elif resident is False:
         c += 0.1
         why.append("+0.1 nothing in GPU memory: nothing to serve")
@@ -244,8 +253,10 @@ def assess(snapshot: Snapshot, job: Job, policy: Policy) -> dict[str, Any] | Non
     bursts = int(np.max(g["bursts_lb"].to_numpy()[pos])) if "bursts_lb" in g else 0
     klass = snapshot.classes.get(job.job_id)
     conf, why = confidence(log, klass, bursts=bursts, progress_signs=progress(snapshot, job, list(power), log, policy),
-                           resident=resident)
+                           resident=resident, measured=resident is not None)
     out: dict[str, Any] = {"mem_resident": resident, "confidence": conf, "confidence_why": why}
+    if resident is None:
+        out["mem_measured"] = False
     if klass:
         out["class"] = {k: klass.get(k) for k in CLASS_KEYS}
     return out

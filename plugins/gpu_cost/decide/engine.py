@@ -336,14 +336,14 @@ def unsure(f: Finding, policy: Policy) -> str | None:
     """Return why the agent cannot tell whether job finding ``f`` is waste, or None when it can.
 
     A job whose kind is unknown (no class baseline, or a class neither service nor training,
-    and not a service itself) with ambiguous evidence: memory resident on its idle GPUs and a
-    confidence under ``evidence.min_confidence``. Such a job gets notices to its owner and
+    and not a service itself) with ambiguous evidence: memory resident on its idle GPUs (or not
+    measured at all: nothing says they are empty) and a confidence under ``evidence.min_confidence``. Such a job gets notices to its owner and
     manager only; its owner's "release" answer, or an operator's manual request approved by a
     second operator, is the only way to a destructive action. A third party's approval of the
     agent's own recommendation is not enough when the agent is unsure.
     """
     ev = f.evidence
-    if f.target_kind != "job" or ev.get("mem_resident") is not True:
+    if f.target_kind != "job" or (ev.get("mem_resident") is not True and ev.get("mem_measured") is not False):
         return None
     conf = ev.get("confidence")
     floor = policy.evidence.min_confidence
@@ -353,7 +353,8 @@ def unsure(f: Finding, policy: Policy) -> str | None:
     klass = klass if isinstance(klass, Mapping) else {}
     if str(klass.get("kind") or "unknown") != "unknown" or klass.get("member_kind"):
         return None
-    return (f"the agent cannot classify it (kind unknown) and the evidence is ambiguous: memory resident on idle GPUs "
+    memory = "memory resident on idle GPUs" if ev.get("mem_resident") is True else "GPU memory not measured"
+    return (f"the agent cannot classify it (kind unknown) and the evidence is ambiguous: {memory} "
             f"(a model may be waiting for requests), confidence {float(conf):.2f} under evidence.min_confidence "
             f"{floor:g}")
 

@@ -56,7 +56,7 @@ def test_the_ladder_of_a_job_the_agent_cannot_classify_stops_at_notices(store, e
 
 @pytest.mark.parametrize("kw", [{"kind": "training"}, {"confidence": 0.5}, {"resident": False},
                                 {"kind": "unknown", "confidence": 0.3, "resident": None}],
-                         ids=["class-says-training", "confidence-at-the-floor", "nothing-resident", "memory-unknown"])
+                         ids=["class-says-training", "confidence-at-the-floor", "nothing-resident", "no-memory-evidence"])
 def test_a_job_the_agent_can_judge_climbs_the_whole_ladder(store, effects, kw) -> None:  # type: ignore[no-untyped-def]
     policy = policy_from(ENFORCE)
     assert unsure(ambiguous(**kw), policy) is None
@@ -65,6 +65,21 @@ def test_a_job_the_agent_can_judge_climbs_the_whole_ladder(store, effects, kw) -
         now = NOW + minutes * 60
         done += [a for _, a in actions(sweep_once(store, policy, [ambiguous(now=now, **kw)], now))]
     assert done == ["notify", "notify_manager", "demote", "terminate", "kill"]
+
+
+def test_a_job_whose_memory_was_not_measured_is_one_the_agent_cannot_classify(store, effects) -> None:  # type: ignore[no-untyped-def]
+    """Memory not measured (a trace of utilisation alone, an exporter without the framebuffer metric): nothing says
+    the GPUs are empty, so a job of unknown kind under min_confidence gets notices only, as with memory resident."""
+    policy = policy_from(ENFORCE)
+    blind = dataclasses.replace(ambiguous(resident=None), evidence={**ambiguous(resident=None).evidence,
+                                                                    "mem_measured": False})
+    assert "GPU memory not measured" in (unsure(blind, policy) or "")
+    for minutes, expected in NOTICES_ONLY:
+        now = NOW + minutes * 60
+        f = dataclasses.replace(ambiguous(resident=None, now=now), evidence={
+            **ambiguous(resident=None, now=now).evidence, "mem_measured": False})
+        assert [a for _, a in actions(sweep_once(store, policy, [f], now))] == ([expected] if expected else [])
+    assert [a for a, _ in effects.calls] == ["notify", "notify_manager"]
 
 
 def test_no_approval_makes_the_sweep_act_on_a_job_it_cannot_classify() -> None:

@@ -107,8 +107,8 @@ def test_a_stale_log_does_not_save_the_job() -> None:
     sig = signal(fs[0], "job log")
     assert sig["value"] == "last written 7200 s ago" and sig["counted"] == "quiet: no progress lines"
     assert "log_state" not in ev
-    # a quiet log raises the confidence a little over utilisation and memory alone
-    assert ev["confidence"] > idle(snap())[0].evidence["confidence"]
+    # the GPUs hold memory: a model waiting for requests writes nothing either, so a quiet log says nothing more
+    assert ev["confidence"] == idle(snap())[0].evidence["confidence"] < ENFORCE.evidence.min_confidence
 
 
 def test_a_finished_log_is_named_and_raises_the_confidence() -> None:

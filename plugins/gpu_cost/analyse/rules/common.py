@@ -267,7 +267,7 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         verdict = service_verdict(snapshot, policy, job, bursts=n_bursts, log=log)  # n_bursts: the max of its GPUs'
         service, spare = verdict.baseline, verdict.spare
         resident = None if mem is None else mem > policy.rules.zombie.mem_min_mib
-        conf, conf_why = evidence.confidence(log, klass, bursts=n_bursts, resident=resident)
+        conf, conf_why = evidence.confidence(log, klass, bursts=n_bursts, resident=resident, measured=mem is not None)
         signals = [evidence.signal(
             "GPU utilisation", f"max {r(top)} % over {int(cfg.window) // 60} min",
             f"every allocated GPU under {cfg.util_max:g} %")]
@@ -299,6 +299,8 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
         }
         if mem is not None:
             ev["mem_min_mib"] = r(mem)
+        else:
+            ev["mem_measured"] = False  # no memory sample: a waiting model cannot be told from a finished job
         if charts is not None:
             ev["chart"] = sparkline([str(c) for c in charts[pos] if c])
             ev["chart_span_s"] = snapshot.lookback_s
