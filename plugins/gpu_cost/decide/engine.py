@@ -337,10 +337,11 @@ def unsure(f: Finding, policy: Policy) -> str | None:
 
     A job whose kind is unknown (no class baseline, or a class neither service nor training,
     and not a service itself) with ambiguous evidence: memory resident on its idle GPUs (or not
-    measured at all: nothing says they are empty) and a confidence under ``evidence.min_confidence``. Such a job gets notices to its owner and
-    manager only; its owner's "release" answer, or an operator's manual request approved by a
-    second operator, is the only way to a destructive action. A third party's approval of the
-    agent's own recommendation is not enough when the agent is unsure.
+    measured at all: nothing says they are empty) and a confidence under
+    ``evidence.min_confidence``. Such a job gets notices to its owner and manager only; its
+    owner's "release" answer, or an operator's manual request approved by a second operator, is
+    the only way to a destructive action. A third party's approval of the agent's own
+    recommendation is not enough when the agent is unsure.
     """
     ev = f.evidence
     if f.target_kind != "job" or (ev.get("mem_resident") is not True and ev.get("mem_measured") is not False):

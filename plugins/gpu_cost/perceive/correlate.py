@@ -156,8 +156,8 @@ def attribute(gpus: pd.DataFrame, jobs: Iterable[Job], processes: Iterable[GpuPr
     :param managed: every node the scheduler's record names (a trace's jobs file, over its span), where there is no
         node list. A host neither it nor the node list names, and no running job holds, is outside the scheduler
         (an inference server, a workstation, a Kubernetes node scraped by the same Prometheus): its GPUs are
-        ``unplaced``, judged by no rule, their processes nobody's zombies. ``None`` with no node list: every host
-        is taken as the scheduler's (a bare sample set).
+        ``outside``, judged by no rule, their processes nobody's zombies, not counted as the cluster's. ``None``
+        with no node list: every host is taken as the scheduler's (a bare sample set).
     """
     processes = list(processes)
     node_list = list(nodes)

@@ -96,8 +96,9 @@ def usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | None =
     if g.empty:
         return {**{k: [] for k in USAGE_KEYS}, "ts": snapshot.ts, "interval_s": interval}
     c = _columns(snapshot, policy)
-    if "attribution" in g:  # a GPU outside the scheduler (an inference server the same Prometheus scrapes) is not
-        mine = g["attribution"].to_numpy(dtype=object) != "outside"  # the cluster's: its hours are no one's here
+    if "attribution" in g:
+        # a GPU outside the scheduler (an inference server the same Prometheus scrapes) is not the cluster's
+        mine = g["attribution"].to_numpy(dtype=object) != "outside"
         if not mine.all():
             c = {k: v[mine] for k, v in c.items()}
             if not mine.any():
