@@ -109,3 +109,18 @@ def test_audit_shows_the_evidence_of_a_decision(tmp_path: Path, capsys: pytest.C
     entry = json.loads(capsys.readouterr().out)["decisions"][0]
     assert entry["evidence"]["signals"][0]["what"] == "GPU utilisation"
     assert 0 <= entry["evidence"]["confidence"] <= 1
+
+
+@pytest.mark.parametrize("seed", [0, 5, 6])
+def test_no_generated_hard_day_kills_a_service(tmp_path: Path, seed: int) -> None:
+    """Generated hard days (32 GPUs, the shipped policy, approvals granted): no false kill, and every kill of a
+    job is of a job that finished, crashed or sat idle. (Before, these three days killed 5 endpoints that held
+    their model and wrote nothing while they waited: 3 of 6 kills on seed 5.)"""
+    write_sim_trace(tmp_path, days=1.0, gpus=32, seed=seed, end=END, behaviours="hard")
+    res = replay_files(tmp_path / "samples.parquet", tmp_path / "jobs.csv", load_policy(None)).to_dict()
+    jobs = pd.read_csv(tmp_path / "jobs.csv", dtype={"job_id": str})
+    behaviour = dict(zip(jobs["job_id"], jobs["behaviour"], strict=True))
+    assert res["false_kills"] == 0
+    for a in res["actions"]:
+        if a["action"] in ("terminate", "kill", "cancel"):
+            assert behaviour[str(a["job_id"])] in ("finished", "crashed", "idle"), a
