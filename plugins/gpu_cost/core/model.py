@@ -467,7 +467,7 @@ class Snapshot:
         not the cluster's: counted, they would loosen every cap on a share of it."""
         rows = len(self.gpus)
         if rows and "attribution" in self.gpus:
-            rows -= int((self.gpus["attribution"] == "outside").sum())
+            rows -= self.gpus["attribution"].to_numpy(dtype=object).tolist().count("outside")
         return _gpu_count(rows, (n.gpus_total for n in self.nodes))
 
     @classmethod

@@ -66,8 +66,8 @@ def _columns(snapshot: Snapshot, policy: Policy) -> dict[str, np.ndarray]:
     job_ids = g["job_id"].to_numpy(dtype=object) if "job_id" in g else np.full(len(g), None, dtype=object)
     # a GPU on a node where a running job holds GPUs no source places may be that job's, and one outside the
     # scheduler is no job's: no zombie
-    placed = (~np.isin(g["attribution"].to_numpy(dtype=object), ("unplaced", "outside")) if "attribution" in g
-              else np.ones(len(g), bool))
+    how = g["attribution"].to_numpy(dtype=object) if "attribution" in g else None
+    placed = np.ones(len(g), bool) if how is None else (how != "unplaced") & (how != "outside")
     return {
         "fresh": fresh,
         "util": np.where(fresh, np.nan_to_num(util_mean, nan=0.0), 0.0),
