@@ -239,3 +239,12 @@ def test_spaces_around_host_names_are_not_part_of_them(tmp_path, categorical: bo
     frame = pd.read_csv(tmp_path / "spaced.csv", dtype={"host": "category"} if categorical else None)
     assert sorted(trace.normalise_samples(frame)["host"].astype(str).unique()) == sorted(s["host"].unique())
     assert trace.parse_gpu_ids(" a:0, a : 1 ,b:2") == [("a", 0), ("a", 1), ("b", 2)]
+
+
+def test_a_host_a_job_runs_on_by_its_labels_alone_is_the_schedulers() -> None:
+    """A jobs file that names nodes for some jobs but places another only by the exporter's label: that job's host is
+    the scheduler's (its zombies are zombies), not outside it; a file naming no node says nothing."""
+    jobs = pd.DataFrame({"job_id": ["1", "2"], "gpu_ids": ["a:0", ""]})
+    samples = pd.DataFrame({"host": ["a", "b", "c"], "job_id": ["1", "2", "9"]})
+    assert trace.managed_hosts(trace.named_hosts(jobs), trace.labelled_hosts(samples, jobs)) == {"a", "b"}
+    assert trace.managed_hosts(set(), ["a"]) is None

@@ -713,12 +713,13 @@ def clock_offsets(ts: np.ndarray, row: np.ndarray, step: float) -> np.ndarray:
     span = max(OFFSET_SPAN_S, 20.0 * step)
     chunk = np.floor(ts / span).astype(np.int64)
     chunk -= int(chunk.min())
-    keys, code = sorted_factorize(row.astype(np.int64) * (int(chunk.max()) + 1) + chunk)
+    spans = int(chunk.max()) + 1
+    keys, code = sorted_factorize(row.astype(np.int64) * spans + chunk)
     angle = (2.0 * np.pi / step) * np.mod(ts, step)
     phase = np.arctan2(np.bincount(code, weights=np.sin(angle)), np.bincount(code, weights=np.cos(angle)))
     # keys are in order of GPU, then span: each span's phase is its GPU's previous span's plus the change between
     # them, within half a step, so a phase near half a step (+29.9 s in one hour, -29.9 s the next) stays one
-    first = np.r_[True, keys[1:] // (int(chunk.max()) + 1) != keys[:-1] // (int(chunk.max()) + 1)]
+    first = np.r_[True, keys[1:] // spans != keys[:-1] // spans]
     change = np.r_[0.0, np.angle(np.exp(1j * np.diff(phase)))]
     change[first] = 0.0
     total = np.cumsum(change)

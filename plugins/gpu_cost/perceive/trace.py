@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -604,13 +605,15 @@ def snapshot(policy: Any, now: float, samples: str | Path | pd.DataFrame, jobs: 
 
     s = read_samples(samples) if isinstance(samples, str | Path) else normalise_samples(samples)
     j = read_jobs(jobs) if isinstance(jobs, str | Path) else normalise_jobs(jobs)
-    s = s.assign(host=scheduler_names(s["host"], j))
+    names = named_hosts(j)
+    s = s.assign(host=scheduler_names(s["host"], j, names))
     if len(s):
         check_job_clock(j, label_spans(s), float(s["ts"].min()), float(s["ts"].max()), policy.sweep.sample_interval)
     window = s[(s["ts"] > now - policy.sweep.lookback) & (s["ts"] <= now)]
     problems = [] if len(window) else [f"trace has no samples in the {policy.sweep.lookback:g}s before {now:g}"]
     return from_samples(policy=policy, now=now, source="trace", samples=window, jobs=jobs_at(j, s, now),
-                        problems=problems, recorded=frozenset(j["job_id"]), managed=frozenset(named_hosts(j)) or None)
+                        problems=problems, recorded=frozenset(j["job_id"]),
+                        managed=managed_hosts(names, labelled_hosts(s, j)))
 
 
 def parse_gpu_ids(text: object) -> list[tuple[str, int]]:
@@ -658,13 +661,29 @@ def named_hosts(jobs: pd.DataFrame) -> set[str]:
     return out
 
 
-def scheduler_names(hosts: pd.Series, jobs: pd.DataFrame) -> pd.Series:
+def managed_hosts(names: AbstractSet[str], labelled: Iterable[str]) -> frozenset[str] | None:
+    """Return the hosts a trace's scheduler runs jobs on: those its jobs file names (``names``:
+    :func:`named_hosts`) and those the samples label with one of its jobs (``labelled``); None when the file names
+    no node at all, which says nothing of which hosts are the scheduler's (:func:`gpu_cost.perceive.correlate.attribute`'s
+    ``managed``: a host outside these is outside the scheduler)."""
+    return frozenset(names) | frozenset(labelled) if names else None
+
+
+def labelled_hosts(samples: pd.DataFrame, jobs: pd.DataFrame) -> list[str]:
+    """Return the sampled hosts the exporter labels, at some time, with a job of ``jobs``."""
+    if "job_id" not in samples.columns:
+        return []
+    mine = samples["job_id"].astype(str).isin(set(jobs["job_id"].astype(str)))
+    return samples.loc[mine.to_numpy(), "host"].astype(str).unique().tolist()
+
+
+def scheduler_names(hosts: pd.Series, jobs: pd.DataFrame, names: AbstractSet[str] | None = None) -> pd.Series:
     """Return the samples' ``host`` column with each host the jobs name otherwise (``gpu01`` for
     ``gpu01.cluster.example.org``) under that name (:func:`gpu_cost.perceive.correlate.host_names`)."""
     from gpu_cost.perceive.correlate import aliases, host_names
 
     text = hosts.astype(str)
-    names = named_hosts(jobs)
+    names = named_hosts(jobs) if names is None else names
     renamed = host_names(text.unique(), names)
     if renamed:
         logger.info("trace hosts read under the jobs' names for them: %s",

@@ -61,6 +61,7 @@ from gpu_cost.perceive.trace import (
     SAMPLE_COLUMNS,
     _epoch_col,
     check_job_clock,
+    managed_hosts,
     normalise_jobs,
     normalise_samples,
     read_table,
@@ -424,6 +425,15 @@ class _Replay:
         if not isinstance(samples, PreparedTrace):  # a prepared trace was checked once, for all its replays
             check_job_clock(jobs, self._label_spans(), float(times[0]), float(times[-1]), self.dt)
         self.allocs = self._allocs(jobs)
+        #: the hosts the scheduler runs jobs on (named by the jobs file, or holding a job's GPUs by its labels): a
+        #: sampled host outside them is outside the scheduler (correlate.attribute); None: the file names no node
+        self.managed = managed_hosts(self.named, (str(self.hosts[r]) for a in self.allocs.values() for r in a.rows))
+        outside = sorted(set(self.hosts.tolist()) - self.managed) if self.managed is not None else []
+        if outside:
+            res.notes.append(
+                f"{len(outside)} sampled host(s) no job of the jobs file names ({', '.join(outside[:3])}"
+                f"{'…' if len(outside) > 3 else ''}): taken as outside the scheduler (an inference server, a "
+                "workstation the same Prometheus scrapes), their GPUs judged by no rule and their processes no zombies")
         #: job id -> its runs' keys in ``allocs`` (a requeued job's runs share an id)
         self.runs: dict[str, list[str]] = {}
         for key, a in self.allocs.items():
@@ -567,10 +577,7 @@ class _Replay:
         from gpu_cost.perceive.correlate import aliases, host_names
         from gpu_cost.perceive.trace import named_hosts
 
-        names = named_hosts(jobs)
-        #: the nodes the jobs file names: a sampled host it never names is outside the scheduler (correlate.attribute);
-        #: a jobs file naming no node at all (no gpu_ids, no nodes) cannot tell: every host is taken as the scheduler's
-        self.managed = frozenset(names) if names else None
+        names = self.named = named_hosts(jobs)
         renamed = host_names(set(self.hosts.tolist()), names)
         if renamed:
             self.hosts = np.array([renamed.get(h, h) for h in self.hosts.tolist()], dtype=object)
@@ -583,12 +590,6 @@ class _Replay:
                 f"{len(second)} sampled host(s) are a second name of a node the samples also name, or a name of two "
                 f"({', '.join(second[:3])}{'…' if len(second) > 3 else ''}): their GPUs may be that node's jobs', "
                 "so they are judged by no rule; name each node one way in the samples")
-        outside = sorted(set(self.hosts.tolist()) - names - set(second))
-        if outside and names:
-            self.res.notes.append(
-                f"{len(outside)} sampled host(s) no job of the jobs file names ({', '.join(outside[:3])}"
-                f"{'…' if len(outside) > 3 else ''}): taken as outside the scheduler (an inference server, a "
-                "workstation the same Prometheus scrapes), their GPUs judged by no rule and their processes no zombies")
 
     def _adopt(self, prepared: PreparedTrace) -> None:
         """Take a prepared trace's matrices: a copy of those a simulated kill edits, the others shared."""
