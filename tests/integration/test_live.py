@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.fixtures.prometheus import PromLab, gpu_cost_bin
 
@@ -44,6 +45,21 @@ JOBS = {  # name: (gpus, comment, seconds to run)
     "rl-memleak": (1, "gpu-cost-sim:memleak", 600),
 }
 JOB_JOB = "gpu-slurm"
+OUTSIDE_JOB = "gpu-outside"
+
+#: a GPU host Slurm does not run: an inference server scraped by the same Prometheus. GPU 0 holds memory at 0 %
+#: utilisation and no job (what a zombie looks like), GPU 1 runs a job Slurm has never heard of, idle since
+#: (its exporter label names that job).
+OUTSIDE_SCENARIO = {
+    "seed": 3, "anchor": "now", "sample_interval": "5s",
+    "nodes": [{"name": "infer01", "gpus": 2, "model": "a100", "mem_total_mib": 81920}],
+    "jobs": [
+        {"job_id": "970001", "user": "svc", "name": "old-server", "behaviour": "zombie", "node": "infer01",
+         "gpus": [0], "start": "-4h", "end": "-2h", "time_limit": "3d"},
+        {"job_id": "970002", "user": "svc", "name": "llm-endpoint", "behaviour": "idle", "node": "infer01",
+         "gpus": [1], "start": "-3h", "busy_first": "10m", "time_limit": "30d"},
+    ],
+}
 
 
 class LiveCluster:
@@ -78,6 +94,9 @@ def live(slurm_cluster, prom_lab: PromLab, tmp_path_factory) -> Iterator[LiveClu
     port = prom_lab.start_exporter(JOB_JOB, "--slurm", "--nodes", nodes, "--sample-interval", "5s",
                                    env=slurm_cluster.env)
     prom_lab.add_target(JOB_JOB, port)
+    scenario = tmp_path_factory.mktemp("outside") / "outside.yaml"
+    scenario.write_text(yaml.safe_dump(OUTSIDE_SCENARIO))
+    prom_lab.add_target(OUTSIDE_JOB, prom_lab.start_exporter(OUTSIDE_JOB, "--scenario", str(scenario)))
     ids = {}
     for name, (gpus, comment, seconds) in JOBS.items():
         ids[name] = slurm_cluster.submit(f"sleep {seconds}\n", f"--job-name={name}", f"--gres=gpu:{gpus}",
@@ -88,12 +107,14 @@ def live(slurm_cluster, prom_lab: PromLab, tmp_path_factory) -> Iterator[LiveClu
                      SlurmSource(slurm_cluster.runner).jobs, sample_interval=5.0, refresh_s=0.5)
     feed.state(time.time())
     prom_lab.wait_up(1, timeout=30, job=JOB_JOB)
+    prom_lab.wait_up(1, timeout=30, job=OUTSIDE_JOB)
     try:
         yield LiveCluster(slurm_cluster, prom_lab, policy_file, feed, ids, time.time())
     finally:
         slurm_cluster.cancel_all()
-        if JOB_JOB in prom_lab.procs:
-            prom_lab.stop_process(JOB_JOB)
+        for job in (JOB_JOB, OUTSIDE_JOB):
+            if job in prom_lab.procs:
+                prom_lab.stop_process(job)
 
 
 def test_every_job_is_attributed(live: LiveCluster) -> None:
@@ -213,3 +234,44 @@ def test_sweep_on_real_sources_matches_the_simulator(live: LiveCluster, artifact
         "findings": sorted(map(list, expected)),
     }, indent=1))
     assert src.queries_made == 6
+
+
+
+def test_a_gpu_host_outside_slurms_node_list_is_judged_by_no_rule(live: LiveCluster) -> None:
+    """The same Prometheus scrapes a GPU host Slurm does not run (an inference server, a workstation). Slurm's node
+    list does not name it and no running job holds it, so its GPUs are ``outside``: no rule judges them, however
+    wasted they look, the caps divide by Slurm's GPUs alone, and the node is not made one of Slurm's. Before, its
+    GPU holding memory with no job was a zombie, and the sweep counted its GPUs as the cluster's."""
+    from gpu_cost.config.loader import load_policy
+    from gpu_cost.perceive import live as live_mod
+    from gpu_cost.perceive.prometheus import PrometheusSource
+    from gpu_cost.perceive.slurm import SlurmSource
+
+    live.wait(max(0.0, live.started + 75 - time.time()))  # a whole 60 s rule window of samples: not stale
+    both = f'job=~"{JOB_JOB}|{OUTSIDE_JOB}"'
+    policy = load_policy(live.policy_file)
+    now = math.floor(time.time() / 5) * 5
+    snap = live_mod.snapshot(policy, now, prometheus=PrometheusSource(live.lab.config(both)),
+                             slurm=SlurmSource(live.slurm.runner), processes=False)
+    env = {**os.environ, **live.slurm.env, "AIRFLOW_CONN_GPU_COST_PROMETHEUS": live.lab.conn_env(both)}
+    env.pop("AIRFLOW_CONN_GPU_COST_NODE_SSH", None)
+    res = subprocess.run([gpu_cost_bin(), "sweep", "--source", "prometheus", "--policy", str(live.policy_file),
+                          "--at", str(now), "--json"], capture_output=True, text=True, env=env, timeout=120)
+    slurm_gpus = len(live.slurm.nodes) * live.slurm.gpus_per_node
+    g = snap.gpus.set_index(["host", "gpu"])
+    # the outside GPUs are read, fresh, and they look wasted: 0 % for the whole window, memory held on GPU 0
+    assert {("infer01", 0), ("infer01", 1)} <= set(g.index)
+    for gpu in (0, 1):
+        row = g.loc[("infer01", gpu)]
+        assert row["attribution"] == "outside" and not row["job_id"] and not row["stale"], row.to_dict()
+        assert row["util_mean"] < 1, row.to_dict()
+    assert g.loc[("infer01", 0), "mem_min_mib"] > 1000
+    assert "outside" not in set(snap.gpus.loc[snap.gpus["host"] != "infer01", "attribution"])
+    assert snap.gpu_count() == slurm_gpus and "infer01" not in {n.name for n in snap.nodes}
+    assert not snap.problems, snap.problems
+    assert res.returncode == 0, res.stderr[-2000:]
+    payload = json.loads(res.stdout)
+    assert payload["gpus"] == slurm_gpus and payload["outside_gpus"] == 2 and not payload["degraded"], payload["problems"]
+    judged = [f for f in payload["findings"] if "infer01" in f["target"] or f.get("job_id") in ("970001", "970002")]
+    assert not judged, judged
+    assert payload["findings"], "the Slurm jobs' findings are still made beside the outside host"

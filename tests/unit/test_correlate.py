@@ -245,3 +245,20 @@ def test_a_host_outside_the_scheduler_is_not_its_to_judge() -> None:
     out, _ = attribute(gpus, jobs, procs, [Node(name="g1", gpus_total=4)])
     snap = Snapshot(ts=0.0, window_s=60.0, lookback_s=60.0, source="test", gpus=out, jobs=tuple(jobs))
     assert snap.gpu_count() == 4 == Snapshot.gpu_count_of_json(snap.to_json())
+
+
+def test_the_live_node_list_takes_no_host_outside_the_scheduler() -> None:
+    """Live, Slurm's node list is merged with the GPU hosts (a host Slurm's list misses while it is down still
+    gets a node). A host outside the scheduler gets none: its GPUs would count as the cluster's in every cap, and
+    an idle-node rule would judge it."""
+    from gpu_cost.core.model import Node
+    from gpu_cost.perceive.live import _merge_nodes
+
+    gpus = pd.DataFrame({"host": ["g1", "g1", "inf1", "inf1"], "gpu": [0, 1, 0, 1], "model": ["a100"] * 4,
+                         "power_w": [100.0] * 4, "uuid": [f"GPU-{i}" for i in range(4)], "label_job_id": [""] * 4})
+    out, _ = attribute(gpus, [job("7", (0,))], [], nodes=[Node("g1", gpus_total=2)])
+    assert out["attribution"].tolist() == ["slurm", "none", "outside", "outside"]
+    assert [n.name for n in _merge_nodes([Node("g1", gpus_total=2)], out, {})] == ["g1"]
+    # Slurm down (no node list): every GPU host is a node, as before
+    bare, _ = attribute(gpus, [], [])
+    assert [(n.name, n.gpus_total) for n in _merge_nodes([], bare, {})] == [("g1", 2), ("inf1", 2)]

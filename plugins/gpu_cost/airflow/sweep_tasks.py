@@ -110,7 +110,7 @@ def collect(cfg: Mapping[str, Any], part: Mapping[str, Any], context: Mapping[st
     logger.info("snapshot %d/%d at %s: %d GPUs, %d running jobs, %d processes, problems=%s", shard + 1, of, now,
                 len(snap.gpus), len(snap.running_jobs()), len(snap.processes), list(snap.problems))
     return {"run_id": run_id, "now": now, "policy": cfg["policy"], "source": snap.source, "shard": shard, "of": of,
-            "gpus": len(snap.gpus), "jobs": len(snap.running_jobs()), "degraded": snap.degraded,
+            **sweep.gpu_figures(snap), "jobs": len(snap.running_jobs()), "degraded": snap.degraded,
             "problems": [*snap.problems, *warnings]}
 
 
@@ -125,8 +125,8 @@ def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: M
         raise GpuCostError("no shard of the sweep reported a snapshot")
     if len(parts) == 1:
         one = parts[0]
-        return {**{k: one[k] for k in ("run_id", "now", "policy", "source", "gpus", "jobs", "degraded", "problems")},
-                "shards": 1, "log_jobs": None}
+        return {**{k: one[k] for k in ("run_id", "now", "policy", "source", "gpus", "outside_gpus", "jobs", "degraded",
+                                        "problems") if k in one}, "shards": 1, "log_jobs": None}
     from gpu_cost.analyse import replicas
     from gpu_cost.core.model import Snapshot
     from gpu_cost.loop import sweep
@@ -143,7 +143,7 @@ def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: M
     warnings = record_usage(store, snap, policy, run_id=run_id, **_cadence(context, now))["warnings"]
     logger.info("snapshot of %d shards at %s: %d GPUs, %d running jobs, %d processes, problems=%s", of, now,
                 len(snap.gpus), len(snap.running_jobs()), len(snap.processes), list(snap.problems))
-    return {"run_id": run_id, "now": now, "policy": cfg["policy"], "source": snap.source, "gpus": len(snap.gpus),
+    return {"run_id": run_id, "now": now, "policy": cfg["policy"], "source": snap.source, **sweep.gpu_figures(snap),
             "jobs": len(snap.running_jobs()), "degraded": snap.degraded, "problems": [*snap.problems, *warnings],
             "shards": of, "log_jobs": sorted(snap.job_logs)}
 

@@ -465,10 +465,13 @@ class Snapshot:
         """Return the cluster's GPUs as this snapshot shows them: GPUs in the metrics, else Slurm's GRES (0: unknown).
         GPUs outside the scheduler (attributed ``outside``: an inference server the same Prometheus scrapes) are
         not the cluster's: counted, they would loosen every cap on a share of it."""
-        rows = len(self.gpus)
-        if rows and "attribution" in self.gpus:
-            rows -= self.gpus["attribution"].to_numpy(dtype=object).tolist().count("outside")
-        return _gpu_count(rows, (n.gpus_total for n in self.nodes))
+        return _gpu_count(len(self.gpus) - self.outside_count(), (n.gpus_total for n in self.nodes))
+
+    def outside_count(self) -> int:
+        """Return how many GPU rows are outside the scheduler (attributed ``outside``): read, judged by nothing."""
+        if not len(self.gpus) or "attribution" not in self.gpus:
+            return 0
+        return int(self.gpus["attribution"].to_numpy(dtype=object).tolist().count("outside"))
 
     @classmethod
     def gpu_count_of_json(cls, text: str) -> int:

@@ -261,7 +261,7 @@ def run_once(policy: Policy, now: float, store: AuditStore, run_id: str | None =
         "ts": now,
         "source": snap.source,
         "mode": policy.mode,
-        "gpus": len(snap.gpus),
+        **gpu_figures(snap),
         "jobs": len(snap.running_jobs()),
         "degraded": snap.degraded,
         "problems": problems,
@@ -272,6 +272,13 @@ def run_once(policy: Policy, now: float, store: AuditStore, run_id: str | None =
         "snoozed": [{"rule": d.rule, "target": d.target, "reason": d.reason} for d in p.snooze_records],
         "cap_violation": p.cap_violation,
     }
+
+
+def gpu_figures(snap: Snapshot) -> dict[str, int]:
+    """Return a run's GPU figures: ``gpus``, the cluster's GPU series, and ``outside_gpus`` when the same
+    Prometheus scrapes hosts outside the scheduler (read, judged by nothing, counted apart)."""
+    outside = snap.outside_count()
+    return {"gpus": len(snap.gpus) - outside, **({"outside_gpus": outside} if outside else {})}
 
 
 def run_status(snapshot: Snapshot, p: Plan) -> str:

@@ -281,7 +281,9 @@ def idle_job_hosts(frame: Any, jobs: Sequence[Job], policy: Policy) -> list[str]
 
 
 def _merge_nodes(nodes: Sequence[Node], frame: Any, stats: dict[str, dict[str, float]]) -> list[Node]:
-    """Return Slurm's nodes (or the GPU hosts) with node_exporter CPU and summed GPU power."""
+    """Return Slurm's nodes with node_exporter CPU and summed GPU power, plus the GPU hosts Slurm does not list
+    (no node list: Slurm down) but those outside the scheduler (:func:`gpu_cost.perceive.correlate.attribute`): a
+    node of theirs would count their GPUs as the cluster's, and an idle-node rule would judge them."""
     power: dict[str, float] = {}
     if len(frame):
         for host, p in zip(frame["host"], frame["power_w"], strict=True):
@@ -289,6 +291,8 @@ def _merge_nodes(nodes: Sequence[Node], frame: Any, stats: dict[str, dict[str, f
                 power[str(host)] = power.get(str(host), 0.0) + float(p)
     known = {n.name for n in nodes}
     out = list(nodes)
+    if len(frame) and "attribution" in frame:
+        known |= set(map(str, frame.loc[frame["attribution"] == "outside", "host"]))
     if len(frame):
         for host in sorted(set(map(str, frame["host"])) - known):
             sub = frame[frame["host"] == host]
