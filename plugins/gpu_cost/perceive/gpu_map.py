@@ -317,3 +317,141 @@ def node_map_from(data: Mapping[str, Any], host: str) -> NodeMap:
         if isinstance(value, str) and str(pid).isdigit():
             visible[int(pid)] = value
     return NodeMap(nvml=nvml, driver=parse_driver_info(files, host), visible=visible)
+
+
+#: a node's numbering is in doubt when renumbering its GPUs explains this share of its GPU-time more than
+#: the scheduler's numbering does. What no numbering explains (a zombie, an idle allocation, a scrape's lag at a
+#: job's edges) costs every numbering alike; only a node whose exporter numbers GPUs otherwise gains from one
+MIN_RENUMBER_GAIN = 0.1
+#: ...and that gain is at least this many GPU-seconds (an hour): a short trace proves nothing
+MIN_RENUMBER_GAIN_S = 3600.0
+
+
+def trace_numbering(hosts: Sequence[str], gpus: Sequence[int], in_use: Any, known: Any, held: Any, step_s: float,
+                    ) -> dict[str, dict[int, int]]:
+    """Return, per node whose GPU numbering in a trace is in doubt, the renumbering its samples agree with.
+
+    A trace has no ``nvidia-smi`` to ask (:func:`check_node`), but it has the answer's consequences: a GPU
+    computes (``in_use``) only while a job holds it. On a node whose exporter numbers GPUs as the scheduler does,
+    the scheduler's numbering explains that best. On one whose ``gres.conf`` lists its devices in another order
+    (or whose ``CUDA_DEVICE_ORDER`` differs), another numbering explains it better: there a job's GPUs as the
+    samples number them are another job's, its work reads as idle and a finished job's free GPU as its own.
+
+    Only computing counts, not memory held: memory on a GPU no job holds is a zombie, and a zombie beside an idle
+    allocation started with it (the same user's two jobs) is explained as well by swapping their GPUs. What
+    waste looks like cannot testify about the numbering the waste is read by.
+
+    :param hosts: each row's node; ``gpus``: each row's GPU index as the samples number it.
+    :param in_use: rows x steps, bool, the GPU computes; ``known``: rows x steps, bool (a sample there);
+        ``held``: rows x steps, bool, a job holds the GPU of that index as the scheduler numbers it.
+    :returns: node → {the samples' GPU index: the scheduler's index it agrees with}, for nodes where that
+        renumbering explains :data:`MIN_RENUMBER_GAIN` of the node's sampled GPU-time more than the identity, and at
+        least :data:`MIN_RENUMBER_GAIN_S`.
+    """
+    import numpy as np
+
+    by_host: dict[str, list[int]] = {}
+    for r, name in enumerate(hosts):
+        by_host.setdefault(str(name), []).append(r)
+    out: dict[str, dict[int, int]] = {}
+    for host, rows in by_host.items():
+        if len(rows) < 2 or len(rows) > 64:
+            continue
+        k = np.asarray(known[rows], dtype=bool)
+        total = float(k.sum())
+        if not total:
+            continue
+        u = np.asarray(in_use[rows], dtype=bool) & k
+        free = ~np.asarray(in_use[rows], dtype=bool) & k
+        h = np.asarray(held[rows], dtype=float)
+        # agree[e, s]: the steps where the samples' GPU e computes while the scheduler's GPU s is held, or not while
+        # it is not
+        agree = u.astype(float) @ h.T + free.astype(float) @ (1.0 - h).T
+        ident = float(np.trace(agree))
+        assign = _best_assignment(agree)
+        best = float(agree[np.arange(len(rows)), assign].sum())
+        gain = best - ident
+        if gain >= MIN_RENUMBER_GAIN * total and gain * step_s >= MIN_RENUMBER_GAIN_S:
+            out[host] = {int(gpus[rows[e]]): int(gpus[rows[s]]) for e, s in enumerate(assign) if s != e}
+    return out
+
+
+def trace_claims(hosts: Sequence[str], gpus: Sequence[int], times: Any, util: Any, labelled: Any,
+                 claims: Iterable[tuple[Any, float, float]], busy_util: float, step_s: float,
+                 ) -> dict[str, dict[int, int]]:
+    """Return :func:`trace_numbering` of a trace's dense matrices (GPU rows x ``times``) against the jobs that the
+    jobs file places by ``gpu_ids`` (``claims``: each job's rows, start and end). Only hosts such a job is placed on
+    and whose samples carry no job label (``labelled``: per row) are asked: a label is the exporter's own word on
+    whose a GPU is, whatever its number."""
+    import numpy as np
+
+    placed = [([int(x) for x in r], float(a), float(b)) for r, a, b in claims]
+    labelled_hosts = {str(hosts[int(r)]) for r in np.flatnonzero(np.asarray(labelled, dtype=bool))}
+    asked = {str(hosts[r]) for rows, _, _ in placed for r in rows} - labelled_hosts
+    rows = np.array([r for r, h in enumerate(hosts) if str(h) in asked], dtype=np.int64)
+    if not len(rows) or not len(times):
+        return {}
+    at = {int(r): i for i, r in enumerate(rows.tolist())}
+    held = np.zeros((len(rows), len(times)), dtype=bool)
+    for mine, start, end in placed:
+        lo, hi = int(np.searchsorted(times, start, side="left")), int(np.searchsorted(times, end, side="left"))
+        idx = [at[r] for r in mine if r in at]
+        if idx and hi > lo:
+            held[idx, lo:hi] = True
+    u = np.asarray(util)[rows]
+    with np.errstate(invalid="ignore"):
+        in_use = u >= busy_util
+    known = ~np.isnan(u)
+    return trace_numbering([str(hosts[r]) for r in rows], [int(gpus[r]) for r in rows], in_use, known, held, step_s)
+
+
+def numbering_note(found: Mapping[str, Mapping[int, int]]) -> str:
+    """Return what :func:`trace_claims` found, in words: the nodes, the first one's renumbering, what to do."""
+    host, moves = sorted(found.items())[0]
+    shown = ", ".join(f"its GPU {e} is the jobs' GPU {s}" for e, s in sorted(moves.items())[:3])
+    more = "…" if len(moves) > 3 or len(found) > 1 else ""
+    return (f"{len(found)} node(s) number their GPUs otherwise than the jobs file's gpu_ids ({host}: {shown}{more}): "
+            "their GPUs compute while no job holds them and rest while one does, until renumbered. Read as "
+            "numbered, a job's GPUs there would be another's, so no rule judged those nodes' GPUs. If the exporter "
+            "numbers GPUs otherwise than Slurm (gres.conf order, CUDA_DEVICE_ORDER), write Slurm's index in the gpu "
+            "column")
+
+
+def _best_assignment(score: Any) -> list[int]:
+    """Return the column of each row that maximises the sum of ``score`` (square), one row per column: the Hungarian
+    method on the costs ``-score`` (a node's GPUs: a handful of rows)."""
+    n = len(score)
+    cost = [[-float(x) for x in row] for row in score]
+    inf = float("inf")
+    u, v = [0.0] * (n + 1), [0.0] * (n + 1)
+    p, way = [0] * (n + 1), [0] * (n + 1)  # p[j]: the row matched to column j (1-based; 0: none)
+    for i in range(1, n + 1):
+        p[0], j0 = i, 0
+        minv, used = [inf] * (n + 1), [False] * (n + 1)
+        while True:
+            used[j0] = True
+            i0, delta, j1 = p[j0], inf, 0
+            for j in range(1, n + 1):
+                if not used[j]:
+                    cur = cost[i0 - 1][j - 1] - u[i0] - v[j]
+                    if cur < minv[j]:
+                        minv[j], way[j] = cur, j0
+                    if minv[j] < delta:
+                        delta, j1 = minv[j], j
+            for j in range(n + 1):
+                if used[j]:
+                    u[p[j]] += delta
+                    v[j] -= delta
+                else:
+                    minv[j] -= delta
+            j0 = j1
+            if p[j0] == 0:
+                break
+        while j0:
+            j1 = way[j0]
+            p[j0] = p[j1]
+            j0 = j1
+    out = [0] * n
+    for j in range(1, n + 1):
+        out[p[j] - 1] = j - 1
+    return out

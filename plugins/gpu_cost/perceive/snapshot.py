@@ -58,6 +58,7 @@ def from_matrix(
     rolling: RollingWindows | None = None,
     recorded: AbstractSet[str] | None = None,
     managed: AbstractSet[str] | None = None,
+    doubtful: AbstractSet[str] = frozenset(),
 ) -> Snapshot:
     """Aggregate a GPU × time matrix and join it with jobs and processes (``mig``: the rows' MIG columns).
 
@@ -65,6 +66,8 @@ def from_matrix(
         the slice is then taken as clean.
     :param recorded: a trace's job ids, running or ended (:func:`gpu_cost.perceive.correlate.attribute`).
     :param managed: the nodes a trace's jobs file names (:func:`gpu_cost.perceive.correlate.attribute`).
+    :param doubtful: nodes whose GPU numbering is in doubt (:func:`gpu_cost.perceive.gpu_map.trace_numbering`):
+        their GPUs are stale, as a live sweep reads a node whose numbering disagrees (:func:`gpu_cost.perceive.gpu_map.apply`).
     """
     sw = policy.sweep
     primary, others = rule_windows(policy)
@@ -82,6 +85,8 @@ def from_matrix(
         max_staleness_s=sw.max_staleness, busy_util=sw.busy_util, mig=mig, rolling=rolling, cleaned=cleaned,
         last_ts=last,
     )
+    if doubtful and len(frame):
+        frame.loc[np.isin(hosts.astype(str), list(doubtful)), "stale"] = True
     windows = {
         w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness,
                         rolling=rolling, cleaned=cleaned, last_ts=last)
@@ -139,9 +144,10 @@ def from_samples(
     problems: Sequence[str] = (),
     recorded: AbstractSet[str] | None = None,
     managed: AbstractSet[str] | None = None,
+    doubtful: AbstractSet[str] = frozenset(),
 ) -> Snapshot:
-    """Aggregate long trace-format samples (the lookback before ``now``) into a snapshot (``recorded``, ``managed``:
-    see :func:`from_matrix`)."""
+    """Aggregate long trace-format samples (the lookback before ``now``) into a snapshot (``recorded``, ``managed``,
+    ``doubtful``: see :func:`from_matrix`)."""
     from gpu_cost.perceive.aggregate import to_dense
 
     keys, times, arrays = to_dense(samples, now - policy.sweep.lookback, now)
@@ -154,4 +160,5 @@ def from_samples(
         mem_total=keys["mem_total_mib"].to_numpy(dtype=float) if "mem_total_mib" in keys else np.full(n, np.nan),
         times=times, util=arrays["util"], mem=arrays["mem"], power=arrays["power"], job=arrays["job"],
         jobs=jobs, processes=processes, nodes=nodes, problems=problems, recorded=recorded, managed=managed,
+        doubtful=doubtful,
     )

@@ -611,9 +611,39 @@ def snapshot(policy: Any, now: float, samples: str | Path | pd.DataFrame, jobs: 
         check_job_clock(j, label_spans(s), float(s["ts"].min()), float(s["ts"].max()), policy.sweep.sample_interval)
     window = s[(s["ts"] > now - policy.sweep.lookback) & (s["ts"] <= now)]
     problems = [] if len(window) else [f"trace has no samples in the {policy.sweep.lookback:g}s before {now:g}"]
+    doubtful = numbering(s, j, now, policy)
+    if doubtful:
+        from gpu_cost.perceive.gpu_map import numbering_note
+
+        # as a live sweep treats a node whose numbering disagrees (gpu_map.apply): its GPUs stale, the run degraded
+        problems.append(f"gpu index check: {numbering_note(doubtful)}")
     return from_samples(policy=policy, now=now, source="trace", samples=window, jobs=jobs_at(j, s, now),
                         problems=problems, recorded=frozenset(j["job_id"]),
-                        managed=managed_hosts(names, labelled_hosts(s, j)))
+                        managed=managed_hosts(names, labelled_hosts(s, j)), doubtful=frozenset(doubtful))
+
+
+def numbering(samples: pd.DataFrame, jobs: pd.DataFrame, now: float, policy: Any) -> dict[str, dict[int, int]]:
+    """Return the nodes whose samples up to ``now`` agree with the jobs' ``gpu_ids`` only when renumbered
+    (:func:`gpu_cost.perceive.gpu_map.trace_claims`)."""
+    from gpu_cost.perceive.aggregate import to_dense
+    from gpu_cost.perceive.gpu_map import trace_claims
+
+    if "gpu_ids" not in jobs.columns or not len(samples):
+        return {}
+    keys, times, arrays = to_dense(samples, -math.inf, now)
+    if len(times) < 2:
+        return {}
+    row_of = {(str(h), int(g)): i for i, (h, g) in enumerate(zip(keys["host"], keys["gpu"], strict=True))}
+    ends = jobs["end_ts"] if "end_ts" in jobs.columns else pd.Series(math.nan, index=jobs.index)
+    claims = []
+    for text, start, end in zip(jobs["gpu_ids"], jobs["start_ts"], ends, strict=True):
+        rows = [row_of[k] for k in parse_gpu_ids(text) if k in row_of]
+        if rows and start == start:
+            claims.append((rows, float(start), math.inf if end != end else float(end)))
+    labelled = (arrays["job"] != "").any(axis=1)
+    step = float(np.median(np.diff(times)))
+    return trace_claims(keys["host"].astype(str).tolist(), keys["gpu"].astype(int).tolist(), times, arrays["util"],
+                        labelled, claims, policy.sweep.busy_util, step)
 
 
 def parse_gpu_ids(text: object) -> list[tuple[str, int]]:

@@ -145,6 +145,8 @@ class _Alloc:
     start: float
     end: float  # when the trace says it ended (inf: still running at the trace end)
     killed_at: float | None = None
+    #: placed by the jobs file's ``gpu_ids`` (the scheduler's numbering), not by the samples' labels
+    claimed: bool = False
 
 
 @dataclass
@@ -434,6 +436,9 @@ class _Replay:
                 f"{len(outside)} sampled host(s) no job of the jobs file names ({', '.join(outside[:3])}"
                 f"{'…' if len(outside) > 3 else ''}): taken as outside the scheduler (an inference server, a "
                 "workstation the same Prometheus scrapes), their GPUs judged by no rule and their processes no zombies")
+        #: hosts whose GPU numbering the samples contradict (:func:`gpu_cost.perceive.gpu_map.trace_numbering`):
+        #: their GPUs are read as stale, judged by no rule
+        self.doubtful = self._numbering()
         #: job id -> its runs' keys in ``allocs`` (a requeued job's runs share an id)
         self.runs: dict[str, list[str]] = {}
         for key, a in self.allocs.items():
@@ -621,7 +626,8 @@ class _Replay:
             if end < self.times[0] or start > t_end:
                 continue
             rows = self._rows_of_ids(rec.get("gpu_ids", "")) if "gpu_ids" in cols else np.zeros(0, dtype=np.int64)
-            if not len(rows):
+            claimed = bool(len(rows))
+            if not claimed:
                 rows = by_label.get(jid, np.zeros(0, dtype=np.int64))
             alloc: dict[str, list[int]] = {}
             for r in rows:
@@ -630,7 +636,7 @@ class _Replay:
             # a requeued job is in the trace once per run, under one id: each run is its own
             runs[jid] = runs.get(jid, 0) + 1
             key = jid if runs[jid] == 1 else f"{jid}#{runs[jid]}"
-            out[key] = _Alloc(job, np.sort(rows), float(start), end)
+            out[key] = _Alloc(job, np.sort(rows), float(start), end, claimed=claimed)
             recs[key] = rec
         if any(a.job.unplaced_gpus for a in out.values()):
             # a job the trace does not place that takes whole nodes holds their GPUs (trace.whole_nodes)
@@ -644,6 +650,20 @@ class _Replay:
                 out[jid].job = trace_job(recs[jid], alloc, batch=_flag(recs[jid].get("batch")))
                 out[jid].rows = rows
         return out
+
+    def _numbering(self) -> frozenset[str]:
+        """Return the hosts whose samples agree with the jobs file's ``gpu_ids`` only when renumbered
+        (:func:`gpu_cost.perceive.gpu_map.trace_claims`), with a note."""
+        from gpu_cost.perceive.gpu_map import numbering_note, trace_claims
+
+        claims = [(a.rows, a.start, a.end) for a in self.allocs.values() if a.claimed]
+        if not claims:
+            return frozenset()
+        found = trace_claims(self.hosts.tolist(), self.gpu_idx.tolist(), self.times, self.util,
+                             (self.job_code != 0).any(axis=1), claims, self.policy.sweep.busy_util, self.dt)
+        if found:
+            self.res.notes.append(numbering_note(found))
+        return frozenset(found)
 
     def _label_spans(self) -> dict[str, tuple[float, float]]:
         """Return, per job label, the first and last sample time that carries it (a block of GPUs at a time: a
@@ -754,7 +774,7 @@ class _Replay:
                     models=self.models, mem_total=self.mem_total, times=self.times[lo:hi], util=self.util[:, lo:hi],
                     mem=self.mem[:, lo:hi], power=None, job=self._labels(slice(None), slice(max(lo, hi - 1), hi)), jobs=jobs,
                     processes=self._procs_at(hi - 1, running) if hi > lo else [], nodes=(), rolling=self.rolling,
-                    recorded=self.recorded, managed=self.managed,
+                    recorded=self.recorded, managed=self.managed, doubtful=self.doubtful,
                 )
                 if snap.degraded:
                     self.res.degraded_sweeps += 1
