@@ -212,3 +212,19 @@ def test_a_sweep_of_a_renumbered_trace_is_degraded_as_a_live_one_is(hard_day: Pa
     assert said and f"({host}:" in said[0] and snap.degraded
     stale = snap.gpus.groupby("host")["stale"].all()
     assert stale[host] and stale.drop(host).eq(plain.gpus.groupby("host")["stale"].all().drop(host)).all()
+
+
+def test_an_exporter_numbering_from_one_is_said_and_kills_nothing(hard_day: Path) -> None:
+    """The samples number each node's GPUs 1 to 8 where Slurm numbers them 0 to 7. The jobs' GPU 0 is then no
+    sampled GPU, and every other one is its neighbour's: the notes say which GPUs no sample shows, the nodes whose
+    work shows it are in doubt, and nothing is killed falsely."""
+    policy = load_policy(ROOT / "include" / "policy" / "default.yaml")
+    s = pd.read_parquet(hard_day / "unlabelled.parquet")
+    s["gpu"] = s["gpu"] + 1
+    s.to_parquet(path := hard_day / "from-one.parquet")
+    res = replay_files(path, hard_day / "jobs.csv", policy).to_dict()
+    assert res["false_kills"] == 0
+    said = [n for n in res["notes"] if "that no sample shows" in n]
+    assert said and ": 0; its samples number 1, 2, 3, 4, 5, 6, 7, 8)" in said[0], res["notes"]
+    base = replay_files(hard_day / "unlabelled.parquet", hard_day / "jobs.csv", policy).to_dict()
+    assert not [n for n in base["notes"] if "that no sample shows" in n]

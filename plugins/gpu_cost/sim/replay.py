@@ -426,7 +426,21 @@ class _Replay:
         self.policy = policy
         if not isinstance(samples, PreparedTrace):  # a prepared trace was checked once, for all its replays
             check_job_clock(jobs, self._label_spans(), float(times[0]), float(times[-1]), self.dt)
+        #: host -> its sampled GPU indices; the jobs' gpu_ids that name a sampled node's GPU no sample shows
+        self.host_gpus: dict[str, set[int]] = {}
+        for h, g in self.row_of:
+            self.host_gpus.setdefault(str(h), set()).add(g)
+        self.unsampled: set[tuple[str, int]] = set()
         self.allocs = self._allocs(jobs)
+        if self.unsampled:
+            host, _ = min(self.unsampled)
+            names = sorted(i for h, i in self.unsampled if h == host)
+            res.notes.append(
+                f"the jobs' gpu_ids name {len(self.unsampled)} GPU(s) of sampled nodes that no sample shows ({host}: "
+                f"{', '.join(map(str, names[:4]))}{'…' if len(names) > 4 else ''}; its samples number "
+                f"{', '.join(map(str, sorted(self.host_gpus[host])[:8]))}): no GPU of the samples is those jobs' there. "
+                "If the exporter numbers GPUs otherwise than Slurm (from 1, or by another order), write Slurm's index "
+                "in the gpu column")
         #: the hosts the scheduler runs jobs on (named by the jobs file, or holding a job's GPUs by its labels): a
         #: sampled host outside them is outside the scheduler (correlate.attribute); None: the file names no node
         self.managed = managed_hosts(self.named, (str(self.hosts[r]) for a in self.allocs.values() for r in a.rows))
@@ -696,7 +710,11 @@ class _Replay:
     def _rows_of_ids(self, text: Any) -> np.ndarray:
         from gpu_cost.perceive.trace import parse_gpu_ids
 
-        return np.array([self.row_of[k] for k in parse_gpu_ids(text) if k in self.row_of], dtype=np.int64)
+        keys = parse_gpu_ids(text)
+        for k in keys:
+            if k not in self.row_of and k[0] in self.host_gpus:
+                self.unsampled.add(k)  # a sampled node's GPU no sample shows: numbered otherwise?
+        return np.array([self.row_of[k] for k in keys if k in self.row_of], dtype=np.int64)
 
     def _totals(self) -> None:
         ours = self._ours()
