@@ -23,7 +23,7 @@ from tests.fixtures.core import NOW
 
 #: the fields each record's to_dict writes in a shape of its own (the rest are its fields as they are)
 RESHAPED = {Job: {"gpu_alloc", "nodes", "labels", "mig_alloc", "gpu_shared"}, Node: {"partitions"},
-            Reservation: {"nodes", "accounts", "users", "flags"}, GpuProcess: {"mig", "mig_profile"},
+            Reservation: {"nodes", "accounts", "users", "flags"}, GpuProcess: {"mig", "mig_profile", "job_known"},
             Finding: {"gpu_share", "gpu_ids", "labels", "nodes", "evidence"}, Decision: {"evidence"}}
 
 

@@ -3,7 +3,7 @@
 A process of no running job that is not a person's — root's, a system account's, one in a
 container — is reported, never killed. :func:`owner_evidence` classifies a process under
 ``rules.zombie`` (``act_on_owners``, ``system_users``) into the evidence its finding carries
-(``foreign_owner``: ``root``, ``system`` or ``container:<runtime>``; ``act_on_owner``: the policy
+(``foreign_owner``: ``root``, ``system``, ``container:<runtime>`` or ``job unknown``; ``act_on_owner``: the policy
 entry that lets the agent act on it), and :func:`not_ours` reads that evidence back: why nothing
 destructive is done to it, or None. The zombie rule turns such a finding into advice; the
 engine's guard (:func:`gpu_cost.decide.engine.guard`) refuses a destructive action on it whoever
@@ -34,7 +34,10 @@ class OwnerSettings(Protocol):
 
 
 def foreign_owner(p: GpuProcess, cfg: OwnerSettings) -> str | None:
-    """Return why a process is not ours by default (``root``, ``system``, ``container:<runtime>``), or None."""
+    """Return why a process is not ours by default (``root``, ``system``, ``container:<runtime>``, ``job unknown``),
+    or None."""
+    if not p.job_known:
+        return "job unknown"
     if p.container:
         runtime, sep, _ = p.container.partition(":")
         return f"container:{runtime}" if sep else "container"
@@ -47,8 +50,8 @@ def foreign_owner(p: GpuProcess, cfg: OwnerSettings) -> str | None:
 
 def owner_allowed(kind: str, user: str, cfg: OwnerSettings) -> str | None:
     """Return the ``act_on_owners`` entry that lets the agent act on a foreign owner, or None."""
-    if kind == "root" or kind.startswith("container"):
-        return None  # the node wrapper refuses them whatever the policy says
+    if kind in ("root", "job unknown") or kind.startswith("container"):
+        return None  # the node wrapper refuses them whatever the policy says; no policy makes a job known
     allowed = set(cfg.act_on_owners)
     if "system" in allowed:
         return "system"
@@ -76,9 +79,13 @@ def not_ours(evidence: Mapping[str, Any]) -> str | None:
         why = "the node never signals uid 0"
     elif str(kind).startswith("container"):
         why = "the node never signals a process in a container"
+    elif kind == "job unknown":
+        why = ("no job is known to have held its GPU when it started (a trace without job labels, whose jobs file "
+               "may leave out the job that owns it)")
     else:
         why = "rules.zombie.act_on_owners does not name it"
-    return f"a {kind} process, not ours: reported only ({why})"
+    what = "a process whose job is unknown" if kind == "job unknown" else f"a {kind} process"
+    return f"{what}, not ours: reported only ({why})"
 
 
 __all__ = ["foreign_owner", "not_ours", "owner_allowed", "owner_evidence"]

@@ -267,6 +267,9 @@ class GpuProcess:
     :param start_ts: process start time (epoch seconds); with ``pid`` it identifies the process
         across PID reuse.
     :param job_id: the Slurm job owning the process (from its cgroup), or ``None`` for an orphan.
+    :param job_known: False when the source cannot tell the process's job (a trace without job labels whose
+        jobs file has no job holding the GPU when the process started: a job the export left out may own it);
+        ``job_id`` is then ``None`` for want of knowing, not because it has none.
     """
 
     host: str
@@ -283,6 +286,7 @@ class GpuProcess:
     mig: str = ""
     #: the MIG profile of the slice it runs in (``nvidia-smi -L``), when its ``gpu_uuid`` is a MIG UUID
     mig_profile: str = ""
+    job_known: bool = True
 
     @property
     def key(self) -> str:
@@ -294,6 +298,8 @@ class GpuProcess:
         for k in ("mig", "mig_profile"):
             if not d[k]:
                 d.pop(k)  # a whole-GPU process's record reads as it always did
+        if d["job_known"]:
+            d.pop("job_known")  # so does one whose job the source tells
         return d
 
     @classmethod

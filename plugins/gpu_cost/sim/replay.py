@@ -432,6 +432,11 @@ class _Replay:
             self.host_gpus.setdefault(str(h), set()).add(g)
         self.unsampled: set[tuple[str, int]] = set()
         self.allocs = self._allocs(jobs)
+        #: no sample carries a job label: a process's job is the jobs file's word alone (:meth:`_procs_at`)
+        self.unlabelled = not bool((self.job_code != 0).any())
+        self._holders: dict[int, list[tuple[float, float, str]]] | None = None
+        #: (row, pid, first seen) of the processes no job of the jobs file held the GPU of when they started
+        self.unknown_procs: set[tuple[int, int, float]] = set()
         if self.unsampled:
             host, _ = min(self.unsampled)
             names = sorted(i for h, i in self.unsampled if h == host)
@@ -827,6 +832,13 @@ class _Replay:
                 "so nothing destructive acted in them, and no GPU on a host the jobs do not name was taken for a "
                 "zombie; if the samples name those nodes otherwise (an IP address), write the scheduler's names "
                 "in their host column")
+        if self.unknown_procs:
+            shown = ", ".join(sorted({f"{self.hosts[r]}:{pid}" for r, pid, _ in self.unknown_procs})[:3])
+            self.res.notes.append(
+                f"{len(self.unknown_procs)} process(es) started on a GPU no job of the jobs file held then ({shown}"
+                f"{'…' if len(self.unknown_procs) > 3 else ''}), and no sample labels them with a job: their job is "
+                "unknown, so they were reported, never killed (a jobs file exported by state, sacct -s CD, leaves out "
+                "the jobs that were running; export every state over the samples' span)")
         del self.rolling  # its running sums (five GPU x time arrays) are the sweeps' alone: not held while the ledger reads
         self._ledger(store, last)
         self._outcomes()
@@ -966,12 +978,36 @@ class _Replay:
             if self.user is not None:
                 user = str(self.user_names[self.user[r, col]])  # -1 (no user) is the trailing ""
             mem = self.mem[r, col]
+            start = float(int(self.times[self.pid_start[r, col]]))  # type: ignore[index]
+            job, known = str(label) or None, True
+            if job is None and self.unlabelled:
+                # no label says whose it is: the job the jobs file has on its GPU when it started, as its cgroup
+                # would; none there, and a job the export left out may own it
+                holder = self._holder(int(r), start)
+                known = holder is not None
+                if not known:
+                    self.unknown_procs.add((int(r), int(pids[r]), start))
+                job = holder if holder and holder not in running else None
             out.append(GpuProcess(
                 host=str(self.hosts[r]), pid=int(pids[r]), gpu_uuid=str(self.uuids[r]), gpu=int(self.gpu_idx[r]),
-                used_mib=float(mem) if mem == mem else 0.0, start_ts=float(int(self.times[self.pid_start[r, col]])),  # type: ignore[index]
-                job_id=str(label) or None, user=user,
+                used_mib=float(mem) if mem == mem else 0.0, start_ts=start, job_id=job, user=user, job_known=known,
             ))
         return out
+
+    def _holder(self, row: int, ts: float) -> str | None:
+        """Return the id of the job the jobs file has holding GPU ``row`` at ``ts``, or None. A process may show a
+        scrape or two before its job's recorded start; one first seen after a job's end is not that job's (the next
+        job's, on a GPU handed over)."""
+        if self._holders is None:
+            self._holders = {}
+            for a in self.allocs.values():
+                for r in a.rows.tolist():
+                    self._holders.setdefault(int(r), []).append((a.start, a.end, a.job.job_id))
+        slack = 2 * self.dt
+        for start, end, jid in self._holders.get(row, ()):
+            if start - slack <= ts < end:
+                return jid
+        return None
 
     def _act(self, decisions: list[Decision], store: Any, t: float, total_gpus: int, run_id: str) -> None:
         """Carry out the engine's acting decisions the simulated humans let act (:meth:`_answered`) through the
