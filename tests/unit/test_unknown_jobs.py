@@ -66,3 +66,20 @@ def test_a_process_whose_job_is_unknown_is_not_ours_whatever_the_policy_says() -
     assert not_ours(owner_evidence(known, cfg)) is None
     # a snapshot's record keeps it, and one of a known job reads as it always did
     assert GpuProcess.from_dict(p.to_dict()) == p and "job_known" not in known.to_dict()
+
+
+def test_hosts_whose_exporter_labels_nothing_are_read_by_the_jobs_file_alone(tmp_path: Path) -> None:
+    """Exporters of two kinds: half the hosts label their GPUs with jobs, half do not. An empty label is "no job"
+    only where the exporter labels at all: the jobs file without its running jobs kills none of their processes
+    on either half."""
+    policy = load_policy(ROOT / "include" / "policy" / "default.yaml")
+    write_sim_trace(tmp_path, days=1.0, gpus=32, seed=3, end=END, sample_interval=30.0, behaviours="hard")
+    s = pd.read_parquet(tmp_path / "samples.parquet")
+    half = sorted(s["host"].astype(str).unique())[:2]
+    s["job_id"] = s["job_id"].astype(object).where(~s["host"].astype(str).isin(half), None)
+    s.to_parquet(mixed := tmp_path / "mixed.parquet")
+    jobs = pd.read_csv(tmp_path / "jobs.csv", dtype={"job_id": str})
+    jobs[jobs["end_ts"].notna()].to_csv(ended := tmp_path / "ended.csv", index=False)
+    res = replay_files(mixed, ended, policy).to_dict()
+    whole = replay_files(tmp_path / "samples.parquet", tmp_path / "jobs.csv", policy).to_dict()
+    assert res["false_kills"] == 0 and _kills(res) <= _kills(whole)

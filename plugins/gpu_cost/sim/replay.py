@@ -432,8 +432,10 @@ class _Replay:
             self.host_gpus.setdefault(str(h), set()).add(g)
         self.unsampled: set[tuple[str, int]] = set()
         self.allocs = self._allocs(jobs)
-        #: no sample carries a job label: a process's job is the jobs file's word alone (:meth:`_procs_at`)
-        self.unlabelled = not bool((self.job_code != 0).any())
+        #: the GPU rows of hosts where no sample carries a job label: there a process's job is the jobs file's word
+        #: alone (:meth:`_procs_at`); an exporter that labels its GPUs says "no job" by an empty label
+        labelled = {str(self.hosts[r]) for r in np.flatnonzero((self.job_code != 0).any(axis=1))}
+        self.unlabelled = np.array([str(h) not in labelled for h in self.hosts.tolist()], dtype=bool)
         self._holders: dict[int, list[tuple[float, float, str]]] | None = None
         #: (row, pid, first seen) of the processes no job of the jobs file held the GPU of when they started
         self.unknown_procs: set[tuple[int, int, float]] = set()
@@ -980,7 +982,7 @@ class _Replay:
             mem = self.mem[r, col]
             start = float(int(self.times[self.pid_start[r, col]]))  # type: ignore[index]
             job, known = str(label) or None, True
-            if job is None and self.unlabelled:
+            if job is None and self.unlabelled[r]:
                 # no label says whose it is: the job the jobs file has on its GPU when it started, as its cgroup
                 # would; none there, and a job the export left out may own it
                 holder = self._holder(int(r), start)
