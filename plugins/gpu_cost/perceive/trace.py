@@ -427,6 +427,8 @@ def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
     for col, read in (("gpus", _gpus_col), ("time_limit_s", _limit_col)):
         if col in out.columns and not pd.api.types.is_numeric_dtype(out[col]):
             out[col] = read(out[col], source)
+    if "time_limit_s" in out.columns and "end_ts" in out.columns:
+        _check_limits(out, source)
     for col in ("account", "partition", "name", "labels", "gpu_ids", "nodes", "state", "qos"):
         if col in out.columns:
             out[col] = out[col].fillna("").astype(str)
@@ -443,6 +445,39 @@ def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
     out.attrs["repeated_rows"] = repeated
     out.attrs["runs_cut"] = cut
     return out
+
+
+#: a limit check reads the ended jobs that ran at least this long (a short job says little about a unit)
+LIMIT_CHECK_MIN_RUN_S = 600.0
+#: ... and needs this many of them
+LIMIT_CHECK_MIN_JOBS = 20
+
+
+def _check_limits(jobs: pd.DataFrame, source: str) -> None:
+    """Refuse a ``time_limit_s`` column in minutes (``sacct``'s ``TimelimitRaw`` is minutes).
+
+    A scheduler ends a job at its limit (Slurm's ``OverTimeLimit`` adds minutes at most), so on a real trace hardly
+    an ended job runs past half again its limit. Read as seconds, limits in minutes are 60 times too short: most
+    jobs "run past" them, every job's stakes and the savings until its limit are 0, and a forecast's baseline is
+    nonsense. Of the ended jobs that ran :data:`LIMIT_CHECK_MIN_RUN_S` or more with a limit (at least
+    :data:`LIMIT_CHECK_MIN_JOBS`), when half ran past 1.5 times it and nearly all fit 60 times it, the column is
+    refused."""
+    limit = pd.to_numeric(jobs["time_limit_s"], errors="coerce").to_numpy(dtype=float)
+    ran = (jobs["end_ts"] - jobs["start_ts"]).to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        read = (ran >= LIMIT_CHECK_MIN_RUN_S) & (limit > 0) & np.isfinite(limit)
+    if int(read.sum()) < LIMIT_CHECK_MIN_JOBS:
+        return
+    over = ran[read] > 1.5 * limit[read]
+    as_minutes = ran[read] <= 1.5 * 60 * limit[read] + LIMIT_CHECK_MIN_RUN_S
+    if over.mean() >= 0.5 and as_minutes.mean() >= 0.9:
+        i = int(np.flatnonzero(read)[int(np.argmax(over))])
+        raise TraceError(
+            f"{source}: column time_limit_s looks like minutes (sacct's TimelimitRaw is): {over.mean():.0%} of "
+            f"{int(read.sum())} ended jobs that ran {LIMIT_CHECK_MIN_RUN_S / 60:g} min or more ran past half again "
+            f"their limit (row {int(jobs.index[i]) + 1}, job {jobs['job_id'].iloc[i]}: ran {ran[i]:.0f} s, limit "
+            f"{limit[i]:g}), where a scheduler ends a job at it. Write the limits in seconds, or in Slurm's form "
+            "(2-00:00:00)")
 
 
 def _runs_apart(jobs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
