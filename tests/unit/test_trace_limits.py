@@ -64,3 +64,16 @@ def test_the_thetagpu_log_reads_and_its_limits_in_minutes_do_not(shared_data: Pa
     normalise_jobs(jobs.copy(), "thetagpu_jobs.csv")
     with pytest.raises(TraceError, match="looks like minutes"):
         normalise_jobs(jobs.assign(time_limit_s=jobs["time_limit_s"] / 60), "thetagpu_jobs.csv")
+
+
+def test_the_forecast_reads_limits_as_the_replay_does(tmp_path: Path) -> None:
+    """``gpu-cost forecast backtest`` reads its jobs with its own reader: limits in minutes are refused there too
+    (its baseline is the limit itself)."""
+    from gpu_cost.capacity.forecast.history import load_jobs
+
+    jobs = _jobs(np.random.default_rng(2), 200)
+    jobs.to_csv(seconds := tmp_path / "seconds.csv", index=False)
+    assert load_jobs(seconds)["time_limit_s"].tolist() == jobs["time_limit_s"].tolist()
+    jobs.assign(time_limit_s=jobs["time_limit_s"] / 60).to_csv(minutes := tmp_path / "minutes.csv", index=False)
+    with pytest.raises(TraceError, match=r"minutes\.csv: column time_limit_s looks like minutes"):
+        load_jobs(minutes)

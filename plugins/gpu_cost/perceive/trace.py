@@ -428,7 +428,7 @@ def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
         if col in out.columns and not pd.api.types.is_numeric_dtype(out[col]):
             out[col] = read(out[col], source)
     if "time_limit_s" in out.columns and "end_ts" in out.columns:
-        _check_limits(out, source)
+        check_limits(out, source)
     for col in ("account", "partition", "name", "labels", "gpu_ids", "nodes", "state", "qos"):
         if col in out.columns:
             out[col] = out[col].fillna("").astype(str)
@@ -453,7 +453,7 @@ LIMIT_CHECK_MIN_RUN_S = 600.0
 LIMIT_CHECK_MIN_JOBS = 20
 
 
-def _check_limits(jobs: pd.DataFrame, source: str) -> None:
+def check_limits(jobs: pd.DataFrame, source: str) -> None:
     """Refuse a ``time_limit_s`` column in minutes (``sacct``'s ``TimelimitRaw`` is minutes).
 
     A scheduler ends a job at its limit (Slurm's ``OverTimeLimit`` adds minutes at most), so on a real trace hardly

@@ -89,6 +89,9 @@ def normalise_jobs(df: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
     if bad.any():
         row = int(bad.to_numpy().nonzero()[0][0])
         raise TraceError(f"{source}: row {row + 1}: start_ts is empty or unreadable for a job that is not pending")
+    from gpu_cost.perceive.trace import check_limits
+
+    check_limits(out, source)  # limits in minutes: the replay's reader refuses them too
     return out.reset_index(drop=True)
 
 
