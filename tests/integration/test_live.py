@@ -275,3 +275,14 @@ def test_a_gpu_host_outside_slurms_node_list_is_judged_by_no_rule(live: LiveClus
     judged = [f for f in payload["findings"] if "infer01" in f["target"] or f.get("job_id") in ("970001", "970002")]
     assert not judged, judged
     assert payload["findings"], "the Slurm jobs' findings are still made beside the outside host"
+
+    # the outside host's exporter stops: its series go stale, and the cluster is still seen whole (before, every
+    # sweep was degraded by a machine that is not the cluster's, and nothing destructive could act anywhere)
+    live.lab.stop_process(OUTSIDE_JOB)
+    live.wait(policy.sweep.max_staleness + 10)
+    later = live_mod.snapshot(policy, math.floor(time.time() / 5) * 5,
+                              prometheus=PrometheusSource(live.lab.config(both)), slurm=SlurmSource(live.slurm.runner),
+                              processes=False)
+    rows = later.gpus[later.gpus["host"] == "infer01"]
+    assert len(rows) == 2 and rows["stale"].all() and set(rows["attribution"]) == {"outside"}
+    assert not later.problems and not later.degraded, later.problems

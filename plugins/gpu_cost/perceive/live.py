@@ -175,12 +175,14 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
 
     unseen = unseen_nodes(frame["host"].astype(str), jobs, nodes) if len(frame) else []
     frame, disagreements = attribute(frame, jobs, procs, nodes, unseen=unseen)
-    if len(frame) and frame["stale"].all():
+    # the cluster's GPUs: a host outside the scheduler whose exporter stopped leaves the cluster seen whole
+    ours = frame[frame["attribution"] != "outside"] if len(frame) else frame
+    if len(ours) and ours["stale"].all():
         problems.append("every GPU series is stale or missing")
-    elif len(frame) and frame["stale"].any():
+    elif len(ours) and ours["stale"].any():
         # part of the cluster unseen (an exporter stopped, a scrape gap): the whole run is degraded
-        stale_hosts = sorted({str(h) for h in frame.loc[frame["stale"], "host"]})
-        problems.append(f"stale or missing GPU series: {int(frame['stale'].sum())} of {len(frame)} GPUs "
+        stale_hosts = sorted({str(h) for h in ours.loc[ours["stale"], "host"]})
+        problems.append(f"stale or missing GPU series: {int(ours['stale'].sum())} of {len(ours)} GPUs "
                         f"(on {', '.join(stale_hosts[:10])})")
     if unseen:
         problems.append(unseen_problem(unseen))

@@ -95,7 +95,9 @@ def from_matrix(
     unseen = unseen_nodes(hosts.tolist(), jobs, nodes) if len(frame) else []
     frame, disagreements = attribute(frame, jobs, processes, nodes, recorded, unseen, managed)
     found = redact_all(problems)  # they are stored, returned and alerted on: no credentials
-    if len(frame) and frame["stale"].all():
+    # a host outside the scheduler is no part of the cluster seen
+    ours = frame.loc[frame["attribution"] != "outside", "stale"].to_numpy(dtype=bool) if len(frame) else np.zeros(0, bool)
+    if len(ours) and ours.all():
         found.append("every GPU series is stale or missing")
     if unseen:
         found.append(unseen_problem(unseen))
