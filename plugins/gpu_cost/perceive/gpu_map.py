@@ -289,13 +289,21 @@ def apply(frame: pd.DataFrame, checks: Iterable[MapCheck]) -> tuple[pd.DataFrame
     bad = {c.host: c for c in checks if not c.ok}
     problems = [f"gpu index check on {h}: {'; '.join(c.problems[:3])} (its GPUs are treated as stale)"
                 for h, c in sorted(bad.items())]
-    if bad and len(frame):
-        frame = frame.copy()
-        hit = frame["host"].astype(str).isin(list(bad))
-        frame.loc[hit, "stale"] = True
+    frame = stale_hosts(frame, bad)
     for p in problems:
         logger.warning("%s", p)
     return frame, problems
+
+
+def stale_hosts(frame: pd.DataFrame, hosts: Iterable[str]) -> pd.DataFrame:
+    """Return ``frame`` with every GPU of ``hosts`` (nodes whose numbering is in doubt) ``stale``: no rule reads
+    them as idle. Unchanged, not copied, when there is none."""
+    hosts = list(hosts)
+    if not hosts or not len(frame):
+        return frame
+    frame = frame.copy()
+    frame.loc[frame["host"].astype(str).isin(hosts), "stale"] = True
+    return frame
 
 
 def node_map_from(data: Mapping[str, Any], host: str) -> NodeMap:

@@ -85,8 +85,10 @@ def from_matrix(
         max_staleness_s=sw.max_staleness, busy_util=sw.busy_util, mig=mig, rolling=rolling, cleaned=cleaned,
         last_ts=last,
     )
-    if doubtful and len(frame):
-        frame.loc[np.isin(hosts.astype(str), list(doubtful)), "stale"] = True
+    if doubtful:
+        from gpu_cost.perceive.gpu_map import stale_hosts
+
+        frame = stale_hosts(frame, doubtful)
     windows = {
         w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness,
                         rolling=rolling, cleaned=cleaned, last_ts=last)
@@ -96,7 +98,8 @@ def from_matrix(
     frame, disagreements = attribute(frame, jobs, processes, nodes, recorded, unseen, managed)
     found = redact_all(problems)  # they are stored, returned and alerted on: no credentials
     # a host outside the scheduler is no part of the cluster seen
-    ours = frame.loc[frame["attribution"] != "outside", "stale"].to_numpy(dtype=bool) if len(frame) else np.zeros(0, bool)
+    stale = frame["stale"].to_numpy(dtype=bool) if len(frame) else np.zeros(0, dtype=bool)
+    ours = stale[frame["attribution"].to_numpy(dtype=object) != "outside"] if stale.any() else stale
     if len(ours) and ours.all():
         found.append("every GPU series is stale or missing")
     if unseen:

@@ -680,8 +680,8 @@ class _Replay:
         claims = [(a.rows, a.start, a.end) for a in self.allocs.values() if a.claimed]
         if not claims:
             return frozenset()
-        found = trace_claims(self.hosts.tolist(), self.gpu_idx.tolist(), self.times, self.util,
-                             (self.job_code != 0).any(axis=1), claims, self.policy.sweep.busy_util, self.dt)
+        found = trace_claims(self.hosts.tolist(), self.gpu_idx.tolist(), self.times, self.util, ~self.unlabelled,
+                             claims, self.policy.sweep.busy_util, self.dt)
         if found:
             self.res.notes.append(numbering_note(found))
         return frozenset(found)
