@@ -40,8 +40,13 @@ jobs:
 
 
 def one(dag_id: str) -> dict[str, Any]:
-    """Run ``dag_id`` once in this (fresh) process; return each task's duration and state."""
-    home = Path(tempfile.mkdtemp(prefix="gpu-cost-bench-approval-"))
+    """Run ``dag_id`` once in this (fresh) process, in a temporary Airflow home (removed after); return each task's
+    duration and state."""
+    with tempfile.TemporaryDirectory(prefix="gpu-cost-bench-approval-") as tmp:
+        return _one(dag_id, Path(tmp))
+
+
+def _one(dag_id: str, home: Path) -> dict[str, Any]:
     os.environ.update({
         "AIRFLOW_HOME": str(home / "airflow"), "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",

@@ -53,17 +53,24 @@ def synthetic_series(n: int, days: int = DAYS, seed: int = 7) -> Any:
 
 
 def run(n_series: int, workers: int, jobs_path: str | None, nodes: int) -> dict[str, Any]:
-    from concurrent.futures import ProcessPoolExecutor
-
+    """Fit ``n_series`` demand series and the runtime model into a temporary store (removed after)."""
     from gpu_cost.audit.store import AuditStore
-    from gpu_cost.capacity.forecast import history, nightly, prophet_util
+    from gpu_cost.capacity.forecast import prophet_util
     from gpu_cost.config.loader import load_policy
-    from gpu_cost.sim import cluster as sim_cluster
 
     prophet_util.silence()
     policy = load_policy()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-forecast-"))
-    store = AuditStore(f"sqlite:///{tmp / 'audit.db'}").ensure_schema()
+    with tempfile.TemporaryDirectory(prefix="gpu-cost-bench-forecast-") as tmp:
+        return _run(AuditStore(f"sqlite:///{Path(tmp) / 'audit.db'}").ensure_schema(), policy, n_series, workers,
+                    jobs_path, nodes)
+
+
+def _run(store: Any, policy: Any, n_series: int, workers: int, jobs_path: str | None, nodes: int) -> dict[str, Any]:
+    from concurrent.futures import ProcessPoolExecutor
+
+    from gpu_cost.capacity.forecast import history, nightly
+    from gpu_cost.sim import cluster as sim_cluster
+
     base = rss_mb()
     series = synthetic_series(n_series)
     jobs = history.load_jobs(jobs_path) if jobs_path else sim_cluster.sim_jobs(NOW, DAYS, nodes=nodes)

@@ -21,7 +21,13 @@ from bench._common import report, rss_mb
 
 def soak(hours: float = 24.0, interval: float = 300.0, mode: str = "dry-run", db: str | None = None,
          start: float = 1_795_910_400.0) -> dict[str, Any]:
+    """Run the sweep every ``interval`` for ``hours`` on the simulated cluster into the store at ``db`` (default: a
+    temporary one, removed after)."""
     import dataclasses
+
+    if db is None:
+        with tempfile.TemporaryDirectory(prefix="gpu-cost-soak-") as tmp:
+            return {**soak(hours, interval, mode, str(Path(tmp) / "audit.db"), start), "db": None}
 
     from gpu_cost.audit.store import AuditStore
     from gpu_cost.config.loader import load_policy
@@ -32,7 +38,7 @@ def soak(hours: float = 24.0, interval: float = 300.0, mode: str = "dry-run", db
     policy2 = dataclasses.replace(policy, mode=mode)
     object.__setattr__(policy2, "source", policy.source)
     scenario = load_scenario()
-    path = db or str(Path(tempfile.mkdtemp(prefix="gpu-cost-soak-")) / "audit.db")
+    path = db
     store = AuditStore(f"sqlite:///{path}").ensure_schema()
     runs = int(hours * 3600 // interval)
     rss, rows, times = [], [], []

@@ -7,8 +7,10 @@ ports chosen at run time, and stopped at the end.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -16,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="gpu-cost-tests-"))
 _SESSION_DIR.chmod(0o755)  # services running as their own users (postgres, munge) must reach it
 os.environ["GPU_COST_TEST_TMP"] = str(_SESSION_DIR)
+if not os.environ.get("GPU_COST_KEEP_TEST_TMP"):  # set it to read a failed session's logs and stores after it
+    # after the session fixtures have stopped their services; a service's own user's files may stay
+    atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
 os.environ["AIRFLOW_HOME"] = str(_SESSION_DIR / "airflow")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
