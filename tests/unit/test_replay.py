@@ -700,3 +700,41 @@ def test_a_trace_without_memory_kills_no_service(tmp_path: Path, policy, seed: i
     b = replay_files(tmp_path / "samples.parquet", tmp_path / "jobs.csv", policy).to_dict()
     assert a["false_kills"] == 0 == b["false_kills"]
     assert {t for t in _kill_targets(a)} <= {t for t in _kill_targets(b) if t.startswith("job:")}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_work_the_next_job_starts_in_an_averaged_sample_does_not_make_a_kill_false(tmp_path: Path, policy,
+                                                                                  seed: int) -> None:
+    """An export averaged per bucket (a minute, five) and labelled with the bucket's start puts the first seconds
+    of the next job on a GPU into its predecessor's last sample. An idle job killed before its end, followed on its
+    GPU at once by a job that computes, was a good kill: the replay must not call it false. A control job that
+    really works again late in its life still is."""
+    rng = np.random.default_rng(seed)
+    end_h = float(rng.uniform(2.5, 4.0))  # the idle job's end, hours before the trace's end, off any bucket
+    bucket = float(rng.choice([60.0, 120.0, 300.0]))
+    sc = _scenario([
+        {"job_id": "301", "user": "hal", "behaviour": "idle", "node": "g1", "gpus": [0], "start": "-20h",
+         "end": f"-{end_h * 3600:.0f}s", "busy_first": "30m", "name": "finetune"},
+        {"job_id": "302", "user": "ida", "behaviour": "training", "node": "g1", "gpus": [0],
+         "start": f"-{end_h * 3600:.0f}s", "name": "train"},
+        # the control: idle for hours, then busy again for its last stretch (woken up): killed, the kill was false
+        {"job_id": "303", "user": "jon", "behaviour": "idle", "node": "g2", "gpus": [0], "start": "-20h",
+         "end": "-1h", "busy_first": "30m", "name": "debug"},
+        {"job_id": "304", "user": "jon", "behaviour": "training", "node": "g2", "gpus": [1], "start": "-20h",
+         "name": "other"},
+    ])
+    write_scenario_trace(tmp_path, sc, END - DAY, END)
+    s = pd.read_parquet(tmp_path / "samples.parquet").drop(columns=["job_id", "pid", "user"], errors="ignore")
+    g2 = (s["host"].astype(str) == "g2") & (s["gpu"] == 0)
+    late = g2 & (s["ts"] >= END - 4 * 3600) & (s["ts"] < END - 3600)
+    s.loc[late, "util"] = 90.0  # job 303 works again in its last hours
+    s["ts"] = (s["ts"] // bucket) * bucket
+    agg = s.groupby(["ts", "host", "gpu"], as_index=False, observed=True).agg(
+        util=("util", "mean"), mem_used_mib=("mem_used_mib", "max"), mem_total_mib=("mem_total_mib", "first"))
+    agg.to_csv(samples := tmp_path / "averaged.csv", index=False)
+    res = replay_files(samples, tmp_path / "jobs.csv", policy).to_dict()
+    killed = _kill_targets(res)
+    assert "job:301" in killed, res["actions"]
+    assert "job:301" not in res["false_kill_targets"]
+    assert "job:302" not in killed
+    assert "job:303" in res["false_kill_targets"]

@@ -1145,8 +1145,11 @@ class _Replay:
         self.waste_seen[d.decision_id] = float(sum(
             np.count_nonzero(np.nan_to_num(u, nan=np.inf) < thr) for u in seen)) * self.dt / 3600.0
         active = False
+        # the target's own samples: a sample less than an interval before its end may describe the interval after its
+        # time (an export averaged per minute and labelled with the minute's start), partly the next holder's work
+        own = np.minimum(ec, np.searchsorted(self.times, ends - self.dt, side="right"))
         for i, r in enumerate(rows):
-            seg = self.util[r, wc:ec[i]]
+            seg = self.util[r, wc:own[i]]
             if np.any(np.nan_to_num(seg, nan=0.0) >= thr):
                 active = True
             self.util[r, kc:ec[i]] = 0.0
