@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -321,22 +322,62 @@ def test_what_was_reclaimed_counts_for_the_jobs_that_were_killed(truth_trace: Pa
 @pytest.mark.parametrize("seed", range(5))
 def test_idle_gpu_hours_count_every_held_idle_sample_across_blocks_of_gpus(seed: int) -> None:
     """The idle GPU-hours are counted a block of GPUs at a time without float copies of the matrices: the
-    same count as over the whole matrix at once, missing samples (NaN) neither held by memory nor idle."""
+    same count as over the whole matrix at once, missing samples (NaN) neither held by memory nor idle. A GPU of a
+    host whose samples carry no job label is held while a job of the jobs file holds it (until a kill)."""
     import numpy as np
 
-    from gpu_cost.sim.replay import _Replay
+    from gpu_cost.sim.replay import _Alloc, _Replay
 
     rng = np.random.default_rng(seed)
     gpus, cols = int(rng.integers(1, 300)), int(rng.integers(1, 50))
     util = rng.choice([0.0, 0.2, 5.0, 80.0, np.nan], size=(gpus, cols))
     mem = rng.choice([0.0, 100.0, 4096.0, np.nan], size=(gpus, cols))
     job_code = rng.integers(0, 3, size=(gpus, cols)).astype(np.int32)
+    unlabelled = rng.random(gpus) < 0.5
+    job_code[unlabelled] = 0
+    times = 1_000_000.0 + 60.0 * np.arange(cols)
+    by_file = np.zeros((gpus, cols), dtype=bool)
+    allocs = {}
+    for k in range(int(rng.integers(0, 40))):
+        rows = np.sort(rng.choice(gpus, size=int(rng.integers(1, min(gpus, 8) + 1)), replace=False))
+        c0 = int(rng.integers(0, cols))
+        c1 = int(rng.integers(c0, cols + 1))
+        end = math.inf if c1 == cols and rng.random() < 0.5 else float(times[0]) + 60.0 * c1 - 30.0
+        killed = int(rng.integers(c0, cols)) if rng.random() < 0.3 else None
+        a = _Alloc(job=None, rows=rows, start=float(times[c0]) - 10.0, end=end)  # type: ignore[arg-type]
+        if killed is not None:
+            a.killed_at = float(times[killed]) + 5.0  # held through the kill's sample, free from the next on
+            c1 = min(c1, killed + 1)
+        allocs[str(k)] = a
+        by_file[np.ix_(rows[unlabelled[rows]], np.arange(c0, c1))] = True
     eng = _Replay.__new__(_Replay)
     eng.policy, eng.idle_measure, eng.dt = load_policy(), (1.0, 1000.0), 60.0
     eng.util, eng.mem, eng.job_code = util, mem, job_code
-    held = (job_code != 0) | (np.nan_to_num(mem, nan=0.0) > 1000.0)
+    eng.times, eng.allocs, eng.unlabelled, eng.renumbered = times, allocs, unlabelled, {}
+    held = (job_code != 0) | (np.nan_to_num(mem, nan=0.0) > 1000.0) | by_file
     idle = ~np.isnan(util) & (np.nan_to_num(util, nan=100.0) < 1.0)
     assert eng._idle_hours() == float((held & idle).sum() * 60.0 / 3600.0)
+
+
+@pytest.mark.parametrize("drop", [["job_id", "pid", "user"], ["job_id", "pid", "user", "mem_used_mib"]])
+def test_a_trace_without_job_labels_counts_the_gpus_the_jobs_file_holds(truth_trace: Path, policy,
+                                                                         drop: list[str]) -> None:
+    """An exporter without job labels (the common real export) leaves the jobs file alone to say which GPUs are
+    held. The replay's figures counted labels only: such a trace held nothing (``allocated_gpu_hours`` 0) and its
+    idle-held GPU-hours were those holding memory (none where memory is not measured either). They are the labelled
+    trace's figures now."""
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    bare = s.drop(columns=drop)
+    if "mem_used_mib" in drop:
+        bare["mem_used_mib"] = np.nan
+        s = s.assign(mem_used_mib=np.nan)
+    s.to_parquet(labelled := truth_trace.parent / f"labelled-{len(drop)}.parquet")
+    bare.to_parquet(path := truth_trace.parent / f"bare-{len(drop)}.parquet")
+    a = replay_files(path, truth_trace / "jobs.csv", policy).to_dict()
+    b = replay_files(labelled, truth_trace / "jobs.csv", policy).to_dict()
+    assert b["allocated_gpu_hours"] > 0 and b["idle_gpu_hours"] > 0
+    for k in ("gpu_hours", "allocated_gpu_hours", "idle_gpu_hours"):
+        assert a[k] == pytest.approx(b[k], abs=0.05), k
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -170,10 +170,11 @@ def test_a_trace_numbered_otherwise_kills_nothing_there(hard_day: Path, how: str
     assert res["false_kills"] == 0
     note = [n for n in res["notes"] if "number their GPUs otherwise" in n]
     assert note, res["notes"]
-    # the fleet's figures are the whole trace's: a renumbering moves no GPU-hour
+    # the fleet's figures are the whole trace's: a renumbering moves no GPU-hour sampled or held (which GPU is idle
+    # while held moves where the samples cannot show the renumbering)
     base = replay_files(hard_day / "unlabelled.parquet", hard_day / "jobs.csv", policy).to_dict()
-    assert [res[k] for k in ("gpus", "gpu_hours", "idle_gpu_hours")] == [base[k] for k in ("gpus", "gpu_hours",
-                                                                                          "idle_gpu_hours")]
+    kept = ("gpus", "gpu_hours", "allocated_gpu_hours")
+    assert [res[k] for k in kept] == [base[k] for k in kept] and base["allocated_gpu_hours"] > 0
     assert not [n for n in base["notes"] if "number their GPUs otherwise" in n] and _kills(base)
 
 
@@ -192,6 +193,9 @@ def test_one_renumbered_node_leaves_the_others_judged(hard_day: Path) -> None:
     jobs = pd.read_csv(hard_day / "jobs.csv", dtype={"job_id": str})
     on = {f"job:{j}" for j, n in zip(jobs["job_id"], jobs["nodes"].astype(str), strict=True) if n == host}
     assert {t for t in _kills(res)} == {t for t in _kills(base) if t not in on}
+    # the figures read the jobs' GPUs there where the renumbering found puts them: those of the trace as numbered
+    assert [res[k] for k in ("allocated_gpu_hours", "idle_gpu_hours")] == [base[k] for k in ("allocated_gpu_hours",
+                                                                                             "idle_gpu_hours")]
 
 
 def test_a_sweep_of_a_renumbered_trace_is_degraded_as_a_live_one_is(hard_day: Path) -> None:

@@ -43,7 +43,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -677,6 +677,8 @@ class _Replay:
         (:func:`gpu_cost.perceive.gpu_map.trace_claims`), with a note."""
         from gpu_cost.perceive.gpu_map import numbering_note, trace_claims
 
+        #: a renumbered node's GPU rows: the jobs file's -> the samples' (figures only)
+        self.renumbered: dict[int, int] = {}
         claims = [(a.rows, a.start, a.end) for a in self.allocs.values() if a.claimed]
         if not claims:
             return frozenset()
@@ -684,6 +686,10 @@ class _Replay:
                              claims, self.policy.sweep.busy_util, self.dt)
         if found:
             self.res.notes.append(numbering_note(found))
+            # the figures (GPU-hours held) read a job's GPUs there where the renumbering found puts them: the best
+            # guess, and no rule acts on it
+            self.renumbered = {self.row_of[(h, s)]: self.row_of[(h, e)] for h, moves in found.items()
+                               for e, s in moves.items() if (h, s) in self.row_of and (h, e) in self.row_of}
         return frozenset(found)
 
     def _label_spans(self) -> dict[str, tuple[float, float]]:
@@ -728,8 +734,40 @@ class _Replay:
         rows: Any = slice(None) if len(ours) == len(self.util) else ours  # every row: no copy of a matrix
         h = self.dt / 3600.0
         self.res.gpu_hours = float(np.count_nonzero(~np.isnan(self.util[rows])) * h)
-        self.res.allocated_gpu_hours = float(np.count_nonzero(self.job_code[rows] != 0) * h)
+        mine = set(ours.tolist())
+        self.res.allocated_gpu_hours = h * float(np.count_nonzero(self.job_code[rows] != 0) + sum(
+            int(np.count_nonzero(~np.isnan(self.util[r, self._cols(spans)])))
+            for r, spans in self._held_by_file().items() if r in mine))
         self.res.idle_gpu_hours = self._idle_hours()
+
+    def _held_by_file(self) -> dict[int, list[tuple[int, int]]]:
+        """Return, per GPU row of a host whose samples carry no job label, the column spans ``[from, to)`` a job of
+        the jobs file held it (until its simulated kill). There the jobs file alone says a GPU is held: counted by
+        the labels only, an unlabelled trace (an exporter without job labels) held nothing, and its idle-held
+        GPU-hours were those holding memory alone."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        if not self.unlabelled.any():
+            return out
+        n = len(self.times)
+        for a in self.allocs.values():
+            rows = a.rows[self.unlabelled[a.rows]] if len(a.rows) else a.rows
+            if not len(rows):
+                continue
+            c0 = int(np.searchsorted(self.times, a.start, side="left"))
+            c1 = n if a.end == math.inf else int(np.searchsorted(self.times, a.end, side="left"))
+            if a.killed_at is not None:  # a kill frees the GPUs from the next sample on (_kill)
+                c1 = min(c1, int(np.searchsorted(self.times, a.killed_at, side="right")))
+            if c1 > c0:
+                for r in rows.tolist():
+                    out.setdefault(self.renumbered.get(int(r), int(r)), []).append((c0, c1))
+        return out
+
+    def _cols(self, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+        """Return a row's columns within ``spans`` (which may overlap) as a mask over the trace's times."""
+        mask = np.zeros(len(self.times), dtype=bool)
+        for c0, c1 in spans:
+            mask[c0:c1] = True
+        return mask
 
     def _ours(self) -> np.ndarray:
         """Return the rows of the scheduler's GPUs: not those of a host no job of the jobs file names (outside it:
@@ -748,9 +786,13 @@ class _Replay:
         n = 0
         ours = self._ours()
         whole = len(ours) == len(self.util)  # every row: blocks as slices, no copies
+        by_file = self._held_by_file()
         for lo in range(0, len(ours), 64):
             rows: Any = slice(lo, lo + 64) if whole else ours[lo:lo + 64]
             held = (self.job_code[rows] != 0) | (self.mem[rows] > mem_min)
+            for i, r in enumerate(ours[lo:lo + 64].tolist()):
+                if r in by_file:
+                    held[i] |= self._cols(by_file[r])
             n += int(np.count_nonzero(held & (self.util[rows] < util_max)))
         return float(n * self.dt / 3600.0)
 
