@@ -73,11 +73,15 @@ def test_gpu_counts_as_accounting_writes_them(text: str, gpus: int | None) -> No
     ("time_limit_s", "soon", r"column time_limit_s, row 2: 'soon' is neither seconds nor a Slurm time limit"),
     ("end_ts", "yesterday", r"column end_ts: not ISO 8601 or epoch seconds"),
     ("nodes", "gpu[01-02", r"column nodes, row 2: 'gpu\[01-02' is not a Slurm host list"),
+    # read in part, a job's GPUs the cell names unreadably would be nobody's: a neighbour's idle one taken for theirs
+    ("gpu_ids", "gpu01:gpu3", r"column gpu_ids, row 2: 'gpu01:gpu3' is not read whole \('gpu01:gpu3': 'gpu3' is no"),
+    ("gpu_ids", "gpu01:0,gpu02:x", r"column gpu_ids, row 2: 'gpu01:0,gpu02:x' is not read whole"),
+    ("gpu_ids", "gpu[01-02:0", r"column gpu_ids, row 2: 'gpu\[01-02:0' is not read whole \(.*names no host"),
 ])
 def test_a_bad_cell_names_its_column_and_row(tmp_path: Path, column: str, value: str, message: str) -> None:
     frame = pd.DataFrame({"job_id": ["1", "2"], "user": ["a", "b"], "start_ts": [1.0, 2.0], "end_ts": [5.0, 6.0],
-                          "gpus": ["1", "2"], "time_limit_s": ["60", "60"], "nodes": ["gpu01", "gpu[01-02]"]},
-                         dtype=object)
+                          "gpus": ["1", "2"], "time_limit_s": ["60", "60"], "nodes": ["gpu01", "gpu[01-02]"],
+                          "gpu_ids": ["gpu01:0", "N/A"]}, dtype=object)
     frame.loc[1, column] = value
     frame.to_csv(tmp_path / "jobs.csv", index=False)
     with pytest.raises(TraceError, match=message):
@@ -111,6 +115,19 @@ def test_epoch_times_in_any_unit_read_as_seconds(tmp_path: Path, unit: str, per_
     ("gpu[01-02:0", [])])
 def test_gpu_ids_as_the_trace_format_and_slurm_write_them(text: str | None, pairs: list[tuple[str, int]]) -> None:
     assert trace.parse_gpu_ids(text) == pairs
+    if pairs or not text:  # what reads whole reads the same when strict; the rest is refused
+        assert trace.parse_gpu_ids(text, strict=True) == pairs
+    else:
+        with pytest.raises(ValueError):
+            trace.parse_gpu_ids(text, strict=True)
+
+
+def test_a_samples_gpu_column_of_device_names_is_refused_naming_the_row(tmp_path: Path) -> None:
+    """DCGM's ``device`` label (nvidia3) is the device file's minor number, not always NVML's index: not guessed."""
+    pd.DataFrame({"ts": [1.0, 1.0, 61.0], "host": "a", "gpu": ["0", "nvidia1", "0"], "util": 5.0,
+                  "mem_used_mib": 100.0}).to_csv(tmp_path / "s.csv", index=False)
+    with pytest.raises(TraceError, match=r"column gpu must hold GPU indices \(integers\); row 2 has 'nvidia1'"):
+        trace.read_samples(tmp_path / "s.csv")
 
 
 @pytest.mark.parametrize("seed", range(30))

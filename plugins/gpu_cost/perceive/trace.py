@@ -316,7 +316,10 @@ def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.Da
     if not pd.api.types.is_integer_dtype(out["gpu"]):
         gpu = pd.to_numeric(out["gpu"], errors="coerce")
         if gpu.isna().any():
-            raise TraceError(f"{source}: column gpu must hold GPU indices (integers)")
+            i = int(np.flatnonzero(gpu.isna().to_numpy())[0])
+            raise TraceError(f"{source}: column gpu must hold GPU indices (integers); row {i + 1} has "
+                             f"{out['gpu'].iloc[i]!r}. A device name such as nvidia3 is the device file's minor number, "
+                             "which need not be the GPU's index: write the exporter's gpu label (NVML's index)")
         out = out.assign(gpu=gpu.astype(np.int64))
     if "job_id" in out.columns:
         ids = whole_ids(out["job_id"])
@@ -434,6 +437,8 @@ def normalise_jobs(jobs: pd.DataFrame, source: str = "<jobs>") -> pd.DataFrame:
             out[col] = out[col].fillna("").astype(str)
     if "nodes" in out.columns:
         _check_nodes(out["nodes"], source)
+    if "gpu_ids" in out.columns:
+        _check_gpu_ids(out["gpu_ids"], source)
     out, repeated = _once_each(out)
     if repeated:
         logger.info("%s: %d job row(s) repeat another's job and start: each job read once", source, repeated)
@@ -681,11 +686,12 @@ def numbering(samples: pd.DataFrame, jobs: pd.DataFrame, now: float, policy: Any
                         labelled, claims, policy.sweep.busy_util, step)
 
 
-def parse_gpu_ids(text: object) -> list[tuple[str, int]]:
+def parse_gpu_ids(text: object, strict: bool = False) -> list[tuple[str, int]]:
     """Return the ``(host, GPU index)`` pairs of a jobs trace's ``gpu_ids``: ``host:idx`` items separated by
     commas, an index range as Slurm writes one (``gpu01:0-3``) read whole, ``gpu01:0,1`` as the host's 0 and 1,
     and a Slurm host list before the indices (``gpu[01-02]:0-3``, as ``scontrol show job -d`` pairs its
-    ``Nodes=`` with ``IDX:``) as each of its hosts'. Items that name no index are skipped."""
+    ``Nodes=`` with ``IDX:``) as each of its hosts'. Items that name no index (``N/A``) are skipped; ``strict``:
+    an item that cannot be read (``gpu01:gpu3``, an index without a host) raises ValueError naming it."""
     from gpu_cost.perceive.slurm import expand_hostlist, parse_index_list, split_top_level
 
     out: list[tuple[str, int]] = []
@@ -707,13 +713,29 @@ def parse_gpu_ids(text: object) -> list[tuple[str, int]]:
         else:
             idx = part  # an index after a comma: the hosts before it
         if not hosts or not hosts[0] or not idx:
+            if strict and part:
+                raise ValueError(f"{part!r} names no host" if idx else f"{part!r} names no GPU index")
             continue
         try:
             found = parse_index_list(idx)
         except ValueError:
+            if strict:
+                raise ValueError(f"{part!r}: {idx!r} is no GPU index list (0, 0-3, 0,2)") from None
             continue
         out.extend((h, i) for h in hosts for i in found)
     return out
+
+
+def _check_gpu_ids(values: pd.Series, source: str) -> None:
+    """Refuse a ``gpu_ids`` cell that is not read whole, naming its row: read in part, a job's GPUs that a cell
+    names unreadably would be nobody's, and an idle one's neighbour taken for a zombie or an idle allocation."""
+    for v in values.unique().tolist():
+        try:
+            parse_gpu_ids(v, strict=True)
+        except ValueError as exc:
+            row = int(values.index[(values == v).to_numpy()][0])
+            raise TraceError(f"{source}: column gpu_ids, row {row + 1}: {v!r} is not read whole ({exc}); write "
+                             "host:index items, as gpu01:0-3,gpu02:0 or gpu[01-02]:0-3") from None
 
 
 def named_hosts(jobs: pd.DataFrame) -> set[str]:
