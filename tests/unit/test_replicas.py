@@ -220,3 +220,30 @@ def test_every_sets_peak_at_once_equals_the_peak_member_by_member(seed: int) -> 
     by_hand = [_peak_of_members([[c for j, c in zip(frame["job_id"], charts, strict=True) if j == m] for m in s], thr)
                for s in sets]
     assert got == by_hand
+
+
+@pytest.mark.parametrize("split", [None, "owner", "stem", "one measured"])
+def test_a_replica_set_without_memory_measured_is_told_by_owner_stem_and_shape(split: str | None) -> None:
+    """A trace of utilisation alone (no framebuffer metric): nothing says whether the model is resident, so memory
+    not measured counts as memory held, and replicas are the same owner's same stem with the same GPUs. A starved
+    replica of a serving set is then advised, not cancelled (a real serving fleet, starved overnight, had 3 of 3
+    such kills false). A job of another owner or stem is still judged alone; so are members whose memory is
+    measured, among the unmeasured, when too few."""
+    specs = [(j, u, np.nan) for j, u, _ in serving_set(starved=1, serving=2)]
+    job, util, mem = specs[0]
+    if split == "owner":
+        job = dataclasses.replace(job, user="ann")
+    elif split == "stem":
+        job = dataclasses.replace(job, name="rerank-api-5d8f7c9b4-x2k4p")
+    elif split == "one measured":
+        mem = MODEL
+    snap = fleet([(job, util, mem), *specs[1:]])
+    f = idle_findings(snap)["100"]
+    if split is None:
+        s = replicas.spare(snap, ENFORCE, "100")
+        assert s is not None and s.members == ("100", "101", "102") and s.footprint_mib is None
+        assert f.inference and f.action == "advise" and "memory not measured" in s.describe()
+        assert s.evidence()["footprint_mib"] is None
+    else:
+        assert replicas.spare(snap, ENFORCE, "100") is None
+        assert f.action == "cancel" and "replica_set" not in f.evidence

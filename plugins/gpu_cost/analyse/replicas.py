@@ -12,7 +12,10 @@ A *replica set* (``replicas:`` in the policy) is ``min_members`` or more running
 * one name stem: the name with its trailing replica indices and hashes stripped
   (:func:`replica_stem`: ``llm-serve-3`` and ``llm-serve-7f9c2`` are both ``llm-serve``),
 * the same resident memory per GPU (the least framebuffer used over the rule window, the model's
-  footprint) within ``mem_tolerance`` of the larger, above ``rules.zombie.mem_min_mib``,
+  footprint) within ``mem_tolerance`` of the larger, above ``rules.zombie.mem_min_mib``; where no GPU
+  of the members has its memory measured (a trace of utilisation alone, an exporter without the
+  framebuffer metric), the same number of GPUs instead: nothing says the model is not resident, and
+  memory not measured counts as memory held (:func:`gpu_cost.analyse.evidence.confidence`),
 
 all seen fresh in the snapshot now (side by side). The set *serves* when a member was busy
 (at or above ``rules.idle_allocation.util_max``) within the lookback, or its class baseline saw
@@ -71,7 +74,7 @@ class ReplicaSet:
 
     :param key: ``owner|stem``
     :param members: the members' job ids, sorted
-    :param footprint_mib: the members' median resident memory per GPU
+    :param footprint_mib: the members' median resident memory per GPU (None: memory not measured)
     :param busy_now: the members busy in the rule window
     :param serving: the members busy within the lookback (or that woke, per their class baseline)
     :param peak_busy: the most members busy in one bucket of the lookback (None: no chart)
@@ -82,7 +85,7 @@ class ReplicaSet:
     owner: str
     stem: str
     members: tuple[str, ...]
-    footprint_mib: float
+    footprint_mib: float | None
     busy_now: tuple[str, ...]
     serving: tuple[str, ...]
     peak_busy: int | None
@@ -110,15 +113,17 @@ class ReplicaSet:
     def evidence(self) -> dict[str, Any]:
         """Return the set as a finding's evidence shows it."""
         return {"key": self.key, "owner": self.owner, "stem": self.stem, "size": self.size,
-                "members": list(self.members), "footprint_mib": round(self.footprint_mib),
+                "members": list(self.members),
+                "footprint_mib": None if self.footprint_mib is None else round(self.footprint_mib),
                 "busy_now": len(self.busy_now), "serving": len(self.serving), "busy_at_peak": self.peak_busy,
                 "needed": self.needed, "advice": self.advice()}
 
     def describe(self) -> str:
         """Return the set in one line (the finding's ``inference`` reason and its signal)."""
         peak = f", {self.peak_busy} busy at its recent peak" if self.peak_busy is not None else ""
-        return (f"one of {self.size} replicas of {self.stem!r} (owner {self.owner}, {self.footprint_mib / 1024:.1f} GiB "
-                f"resident each): {len(self.busy_now)} busy now{peak}")
+        memory = ("memory not measured" if self.footprint_mib is None else
+                  f"{self.footprint_mib / 1024:.1f} GiB resident each")
+        return f"one of {self.size} replicas of {self.stem!r} (owner {self.owner}, {memory}): {len(self.busy_now)} busy now{peak}"
 
 
 def replica_sets(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
@@ -172,21 +177,29 @@ def _build(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
     # per job, every row at once: its footprint, and whether every GPU was seen fresh with something resident
     # (no data, no judgement; nothing resident: no model, no replica)
     footprints = index.median(memmin)
+    no_memory = np.isnan(memmin)
+    seen = ~index.any(g["stale"].to_numpy(dtype=bool) | np.isnan(umax))
     with np.errstate(invalid="ignore"):
-        keep = (~index.any(g["stale"].to_numpy(dtype=bool) | np.isnan(umax) | np.isnan(memmin))
-                & ~(footprints <= policy.rules.zombie.mem_min_mib)).tolist()
+        keep = (seen & ~index.any(no_memory) & ~(footprints <= policy.rules.zombie.mem_min_mib)).tolist()
+    # memory measured on none of a job's GPUs: its footprint is not known, so nothing says no model is resident
+    unmeasured = (seen & (index.count(no_memory) == index.sizes())).tolist()
     sizes = index.sizes().tolist()
     median = footprints.tolist()
     code_of = index.code
-    groups: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    groups: dict[tuple[str, str, int | None], list[tuple[float, str]]] = {}
     for job in snapshot.running_jobs():
         code = code_of.get(job.job_id)
-        if code is None or not keep[code] or sizes[code] < sum(len(idx) for _, idx in job.gpu_alloc):
+        if code is None or not (keep[code] or unmeasured[code]) or sizes[code] < sum(len(idx) for _, idx in job.gpu_alloc):
             continue
-        groups.setdefault((job.user, replica_stem(job.name)), []).append((median[code], job.job_id))
+        # members whose memory is not measured are alike by their number of GPUs instead of their footprint
+        shape = sizes[code] if unmeasured[code] else None
+        groups.setdefault((job.user, replica_stem(job.name), shape), []).append((median[code], job.job_id))
     found: list[tuple[str, str, list[tuple[float, str]]]] = []
-    for (owner, stem), members in groups.items():
+    for (owner, stem, shape), members in groups.items():
         if len(members) < cfg.min_members:
+            continue
+        if shape is not None:
+            found.append((owner, stem, sorted(members, key=lambda m: m[1])))
             continue
         members.sort()
         # members with the same footprint: runs where each is within the tolerance of the run's largest
@@ -213,8 +226,9 @@ def _build(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
         if peak is not None:
             peak = max(peak, len(busy_now))
         needed = None if peak is None else max(1, math.ceil(peak * (1.0 + cfg.headroom)))
+        footprint = None if math.isnan(run[0][0]) else _median_of_sorted([f for f, _ in run])
         made = ReplicaSet(key=f"{owner}|{stem}", owner=owner, stem=stem, members=ids,
-                          footprint_mib=_median_of_sorted([f for f, _ in run]), busy_now=busy_now, serving=serving,
+                          footprint_mib=footprint, busy_now=busy_now, serving=serving,
                           peak_busy=peak, needed=needed)
         out.update({jid: made for _, jid in run})
     return out
