@@ -89,9 +89,8 @@ def test_a_serving_set_is_found_and_described() -> None:
     assert "scale" in ev["advice"] or "not oversized" in ev["advice"]
 
 
-@pytest.mark.parametrize("split", ["owner", "stem", "footprint", "empty"])
-def test_what_is_not_a_replica(split: str) -> None:
-    specs = serving_set(starved=1, serving=2)
+def set_apart(specs: list[tuple[Job, np.ndarray, float]], split: str | None) -> list[tuple[Job, np.ndarray, float]]:
+    """The set with its first member made another owner's, another stem's, or holding another memory."""
     job, util, mem = specs[0]
     if split == "owner":
         job = dataclasses.replace(job, user="ann")
@@ -99,9 +98,16 @@ def test_what_is_not_a_replica(split: str) -> None:
         job = dataclasses.replace(job, name="rerank-api-5d8f7c9b4-x2k4p")
     elif split == "footprint":
         mem = MODEL * 1.2  # another model: outside mem_tolerance (5 %)
-    else:
+    elif split == "empty":
         mem = 600.0  # a CUDA context, no model
-    snap = fleet([(job, util, mem), *specs[1:]])
+    elif split == "one measured":
+        mem = MODEL
+    return [(job, util, mem), *specs[1:]]
+
+
+@pytest.mark.parametrize("split", ["owner", "stem", "footprint", "empty"])
+def test_what_is_not_a_replica(split: str) -> None:
+    snap = fleet(set_apart(serving_set(starved=1, serving=2), split))
     assert "100" not in replicas.replica_sets(snap, ENFORCE)
     assert replicas.spare(snap, ENFORCE, "100") is None
     f = idle_findings(snap)["100"]
@@ -229,15 +235,7 @@ def test_a_replica_set_without_memory_measured_is_told_by_owner_stem_and_shape(s
     replica of a serving set is then advised, not cancelled (a real serving fleet, starved overnight, had 3 of 3
     such kills false). A job of another owner or stem is still judged alone; so are members whose memory is
     measured, among the unmeasured, when too few."""
-    specs = [(j, u, np.nan) for j, u, _ in serving_set(starved=1, serving=2)]
-    job, util, mem = specs[0]
-    if split == "owner":
-        job = dataclasses.replace(job, user="ann")
-    elif split == "stem":
-        job = dataclasses.replace(job, name="rerank-api-5d8f7c9b4-x2k4p")
-    elif split == "one measured":
-        mem = MODEL
-    snap = fleet([(job, util, mem), *specs[1:]])
+    snap = fleet(set_apart([(j, u, np.nan) for j, u, _ in serving_set(starved=1, serving=2)], split))
     f = idle_findings(snap)["100"]
     if split is None:
         s = replicas.spare(snap, ENFORCE, "100")
