@@ -743,6 +743,9 @@ def test_a_trace_without_memory_kills_no_service(tmp_path: Path, policy, mix: st
     b = replay_files(tmp_path / "samples.parquet", tmp_path / "jobs.csv", policy).to_dict()
     assert a["false_kills"] == 0 == b["false_kills"]
     assert {t for t in _kill_targets(a)} <= {t for t in _kill_targets(b) if t.startswith("job:")}
+    # the notes say what reading without memory means; with memory they do not
+    said = [n for n in a["notes"] if n.startswith("the samples measure no GPU memory")]
+    assert len(said) == 1 and not [n for n in b["notes"] if n.startswith("the samples measure no GPU memory")]
 
 
 @pytest.mark.parametrize("seed", range(6))

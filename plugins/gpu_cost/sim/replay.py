@@ -565,6 +565,12 @@ class _Replay:
             flat, shape[0] * shape[1], util if keep is None else util[keep], mem if keep is None else mem[keep],
             lambda i: f"{self.hosts[flat[i] // shape[1]]} GPU {self.gpu_idx[flat[i] // shape[1]]} at "
                       f"{iso(float(times[flat[i] % shape[1]]))}")
+        if len(mem) and np.isnan(mem).all():
+            self.res.notes.append(
+                "the samples measure no GPU memory (mem_used_mib empty): a model waiting for requests cannot be told "
+                "from a finished job, so memory not measured counts as memory held: no GPU is taken for a zombie, an "
+                "idle job's confidence is lowered (a human decides unless its class or its log does), and replicas "
+                "are told by owner, name and number of GPUs")
         self.util, self.mem = clean(fill(util), fill(mem))
         del util, mem
         self.job_names = np.array([""], dtype=object)
