@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -425,6 +426,22 @@ def test_jobs_the_trace_does_not_place_leave_their_nodes_gpus_to_nobody(truth_tr
     assert any("hold GPUs the trace does not place" in n for n in res.notes)
     assert not res.decisions.get("kill_process") and res.kills == 0
     assert res.idle_gpu_hours and res.idle_gpu_hours > 0  # the idle GPUs are still counted as idle
+
+
+def test_a_gpus_column_in_another_unit_is_named_in_the_notes(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
+    """A ``gpus`` column written as a percentage of a GPU (a scheduler's plan: 100 for one GPU) counts more GPUs than
+    the job's ``gpu_ids`` place. The rest are nobody's, so nothing on their nodes is a zombie; the note names a job
+    and its two counts, where it said before that the file placed nothing."""
+    jobs = pd.read_csv(truth_trace / "jobs.csv", dtype={"job_id": str})
+    jobs["gpus"] = jobs["gpu_ids"].fillna("").map(lambda t: 100 * len([x for x in t.split(",") if x]))
+    jobs.to_csv(path := truth_trace.parent / "percent.csv", index=False)
+    res = replay_files(truth_trace / "samples.parquet", path, policy)
+    placed = [n for n in res.notes if "count more GPUs in their gpus column than their gpu_ids or labels place" in n]
+    assert len(placed) == 1, res.notes
+    counts = re.search(r"\(job \S+: gpus (\d+), placed (\d+)\)", placed[0])
+    assert counts is not None and int(counts[1]) == 100 * int(counts[2]) > 0, placed[0]
+    assert not [n for n in res.notes if "hold GPUs the trace does not place" in n]
+    assert not res.decisions.get("kill_process")
 
 
 def test_a_job_taking_whole_nodes_is_placed_on_them_when_the_trace_does_not_say(tmp_path: Path, policy) -> None:  # type: ignore[no-untyped-def]

@@ -478,10 +478,20 @@ class _Replay:
             res.notes.append(f"{len(unrecorded)} job(s) the samples label are not in the jobs file ({shown}): their GPUs "
                              "are judged by no rule while so labelled (nothing says those jobs ended); export the jobs "
                              "over the samples' whole span")
-        unplaced = sum(1 for a in self.allocs.values() if a.job.unplaced_gpus)
-        if unplaced:
-            res.notes.append(f"{unplaced} job(s) hold GPUs the trace does not place (no gpu_ids, no sample labelled "
+        unplaced = [a.job for a in self.allocs.values() if a.job.unplaced_gpus]
+        bare = sum(1 for j in unplaced if not j.gpu_alloc)
+        if bare:
+            res.notes.append(f"{bare} job(s) hold GPUs the trace does not place (no gpu_ids, no sample labelled "
                              "with them): no rule judges those GPUs, and no GPU on their nodes is taken for a zombie")
+        short = [j for j in unplaced if j.gpu_alloc]
+        if short:
+            j = short[0]
+            placed = sum(len(idx) for _, idx in j.gpu_alloc)
+            res.notes.append(
+                f"{len(short)} job(s) count more GPUs in their gpus column than their gpu_ids or labels place (job "
+                f"{j.job_id}: gpus {j.gpus_requested}, placed {placed}): the rest are judged by no rule, and no GPU on "
+                "their nodes is taken for a zombie. If the column is in another unit (a percentage of a GPU, as some "
+                "schedulers' plans write it), write GPU counts")
         res.gpus, res.start, res.end, res.sample_interval_s = len(self._ours()), float(times[0]), float(times[-1]), self.dt
         self._totals()
 
