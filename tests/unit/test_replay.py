@@ -545,6 +545,56 @@ def test_a_node_named_otherwise_in_the_samples_never_gets_its_jobs_processes_kil
         assert any("second name of a node the samples also name" in n for n in a["notes"])
 
 
+@pytest.mark.parametrize("keep", ["g2", "every other row"])
+def test_a_parquet_written_from_a_filtered_frame_reads_its_own_rows(truth_trace: Path, policy, keep: str) -> None:  # type: ignore[no-untyped-def]
+    """pandas writes a frame's index into Parquet: a filtered frame's starts past 0 (5760, 5761...) or skips rows.
+    The replay reads a file a column at a time into a frame of its own; aligned on the file's index, most cells were
+    NaN and the file was refused ("column gpu must hold GPU indices") or read as other rows. It reads as the same
+    rows written with a fresh index."""
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    part = s[s["host"].astype(str) == keep] if keep == "g2" else s.iloc[::2]
+    assert not part.index.equals(pd.RangeIndex(len(part)))
+    part.to_parquet(filtered := truth_trace.parent / f"filtered-{len(part)}.parquet")
+    part.reset_index(drop=True).to_parquet(fresh := truth_trace.parent / f"fresh-{len(part)}.parquet")
+    a = replay_files(filtered, truth_trace / "jobs.csv", policy).to_dict()
+    b = replay_files(fresh, truth_trace / "jobs.csv", policy).to_dict()
+    a.pop("seconds"), b.pop("seconds")
+    assert a == b and a["gpu_hours"] > 0
+
+
+@pytest.mark.parametrize(("left_out", "labels"), [("g1", True), ("g2", True), ("g1", False), ("g2", False)])
+def test_samples_that_cover_part_of_the_cluster_judge_the_part_they_cover(truth_trace: Path, policy, left_out: str,
+                                                                          labels: bool) -> None:  # type: ignore[no-untyped-def]
+    """A dataset of some racks beside the whole cluster's jobs file: the nodes the samples never show ran jobs. Every
+    sampled host is one the jobs file names, so none can be an unseen node under another name: the unseen nodes'
+    jobs are judged by no rule, the notes say so, and the covered nodes are judged as in the whole trace. (Before,
+    every sweep was degraded: nothing destructive acted anywhere, 0 kills where the whole trace made 2.) A sampled
+    host the jobs do not name still degrades the sweeps: it may be an unseen node under another name."""
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    if not labels:
+        s = s.assign(job_id="")
+    jobs = pd.read_csv(truth_trace / "jobs.csv", dtype={"job_id": str})
+    s.to_parquet(whole := truth_trace.parent / f"whole-{labels}.parquet")
+    part = s[s["host"].astype(str) != left_out]
+    part.to_parquet(covered := truth_trace.parent / f"part-{left_out}-{labels}.parquet")
+    a = replay_files(covered, truth_trace / "jobs.csv", policy).to_dict()
+    b = replay_files(whole, truth_trace / "jobs.csv", policy).to_dict()
+    on = {f"job:{j}" for j, ids in zip(jobs["job_id"], jobs["gpu_ids"].fillna(""), strict=True)
+          if ids.startswith(f"{left_out}:")}
+    killed_b = {x["target"] for x in b["actions"] if x["action"] in KILL_ACTIONS}
+    assert a["degraded_sweeps"] == 0 and a["false_kills"] == 0
+    assert {x["target"] for x in a["actions"] if x["action"] in KILL_ACTIONS} == {
+        t for t in killed_b if t not in on and not (t.startswith("proc:") and t.split(":")[1] == left_out)}
+    assert any(n.startswith(f"jobs ran on 1 node(s) no sample shows ({left_out})") for n in a["notes"]), a["notes"]
+    if labels:
+        return  # a host the exporter labels with the file's jobs is the scheduler's, whatever its name
+    # a stranger among the sampled hosts: it may be the unseen node, so the sweeps that see jobs there stay degraded
+    part.assign(host=part["host"].astype(str).replace({"g1": "10.0.0.1", "g2": "10.0.0.2"})).to_parquet(
+        odd := truth_trace.parent / f"odd-{left_out}-{labels}.parquet")
+    c = replay_files(odd, truth_trace / "jobs.csv", policy).to_dict()
+    assert c["degraded_sweeps"] > 0 and not [x for x in c["actions"] if x["action"] in KILL_ACTIONS]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_a_job_the_jobs_file_misses_is_no_zombie_while_the_samples_label_it(truth_trace: Path, policy,
                                                                             seed: int) -> None:  # type: ignore[no-untyped-def]

@@ -115,6 +115,15 @@ def unseen_nodes(series_hosts: Iterable[str], jobs: Iterable[Job], nodes: Iterab
     return sorted(busy - set(series_hosts))
 
 
+def uncovered(series_hosts: Iterable[str], managed: AbstractSet[str] | None) -> bool:
+    """True when the unseen nodes (:func:`unseen_nodes`) of a trace are nodes its samples do not cover, not nodes
+    seen under another name: every series host is one the trace's jobs file names (``managed``). A trace covers
+    the nodes it covers (a dataset of some racks, beside the whole cluster's jobs), for good: the unseen nodes' jobs
+    have no GPU to judge, and nothing else is held back. A live sweep has no ``managed``: an exporter that stopped is
+    a problem there, the whole run degraded until it is back."""
+    return managed is not None and set(series_hosts) <= managed
+
+
 def unseen_problem(unseen: list[str]) -> str:
     """Return the snapshot problem for :func:`unseen_nodes`' answer (not empty)."""
     return f"no GPU series for node(s) running GPU jobs: {', '.join(unseen[:10])} (exporter missing?)"

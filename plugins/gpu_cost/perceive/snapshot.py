@@ -21,7 +21,7 @@ from gpu_cost.perceive.aggregate import (
     last_label,
     last_sample_ts,
 )
-from gpu_cost.perceive.correlate import attribute, unseen_nodes, unseen_problem
+from gpu_cost.perceive.correlate import attribute, uncovered, unseen_nodes, unseen_problem
 
 
 def rule_windows(policy: Policy) -> tuple[float, list[float]]:
@@ -102,7 +102,7 @@ def from_matrix(
     ours = stale[frame["attribution"].to_numpy(dtype=object) != "outside"] if stale.any() else stale
     if len(ours) and ours.all():
         found.append("every GPU series is stale or missing")
-    if unseen:
+    if unseen and not uncovered(hosts.tolist(), managed):
         found.append(unseen_problem(unseen))
     return Snapshot(
         ts=now, window_s=primary, lookback_s=sw.lookback, source=source, gpus=frame, jobs=tuple(jobs),

@@ -54,7 +54,9 @@ def read_table(path: str | Path, what: str, columns: tuple[str, ...] | None = No
             frame = pd.DataFrame(index=pd.RangeIndex(pq.read_metadata(p).num_rows))
             for c in wanted:
                 table = pq.read_table(p, columns=[c], read_dictionary=[c] if c in text else None)
-                frame[c] = table.to_pandas(self_destruct=True)[c]
+                # the file's own index, as pandas wrote it (a filtered frame's: 5760, 5761...), would align the
+                # column against this frame's and leave NaN where the two differ: each column by position
+                frame[c] = table.to_pandas(self_destruct=True, ignore_metadata=True)[c].array
                 del table
                 release_arrow_memory()
             return frame
@@ -317,9 +319,11 @@ def normalise_samples(samples: pd.DataFrame, source: str = "<samples>") -> pd.Da
         gpu = pd.to_numeric(out["gpu"], errors="coerce")
         if gpu.isna().any():
             i = int(np.flatnonzero(gpu.isna().to_numpy())[0])
+            v = out["gpu"].iloc[i]
+            hint = (". A device name such as nvidia3 is the device file's minor number, which need not be the GPU's "
+                    "index: write the exporter's gpu label (NVML's index)") if isinstance(v, str) and v.strip() else ""
             raise TraceError(f"{source}: column gpu must hold GPU indices (integers); row {i + 1} has "
-                             f"{out['gpu'].iloc[i]!r}. A device name such as nvidia3 is the device file's minor number, "
-                             "which need not be the GPU's index: write the exporter's gpu label (NVML's index)")
+                             f"{'no value' if pd.isna(v) or not str(v).strip() else repr(str(v))}{hint}")
         out = out.assign(gpu=gpu.astype(np.int64))
     if "job_id" in out.columns:
         ids = whole_ids(out["job_id"])

@@ -479,7 +479,9 @@ class _Replay:
                              "are judged by no rule while so labelled (nothing says those jobs ended); export the jobs "
                              "over the samples' whole span")
         unplaced = [a.job for a in self.allocs.values() if a.job.unplaced_gpus]
-        bare = sum(1 for j in unplaced if not j.gpu_alloc)
+        sampled = set(self.hosts.tolist())
+        # a job only on nodes no sample shows is the note on uncovered nodes' (run)
+        bare = sum(1 for j in unplaced if not j.gpu_alloc and (not j.nodes or set(j.nodes) & sampled))
         if bare:
             res.notes.append(f"{bare} job(s) hold GPUs the trace does not place (no gpu_ids, no sample labelled "
                              "with them): no rule judges those GPUs, and no GPU on their nodes is taken for a zombie")
@@ -819,7 +821,7 @@ class _Replay:
         from gpu_cost.analyse.rules import run_rules
         from gpu_cost.audit.store import AuditStore
         from gpu_cost.loop import sweep
-        from gpu_cost.perceive.correlate import unseen_nodes
+        from gpu_cost.perceive.correlate import uncovered, unseen_nodes
         from gpu_cost.perceive.snapshot import from_matrix, rule_windows
         from gpu_cost.report.usage import record_usage
 
@@ -837,6 +839,9 @@ class _Replay:
         self.host_set = set(self.hosts.tolist())
         self.unseen: set[str] = set()
         self.unseen_sweeps = 0
+        #: the samples cover part of the cluster (every sampled host one the jobs name): nodes they never show
+        part = uncovered(self.host_set, self.managed)
+        self.not_covered: set[str] = set()
         from gpu_cost.perceive.aggregate import RollingWindows
 
         # the lookback slides along the trace: its sums run along it once, each sweep reads them
@@ -865,6 +870,8 @@ class _Replay:
                     if unseen:
                         self.unseen_sweeps += 1
                         self.unseen.update(unseen)
+                elif part:
+                    self.not_covered.update(unseen_nodes(self.host_set, jobs))
                 run_id = f"replay:{int(t)}"
                 snap.job_logs = self._logs_at(snap, t)
                 baselines.observe(store, snap, p, run_id=run_id)  # learnt from the trace up to t, never after
@@ -892,6 +899,13 @@ class _Replay:
                 "so nothing destructive acted in them, and no GPU on a host the jobs do not name was taken for a "
                 "zombie; if the samples name those nodes otherwise (an IP address), write the scheduler's names "
                 "in their host column")
+        if self.not_covered:
+            shown = ", ".join(sorted(self.not_covered)[:5]) + ("…" if len(self.not_covered) > 5 else "")
+            self.res.notes.append(
+                f"jobs ran on {len(self.not_covered)} node(s) no sample shows ({shown}), and every sampled host is one "
+                "the jobs file names: the samples cover part of the cluster, so those jobs were judged by no rule and "
+                "nothing else was held back (a sampled host the jobs do not name would have degraded every sweep: it "
+                "might be one of those nodes under another name)")
         if self.unknown_procs:
             shown = ", ".join(sorted({f"{self.hosts[r]}:{pid}" for r, pid, _ in self.unknown_procs})[:3])
             self.res.notes.append(
