@@ -124,6 +124,15 @@ def uncovered(series_hosts: Iterable[str], managed: AbstractSet[str] | None) -> 
     return managed is not None and set(series_hosts) <= managed
 
 
+def uncovered_note(nodes: Sequence[str]) -> str:
+    """Return what a trace's :func:`uncovered` nodes mean, in words (``nodes``: sorted)."""
+    shown = ", ".join(nodes[:5]) + ("…" if len(nodes) > 5 else "")
+    return (f"jobs ran on {len(nodes)} node(s) no sample shows ({shown}), and every sampled host is one the jobs file "
+            "names: the samples cover part of the cluster, so those jobs were judged by no rule and nothing else was "
+            "held back (a sampled host the jobs do not name would have degraded every sweep: it might be one of those "
+            "nodes under another name)")
+
+
 def unseen_problem(unseen: list[str]) -> str:
     """Return the snapshot problem for :func:`unseen_nodes`' answer (not empty)."""
     return f"no GPU series for node(s) running GPU jobs: {', '.join(unseen[:10])} (exporter missing?)"

@@ -136,6 +136,11 @@ def process_starts(pid: np.ndarray, present: np.ndarray, block: int = 256) -> np
 
 
 # -- the replay ------------------------------------------------------------------------------
+def _some(names: Sequence[str], n: int) -> str:
+    """Return the first ``n`` of ``names`` for a note, with an ellipsis when there are more."""
+    return ", ".join(names[:n]) + ("…" if len(names) > n else "")
+
+
 @dataclass
 class _Alloc:
     """A job as the replay tracks it: its record, GPU rows and (simulated) end."""
@@ -474,7 +479,7 @@ class _Replay:
         self.recorded = frozenset(jobs["job_id"].astype(str))
         unrecorded = sorted(set(self.job_names[1:].tolist()) - self.recorded)
         if unrecorded:
-            shown = ", ".join(unrecorded[:3]) + ("…" if len(unrecorded) > 3 else "")
+            shown = _some(unrecorded, 3)
             res.notes.append(f"{len(unrecorded)} job(s) the samples label are not in the jobs file ({shown}): their GPUs "
                              "are judged by no rule while so labelled (nothing says those jobs ended); export the jobs "
                              "over the samples' whole span")
@@ -821,7 +826,7 @@ class _Replay:
         from gpu_cost.analyse.rules import run_rules
         from gpu_cost.audit.store import AuditStore
         from gpu_cost.loop import sweep
-        from gpu_cost.perceive.correlate import uncovered, unseen_nodes
+        from gpu_cost.perceive.correlate import uncovered, uncovered_note, unseen_nodes
         from gpu_cost.perceive.snapshot import from_matrix, rule_windows
         from gpu_cost.report.usage import record_usage
 
@@ -893,19 +898,14 @@ class _Replay:
                 self.res.sweeps += 1
                 t += step
         if self.unseen:
-            shown = ", ".join(sorted(self.unseen)[:5]) + ("…" if len(self.unseen) > 5 else "")
+            shown = _some(sorted(self.unseen), 5)
             self.res.notes.append(
                 f"{self.unseen_sweeps} sweep(s) degraded: running jobs hold GPUs on node(s) no sample names ({shown}), "
                 "so nothing destructive acted in them, and no GPU on a host the jobs do not name was taken for a "
                 "zombie; if the samples name those nodes otherwise (an IP address), write the scheduler's names "
                 "in their host column")
         if self.not_covered:
-            shown = ", ".join(sorted(self.not_covered)[:5]) + ("…" if len(self.not_covered) > 5 else "")
-            self.res.notes.append(
-                f"jobs ran on {len(self.not_covered)} node(s) no sample shows ({shown}), and every sampled host is one "
-                "the jobs file names: the samples cover part of the cluster, so those jobs were judged by no rule and "
-                "nothing else was held back (a sampled host the jobs do not name would have degraded every sweep: it "
-                "might be one of those nodes under another name)")
+            self.res.notes.append(uncovered_note(sorted(self.not_covered)))
         if self.unknown_procs:
             shown = ", ".join(sorted({f"{self.hosts[r]}:{pid}" for r, pid, _ in self.unknown_procs})[:3])
             self.res.notes.append(
