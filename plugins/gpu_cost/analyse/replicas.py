@@ -199,7 +199,7 @@ def _build(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
         if len(members) < cfg.min_members:
             continue
         if shape is not None:
-            found.append((owner, stem, sorted(members, key=lambda m: m[1])))
+            found.append((owner, stem, members))
             continue
         members.sort()
         # members with the same footprint: runs where each is within the tolerance of the run's largest

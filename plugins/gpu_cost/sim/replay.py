@@ -449,7 +449,7 @@ class _Replay:
             names = sorted(i for h, i in self.unsampled if h == host)
             res.notes.append(
                 f"the jobs' gpu_ids name {len(self.unsampled)} GPU(s) of sampled nodes that no sample shows ({host}: "
-                f"{', '.join(map(str, names[:4]))}{'…' if len(names) > 4 else ''}; its samples number "
+                f"{_some([str(i) for i in names], 4)}; its samples number "
                 f"{', '.join(map(str, sorted(self.host_gpus[host])[:8]))}): no GPU of the samples is those jobs' there. "
                 "If the exporter numbers GPUs otherwise than Slurm (from 1, or by another order), write Slurm's index "
                 "in the gpu column")
@@ -758,10 +758,11 @@ class _Replay:
         h = self.dt / 3600.0
         self.res.gpu_hours = float(np.count_nonzero(~np.isnan(self.util[rows])) * h)
         mine = set(ours.tolist())
+        by_file = self._held_by_file()
         self.res.allocated_gpu_hours = h * float(np.count_nonzero(self.job_code[rows] != 0) + sum(
             int(np.count_nonzero(~np.isnan(self.util[r, self._cols(spans)])))
-            for r, spans in self._held_by_file().items() if r in mine))
-        self.res.idle_gpu_hours = self._idle_hours()
+            for r, spans in by_file.items() if r in mine))
+        self.res.idle_gpu_hours = self._idle_hours(by_file)
 
     def _held_by_file(self) -> dict[int, list[tuple[int, int]]]:
         """Return, per GPU row of a host whose samples carry no job label, the column spans ``[from, to)`` a job of
@@ -800,7 +801,7 @@ class _Replay:
             return np.arange(len(self.util))
         return np.flatnonzero(np.isin(self.hosts, np.array(sorted(managed), dtype=object)))
 
-    def _idle_hours(self) -> float:
+    def _idle_hours(self, by_file: Mapping[int, Sequence[tuple[int, int]]] | None = None) -> float:
         """Return the GPU-hours held (by a job, or memory above the zombie floor) while idle, in the matrices now."""
         p = self.policy
         util_max, mem_min = self.idle_measure or (p.rules.idle_allocation.util_max, p.rules.zombie.mem_min_mib)
@@ -809,7 +810,7 @@ class _Replay:
         n = 0
         ours = self._ours()
         whole = len(ours) == len(self.util)  # every row: blocks as slices, no copies
-        by_file = self._held_by_file()
+        by_file = self._held_by_file() if by_file is None else by_file
         for lo in range(0, len(ours), 64):
             rows: Any = slice(lo, lo + 64) if whole else ours[lo:lo + 64]
             held = (self.job_code[rows] != 0) | (self.mem[rows] > mem_min)
@@ -844,8 +845,10 @@ class _Replay:
         self.host_set = set(self.hosts.tolist())
         self.unseen: set[str] = set()
         self.unseen_sweeps = 0
-        #: the samples cover part of the cluster (every sampled host one the jobs name): nodes they never show
-        part = uncovered(self.host_set, self.managed)
+        #: the samples cover part of the cluster (every sampled host one the jobs name): nodes they never show; asked
+        #: each sweep only when some job of the file names a node no sample shows
+        part = uncovered(self.host_set, self.managed) and any(
+            h not in self.host_set for a in self.allocs.values() for h in (*a.job.nodes, *(x for x, _ in a.job.gpu_alloc)))
         self.not_covered: set[str] = set()
         from gpu_cost.perceive.aggregate import RollingWindows
 
@@ -907,10 +910,10 @@ class _Replay:
         if self.not_covered:
             self.res.notes.append(uncovered_note(sorted(self.not_covered)))
         if self.unknown_procs:
-            shown = ", ".join(sorted({f"{self.hosts[r]}:{pid}" for r, pid, _ in self.unknown_procs})[:3])
+            shown = _some(sorted({f"{self.hosts[r]}:{pid}" for r, pid, _ in self.unknown_procs}), 3)
             self.res.notes.append(
-                f"{len(self.unknown_procs)} process(es) started on a GPU no job of the jobs file held then ({shown}"
-                f"{'…' if len(self.unknown_procs) > 3 else ''}), and no sample labels them with a job: their job is "
+                f"{len(self.unknown_procs)} process(es) started on a GPU no job of the jobs file held then ({shown}), "
+                "and no sample labels them with a job: their job is "
                 "unknown, so they were reported, never killed (a jobs file exported by state, sacct -s CD, leaves out "
                 "the jobs that were running; export every state over the samples' span)")
         del self.rolling  # its running sums (five GPU x time arrays) are the sweeps' alone: not held while the ledger reads
