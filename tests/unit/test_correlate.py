@@ -262,3 +262,31 @@ def test_the_live_node_list_takes_no_host_outside_the_scheduler() -> None:
     # Slurm down (no node list): every GPU host is a node, as before
     bare, _ = attribute(gpus, [], [])
     assert [(n.name, n.gpus_total) for n in _merge_nodes([], bare, {})] == [("g1", 2), ("inf1", 2)]
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["live", "trace"])
+def test_what_a_sweep_does_not_see_degrades_it_the_same_way_live_and_in_a_trace(live: bool) -> None:
+    """g1 is the scheduler's node, inf1 an inference server outside it. inf1's exporter stopping says nothing about
+    the cluster; every g1 series stale is a problem either way; some of them stale degrades a live sweep (an
+    exporter stopped: part of the cluster unseen) but not a trace's (a gap there leaves those GPUs unjudged). A node
+    running GPU jobs with no series is a problem, unless a trace's samples cover part of its cluster."""
+    from gpu_cost.perceive.correlate import sight_problems
+
+    gpus = pd.concat([frame(["", "", "", ""]), frame(["", "", "", ""]).assign(host="inf1")], ignore_index=True)
+    gpus["attribution"] = ["slurm", "none", "none", "none"] + ["outside"] * 4
+
+    def problems(stale: list[bool], unseen: list[str] = [], managed: frozenset[str] | None = None) -> list[str]:
+        return sight_problems(gpus.assign(stale=stale), unseen, live=live, managed=managed)
+
+    assert problems([False] * 8) == []
+    assert problems([False] * 4 + [True] * 4) == []  # outside the cluster
+    assert problems([True] * 4 + [False] * 4) == ["every GPU series is stale or missing"]
+    assert problems([True] * 8) == ["every GPU series is stale or missing"]
+    part = problems([False, True, False, False] + [True] * 4)
+    assert part == (["stale or missing GPU series: 1 of 4 GPUs (on g1)"] if live else [])
+    unseen = "no GPU series for node(s) running GPU jobs: g2 (exporter missing?)"
+    assert problems([False] * 8, ["g2"]) == [unseen]
+    # a trace whose samples name only hosts its jobs file names covers part of the cluster: g2 is not seen, for good
+    assert problems([False] * 8, ["g2"], frozenset({"g1", "g2", "inf1"})) == []
+    assert problems([False] * 8, ["g2"], frozenset({"g1", "g2"})) == [unseen]  # inf1 may be g2 by another name
+    assert sight_problems(gpus.iloc[:0].assign(stale=[]), [], live=live) == []

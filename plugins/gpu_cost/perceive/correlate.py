@@ -25,6 +25,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 
+import numpy as np
 import pandas as pd
 
 from gpu_cost.core.model import Disagreement, GpuProcess, Job, Node
@@ -136,6 +137,30 @@ def uncovered_note(nodes: Sequence[str]) -> str:
 def unseen_problem(unseen: list[str]) -> str:
     """Return the snapshot problem for :func:`unseen_nodes`' answer (not empty)."""
     return f"no GPU series for node(s) running GPU jobs: {', '.join(unseen[:10])} (exporter missing?)"
+
+
+def sight_problems(gpus: pd.DataFrame, unseen: list[str], *, live: bool,
+                   managed: AbstractSet[str] | None = None) -> list[str]:
+    """Return the snapshot problems of what a sweep does not see, for :func:`attribute`'s frame and
+    :func:`unseen_nodes`' answer: every GPU of the cluster stale or missing; on a live sweep (``live``), some of them
+    (an exporter stopped, a scrape gap: part of the cluster unseen degrades the whole run until it is back; a trace's
+    gap leaves those GPUs unjudged and the others judged); nodes running GPU jobs that no series shows, unless the
+    trace's samples cover part of its cluster (:func:`uncovered`, with the jobs file's nodes ``managed``). A host
+    outside the scheduler is no part of the cluster: its exporter stopping leaves the cluster seen whole."""
+    out: list[str] = []
+    stale = gpus["stale"].to_numpy(dtype=bool) if len(gpus) else np.zeros(0, dtype=bool)
+    if stale.any():
+        ours = gpus["attribution"].to_numpy(dtype=object) != "outside"
+        mine = stale[ours]
+        if len(mine) and mine.all():
+            out.append("every GPU series is stale or missing")
+        elif live and mine.any():
+            hosts = sorted({str(h) for h in gpus["host"].to_numpy(dtype=object)[stale & ours]})
+            out.append(f"stale or missing GPU series: {int(mine.sum())} of {len(mine)} GPUs "
+                       f"(on {', '.join(hosts[:10])})")
+    if unseen and not uncovered(gpus["host"].astype(str) if len(gpus) else (), managed):
+        out.append(unseen_problem(unseen))
+    return out
 
 
 def scheduler_hosts(jobs: Iterable[Job], nodes: Iterable[str] = ()) -> set[str]:

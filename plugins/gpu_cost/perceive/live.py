@@ -94,7 +94,7 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     """
     from gpu_cost.core.model import empty_gpu_frame
     from gpu_cost.perceive import nodes as nodes_mod
-    from gpu_cost.perceive.correlate import attribute, unseen_nodes, unseen_problem
+    from gpu_cost.perceive.correlate import attribute, sight_problems, unseen_nodes
     from gpu_cost.perceive.prometheus import PrometheusSource
     from gpu_cost.perceive.snapshot import rule_windows
 
@@ -175,17 +175,7 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
 
     unseen = unseen_nodes(frame["host"].astype(str), jobs, nodes) if len(frame) else []
     frame, disagreements = attribute(frame, jobs, procs, nodes, unseen=unseen)
-    # the cluster's GPUs: a host outside the scheduler whose exporter stopped leaves the cluster seen whole
-    ours = frame[frame["attribution"] != "outside"] if len(frame) else frame
-    if len(ours) and ours["stale"].all():
-        problems.append("every GPU series is stale or missing")
-    elif len(ours) and ours["stale"].any():
-        # part of the cluster unseen (an exporter stopped, a scrape gap): the whole run is degraded
-        stale_hosts = sorted({str(h) for h in ours.loc[ours["stale"], "host"]})
-        problems.append(f"stale or missing GPU series: {int(ours['stale'].sum())} of {len(ours)} GPUs "
-                        f"(on {', '.join(stale_hosts[:10])})")
-    if unseen:
-        problems.append(unseen_problem(unseen))
+    problems.extend(sight_problems(frame, unseen, live=True))
     if not len(frame) and not any(p.startswith("prometheus:") for p in problems):
         problems.append("prometheus: no GPU series (check the exporters and the connection's selector)")
     nodes = _merge_nodes(nodes, frame, node_stats)

@@ -21,7 +21,7 @@ from gpu_cost.perceive.aggregate import (
     last_label,
     last_sample_ts,
 )
-from gpu_cost.perceive.correlate import attribute, uncovered, unseen_nodes, unseen_problem
+from gpu_cost.perceive.correlate import attribute, sight_problems, unseen_nodes
 
 
 def rule_windows(policy: Policy) -> tuple[float, list[float]]:
@@ -96,14 +96,8 @@ def from_matrix(
     }
     unseen = unseen_nodes(hosts.tolist(), jobs, nodes) if len(frame) else []
     frame, disagreements = attribute(frame, jobs, processes, nodes, recorded, unseen, managed)
-    found = redact_all(problems)  # they are stored, returned and alerted on: no credentials
-    # a host outside the scheduler is no part of the cluster seen
-    stale = frame["stale"].to_numpy(dtype=bool) if len(frame) else np.zeros(0, dtype=bool)
-    ours = stale[frame["attribution"].to_numpy(dtype=object) != "outside"] if stale.any() else stale
-    if len(ours) and ours.all():
-        found.append("every GPU series is stale or missing")
-    if unseen and not uncovered(hosts.tolist(), managed):
-        found.append(unseen_problem(unseen))
+    # they are stored, returned and alerted on: no credentials
+    found = redact_all([*problems, *sight_problems(frame, unseen, live=False, managed=managed)])
     return Snapshot(
         ts=now, window_s=primary, lookback_s=sw.lookback, source=source, gpus=frame, jobs=tuple(jobs),
         processes=tuple(processes), nodes=tuple(nodes), problems=tuple(found), disagreements=tuple(disagreements),
