@@ -106,7 +106,7 @@ def collect(cfg: Mapping[str, Any], part: Mapping[str, Any], context: Mapping[st
     if of == 1:
         from gpu_cost.report.usage import record_usage
 
-        warnings = record_usage(store, snap, policy, run_id=run_id, **_cadence(context, now))["warnings"]
+        warnings = sweep.run_warnings(snap, record_usage(store, snap, policy, run_id=run_id, **_cadence(context, now)))
     logger.info("snapshot %d/%d at %s: %d GPUs, %d running jobs, %d processes, problems=%s", shard + 1, of, now,
                 len(snap.gpus), len(snap.running_jobs()), len(snap.processes), list(snap.problems))
     return {"run_id": run_id, "now": now, "policy": cfg["policy"], "source": snap.source, "shard": shard, "of": of,
@@ -140,7 +140,7 @@ def merge(cfg: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], context: M
     store.save_snapshot(run_id, now, snap.to_json())
     # replica sets span node groups: the groups' detect judge their jobs by the cluster's sets
     store.save_snapshot(replicas_key(run_id), now, _dumps(replicas.to_json(replicas.replica_sets(snap, policy))))
-    warnings = record_usage(store, snap, policy, run_id=run_id, **_cadence(context, now))["warnings"]
+    warnings = sweep.run_warnings(snap, record_usage(store, snap, policy, run_id=run_id, **_cadence(context, now)))
     logger.info("snapshot of %d shards at %s: %d GPUs, %d running jobs, %d processes, problems=%s", of, now,
                 len(snap.gpus), len(snap.running_jobs()), len(snap.processes), list(snap.problems))
     return {"run_id": run_id, "now": now, "policy": cfg["policy"], "source": snap.source, **sweep.gpu_figures(snap),

@@ -23,6 +23,7 @@ from gpu_cost.decide import answers
 from gpu_cost.decide.engine import Plan, decide, track_of
 from gpu_cost.learn import verifier
 from gpu_cost.perceive import shards
+from gpu_cost.perceive.snapshot import memory_warning
 from gpu_cost.report.usage import record_usage
 
 logger = logging.getLogger(__name__)
@@ -235,6 +236,12 @@ def advance_dry_run(decisions: Sequence[Decision], store: AuditStore, now: float
         store.execute("advance_escalation", rows)
 
 
+def run_warnings(snap: Snapshot, usage: Mapping[str, Any]) -> list[str]:
+    """Return the run's problems that do not degrade it: the usage's cadence warnings (:func:`record_usage`) and
+    the framebuffer not measured (:func:`gpu_cost.perceive.snapshot.memory_warning`)."""
+    return [*usage["warnings"], *memory_warning(snap)]
+
+
 def run_once(policy: Policy, now: float, store: AuditStore, run_id: str | None = None, source: str | None = None,
              dag_id: str = "gpu-cost-cli", **kwargs: Any) -> dict[str, Any]:
     """Run collect → detect → decide → record in-process and return the summary (CLI, replays)."""
@@ -250,7 +257,7 @@ def run_once(policy: Policy, now: float, store: AuditStore, run_id: str | None =
     counts = record(p, store, run_id, now)
     status = run_status(snap, p)
     # a schedule that disagrees with sweep.interval is a warning, not missing data: the status stays
-    problems = [*snap.problems, *p.problems, *usage["warnings"]]
+    problems = [*snap.problems, *p.problems, *run_warnings(snap, usage)]
     store.finish_run(run_id, status=status, finished_at=time.time(), problems=problems,
                      counts={"findings": len(findings), **counts})
     from gpu_cost.loop import health

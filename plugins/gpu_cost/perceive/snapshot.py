@@ -105,6 +105,29 @@ def from_matrix(
     )
 
 
+#: what a sweep without framebuffer readings cannot tell, and how the rules take it (the live run's warning, the
+#: replay's note)
+MEMORY_NOT_MEASURED = ("a model waiting for requests cannot be told from a finished job, so memory not measured "
+                       "counts as memory held: no GPU is taken for a zombie, an idle job's confidence is lowered (a "
+                       "human decides unless its class or its log does), and replicas are told by owner, name and "
+                       "number of GPUs")
+
+
+def memory_warning(snap: Snapshot) -> list[str]:
+    """Return the run's warning when no fresh GPU of the cluster reports framebuffer memory used (an exporter
+    without ``DCGM_FI_DEV_FB_USED``): a blind spot, not a degradation (every rule still reads utilisation)."""
+    g = snap.gpus
+    if not len(g) or "mem_max_mib" not in g:
+        return []
+    ours = ~g["stale"].to_numpy(dtype=bool)
+    if "attribution" in g:
+        ours &= g["attribution"].to_numpy(dtype=object) != "outside"
+    if not ours.any() or not np.isnan(g["mem_max_mib"].to_numpy(dtype=float)[ours]).all():
+        return []
+    return [f"no GPU reports framebuffer memory used (DCGM_FI_DEV_FB_USED or nvidia_smi_memory_used_bytes): "
+            f"{MEMORY_NOT_MEASURED}; the report counts no GPU-hour held by a zombie"]
+
+
 _BARS = "▁▂▃▄▅▆▇█"
 
 

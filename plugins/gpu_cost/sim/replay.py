@@ -583,11 +583,9 @@ class _Replay:
             lambda i: f"{self.hosts[flat[i] // shape[1]]} GPU {self.gpu_idx[flat[i] // shape[1]]} at "
                       f"{iso(float(times[flat[i] % shape[1]]))}")
         if len(mem) and np.isnan(mem).all():
-            self.res.notes.append(
-                "the samples measure no GPU memory (mem_used_mib empty): a model waiting for requests cannot be told "
-                "from a finished job, so memory not measured counts as memory held: no GPU is taken for a zombie, an "
-                "idle job's confidence is lowered (a human decides unless its class or its log does), and replicas "
-                "are told by owner, name and number of GPUs")
+            from gpu_cost.perceive.snapshot import MEMORY_NOT_MEASURED
+
+            self.res.notes.append(f"the samples measure no GPU memory (mem_used_mib empty): {MEMORY_NOT_MEASURED}")
         self.util, self.mem = clean(fill(util), fill(mem))
         del util, mem
         self.job_names = np.array([""], dtype=object)
