@@ -30,29 +30,18 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.hostile_exporter import HostileExporter
+from tests.fixtures.hostile_exporter import STEP, WINDOW, HostileExporter, policy
 from tests.fixtures.prometheus import PromLab, gpu_cost_bin
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 JOB = "gpu-hostile"
 SELECTOR = f'job="{JOB}"'
-STEP = 5.0
-WINDOW = 60.0
 #: 5 s samples, 60 s windows (the shortest a policy allows); enforce with a one-rung destructive ladder and nothing holding it back
-POLICY = """
-version: 1
-mode: enforce
-sweep: {source: prometheus, sample_interval: 5s, lookback: 5m, min_sample_ratio: 0.6, max_staleness: 30s}
-rules:
-  zombie: {window: 60s, mem_min_mib: 1024}
-  idle_allocation: {window: 60s, min_runtime: 60s, ladder: [{action: demote}]}
-  idle_interactive: {window: 60s, min_runtime: 60s}
-  low_efficiency: {min_runtime: 60s}
-protections: []
-approval: {gpu_hours_at_risk: 100000}
-caps: {max_actions_per_run: 50, max_gpu_share: 1.0}
-"""
+POLICY = policy("enforce", "  idle_allocation: {window: 60s, min_runtime: 60s, ladder: [{action: demote}]}\n"
+                           "  low_efficiency: {min_runtime: 60s}\n",
+                "protections: []\napproval: {gpu_hours_at_risk: 100000}\n"
+                "caps: {max_actions_per_run: 50, max_gpu_share: 1.0}\n")
 NAN, INF = math.nan, math.inf
 #: DCGM's "blank" value for an int field the driver could not read (0x7ffffff0)
 DCGM_BLANK = 2147483632.0

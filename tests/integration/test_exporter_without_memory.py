@@ -19,24 +19,14 @@ import time
 
 import pytest
 
-from tests.fixtures.hostile_exporter import HostileExporter
+from tests.fixtures.hostile_exporter import STEP, WINDOW, HostileExporter, policy
 from tests.fixtures.prometheus import PromLab, gpu_cost_bin
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 JOB = "gpu-nomem"
 SELECTOR = f'job="{JOB}"'
-STEP = 5.0
-WINDOW = 60.0
-POLICY = """
-version: 1
-mode: dry-run
-sweep: {source: prometheus, sample_interval: 5s, lookback: 5m, min_sample_ratio: 0.6, max_staleness: 30s}
-rules:
-  zombie: {window: 60s, mem_min_mib: 1024}
-  idle_allocation: {window: 60s, min_runtime: 60s}
-  idle_interactive: {window: 60s, min_runtime: 60s}
-"""
+POLICY = policy("dry-run", "  idle_allocation: {window: 60s, min_runtime: 60s}\n")
 
 
 def test_a_sweep_over_an_exporter_without_the_framebuffer_says_what_it_cannot_see(  # type: ignore[no-untyped-def]
