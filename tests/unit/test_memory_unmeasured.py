@@ -36,8 +36,17 @@ def test_no_framebuffer_reading_on_any_fresh_gpu_is_a_warning_not_a_degradation(
     said = sweep.run_warnings(blind, {"warnings": ["the schedule disagrees"]})
     assert said[0] == "the schedule disagrees" and len(said) == 2
     assert "DCGM_FI_DEV_FB_USED" in said[1] and MEMORY_NOT_MEASURED in said[1] and not blind.degraded
-    # one GPU still measured: the framebuffer metric is there, that GPU's reading is what is missing elsewhere
-    some = _without_memory(snap, every & (np.arange(len(g)) > 0))
+    # one host's exporter without the metric (a mixed fleet): that host is named; a host where one GPU still
+    # reads it has the metric (its other GPUs' readings are what is missing)
+    hosts = sorted(set(g["host"]))
+    assert len(hosts) > 2
+    one = _without_memory(snap, (g["host"] == hosts[1]).to_numpy())
+    (said,) = sweep.run_warnings(one, {"warnings": []})
+    assert said.startswith(f"no GPU of 1 of {len(hosts)} host(s) ({hosts[1]}) reports framebuffer memory used"), said
+    assert MEMORY_NOT_MEASURED in said and not one.degraded
+    first = (g["host"] == hosts[0]).to_numpy()
+    assert first.sum() > 1
+    some = _without_memory(snap, first & (np.cumsum(first) > 1))
     assert sweep.run_warnings(some, {"warnings": []}) == []
     # the GPUs that measure it are stale, or outside the scheduler: the cluster's fresh GPUs measure none
     for col, value in (("stale", True), ("attribution", "outside")):

@@ -114,18 +114,28 @@ MEMORY_NOT_MEASURED = ("a model waiting for requests cannot be told from a finis
 
 
 def memory_warning(snap: Snapshot) -> list[str]:
-    """Return the run's warning when no fresh GPU of the cluster reports framebuffer memory used (an exporter
-    without ``DCGM_FI_DEV_FB_USED``): a blind spot, not a degradation (every rule still reads utilisation)."""
+    """Return the run's warning when the fresh GPUs of the cluster, or of some of its hosts, report no framebuffer
+    memory used (an exporter without ``DCGM_FI_DEV_FB_USED``; a reading of 0 is a reading): a blind spot, not a
+    degradation (every rule still reads utilisation)."""
     g = snap.gpus
     if not len(g) or "mem_max_mib" not in g:
         return []
     ours = ~g["stale"].to_numpy(dtype=bool)
     if "attribution" in g:
         ours &= g["attribution"].to_numpy(dtype=object) != "outside"
-    if not ours.any() or not np.isnan(g["mem_max_mib"].to_numpy(dtype=float)[ours]).all():
+    if not ours.any():
         return []
-    return [f"no GPU reports framebuffer memory used (DCGM_FI_DEV_FB_USED or nvidia_smi_memory_used_bytes): "
-            f"{MEMORY_NOT_MEASURED}; the report counts no GPU-hour held by a zombie"]
+    unread = pd.Series(np.isnan(g["mem_max_mib"].to_numpy(dtype=float)[ours])).groupby(
+        g["host"].to_numpy(dtype=object)[ours]).all()
+    blind = sorted(map(str, unread.index[unread.to_numpy(dtype=bool)]))
+    if not blind:
+        return []
+    metric = "framebuffer memory used (DCGM_FI_DEV_FB_USED or nvidia_smi_memory_used_bytes)"
+    if len(blind) == len(unread):
+        return [f"no GPU reports {metric}: {MEMORY_NOT_MEASURED}; the report counts no GPU-hour held by a zombie"]
+    shown = ", ".join(blind[:5]) + ("…" if len(blind) > 5 else "")
+    return [f"no GPU of {len(blind)} of {len(unread)} host(s) ({shown}) reports {metric}: on those hosts, "
+            f"{MEMORY_NOT_MEASURED}; the report counts no GPU-hour held by a zombie there"]
 
 
 _BARS = "▁▂▃▄▅▆▇█"
