@@ -125,10 +125,14 @@ def uncovered(series_hosts: Iterable[str], managed: AbstractSet[str] | None) -> 
     return managed is not None and set(series_hosts) <= managed
 
 
+def some(names: Sequence[str], n: int) -> str:
+    """Return the first ``n`` of ``names`` as a note lists them, with an ellipsis when there are more."""
+    return ", ".join(names[:n]) + ("…" if len(names) > n else "")
+
+
 def uncovered_note(nodes: Sequence[str]) -> str:
     """Return what a trace's :func:`uncovered` nodes mean, in words (``nodes``: sorted)."""
-    shown = ", ".join(nodes[:5]) + ("…" if len(nodes) > 5 else "")
-    return (f"jobs ran on {len(nodes)} node(s) no sample shows ({shown}), and every sampled host is one the jobs file "
+    return (f"jobs ran on {len(nodes)} node(s) no sample shows ({some(nodes, 5)}), and every sampled host is one the jobs file "
             "names: the samples cover part of the cluster, so those jobs were judged by no rule and nothing else was "
             "held back (a sampled host the jobs do not name would have degraded every sweep: it might be one of those "
             "nodes under another name)")

@@ -21,7 +21,7 @@ from gpu_cost.perceive.aggregate import (
     last_label,
     last_sample_ts,
 )
-from gpu_cost.perceive.correlate import attribute, sight_problems, unseen_nodes
+from gpu_cost.perceive.correlate import attribute, sight_problems, some, unseen_nodes
 
 
 def rule_windows(policy: Policy) -> tuple[float, list[float]]:
@@ -133,8 +133,7 @@ def memory_warning(snap: Snapshot) -> list[str]:
     metric = "framebuffer memory used (DCGM_FI_DEV_FB_USED or nvidia_smi_memory_used_bytes)"
     if len(blind) == len(unread):
         return [f"no GPU reports {metric}: {MEMORY_NOT_MEASURED}; the report counts no GPU-hour held by a zombie"]
-    shown = ", ".join(blind[:5]) + ("…" if len(blind) > 5 else "")
-    return [f"no GPU of {len(blind)} of {len(unread)} host(s) ({shown}) reports {metric}: on those hosts, "
+    return [f"no GPU of {len(blind)} of {len(unread)} host(s) ({some(blind, 5)}) reports {metric}: on those hosts, "
             f"{MEMORY_NOT_MEASURED}; the report counts no GPU-hour held by a zombie there"]
 
 

@@ -57,6 +57,7 @@ from gpu_cost.core.errors import TraceError
 from gpu_cost.core.model import KILL_ACTIONS, Decision, GpuProcess, Job
 from gpu_cost.core.registry import names as _action_names
 from gpu_cost.core.timeutil import iso
+from gpu_cost.perceive.correlate import some
 from gpu_cost.perceive.trace import (
     SAMPLE_COLUMNS,
     _epoch_col,
@@ -136,11 +137,6 @@ def process_starts(pid: np.ndarray, present: np.ndarray, block: int = 256) -> np
 
 
 # -- the replay ------------------------------------------------------------------------------
-def _some(names: Sequence[str], n: int) -> str:
-    """Return the first ``n`` of ``names`` for a note, with an ellipsis when there are more."""
-    return ", ".join(names[:n]) + ("…" if len(names) > n else "")
-
-
 @dataclass
 class _Alloc:
     """A job as the replay tracks it: its record, GPU rows and (simulated) end."""
@@ -449,7 +445,7 @@ class _Replay:
             names = sorted(i for h, i in self.unsampled if h == host)
             res.notes.append(
                 f"the jobs' gpu_ids name {len(self.unsampled)} GPU(s) of sampled nodes that no sample shows ({host}: "
-                f"{_some([str(i) for i in names], 4)}; its samples number "
+                f"{some([str(i) for i in names], 4)}; its samples number "
                 f"{', '.join(map(str, sorted(self.host_gpus[host])[:8]))}): no GPU of the samples is those jobs' there. "
                 "If the exporter numbers GPUs otherwise than Slurm (from 1, or by another order), write Slurm's index "
                 "in the gpu column")
@@ -459,9 +455,9 @@ class _Replay:
         outside = sorted(set(self.hosts.tolist()) - self.managed) if self.managed is not None else []
         if outside:
             res.notes.append(
-                f"{len(outside)} sampled host(s) no job of the jobs file names ({', '.join(outside[:3])}"
-                f"{'…' if len(outside) > 3 else ''}): taken as outside the scheduler (an inference server, a "
-                "workstation the same Prometheus scrapes), their GPUs judged by no rule and their processes no zombies")
+                f"{len(outside)} sampled host(s) no job of the jobs file names ({some(outside, 3)}): taken as outside "
+                "the scheduler (an inference server, a workstation the same Prometheus scrapes), their GPUs judged by "
+                "no rule and their processes no zombies")
         #: hosts whose GPU numbering the samples contradict (:func:`gpu_cost.perceive.gpu_map.trace_numbering`):
         #: their GPUs are read as stale, judged by no rule
         self.doubtful = self._numbering()
@@ -479,7 +475,7 @@ class _Replay:
         self.recorded = frozenset(jobs["job_id"].astype(str))
         unrecorded = sorted(set(self.job_names[1:].tolist()) - self.recorded)
         if unrecorded:
-            shown = _some(unrecorded, 3)
+            shown = some(unrecorded, 3)
             res.notes.append(f"{len(unrecorded)} job(s) the samples label are not in the jobs file ({shown}): their GPUs "
                              "are judged by no rule while so labelled (nothing says those jobs ended); export the jobs "
                              "over the samples' whole span")
@@ -628,14 +624,13 @@ class _Replay:
         renamed = host_names(set(self.hosts.tolist()), names)
         if renamed:
             self.hosts = np.array([renamed.get(h, h) for h in self.hosts.tolist()], dtype=object)
-            shown = ", ".join(f"{a} as {b}" for a, b in sorted(renamed.items())[:3])
-            self.res.notes.append(f"{len(renamed)} sampled host(s) read under the name the jobs give them: "
-                                  f"{shown}{'…' if len(renamed) > 3 else ''}")
+            shown = some([f"{a} as {b}" for a, b in sorted(renamed.items())], 3)
+            self.res.notes.append(f"{len(renamed)} sampled host(s) read under the name the jobs give them: {shown}")
         second = sorted(aliases(set(self.hosts.tolist()), names))
         if second:
             self.res.notes.append(
                 f"{len(second)} sampled host(s) are a second name of a node the samples also name, or a name of two "
-                f"({', '.join(second[:3])}{'…' if len(second) > 3 else ''}): their GPUs may be that node's jobs', "
+                f"({some(second, 3)}): their GPUs may be that node's jobs', "
                 "so they are judged by no rule; name each node one way in the samples")
 
     def _adopt(self, prepared: PreparedTrace) -> None:
@@ -899,7 +894,7 @@ class _Replay:
                 self.res.sweeps += 1
                 t += step
         if self.unseen:
-            shown = _some(sorted(self.unseen), 5)
+            shown = some(sorted(self.unseen), 5)
             self.res.notes.append(
                 f"{self.unseen_sweeps} sweep(s) degraded: running jobs hold GPUs on node(s) no sample names ({shown}), "
                 "so nothing destructive acted in them, and no GPU on a host the jobs do not name was taken for a "
@@ -908,7 +903,7 @@ class _Replay:
         if self.not_covered:
             self.res.notes.append(uncovered_note(sorted(self.not_covered)))
         if self.unknown_procs:
-            shown = _some(sorted({f"{self.hosts[r]}:{pid}" for r, pid, _ in self.unknown_procs}), 3)
+            shown = some(sorted({f"{self.hosts[r]}:{pid}" for r, pid, _ in self.unknown_procs}), 3)
             self.res.notes.append(
                 f"{len(self.unknown_procs)} process(es) started on a GPU no job of the jobs file held then ({shown}), "
                 "and no sample labels them with a job: their job is "
