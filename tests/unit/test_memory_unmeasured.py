@@ -57,3 +57,35 @@ def test_no_framebuffer_reading_on_any_fresh_gpu_is_a_warning_not_a_degradation(
     # every GPU stale: the run is degraded for that, and the memory says nothing more
     stale = blind.gpus.assign(stale=True)
     assert sweep.run_warnings(dataclasses.replace(blind, gpus=stale), {"warnings": []}) == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_hosts_named_are_those_whose_fresh_gpus_all_lack_the_reading(seed: int) -> None:
+    """Random fleets: hosts of 1-8 GPUs, some exporters without the framebuffer metric (every GPU NaN), some GPUs
+    missing a reading on their own, some stale, some hosts outside the scheduler. The warning names exactly the
+    cluster's hosts whose fresh GPUs all lack it; the whole cluster's wording when that is every host with a fresh
+    GPU; nothing when none."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    share_blind = 1.0 if seed % 5 == 0 else 0.3  # every fifth fleet: no exporter reports it
+    for h in range(int(rng.integers(1, 12))):
+        blind, outside = rng.random() < share_blind, rng.random() < 0.15
+        for i in range(int(rng.integers(1, 9))):
+            mem = np.nan if blind or rng.random() < 0.2 else float(rng.integers(0, 80000))
+            rows.append({"host": f"n{h:02d}", "gpu": i, "stale": bool(rng.random() < 0.15), "mem_max_mib": mem,
+                         "attribution": "outside" if outside else "none"})
+    g = pd.DataFrame(rows)
+    fresh = g[~g["stale"] & (g["attribution"] != "outside")]
+    unread = fresh["mem_max_mib"].isna().groupby(fresh["host"]).all()
+    want = sorted(unread.index[unread.to_numpy(dtype=bool)])
+    said = sweep.run_warnings(Snapshot(ts=NOW, window_s=900.0, lookback_s=3600.0, source="test", gpus=g),
+                              {"warnings": []})
+    if not want:
+        assert said == []
+    elif len(want) == len(unread):
+        assert len(said) == 1 and said[0].startswith("no GPU reports framebuffer memory used"), said
+    else:
+        assert len(said) == 1 and said[0].startswith(f"no GPU of {len(want)} of {len(unread)} host(s) ("), said
+        assert all(h in said[0] for h in want[:5]) and not any(h in said[0] for h in sorted(set(g["host"]) - set(want)))
