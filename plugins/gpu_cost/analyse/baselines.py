@@ -108,14 +108,14 @@ def _job_state(snapshot: Snapshot, policy: Policy) -> dict[str, tuple[int, bool,
     threshold or above, idle when every GPU is fresh and none is, and resident when idle with every GPU's
     least memory above the zombie floor or not measured.
     """
-    g = snapshot.gpus
+    g = snapshot.columns()
     if g.empty or "job_id" not in g:
         return {}
     thr = policy.rules.idle_allocation.util_max
     index = job_index(snapshot)
-    umax = g["util_max"].to_numpy(dtype=float)
-    unfresh = g["stale"].to_numpy(dtype=bool) | np.isnan(umax)
-    mem = g["mem_min_mib"].to_numpy(dtype=float)
+    umax = g.get("util_max", float)
+    unfresh = g.get("stale", bool) | np.isnan(umax)
+    mem = g.get("mem_min_mib", float)
     with np.errstate(invalid="ignore"):
         active = index.any(~unfresh & (umax >= thr))
         # memory not measured (NaN: a trace of utilisation alone) counts as held, as the rules' confidence counts it:

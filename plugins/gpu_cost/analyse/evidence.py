@@ -235,22 +235,22 @@ def assess(snapshot: Snapshot, job: Job, policy: Policy) -> dict[str, Any] | Non
 
     cfg = policy.rules.idle_allocation
     try:
-        g = snapshot.view(cfg.window)
+        g = snapshot.columns(cfg.window)
     except KeyError:
         return None
     if g.empty or "job_id" not in g:
         return None
-    pos = np.flatnonzero(g["job_id"].to_numpy(dtype=object) == job.job_id)
+    pos = np.flatnonzero(g.get("job_id", object) == job.job_id)
     if not len(pos) or len(pos) < len(job.gpu_keys()):
         return None
-    umax = g["util_max"].to_numpy(dtype=float)[pos]
-    if g["stale"].to_numpy(dtype=bool)[pos].any() or np.isnan(umax).any() or not (umax < cfg.util_max).all():
+    umax = g.get("util_max", float)[pos]
+    if g.get("stale", bool)[pos].any() or np.isnan(umax).any() or not (umax < cfg.util_max).all():
         return None
-    memmin = g["mem_min_mib"].to_numpy(dtype=float)[pos]
+    memmin = g.get("mem_min_mib", float)[pos]
     resident = None if np.isnan(memmin).all() else bool(float(np.nanmin(memmin)) > policy.rules.zombie.mem_min_mib)
     log = classify_log(snapshot.job_logs.get(job.job_id), policy.evidence.job_log, snapshot.ts, cfg.window)
-    power = g["power_w"].to_numpy(dtype=float)[pos] if "power_w" in g else []
-    bursts = int(np.max(g["bursts_lb"].to_numpy()[pos])) if "bursts_lb" in g else 0
+    power = g.get("power_w", float)[pos] if "power_w" in g else []
+    bursts = int(np.max(g.get("bursts_lb")[pos])) if "bursts_lb" in g else 0
     klass = snapshot.classes.get(job.job_id)
     conf, why = confidence(log, klass, bursts=bursts, progress_signs=progress(snapshot, job, list(power), log, policy),
                            resident=resident, measured=resident is not None)

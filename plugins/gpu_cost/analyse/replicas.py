@@ -164,21 +164,21 @@ def spare(snapshot: Snapshot, policy: Policy, job_id: str) -> ReplicaSet | None:
 
 
 def _build(snapshot: Snapshot, policy: Policy) -> dict[str, ReplicaSet]:
-    g = snapshot.gpus
+    g = snapshot.columns()
     if g.empty or "job_id" not in g:
         return {}
     cfg = policy.replicas
     thr = policy.rules.idle_allocation.util_max
     index = job_index(snapshot)
-    umax = g["util_max"].to_numpy(dtype=float)
-    memmin = g["mem_min_mib"].to_numpy(dtype=float)
-    umax_lb = g["util_max_lb"].to_numpy(dtype=float) if "util_max_lb" in g else np.full(len(g), np.nan)
-    charts = g["util_chart_lb"].to_numpy(dtype=object) if "util_chart_lb" in g else None
+    umax = g.get("util_max", float)
+    memmin = g.get("mem_min_mib", float)
+    umax_lb = g.get("util_max_lb", float) if "util_max_lb" in g else np.full(len(g), np.nan)
+    charts = g.get("util_chart_lb", object) if "util_chart_lb" in g else None
     # per job, every row at once: its footprint, and whether every GPU was seen fresh with something resident
     # (no data, no judgement; nothing resident: no model, no replica)
     footprints = index.median(memmin)
     no_memory = np.isnan(memmin)
-    seen = ~index.any(g["stale"].to_numpy(dtype=bool) | np.isnan(umax))
+    seen = ~index.any(g.get("stale", bool) | np.isnan(umax))
     with np.errstate(invalid="ignore"):
         keep = (seen & ~index.any(no_memory) & ~(footprints <= policy.rules.zombie.mem_min_mib)).tolist()
     # memory measured on none of a job's GPUs: its footprint is not known, so nothing says no model is resident

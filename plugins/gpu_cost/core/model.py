@@ -409,6 +409,44 @@ class Disagreement:
         return _fields(self)
 
 
+class GpuColumns:
+    """A snapshot's GPU rows (or its :meth:`Snapshot.view` over another window) as NumPy columns, each read from the
+    frame once and shared by every reader of the sweep: the rules, the class baselines and the usage record read the
+    same dozen columns, and at a few hundred GPUs a pandas column read costs more than the arithmetic on it.
+
+    ``get(name, dtype)`` is ``frame[name].to_numpy(dtype=dtype)``, with a window's own column in place of the
+    frame's. The arrays are read-only: change a copy.
+    """
+
+    __slots__ = ("_arrays", "_extra", "_frame")
+
+    def __init__(self, frame: pd.DataFrame, extra: pd.DataFrame | None = None) -> None:
+        self._frame, self._extra = frame, extra
+        self._arrays: dict[tuple[str, Any], Any] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._frame or (self._extra is not None and name in self._extra)
+
+    def __len__(self) -> int:
+        return len(self._frame)
+
+    @property
+    def empty(self) -> bool:
+        """True when there are no GPU rows (or no columns), as the frame says it."""
+        return bool(self._frame.empty)
+
+    def get(self, name: str, dtype: Any = None) -> Any:
+        """Return column ``name`` as a read-only array of ``dtype`` (KeyError when the frame lacks it)."""
+        key = (name, dtype)
+        found = self._arrays.get(key)
+        if found is None:
+            source = self._extra if self._extra is not None and name in self._extra else self._frame
+            found = source[name].to_numpy(dtype=dtype)
+            found.flags.writeable = False
+            self._arrays[key] = found
+        return found
+
+
 @dataclass(slots=True)
 class Snapshot:
     """What the agent sees at one instant: GPUs (aggregated), jobs, processes, nodes.
@@ -463,6 +501,24 @@ class Snapshot:
             made = views[window_s] = (extra, out)
         return made[1]
 
+    def columns(self, window_s: float | None = None) -> GpuColumns:
+        """Return :meth:`view`'s columns (``window_s``; None: the snapshot's own window) as NumPy arrays, each read
+        once while ``gpus`` and the window's columns are the same objects (:class:`GpuColumns`).
+
+        Like the frame, they are read, never changed: a snapshot is not edited once built (change a copy of its
+        frame, ``dataclasses.replace(snapshot, gpus=...)``)."""
+        extra = None
+        if window_s is not None and abs(window_s - self.window_s) >= 1e-6:
+            if window_s not in self.windows:
+                raise KeyError(f"snapshot has no aggregates for a {window_s:g}s window")
+            extra = self.windows[window_s]
+        made: dict[float | None, GpuColumns] = self.memo("columns", self.gpus, dict)
+        key = None if extra is None else window_s
+        found = made.get(key)
+        if found is None or found._extra is not extra:
+            found = made[key] = GpuColumns(self.gpus, extra)
+        return found
+
     @property
     def degraded(self) -> bool:
         return bool(self.problems)
@@ -477,7 +533,7 @@ class Snapshot:
         """Return how many GPU rows are outside the scheduler (attributed ``outside``): read, judged by nothing."""
         if not len(self.gpus) or "attribution" not in self.gpus:
             return 0
-        return int(self.gpus["attribution"].to_numpy(dtype=object).tolist().count("outside"))
+        return int(self.columns().get("attribution", object).tolist().count("outside"))
 
     @classmethod
     def gpu_count_of_json(cls, text: str) -> int:

@@ -209,16 +209,16 @@ def log_candidates(snapshot: Snapshot, policy: Policy) -> list[Job]:
     import numpy as np
 
     cfg = policy.evidence.job_log
-    if not cfg.enabled or cfg.max_jobs_per_sweep <= 0 or snapshot.gpus.empty or "job_id" not in snapshot.gpus:
+    g = snapshot.columns()
+    if not cfg.enabled or cfg.max_jobs_per_sweep <= 0 or g.empty or "job_id" not in g:
         return []
-    g = snapshot.gpus
     thr = max(policy.rules.idle_allocation.util_max, policy.rules.idle_interactive.util_max)
-    fresh = ~g["stale"].to_numpy(dtype=bool)
-    idle = fresh & (np.nan_to_num(g["util_max"].to_numpy(dtype=float), nan=100.0) < thr)
+    fresh = ~g.get("stale", bool)
+    idle = fresh & (np.nan_to_num(g.get("util_max", float), nan=100.0) < thr)
     low_cfg = policy.rules.low_efficiency
-    low = fresh & (np.nan_to_num(g["util_mean"].to_numpy(dtype=float), nan=100.0) < low_cfg.util_mean_max)
+    low = fresh & (np.nan_to_num(g.get("util_mean", float), nan=100.0) < low_cfg.util_mean_max)
     by_job: dict[str, list[tuple[bool, bool]]] = {}
-    for jid, ok, poor in zip(g["job_id"].to_numpy(dtype=object), idle, low, strict=True):
+    for jid, ok, poor in zip(g.get("job_id", object), idle, low, strict=True):
         if jid:
             by_job.setdefault(str(jid), []).append((bool(ok), bool(poor)))
     running = snapshot.running_jobs()

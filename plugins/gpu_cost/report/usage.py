@@ -56,17 +56,17 @@ JOB_USAGE_KEYS = (
 
 
 def _columns(snapshot: Snapshot, policy: Policy) -> dict[str, np.ndarray]:
-    g = snapshot.gpus
-    fresh = ~g["stale"].to_numpy(dtype=bool)
-    util_mean = g["util_mean"].to_numpy(dtype=float)
-    umax = g["util_max"].to_numpy(dtype=float)
+    g = snapshot.columns()
+    fresh = ~g.get("stale", bool)
+    util_mean = g.get("util_mean", float)
+    umax = g.get("util_max", float)
     fresh &= ~np.isnan(umax)
-    memmin = np.nan_to_num(g["mem_min_mib"].to_numpy(dtype=float), nan=0.0)
+    memmin = np.nan_to_num(g.get("mem_min_mib", float), nan=0.0)
     umax0 = np.nan_to_num(umax, nan=100.0)
-    job_ids = g["job_id"].to_numpy(dtype=object) if "job_id" in g else np.full(len(g), None, dtype=object)
+    job_ids = g.get("job_id", object) if "job_id" in g else np.full(len(g), None, dtype=object)
     # a GPU on a node where a running job holds GPUs no source places may be that job's, and one outside the
     # scheduler is no job's: no zombie
-    how = g["attribution"].to_numpy(dtype=object) if "attribution" in g else None
+    how = g.get("attribution", object) if "attribution" in g else None
     placed = np.ones(len(g), bool) if how is None else (how != "unplaced") & (how != "outside")
     return {
         "fresh": fresh,
@@ -75,10 +75,10 @@ def _columns(snapshot: Snapshot, policy: Policy) -> dict[str, np.ndarray]:
         "busy": fresh & (np.nan_to_num(util_mean, nan=0.0) >= policy.sweep.busy_util),
         "zombie": fresh & placed & (umax0 < policy.rules.zombie.util_max) & (memmin > policy.rules.zombie.mem_min_mib),
         "job": job_ids,
-        "host": g["host"].to_numpy(dtype=object),
-        "model": g["model"].fillna("").to_numpy(dtype=object),
-        "mem_max": g["mem_max_mib"].to_numpy(dtype=float) if "mem_max_mib" in g else np.full(len(g), np.nan),
-        "mem_total": g["mem_total_mib"].to_numpy(dtype=float) if "mem_total_mib" in g else np.full(len(g), np.nan),
+        "host": g.get("host", object),
+        "model": snapshot.gpus["model"].fillna("").to_numpy(dtype=object),
+        "mem_max": g.get("mem_max_mib", float) if "mem_max_mib" in g else np.full(len(g), np.nan),
+        "mem_total": g.get("mem_total_mib", float) if "mem_total_mib" in g else np.full(len(g), np.nan),
     }
 
 
@@ -98,7 +98,7 @@ def usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | None =
     c = _columns(snapshot, policy)
     if "attribution" in g:
         # a GPU outside the scheduler (an inference server the same Prometheus scrapes) is not the cluster's
-        mine = g["attribution"].to_numpy(dtype=object) != "outside"
+        mine = snapshot.columns().get("attribution", object) != "outside"
         if not mine.all():
             c = {k: v[mine] for k, v in c.items()}
             if not mine.any():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -51,11 +52,12 @@ def test_gpus_outside_the_scheduler_are_not_the_clusters_hours(snap, policy) -> 
     """gpu03's GPUs read as a host outside the scheduler (an inference server the same Prometheus scrapes): no
     usage row counts them, and the other hosts' rows are as they were."""
     before = [r for r in usage_rows(snap, policy, 300) if r["host"] != "gpu03"]
-    snap.gpus.loc[snap.gpus["host"] == "gpu03", "attribution"] = "outside"
-    rows = usage_rows(snap, policy, 300)
+    # a snapshot is not edited once read (its columns are read once): each case is a copy with its own frame
+    some = snap.gpus.copy()
+    some.loc[some["host"] == "gpu03", "attribution"] = "outside"
+    rows = usage_rows(dataclasses.replace(snap, gpus=some), policy, 300)
     assert rows == before and rows
-    snap.gpus["attribution"] = "outside"
-    assert usage_rows(snap, policy, 300) == []
+    assert usage_rows(dataclasses.replace(snap, gpus=snap.gpus.assign(attribution="outside")), policy, 300) == []
 
 
 def test_job_usage_rows_count_busy_gpus_and_work(snap, policy) -> None:  # type: ignore[no-untyped-def]

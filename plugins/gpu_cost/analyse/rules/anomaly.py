@@ -45,7 +45,7 @@ from gpu_cost.analyse.rules import register
 from gpu_cost.analyse.rules.common import behaves_like_inference, declared_inference, job_fields, r
 from gpu_cost.config.schema import Mode, Policy, Rung, Share
 from gpu_cost.config.typed import Dur, Range
-from gpu_cost.core.model import Finding, Job, Snapshot
+from gpu_cost.core.model import Finding, GpuColumns, Job, Snapshot
 from gpu_cost.core.registry import RuleSpec
 
 
@@ -127,24 +127,7 @@ def _is_service(klass: dict[str, Any]) -> bool:
     return klass.get("kind") == "service" or klass.get("member_kind") == "service"
 
 
-class _Columns:
-    """The GPU frame's columns as arrays, each converted once: the rule reads a few per running job."""
-
-    def __init__(self, frame: Any) -> None:
-        self._frame = frame
-        self._arrays: dict[tuple[str, Any], np.ndarray] = {}
-
-    def __contains__(self, column: str) -> bool:
-        return column in self._frame
-
-    def get(self, column: str, dtype: Any = None) -> np.ndarray:
-        key = (column, dtype)
-        if key not in self._arrays:
-            self._arrays[key] = self._frame[column].to_numpy(dtype=dtype)
-        return self._arrays[key]
-
-
-def _leaking(g: _Columns, cfg: AnomalyRule) -> np.ndarray:
+def _leaking(g: GpuColumns, cfg: AnomalyRule) -> np.ndarray:
     """Return per GPU row whether its framebuffer grew steadily over the lookback (False without the trend columns)."""
     if any(c not in g for c in TREND):
         return np.zeros(len(g.get("stale", bool)), dtype=bool)
@@ -153,7 +136,7 @@ def _leaking(g: _Columns, cfg: AnomalyRule) -> np.ndarray:
                 & (g.get("mem_span_s_lb", float) >= cfg.leak_min_span))
 
 
-def _leak(g: _Columns, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule,
+def _leak(g: GpuColumns, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule,
           growing: np.ndarray) -> dict[str, Any] | None:
     """Return the leak evidence of a job's GPUs (the fastest steady grower; ``growing``: :func:`_leaking`), or None."""
     if any(c not in g for c in TREND) or job.start_ts is None or snapshot.ts - job.start_ts < cfg.leak_min_span:
@@ -195,7 +178,7 @@ def _leak_signals(ev: dict[str, Any], cfg: AnomalyRule) -> tuple[list[dict[str, 
     return sig, round(min(1.0, c), 2)
 
 
-def _overrun(g: _Columns, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule, policy: Policy,
+def _overrun(g: GpuColumns, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule, policy: Policy,
              window: float) -> tuple[dict[str, Any], list[dict[str, Any]], float] | None:
     """Return the overrun evidence, its signals and confidence, or None."""
     klass = snapshot.classes.get(job.job_id)
@@ -257,7 +240,7 @@ def _overrun(g: _Columns, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: An
     return ev, sig, round(min(1.0, max(0.0, c)), 2)
 
 
-def _mix(g: _Columns, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule,
+def _mix(g: GpuColumns, pos: np.ndarray, job: Job, snapshot: Snapshot, cfg: AnomalyRule,
          policy: Policy) -> tuple[dict[str, Any], list[dict[str, Any]], float] | None:
     """A CPU/GPU mix unlike the class's: the node's CPU while the GPUs work, ``mix_factor`` times above or below
     the class's (both on nodes the jobs have to themselves; a class of ``baselines.min_members`` with CPU data)."""
@@ -300,8 +283,8 @@ def anomaly(snapshot: Snapshot, cfg: AnomalyRule, policy: Policy) -> list[Findin
         return []
     index = job_index(snapshot)
     rows = index.rows
-    cols = _Columns(g)
-    stale_jobs = index.any(g["stale"].to_numpy(dtype=bool))
+    cols = snapshot.columns()
+    stale_jobs = index.any(cols.get("stale", bool))
     growing = _leaking(cols, cfg)
     leaking_jobs = index.any(growing)
     findings = []

@@ -9,22 +9,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from gpu_cost.analyse import baselines, evidence, replicas
 from gpu_cost.analyse.jobrows import job_index
 from gpu_cost.config.schema import InferenceConfig, InteractiveConfig, Policy
 from gpu_cost.core.globs import any_glob
-from gpu_cost.core.model import Finding, Job, Snapshot, device_id
+from gpu_cost.core.model import Finding, GpuColumns, Job, Snapshot, device_id
 from gpu_cost.perceive.snapshot import sparkline
 
 
-def shared_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+def shared_rows(frame: GpuColumns) -> dict[str, np.ndarray]:
     """Return row positions per job among the sharers of a shared device (``attribution == "shared"``)."""
     if "sharers" not in frame:
         return {}
     out: dict[str, list[int]] = {}
-    for pos, text in enumerate(frame["sharers"].to_numpy(dtype=object)):
+    for pos, text in enumerate(frame.get("sharers", object)):
         for jid in str(text or "").split(","):
             if jid:
                 out.setdefault(jid, []).append(pos)
@@ -34,15 +33,15 @@ def shared_rows(frame: pd.DataFrame) -> dict[str, np.ndarray]:
 class Devices:
     """The frame's device ids and shares, read once per rule run (a rule asks per finding).
 
-    :param frame: a GPU frame (MIG columns optional).
+    :param frame: a snapshot's GPU columns (MIG columns optional).
     """
 
-    def __init__(self, frame: pd.DataFrame) -> None:
-        self.hosts = frame["host"].to_numpy(dtype=object)
-        self.idx = frame["gpu"].to_numpy()
-        self.migs = frame["mig"].to_numpy(dtype=object) if "mig" in frame else None
-        self.shares = frame["share"].to_numpy(dtype=float) if "share" in frame else None
-        self.profiles = frame["mig_profile"].to_numpy(dtype=object) if "mig_profile" in frame else None
+    def __init__(self, frame: GpuColumns) -> None:
+        self.hosts = frame.get("host", object)
+        self.idx = frame.get("gpu")
+        self.migs = frame.get("mig", object) if "mig" in frame else None
+        self.shares = frame.get("share", float) if "share" in frame else None
+        self.profiles = frame.get("mig_profile", object) if "mig_profile" in frame else None
 
     def __call__(self, pos: np.ndarray) -> tuple[tuple[str, ...], float | None]:
         """Return the device ids of rows ``pos`` (``gpu01:3``, ``gpu01:0/mig2``) and their whole-GPU share.
@@ -149,7 +148,7 @@ def job_bursts(snapshot: Snapshot, job_id: str) -> int:
     pos = job_index(snapshot).rows.get(job_id)  # a job's rows, at least one
     if pos is None:
         return 0
-    values = snapshot.gpus["bursts_lb"].to_numpy(dtype=float)[pos]
+    values = snapshot.columns().get("bursts_lb", float)[pos]
     values = values[~np.isnan(values)]
     return int(values.max()) if len(values) else 0
 
@@ -212,22 +211,22 @@ def idle_jobs(snapshot: Snapshot, rule: str, cfg: Any, policy: Policy, *, intera
                                                          strict=True) if bool(session) == interactive]
     if not candidates:
         return []
-    g = snapshot.view(cfg.window)
+    g = snapshot.columns(cfg.window)
     if g.empty:
         return []
     index = job_index(snapshot)
     rows = index.rows
     shared = shared_rows(g)
     devices = Devices(g)
-    sharers = g["sharers"].to_numpy(dtype=object) if "sharers" in g else None
-    stale = g["stale"].to_numpy(dtype=bool)
-    umax = g["util_max"].to_numpy(dtype=float)
-    umean = g["util_mean"].to_numpy(dtype=float)
-    power = g["power_w"].to_numpy(dtype=float) if "power_w" in g else np.full(len(g), np.nan)
-    memmin = g["mem_min_mib"].to_numpy(dtype=float)
-    bursts = g["bursts_lb"].to_numpy()
-    umax_lb = g["util_max_lb"].to_numpy(dtype=float)
-    charts = g["util_chart_lb"].to_numpy(dtype=object) if "util_chart_lb" in g else None
+    sharers = g.get("sharers", object) if "sharers" in g else None
+    stale = g.get("stale", bool)
+    umax = g.get("util_max", float)
+    umean = g.get("util_mean", float)
+    power = g.get("power_w", float) if "power_w" in g else np.full(len(g), np.nan)
+    memmin = g.get("mem_min_mib", float)
+    bursts = g.get("bursts_lb")
+    umax_lb = g.get("util_max_lb", float)
+    charts = g.get("util_chart_lb", object) if "util_chart_lb" in g else None
     with np.errstate(invalid="ignore"):
         not_idle = index.any(stale | np.isnan(umax) | ~(umax < cfg.util_max)).tolist()  # per job, all its rows at once
     # per job, over its own rows (exact: maxima and minima), for the jobs on no shared device

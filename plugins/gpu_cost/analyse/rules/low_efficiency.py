@@ -123,17 +123,17 @@ def _nanmean(values: np.ndarray) -> float:
 def low_efficiency(snapshot: Snapshot, cfg: LowEfficiencyRule, policy: Policy) -> list[Finding]:
     """Return one advisory finding per running job with low mean utilisation."""
     window = min(cfg.min_runtime, snapshot.lookback_s)
-    g = snapshot.view(window)
+    g = snapshot.columns(window)
     if g.empty:
         return []
     index = job_index(snapshot)
     rows = index.rows
-    stale = g["stale"].to_numpy(dtype=bool)
-    umean = g["util_mean"].to_numpy(dtype=float)
-    umax = g["util_max"].to_numpy(dtype=float)
-    bursts = g["bursts_lb"].to_numpy()
+    stale = g.get("stale", bool)
+    umean = g.get("util_mean", float)
+    umax = g.get("util_max", float)
+    bursts = g.get("bursts_lb")
     idle_max = policy.rules.idle_allocation.util_max
-    recent = snapshot.gpus["util_mean"].to_numpy(dtype=float)  # the primary (shortest) window, same rows
+    recent = snapshot.columns().get("util_mean", float)  # the primary (shortest) window, same rows
     # every job at once first: most are busy, stale or idle throughout, and need no more than this
     stale_jobs = index.any(stale)
     rough_mean = index.nanmean(umean)

@@ -96,16 +96,16 @@ SPEC = RuleSpec(
 def partly_idle(snapshot: Snapshot, cfg: PartlyIdleRule, policy: Policy) -> list[Finding]:
     """Return one advisory finding per running job with some, not all, of its GPUs idle over the window."""
     window = window_of(cfg, policy)
-    g = snapshot.view(window)
+    g = snapshot.columns(window)
     if g.empty:
         return []
     index = job_index(snapshot)
     rows = index.rows
     shared = shared_rows(g)
     devices = Devices(g)
-    stale = g["stale"].to_numpy(dtype=bool)
-    umax = g["util_max"].to_numpy(dtype=float)
-    umean = g["util_mean"].to_numpy(dtype=float)
+    stale = g.get("stale", bool)
+    umax = g.get("util_max", float)
+    umean = g.get("util_mean", float)
     # per job, over its rows, every job at once: every GPU fresh, and some but not all idle, enough of them
     with np.errstate(invalid="ignore"):
         n_idle_of, sizes = index.count(umax < cfg.util_max), index.sizes()

@@ -130,15 +130,15 @@ class _Row(NamedTuple):
 @register(SPEC)
 def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]:
     """Return one finding per orphan process (or per GPU when processes are unknown)."""
-    g = snapshot.view(cfg.window)
+    g = snapshot.columns(cfg.window)
     if g.empty:
         return []
     with np.errstate(invalid="ignore"):  # over the columns' arrays (NaN compares False): most sweeps find none
         mask = (
-            ~g["stale"].to_numpy(dtype=bool)
-            & (g["attribution"].to_numpy(dtype=object) == "none")
-            & (g["util_max"].to_numpy(dtype=float) < cfg.util_max)
-            & (g["mem_min_mib"].to_numpy(dtype=float) > cfg.mem_min_mib)
+            ~g.get("stale", bool)
+            & (g.get("attribution", object) == "none")
+            & (g.get("util_max", float) < cfg.util_max)
+            & (g.get("mem_min_mib", float) > cfg.mem_min_mib)
         )
     if not mask.any():
         return []
@@ -157,7 +157,7 @@ def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]
     by_proc: dict[str, dict] = {}
     findings: list[Finding] = []
     fields = [f for f in _Row._fields if has_mig or f not in _Row._field_defaults]  # a whole GPU's: no MIG columns
-    columns = [g[col].to_numpy(dtype=object)[pos].tolist() for col in fields]  # the candidates' rows alone
+    columns = [g.get(col, object)[pos].tolist() for col in fields]  # the candidates' rows alone
     for row in (_Row(*values) for values in zip(*columns, strict=True)):
         mig = str(row.mig or "") if has_mig else ""
         if mig:
