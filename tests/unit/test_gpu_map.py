@@ -114,9 +114,13 @@ def test_unreadable_or_unreported_numbering() -> None:
 def test_apply_marks_only_the_disagreeing_node_stale() -> None:
     frame = pd.DataFrame({"host": ["gpu01", "gpu01", "gpu02"], "gpu": [0, 1, 0], "uuid": [U[0], U[1], ""],
                           "stale": [False, False, False]})
-    out, problems = gpu_map.apply(frame, [gpu_map.MapCheck("gpu01", ("swapped",)), gpu_map.MapCheck("gpu02")])
+    hour = pd.DataFrame({"util_max": [0.0, 0.0, 0.0], "stale": [False, False, True]})
+    out, windows, problems = gpu_map.apply(frame, [gpu_map.MapCheck("gpu01", ("swapped",)), gpu_map.MapCheck("gpu02")],
+                                           {3600.0: hour})
     assert out["stale"].tolist() == [True, True, False]
-    assert frame["stale"].tolist() == [False, False, False]
+    # every window a rule reads says it: the node's GPUs stale there too, the others as that window had them
+    assert windows[3600.0]["stale"].tolist() == [True, True, True]
+    assert frame["stale"].tolist() == [False, False, False] and hour["stale"].tolist() == [False, False, True]
     assert problems == ["gpu index check on gpu01: swapped (its GPUs are treated as stale)"]
 
 

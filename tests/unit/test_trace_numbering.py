@@ -232,3 +232,57 @@ def test_an_exporter_numbering_from_one_is_said_and_kills_nothing(hard_day: Path
     assert said and ": 0; its samples number 1, 2, 3, 4, 5, 6, 7, 8)" in said[0], res["notes"]
     base = replay_files(hard_day / "unlabelled.parquet", hard_day / "jobs.csv", policy).to_dict()
     assert not [n for n in base["notes"] if "that no sample shows" in n]
+
+
+def _longer_windows():  # type: ignore[no-untyped-def]
+    """The default policy with the idle-allocation rule judging over an hour, not the zombie rule's 15 minutes (as an
+    operator or ``gpu-cost tune`` sets it): it then reads a window of its own, not the snapshot's primary one."""
+    import yaml
+
+    from gpu_cost.config.loader import parse_policy
+
+    path = ROOT / "include" / "policy" / "default.yaml"
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    raw["rules"]["idle_allocation"]["window"] = "1h"
+    return parse_policy(yaml.safe_dump(raw), str(path))
+
+
+def test_a_renumbered_node_is_stale_in_every_window_the_rules_read(hard_day: Path) -> None:
+    """A node whose numbering is in doubt is stale in the primary window and in each other window a rule reads: a
+    rule with a longer window (the idle-interactive rule's two hours, an idle-allocation window tuned to an hour)
+    would otherwise judge its GPUs by samples that belong to other GPUs."""
+    from gpu_cost.perceive import trace
+    from gpu_cost.perceive.snapshot import rule_windows
+
+    policy = _longer_windows()
+    s = pd.read_parquet(hard_day / "unlabelled.parquet")
+    now = float(s["ts"].max())
+    host = sorted(s["host"].unique())[1]
+    s.loc[s["host"] == host, "gpu"] = 7 - s.loc[s["host"] == host, "gpu"]
+    snap = trace.snapshot(policy, now, s, hard_day / "jobs.csv")
+    primary, others = rule_windows(policy)
+    assert 3600.0 in others and 7200.0 in others
+    there = (snap.gpus["host"] == host).to_numpy()
+    for w in [primary, *others]:
+        stale = snap.columns(w).get("stale", bool)
+        assert stale[there].all(), w
+        assert snap.view(w)["stale"].to_numpy(dtype=bool)[there].all(), w
+        # the other nodes keep their own window's word
+        assert not stale[~there].all(), w
+
+
+def test_a_renumbered_node_is_judged_by_no_rule_whatever_its_window(hard_day: Path) -> None:
+    """The one-renumbered-node replay with the idle-allocation rule over an hour: nothing on that node is killed, and
+    no kill of the trace as numbered is lost elsewhere."""
+    policy = _longer_windows()
+    s = pd.read_parquet(hard_day / "unlabelled.parquet")
+    host = sorted(s["host"].unique())[2]
+    s.loc[s["host"] == host, "gpu"] = 7 - s.loc[s["host"] == host, "gpu"]
+    s.to_parquet(path := hard_day / "one-hour.parquet")
+    res = replay_files(path, hard_day / "jobs.csv", policy).to_dict()
+    base = replay_files(hard_day / "unlabelled.parquet", hard_day / "jobs.csv", policy).to_dict()
+    jobs = pd.read_csv(hard_day / "jobs.csv", dtype={"job_id": str})
+    on = {f"job:{j}" for j, n in zip(jobs["job_id"], jobs["nodes"].astype(str), strict=True) if n == host}
+    assert res["false_kills"] == 0
+    assert not {t for t in _kills(res)} & on
+    assert {t for t in _kills(res)} == {t for t in _kills(base) if t not in on}

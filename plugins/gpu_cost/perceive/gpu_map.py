@@ -284,26 +284,35 @@ def check_snapshot_nodes(maps: Mapping[str, NodeMap], frame: pd.DataFrame, jobs:
             for host, m in sorted(maps.items())]
 
 
-def apply(frame: pd.DataFrame, checks: Iterable[MapCheck]) -> tuple[pd.DataFrame, list[str]]:
-    """Return ``frame`` with every GPU of a disagreeing node ``stale``, and one problem per such node."""
+def apply(frame: pd.DataFrame, checks: Iterable[MapCheck], windows: Mapping[float, pd.DataFrame] | None = None,
+          ) -> tuple[pd.DataFrame, dict[float, pd.DataFrame], list[str]]:
+    """Return ``frame`` and its other windows (:func:`stale_hosts`) with every GPU of a disagreeing node ``stale``, and
+    one problem per such node."""
     bad = {c.host: c for c in checks if not c.ok}
     problems = [f"gpu index check on {h}: {'; '.join(c.problems[:3])} (its GPUs are treated as stale)"
                 for h, c in sorted(bad.items())]
-    frame = stale_hosts(frame, bad)
+    frame, others = stale_hosts(frame, bad, windows)
     for p in problems:
         logger.warning("%s", p)
-    return frame, problems
+    return frame, others, problems
 
 
-def stale_hosts(frame: pd.DataFrame, hosts: Iterable[str]) -> pd.DataFrame:
-    """Return ``frame`` with every GPU of ``hosts`` (nodes whose numbering is in doubt) ``stale``: no rule reads
-    them as idle. Unchanged, not copied, when there is none."""
+def stale_hosts(frame: pd.DataFrame, hosts: Iterable[str], windows: Mapping[float, pd.DataFrame] | None = None,
+                ) -> tuple[pd.DataFrame, dict[float, pd.DataFrame]]:
+    """Return ``frame`` and the columns of its other windows (each aligned with it, row for row) with every GPU of
+    ``hosts`` (nodes whose numbering is in doubt) ``stale`` in each: no rule reads them as idle, whatever window it
+    judges over (a rule with a window of its own reads that window's ``stale``). Unchanged, not copied, when there
+    is none."""
     hosts = list(hosts)
+    windows = dict(windows or {})
     if not hosts or not len(frame):
-        return frame
-    frame = frame.copy()
-    frame.loc[frame["host"].astype(str).isin(hosts), "stale"] = True
-    return frame
+        return frame, windows
+    doubt = frame["host"].astype(str).isin(hosts).to_numpy(dtype=bool)
+
+    def marked(f: pd.DataFrame) -> pd.DataFrame:
+        return f.assign(stale=f["stale"].to_numpy(dtype=bool) | doubt)
+
+    return marked(frame), {w: marked(f) for w, f in windows.items()}
 
 
 def node_map_from(data: Mapping[str, Any], host: str) -> NodeMap:

@@ -170,7 +170,7 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
         from gpu_cost.perceive import gpu_map
 
         checks = gpu_map.check_snapshot_nodes(maps, frame, jobs, nodes, seen_procs)
-        frame, map_problems = gpu_map.apply(frame, checks)
+        frame, windows, map_problems = gpu_map.apply(frame, checks, windows)
         problems.extend(map_problems)
 
     unseen = unseen_nodes(frame["host"].astype(str), jobs, nodes) if len(frame) else []

@@ -85,15 +85,15 @@ def from_matrix(
         max_staleness_s=sw.max_staleness, busy_util=sw.busy_util, mig=mig, rolling=rolling, cleaned=cleaned,
         last_ts=last,
     )
-    if doubtful:
-        from gpu_cost.perceive.gpu_map import stale_hosts
-
-        frame = stale_hosts(frame, doubtful)
     windows = {
         w: extra_window(times, util, mem, now, w, sw.sample_interval, sw.min_sample_ratio, sw.max_staleness,
                         rolling=rolling, cleaned=cleaned, last_ts=last)
         for w in others
     }
+    if doubtful:
+        from gpu_cost.perceive.gpu_map import stale_hosts
+
+        frame, windows = stale_hosts(frame, doubtful, windows)
     unseen = unseen_nodes(hosts.tolist(), jobs, nodes) if len(frame) else []
     frame, disagreements = attribute(frame, jobs, processes, nodes, recorded, unseen, managed)
     # they are stored, returned and alerted on: no credentials
