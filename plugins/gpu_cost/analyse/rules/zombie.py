@@ -157,7 +157,7 @@ def zombie(snapshot: Snapshot, cfg: ZombieRule, policy: Policy) -> list[Finding]
     by_proc: dict[str, dict] = {}
     findings: list[Finding] = []
     fields = [f for f in _Row._fields if has_mig or f not in _Row._field_defaults]  # a whole GPU's: no MIG columns
-    columns = [g.get(col, object)[pos].tolist() for col in fields]  # the candidates' rows alone
+    columns = [g.get(col)[pos].tolist() for col in fields]  # the candidates' rows alone, as Python values
     for row in (_Row(*values) for values in zip(*columns, strict=True)):
         mig = str(row.mig or "") if has_mig else ""
         if mig:
