@@ -172,6 +172,21 @@ def test_nothing_goes_down_outside_the_window_busy_cluster_or_high_priority_queu
     assert p.down == [] and "no fresh GPU metrics" in p.held[0]
 
 
+def test_the_clusters_utilisation_is_its_own_gpus_not_those_outside_the_scheduler() -> None:
+    """A busy cluster beside idle GPUs the same Prometheus scrapes on hosts outside the scheduler (an inference
+    server, a workstation: attributed ``outside``, not counted among the cluster's GPUs): its utilisation is its own
+    GPUs' mean, and nothing goes down. Averaged with the idle outsiders it read 12.5 %, under the 20 % gate."""
+    nodes, gpus = cluster(3)
+    busy = [dict(r, util_mean=50.0, attribution="slurm") for r in gpus]
+    outside = [dict(r, util_mean=0.0, attribution="outside") for h in ("ws1", "ws2", "ws3") for r in gpu_rows(h, 12)]
+    p = plan_power(snap(nodes, busy + outside), policy(warm_reserve_nodes=0, util_max=20.0), NIGHT)
+    assert p.cluster_util == pytest.approx(50.0)
+    assert p.down == [] and "utilisation" in p.held[0]
+    # the outsiders alone are no fresh GPU metrics of the cluster
+    p = plan_power(snap(nodes, outside), policy(warm_reserve_nodes=0, util_max=20.0), NIGHT)
+    assert p.cluster_util is None and p.down == [] and "no fresh GPU metrics" in p.held[0]
+
+
 def test_pending_and_forecast_demand_keep_or_wake_nodes() -> None:
     nodes, gpus = cluster(3)
     # 2 pending GPUs: one node's worth must stay up beyond the (zero) reserve

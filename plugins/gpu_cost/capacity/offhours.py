@@ -239,18 +239,25 @@ def _excluded(n: Node, cfg: OffhoursConfig) -> str | None:
 
 
 def cluster_utilisation(snapshot: Snapshot, window_s: float) -> float | None:
-    """Return the mean GPU utilisation % of fresh GPUs over ``window_s`` (None without data)."""
-    g = snapshot.gpus
-    if g.empty:
+    """Return the mean GPU utilisation % of the cluster's fresh GPUs over ``window_s`` (None without data).
+
+    GPUs outside the scheduler (attributed ``outside``: an inference server or a workstation the same Prometheus
+    scrapes) are not the cluster's, as :meth:`~gpu_cost.core.model.Snapshot.gpu_count` does not count them: idle,
+    they would lower the cluster's figure under ``offhours.util_max`` while its own GPUs are busy."""
+    import numpy as np
+
+    if snapshot.gpus.empty:
         return None
     try:
-        g = snapshot.view(window_s)
+        g = snapshot.columns(window_s)
     except KeyError:
-        pass
-    fresh = g[~g["stale"].astype(bool)]
-    if fresh.empty:
+        g = snapshot.columns()
+    mine = ~g.get("stale", bool)
+    if "attribution" in g:
+        mine &= g.get("attribution", object) != "outside"
+    if not mine.any():
         return None
-    return float(fresh["util_mean"].fillna(0.0).mean())
+    return float(np.nan_to_num(g.get("util_mean", float)[mine], nan=0.0).mean())
 
 
 @dataclass(frozen=True)
