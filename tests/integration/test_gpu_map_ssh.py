@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from gpu_cost.core.model import GPU_COLUMNS, Job, Node, empty_gpu_frame
+from gpu_cost.core.model import GPU_COLUMNS, WINDOW_COLUMNS, Job, Node, empty_gpu_frame
 from gpu_cost.loop import reclaim, sweep
 from gpu_cost.perceive import live
 from gpu_cost.perceive.nodes import NodeAccess, NodeSource
@@ -63,9 +63,7 @@ class Prom:
         from gpu_cost.perceive.snapshot import rule_windows
 
         # the same aggregates for every rule window: the GPUs looked the same all along
-        cols = ["util_mean", "util_max", "mem_min_mib", "mem_max_mib", "power_w", "n_samples", "expected_samples",
-                "last_ts", "stale"]
-        return self.frame.copy(), {w: self.frame[cols].copy() for w in rule_windows(policy)[1]}
+        return self.frame.copy(), {w: self.frame[list(WINDOW_COLUMNS)].copy() for w in rule_windows(policy)[1]}
 
     def node_stats(self, policy: Any, now: float) -> dict[str, dict[str, float]]:
         return {}

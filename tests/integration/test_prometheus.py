@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gpu_cost.core.errors import SourceError
+from gpu_cost.core.model import WINDOW_COLUMNS
 from gpu_cost.perceive.prometheus import PromConfig, PrometheusSource
 from tests.fixtures.prometheus import PromLab
 
@@ -138,6 +139,8 @@ def test_snapshot_columns_equal_the_simulators_aggregation(prom_lab: PromLab, po
     _compare(frame, sim.gpus, exact=True)
     assert set(windows) == set(sim.windows)
     for w, extra in windows.items():
+        # the same columns as the simulator's windows (no power of their own: every rule reads the primary window's)
+        assert list(extra.columns) == list(sim.windows[w].columns) == list(WINDOW_COLUMNS)
         np.testing.assert_allclose(extra["util_mean"].to_numpy(float), sim.windows[w]["util_mean"].to_numpy(float), atol=0.01)
         assert (extra["n_samples"].to_numpy() == sim.windows[w]["n_samples"].to_numpy()).all()
     assert src.queries_made == 5  # rules (none here), then current, windows, lookback and chart at once

@@ -34,7 +34,7 @@ GPU_COLUMNS: dict[str, str] = {
     "mem_min_mib": "min framebuffer used (MiB) in the window",
     "mem_max_mib": "max framebuffer used (MiB) in the window",
     "mem_total_mib": "framebuffer size (MiB), NaN when unknown",
-    "power_w": "mean power draw (W) in the window, NaN when unknown",
+    "power_w": "mean power draw (W) in the window, NaN when unknown; a rule with a window of its own reads this one",
     "n_samples": "samples seen in the window",
     "expected_samples": "samples expected in the window at the sample interval",
     "last_ts": "epoch seconds of the newest sample",
@@ -50,6 +50,13 @@ GPU_COLUMNS: dict[str, str] = {
     "util_chart_lb": "max utilisation % of each twelfth of the lookback, comma-separated (empty: no data): "
                      "the notices' chart",
 }
+
+#: Columns of each frame of :attr:`Snapshot.windows` (the aggregates over another window length, row for row with
+#: ``gpus``): what a rule with a window of its own reads in place of the ``gpus`` column of that name. No
+#: ``power_w``: every rule reads the GPUs' power over the primary window, the recent draw that says they work now
+#: (no source measures a window's own, and a NaN there took the power sign of progress from such a rule).
+WINDOW_COLUMNS: tuple[str, ...] = ("util_mean", "util_max", "mem_min_mib", "mem_max_mib", "n_samples",
+                                   "expected_samples", "last_ts", "stale")
 
 #: Columns a GPU frame has only when it shows MIG slices (absent: every row is a whole GPU, share 1).
 #: A slice is a device of its own, keyed ``(host, gpu, mig)``; its parent's index stays in ``gpu``.

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from gpu_cost.core.errors import TraceError
-from gpu_cost.core.model import GPU_COLUMNS, MIG_COLUMNS
+from gpu_cost.core.model import GPU_COLUMNS, MIG_COLUMNS, WINDOW_COLUMNS
 from gpu_cost.core.timeutil import iso
 
 #: framebuffer readings above this (2 TiB, several times any GPU's memory) are garbage, e.g. DCGM's
@@ -375,15 +375,19 @@ def extra_window(
     last_ts: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Return the window columns for another window length (rules with their own window; ``last_ts``: as
-    :func:`gpu_frame`'s)."""
+    :func:`gpu_frame`'s).
+
+    They carry no ``power_w`` (:data:`WINDOW_COLUMNS`): a rule judging over a window of its own reads the GPUs'
+    power over the primary window, the recent draw that says they work now."""
     if rolling is not None:
-        return pd.DataFrame(rolling.window(times, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s))
-    if not cleaned:
-        util, mem = clean(util, mem)
-        last_ts = None
-    w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s,
-                     last_ts=last_ts)
-    return pd.DataFrame(w)
+        w = rolling.window(times, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s)
+    else:
+        if not cleaned:
+            util, mem = clean(util, mem)
+            last_ts = None
+        w = window_stats(times, util, mem, now, window_s, sample_interval_s, min_sample_ratio, max_staleness_s,
+                         last_ts=last_ts)
+    return pd.DataFrame({col: w[col] for col in WINDOW_COLUMNS})
 
 
 class RollingWindows:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_cost.config.schema import Policy
 from gpu_cost.core.errors import SourceError
-from gpu_cost.core.model import GpuProcess, Job, Node, Reservation, Snapshot
+from gpu_cost.core.model import WINDOW_COLUMNS, GpuProcess, Job, Node, Reservation, Snapshot
 from gpu_cost.core.redact import redact, redact_all
 
 if TYPE_CHECKING:
@@ -134,8 +134,7 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
             frame, windows = prom.gpu_frame(policy, now)
         except SourceError as exc:
             problems.append(f"prometheus: {exc}")
-            windows = {w: frame.iloc[:0][["util_mean", "util_max", "mem_min_mib", "mem_max_mib", "power_w", "n_samples",
-                                           "expected_samples", "last_ts", "stale"]] for w in others}
+            windows = {w: frame.iloc[:0][list(WINDOW_COLUMNS)] for w in others}
         if prom is not None and not any(p.startswith("prometheus:") for p in problems):
             try:
                 node_stats = prom.node_stats(policy, now)

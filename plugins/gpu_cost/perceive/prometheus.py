@@ -898,9 +898,9 @@ def _window_frame(pd: Any, col: Any, rows: int, w: float, step: float, sw: Any,
     expected = max(1, round(w / step))
     n = np.nan_to_num(col(f"n@{tag}"), nan=0.0).astype(np.int64)
     lt = last_ts if last_ts is not None else np.full(rows, np.nan)
-    return pd.DataFrame({
+    return pd.DataFrame({  # WINDOW_COLUMNS (no power_w: the primary window's is every rule's)
         "util_mean": col(f"util_mean@{tag}"), "util_max": col(f"util_max@{tag}"), "mem_min_mib": col(f"mem_min@{tag}"),
-        "mem_max_mib": col(f"mem_max@{tag}"), "power_w": np.full(rows, np.nan), "n_samples": n,
+        "mem_max_mib": col(f"mem_max@{tag}"), "n_samples": n,
         "expected_samples": np.full(rows, expected, dtype=np.int64), "last_ts": lt,
         "stale": (n < sw.min_sample_ratio * expected) | ~(at - np.nan_to_num(lt, nan=-np.inf) <= sw.max_staleness),
     })

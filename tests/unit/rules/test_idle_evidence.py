@@ -169,6 +169,22 @@ def test_gpu_power_above_the_threshold_is_progress() -> None:
     assert len(idle(snap(power=100.0))) == 1  # under the 150 W of power_active_w
 
 
+@pytest.mark.parametrize("case", ["session", "hour-window"])
+def test_gpu_power_is_progress_whatever_window_the_rule_judges_over(case: str) -> None:
+    """A rule with a window of its own (the idle-interactive rule's two hours; an idle-allocation window tuned to an
+    hour, as ``gpu-cost tune`` tries) reads the GPUs' power as the snapshot measures it, over its primary window:
+    the power a window of its own carried was none at all (NaN), so drawing 200 W no longer spared the job there."""
+    if case == "session":
+        jobs, policy, rule = (job(batch=False),), Policy(), "idle_interactive"
+    else:
+        jobs, policy, rule = None, policy_from("rules: {idle_allocation: {window: 1h}}\n"), "idle_allocation"
+    assert len(idle(snap(jobs=jobs, power=100.0, policy=policy), policy, rule)) == 1  # under power_active_w
+    s = snap(jobs=jobs, power=200.0, policy=policy)
+    window = 2 * H if case == "session" else H
+    assert s.columns(window).get("power_w", float).tolist() == [200.0]
+    assert idle(s, policy, rule) == []
+
+
 def test_the_power_threshold_comes_from_the_policy() -> None:
     p = policy_from("evidence: {power_active_w: 250}\n")
     assert len(idle(snap(power=200.0), p)) == 1
