@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from gpu_cost.analyse import evidence
+from gpu_cost.analyse.rules import run_rules
 from gpu_cost.config.loader import parse_policy
 from gpu_cost.config.schema import JobLogConfig, Policy
 from gpu_cost.core.errors import PolicyError
@@ -308,11 +309,11 @@ def test_signal_is_a_small_dict() -> None:
 # -- log_candidates -------------------------------------------------------------------------------
 
 
-def _snapshot(policy: Policy) -> Snapshot:
-    """Four GPUs on g1: job 1 holds GPUs 0-1 (idle), job 2 GPU 2 (idle), job 3 GPU 3 (busy)."""
+def _snapshot(policy: Policy, busy_until: float | None = None) -> Snapshot:
+    """Four GPUs on g1: job 1 holds GPUs 0-1 (idle), job 2 GPU 2 (idle), job 3 GPU 3 (busy, or until ``busy_until``)."""
     times = np.arange(NOW - policy.sweep.lookback + 60, NOW + 1, 60.0)
     util = np.full((4, len(times)), 0.3)
-    util[3] = 90.0
+    util[3] = np.where(times <= (NOW + 1 if busy_until is None else busy_until), 90.0, 0.3)
     jobs = tuple(Job(job_id=j, user="u", start_ts=NOW - 6 * 3600, gpu_alloc=(("g1", g),), nodes=("g1",))
                  for j, g in (("2", (2,)), ("1", (0, 1)), ("3", (3,))))
     return from_matrix(policy=policy, now=NOW, source="test", hosts=np.array(["g1"] * 4, dtype=object),
@@ -325,6 +326,16 @@ def _snapshot(policy: Policy) -> Snapshot:
 def test_logs_are_read_for_idle_jobs_only_most_gpus_first() -> None:
     p = Policy()
     assert [j.job_id for j in live.log_candidates(_snapshot(p), p)] == ["1", "2"]
+
+
+def test_logs_are_read_for_jobs_idle_over_the_idle_rules_own_window() -> None:
+    """With the zombie window (the snapshot's primary one) at 30 minutes and the idle-allocation window at 15, job 3,
+    busy until 20 minutes ago, is one the idle-allocation rule finds idle: its log is read, so a log still written
+    is the progress that spares it. Read on the primary window, it was not."""
+    p = parse_policy("rules: {zombie: {window: 30m}, idle_allocation: {window: 15m}}\n", "<test>")
+    snap = _snapshot(p, busy_until=NOW - 20 * 60)
+    assert [j.job_id for j in live.log_candidates(snap, p)] == ["1", "2", "3"]
+    assert [f.job_id for f in run_rules(snap, p, names=["idle_allocation"])] == ["1", "2", "3"]
 
 
 def test_log_reading_is_capped_and_can_be_disabled() -> None:

@@ -159,6 +159,27 @@ def test_the_nodes_of_idle_looking_jobs_are_checked_too(policy) -> None:  # type
     assert idle_job_hosts(frame, jobs, policy) == ["gpu01"]
 
 
+def test_the_nodes_of_jobs_idle_over_an_idle_rules_own_window_are_checked() -> None:
+    """The idle rules judge over their own windows and thresholds, not the zombie rule's (the snapshot's primary
+    window): with the zombie window at 30 minutes and the idle-allocation window at 15 (as ``gpu-cost tune`` tries),
+    a job idle for the last 15 minutes but busy 20 minutes ago is one the sweep may cancel, and so is a session under
+    an idle-interactive threshold above the idle-allocation one. Their nodes' numbering is checked before: read on
+    the primary window with the idle-allocation threshold alone, they were not."""
+    from gpu_cost.config.loader import parse_policy
+    from gpu_cost.perceive.live import idle_job_hosts
+
+    policy = parse_policy("rules: {zombie: {window: 30m}, idle_allocation: {window: 15m},\n"
+                          "        idle_interactive: {util_max: 10}}\n", "<test>")
+    frame = pd.DataFrame({"host": ["gpu01", "gpu02", "gpu03"], "gpu": [0, 0, 0], "util_max": [40.0, 7.0, 40.0],
+                          "stale": [False, False, False]})
+    quarter = frame[["util_max", "stale"]].assign(util_max=[0.5, 7.0, 40.0])  # the last 15 minutes
+    two_hours = frame[["util_max", "stale"]].assign(util_max=[40.0, 7.0, 40.0])
+    jobs = [Job(job_id="1", user="a", gpu_alloc=(("gpu01", (0,)),), batch=True),   # idle for 15 minutes
+            Job(job_id="2", user="b", gpu_alloc=(("gpu02", (0,)),), batch=False),  # a session at 7 %
+            Job(job_id="3", user="c", gpu_alloc=(("gpu03", (0,)),), batch=True)]   # busy
+    assert idle_job_hosts(frame, jobs, policy, {900.0: quarter, 7200.0: two_hours}) == ["gpu01", "gpu02"]
+
+
 def test_a_job_log_is_never_asked_for_with_a_bad_job_id() -> None:
     from gpu_cost.perceive.nodes import NodeAccess, NodeSource
 

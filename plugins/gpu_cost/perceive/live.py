@@ -33,7 +33,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -156,7 +156,7 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
             hosts = suspect_hosts(frame, jobs, policy)
             if hasattr(ns, "inspect_many"):
                 # the nodes a kill or a cancel could touch are inspected, and their GPU numbering checked
-                found, node_problems = ns.inspect_many([*hosts, *idle_job_hosts(frame, jobs, policy)])
+                found, node_problems = ns.inspect_many([*hosts, *idle_job_hosts(frame, jobs, policy, windows)])
                 seen_procs = [p for i in found for p in i.processes]
                 procs = [p for p in seen_procs if p.host in hosts]
                 maps = {i.host: i.gpu_map for i in found}
@@ -199,9 +199,37 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     return snap
 
 
+#: the rules that find a running job's allocated GPUs idle, each over its own window and threshold: a job they may find
+#: idle is one the sweep may cancel (its nodes' GPU numbering is checked first) and whose log is worth reading
+IDLE_RULES = ("idle_allocation", "idle_interactive")
+
+
+def idle_rows(columns: Callable[[float], tuple[Any, Any]], policy: Policy) -> list[Any]:
+    """Return, for each enabled rule of :data:`IDLE_RULES`, which GPU rows it reads as idle: fresh and under its
+    ``util_max`` over its own window. ``columns(window)`` gives the ``stale`` and ``util_max`` columns over a window.
+
+    A job may be found idle only where every GPU it holds is such a row for one of them. Read on the snapshot's primary
+    window (the zombie rule's) with one threshold instead, a job idle over a shorter idle-allocation window, or a
+    session under a higher idle-interactive threshold, was one the sweep could cancel without its node checked."""
+    import numpy as np
+
+    from gpu_cost.core import registry
+
+    specs = registry.rules()
+    out = []
+    for name in IDLE_RULES:
+        cfg = getattr(policy.rules, name, None)
+        if cfg is None or not getattr(cfg, "enabled", True):
+            continue
+        stale, umax = columns(specs[name].window(cfg, policy))
+        with np.errstate(invalid="ignore"):
+            out.append(~np.asarray(stale, dtype=bool) & (np.asarray(umax, dtype=float) < cfg.util_max))
+    return out
+
+
 def log_candidates(snapshot: Snapshot, policy: Policy) -> list[Job]:
     """Return the running jobs whose log is worth reading this sweep: every allocated GPU fresh and
-    under the idle threshold in the idle-allocation window, then (what the low-efficiency advice names
+    under an idle rule's threshold over its window (:func:`idle_rows`), then (what the low-efficiency advice names
     as the cause: the job's own CPU and I/O, which the same read samples) every GPU fresh with a mean
     utilisation under ``rules.low_efficiency.util_mean_max``; at most ``max_jobs_per_sweep``, the idle
     ones first, most GPUs first."""
@@ -211,22 +239,29 @@ def log_candidates(snapshot: Snapshot, policy: Policy) -> list[Job]:
     g = snapshot.columns()
     if not cfg.enabled or cfg.max_jobs_per_sweep <= 0 or g.empty or "job_id" not in g:
         return []
-    thr = max(policy.rules.idle_allocation.util_max, policy.rules.idle_interactive.util_max)
+
+    def columns(window: float) -> tuple[Any, Any]:
+        try:
+            c = snapshot.columns(window)
+        except KeyError:  # a window the snapshot does not aggregate: no rule reads it
+            return np.ones(len(g), dtype=bool), np.full(len(g), np.nan)
+        return c.get("stale", bool), c.get("util_max", float)
+
+    idle = idle_rows(columns, policy)
     fresh = ~g.get("stale", bool)
-    idle = fresh & (np.nan_to_num(g.get("util_max", float), nan=100.0) < thr)
     low_cfg = policy.rules.low_efficiency
     low = fresh & (np.nan_to_num(g.get("util_mean", float), nan=100.0) < low_cfg.util_mean_max)
-    by_job: dict[str, list[tuple[bool, bool]]] = {}
-    for jid, ok, poor in zip(g.get("job_id", object), idle, low, strict=True):
+    rows: dict[str, list[int]] = {}
+    for i, jid in enumerate(g.get("job_id", object).tolist()):
         if jid:
-            by_job.setdefault(str(jid), []).append((bool(ok), bool(poor)))
+            rows.setdefault(str(jid), []).append(i)
     running = snapshot.running_jobs()
-    out = [j for j in running if by_job.get(j.job_id) and all(ok for ok, _ in by_job[j.job_id])]
+    out = [j for j in running if (mine := rows.get(j.job_id)) and any(all(r[i] for i in mine) for r in idle)]
     out.sort(key=lambda j: (-j.gpu_count, j.job_id))
     if low_cfg.enabled:
         chosen = {j.job_id for j in out}
-        poor = [j for j in running if j.job_id not in chosen and by_job.get(j.job_id)
-                and all(p for _, p in by_job[j.job_id])]
+        poor = [j for j in running if j.job_id not in chosen and (mine := rows.get(j.job_id))
+                and all(low[i] for i in mine)]
         out += sorted(poor, key=lambda j: (-j.gpu_count, j.job_id))
     return out[:cfg.max_jobs_per_sweep]
 
@@ -254,19 +289,24 @@ def suspect_hosts(frame: Any, jobs: Sequence[Job], policy: Policy) -> list[str]:
     return sorted(hosts)
 
 
-def idle_job_hosts(frame: Any, jobs: Sequence[Job], policy: Policy) -> list[str]:
-    """Return the hosts of running jobs whose allocated GPUs all look idle: a cancel could touch them,
-    so their GPU numbering is checked (:mod:`gpu_cost.perceive.gpu_map`) before anything acts there."""
+def idle_job_hosts(frame: Any, jobs: Sequence[Job], policy: Policy,
+                   windows: Mapping[float, Any] | None = None) -> list[str]:
+    """Return the hosts of running jobs whose allocated GPUs all look idle to an idle rule (:func:`idle_rows`: over
+    its window, ``windows``' frame of that length or else ``frame``'s primary one): a cancel could touch them, so
+    their GPU numbering is checked (:mod:`gpu_cost.perceive.gpu_map`) before anything acts there."""
     if not len(frame):
         return []
-    util = {(str(h), int(g)): (bool(s), float(u)) for h, g, s, u in
-            zip(frame["host"], frame["gpu"], frame["stale"], frame["util_max"], strict=True)}
-    limit = policy.rules.idle_allocation.util_max
+
+    def columns(window: float) -> tuple[Any, Any]:
+        src = windows[window] if windows and window in windows else frame
+        return src["stale"].to_numpy(dtype=bool), src["util_max"].to_numpy(dtype=float)
+
+    idle = [r.tolist() for r in idle_rows(columns, policy)]
+    at = {(str(h), int(g)): i for i, (h, g) in enumerate(zip(frame["host"], frame["gpu"], strict=True))}
     hosts: set[str] = set()
     for j in jobs:
         keys = j.gpu_keys() if j.running else []
-        seen = [util.get(k) for k in keys]
-        if keys and all(v is not None and not v[0] and v[1] == v[1] and v[1] < limit for v in seen):
+        if keys and all(k in at for k in keys) and any(all(r[at[k]] for k in keys) for r in idle):
             hosts.update(h for h, _ in keys)
     return sorted(hosts)
 
