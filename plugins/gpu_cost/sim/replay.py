@@ -1175,6 +1175,18 @@ class _Replay:
             return max(started, key=lambda a: a.start)
         return runs[0] if runs else None
 
+    def _measure(self, rule: str) -> tuple[float, float]:
+        """Return the window and idle threshold a job killed by ``rule`` is judged by: that idle rule's own (a session
+        terminated by the idle-interactive rule is not measured by the idle-allocation threshold, a knob it never
+        reads); the idle-allocation rule's for any other way in."""
+        from gpu_cost.core import registry
+        from gpu_cost.perceive.live import IDLE_RULES
+
+        p = self.policy
+        name = rule if rule in IDLE_RULES and getattr(p.rules, rule, None) is not None else "idle_allocation"
+        cfg = getattr(p.rules, name)
+        return registry.rules()[name].window(cfg, p), float(cfg.util_max)
+
     def _kill(self, d: Decision, t: float) -> dict[str, Any]:
         p = self.policy
         kc = int(np.searchsorted(self.times, t, side="right"))
@@ -1185,7 +1197,7 @@ class _Replay:
                          else len(self.times))
             ends = np.full(len(rows), min(a.end, float(self.times[-1]) + self.dt))
             a.killed_at = t
-            window, thr = p.rules.idle_allocation.window, p.rules.idle_allocation.util_max
+            window, thr = self._measure(d.rule)
         elif d.target_kind == "process" and self.pid is not None:
             rows = np.array([self.row_of[(h, int(g))] for h, _, g in (x.rpartition(":") for x in d.evidence.get(
                 "gpu_ids", [])) if (h, int(g)) in self.row_of], dtype=np.int64)

@@ -85,6 +85,29 @@ def test_a_policy_blind_to_slow_services_shows_false_kills(tmp_path: Path, polic
     assert res.kills == 1 and res.false_kills == 1 and res.false_kill_targets == ["job:201"]
 
 
+@pytest.mark.parametrize("util_max", [5, 2, 8])
+def test_a_kill_is_judged_false_by_the_rule_that_made_it(tmp_path: Path, util_max: int) -> None:
+    """A Jupyter session idle at 3 % for hours, terminated by the idle-interactive rule (5 % over two hours): not a
+    false kill whatever the idle-allocation threshold, a knob ``gpu-cost tune`` moves (2, 5 or 8 %) and a rule that
+    never judges a session. Measured with that threshold, an idle-allocation one of 2 % made the kill false and
+    gave the candidate a false kill it never made."""
+    import yaml
+
+    sc = _scenario([{"job_id": "301", "user": "hal", "behaviour": "idle", "node": "g1", "gpus": [0], "start": "-20h",
+                     "end": "-1h", "busy_first": "20m", "batch": False, "name": "jupyter"}])
+    write_scenario_trace(tmp_path, sc, END - DAY, END)
+    s = pd.read_parquet(tmp_path / "samples.parquet")
+    s.loc[(s["host"] == "g1") & (s["gpu"] == 0) & (s["util"] < 1.0), "util"] = 3.0
+    s.to_parquet(tmp_path / "three.parquet")
+    raw = yaml.safe_load((ROOT / "include" / "policy" / "default.yaml").read_text(encoding="utf-8"))
+    raw["rules"]["idle_allocation"]["util_max"] = util_max
+    raw.setdefault("caps", {})["max_gpu_share"] = 0.5  # one GPU of 8 may go
+    res = replay_files(tmp_path / "three.parquet", tmp_path / "jobs.csv", parse_policy(yaml.safe_dump(raw), "<test>"))
+    assert [(a["action"], a["rule"], a["target"]) for a in res.actions if a["action"] == "terminate"] == [
+        ("terminate", "idle_interactive", "job:301")]
+    assert res.kills == 1 and res.false_kills == 0 and res.false_kill_targets == []
+
+
 def test_generated_trace_with_ground_truth(tmp_path: Path, policy) -> None:  # type: ignore[no-untyped-def]
     info = write_sim_trace(tmp_path, days=1.0, gpus=16, seed=5, end=END)
     assert info["samples_rows"] == 16 * 1440
