@@ -7,6 +7,7 @@ import pytest
 
 from gpu_cost.analyse import evidence
 from gpu_cost.analyse.rules import run_rules
+from gpu_cost.analyse.rules.common import interactive_session
 from gpu_cost.config.loader import parse_policy
 from gpu_cost.config.schema import JobLogConfig, Policy
 from gpu_cost.core.errors import PolicyError
@@ -344,6 +345,49 @@ def test_log_reading_is_capped_and_can_be_disabled() -> None:
     for text in ("evidence: {job_log: {max_jobs_per_sweep: 0}}\n", "evidence: {job_log: {enabled: false}}\n"):
         p = parse_policy(text, "<test>")
         assert live.log_candidates(_snapshot(p), p) == []
+
+
+def test_a_manual_request_weighs_a_session_by_the_idle_interactive_rule() -> None:
+    """What a manual cancel of a job is weighed by (``evidence.assess``): a session idle to the idle-interactive rule
+    (7 % under its 10 % over two hours) gets the agent's doubts (its confidence) as a batch job idle to the
+    idle-allocation rule does; read with the idle-allocation threshold (5 %) it counted as busy, no doubt to weigh."""
+    p = parse_policy("rules: {idle_interactive: {util_max: 10}}\n", "<test>")
+    times = np.arange(NOW - p.sweep.lookback + 60, NOW + 1, 60.0)
+    util = np.full((1, len(times)), 7.0)
+
+    def weighed(batch: bool) -> dict | None:
+        job = Job(job_id="1", user="u", start_ts=NOW - 6 * 3600, gpu_alloc=(("g1", (0,)),), nodes=("g1",),
+                  batch=batch)
+        snap = from_matrix(policy=p, now=NOW, source="test", hosts=np.array(["g1"], dtype=object), gpus=np.arange(1),
+                           uuids=np.array(["GPU-0"], dtype=object), models=np.array(["a100"], dtype=object),
+                           mem_total=np.full(1, 81920.0), times=times, util=util, mem=np.full(util.shape, 2000.0),
+                           power=None, job=np.full(util.shape, "", dtype=object), jobs=(job,), processes=(),
+                           nodes=(Node("g1", state="mixed", gpus_total=1, gpus_alloc=1),))
+        return evidence.assess(snap, job, p, session=bool(interactive_session(job, p.interactive)))
+
+    session = weighed(batch=False)
+    assert session is not None and 0 < session["confidence"] <= 1 and session["confidence_why"]
+    assert weighed(batch=True) is None  # 7 % is busy to the idle-allocation rule's 5 %
+
+
+def test_a_manual_cancel_of_a_session_carries_the_agents_doubts() -> None:
+    """The manual reclaim asks the session's own rule: its decision carries the confidence a sweep would give."""
+    from gpu_cost.loop import reclaim
+
+    p = parse_policy("mode: enforce\nrules: {idle_interactive: {util_max: 10}}\n"
+                     "manual: {operators: [ops]}\ncaps: {max_gpu_share: 1.0}\n", "<test>")
+    times = np.arange(NOW - p.sweep.lookback + 60, NOW + 1, 60.0)
+    util = np.full((1, len(times)), 7.0)
+    job = Job(job_id="1", user="u", start_ts=NOW - 6 * 3600, gpu_alloc=(("g1", (0,)),), nodes=("g1",), batch=False)
+    snap = from_matrix(policy=p, now=NOW, source="test", hosts=np.array(["g1"], dtype=object), gpus=np.arange(1),
+                       uuids=np.array(["GPU-0"], dtype=object), models=np.array(["a100"], dtype=object),
+                       mem_total=np.full(1, 81920.0), times=times, util=util, mem=np.full(util.shape, 2000.0),
+                       power=None, job=np.full(util.shape, "", dtype=object), jobs=(job,), processes=(),
+                       nodes=(Node("g1", state="mixed", gpus_total=1, gpus_alloc=1),))
+    request = reclaim.parse_request({"target_kind": "job", "target_ids": ["1"], "action": "cancel",
+                                     "reason": "session left open", "dry_run": False}, requested_by="ops")
+    (d,) = reclaim.plan(request, p, snap, now=NOW, run_key="r").decisions
+    assert 0 < d.evidence["confidence"] <= 1 and d.evidence["confidence_why"]
 
 
 # -- files in the job's working directory ---------------------------------------------------------

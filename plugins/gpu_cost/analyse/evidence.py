@@ -224,16 +224,18 @@ def confidence(log: Mapping[str, Any], klass: Mapping[str, Any] | None, *, burst
 CLASS_KEYS = ("key", "members", "kind", "member_kind", "busy_share", "waking_share", "mem_resident_share")
 
 
-def assess(snapshot: Snapshot, job: Job, policy: Policy) -> dict[str, Any] | None:
+def assess(snapshot: Snapshot, job: Job, policy: Policy, *, session: bool = False) -> dict[str, Any] | None:
     """Return what the idle rules' evidence would say of ``job`` now, for a way in that has no finding
     (a manual request): ``mem_resident``, ``confidence`` and ``confidence_why``, and its ``class``.
 
-    None unless every GPU of the job is seen fresh and idle over ``rules.idle_allocation.window``:
-    a busy job is no recommendation of the agent's to doubt.
+    None unless every GPU of the job is seen fresh and idle to the idle rule that judges it, over that rule's window
+    and under its threshold (``rules.idle_interactive`` for an interactive ``session``, as
+    :func:`gpu_cost.analyse.rules.common.interactive_session` tells one, else ``rules.idle_allocation``): a busy
+    job is no recommendation of the agent's to doubt.
     """
     import numpy as np
 
-    cfg = policy.rules.idle_allocation
+    cfg: Any = policy.rules.idle_interactive if session else policy.rules.idle_allocation
     try:
         g = snapshot.columns(cfg.window)
     except KeyError:

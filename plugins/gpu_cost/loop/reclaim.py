@@ -315,8 +315,9 @@ def _decide(f: Finding, request: Request, policy: Policy, snap: Snapshot, now: f
         from dataclasses import replace
 
         from gpu_cost.analyse.evidence import assess
+        from gpu_cost.analyse.rules.common import interactive_session
 
-        seen = assess(snap, job, policy)
+        seen = assess(snap, job, policy, session=bool(interactive_session(job, policy.interactive)))
         if seen is not None:
             f = replace(f, evidence={**f.evidence, **seen})
     inference = None
