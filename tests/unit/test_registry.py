@@ -216,6 +216,43 @@ def test_a_registered_rule_is_known_to_the_engine() -> None:
     assert "stuck_io" not in registry.rules()
 
 
+def test_a_rule_that_finds_idle_jobs_says_so_and_its_window_is_read_before_a_cancel() -> None:
+    """A deployment's rule registered with ``idle_jobs`` is one of the rules whose idle jobs' nodes a sweep checks
+    and whose logs it reads, over its own window and threshold; one without a ``util_max`` cannot say so."""
+    import numpy as np
+
+    from gpu_cost.perceive.live import idle_rows
+
+    spec = RuleSpec(
+        "stuck_io", config=IdleAllocationRule, target="job", title="a job stuck on I/O", label="Stuck on I/O",
+        doc="A job whose GPUs wait on I/O.", example="rules: {stuck_io: {window: 15m}}",
+        why=lambda f: f"job {f.job_id}: stuck on I/O", window=lambda cfg, policy: cfg.window, idle_jobs=True,
+    )
+    register_rule(spec)(lambda snapshot, cfg, policy: [])
+    try:
+        policy = parse_policy("rules: {stuck_io: {window: 1h, util_max: 9}}\n", "<test>")
+        asked: list[float] = []
+
+        def columns(window: float) -> tuple[np.ndarray, np.ndarray]:
+            asked.append(window)
+            return np.zeros(3, dtype=bool), np.array([4.0, 8.0, 12.0])
+
+        rows = idle_rows(columns, policy)
+        # the shipped idle-allocation (15 min, 5 %) and idle-interactive (2 h, 5 %) rules, and this one (1 h, 9 %)
+        assert sorted(asked) == [900.0, 3600.0, 7200.0]
+        assert sorted(r.tolist() for r in rows) == [[True, False, False], [True, False, False], [True, True, False]]
+    finally:
+        registry.remove("stuck_io")
+
+    @dataclasses.dataclass(frozen=True)
+    class NoThreshold:
+        window: float = 900.0
+
+    with pytest.raises(ValueError, match=r"finds idle jobs \(idle_jobs\) but its config has no util_max"):
+        registry.add_rule(dataclasses.replace(spec, config=NoThreshold))
+    assert "stuck_io" not in registry.rules()
+
+
 def test_a_steady_block_reads_the_module_settings_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # the decision over a sweep's findings looks actions up per finding: the settings are read on entering
     with registry.steady():

@@ -155,6 +155,10 @@ class RuleSpec:
     :param why: the decision's reason for a finding.
     :param window: the metrics window (seconds) it reads, given its config and the policy.
     :param advice_only: its ladder may only hold notices (it never acts on work).
+    :param idle_jobs: it finds running jobs whose allocated GPUs are idle, each GPU fresh and under its config's
+        ``util_max`` over its window, and may end them: a sweep checks the GPU numbering of the nodes of the jobs it
+        may find so and reads their logs first (:func:`gpu_cost.perceive.live.idle_rows`), and a replay judges its
+        kills by that threshold and window.
     :param rank: orders the rules (the snapshot's primary window is the first rule's, the references
         list them in this order); a deployment's rule keeps the default and comes after the shipped ones.
     :param check: ``(config, policy) -> None``, what the section's types cannot check (names, a
@@ -173,6 +177,7 @@ class RuleSpec:
     why: Callable[[Any], str]
     window: Callable[[Any, Any], float]
     advice_only: bool = False
+    idle_jobs: bool = False
     rank: int = 1000
     check: Callable[[Any, Any], None] | None = None
     detect: Callable[..., Any] | None = None
@@ -220,6 +225,9 @@ def add_rule(spec: RuleSpec) -> RuleSpec:
     """Register ``spec`` (with its detector); a different spec under the same name is an error."""
     if not _NAME.match(spec.name):
         raise ValueError(f"rule {spec.name!r}: a rule's name is a policy key: lower-case letters, digits and _")
+    if spec.idle_jobs and "util_max" not in {f.name for f in dataclasses.fields(spec.config)}:
+        raise ValueError(f"rule {spec.name!r} finds idle jobs (idle_jobs) but its config has no util_max: the "
+                         "threshold a sweep and a replay read its idle GPUs by")
     old = _RULES.get(spec.name)
     if old is not None and (old.config, _where(old.detect)) != (spec.config, _where(spec.detect)):
         raise ValueError(f"rule {spec.name!r} is declared twice")

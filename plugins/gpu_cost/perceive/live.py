@@ -199,14 +199,10 @@ def snapshot(policy: Policy, now: float, *, prometheus: Any = None, slurm: Any =
     return snap
 
 
-#: the rules that find a running job's allocated GPUs idle, each over its own window and threshold: a job they may find
-#: idle is one the sweep may cancel (its nodes' GPU numbering is checked first) and whose log is worth reading
-IDLE_RULES = ("idle_allocation", "idle_interactive")
-
-
 def idle_rows(columns: Callable[[float], tuple[Any, Any]], policy: Policy) -> list[Any]:
-    """Return, for each enabled rule of :data:`IDLE_RULES`, which GPU rows it reads as idle: fresh and under its
-    ``util_max`` over its own window. ``columns(window)`` gives the ``stale`` and ``util_max`` columns over a window.
+    """Return, for each enabled rule that finds jobs' allocated GPUs idle (registered with ``idle_jobs``), which GPU
+    rows it reads as idle: fresh and under its ``util_max`` over its own window. ``columns(window)`` gives the
+    ``stale`` and ``util_max`` columns over a window.
 
     A job may be found idle only where every GPU it holds is such a row for one of them. Read on the snapshot's primary
     window (the zombie rule's) with one threshold instead, a job idle over a shorter idle-allocation window, or a
@@ -215,13 +211,12 @@ def idle_rows(columns: Callable[[float], tuple[Any, Any]], policy: Policy) -> li
 
     from gpu_cost.core import registry
 
-    specs = registry.rules()
     out = []
-    for name in IDLE_RULES:
+    for name, spec in registry.rules().items():
         cfg = getattr(policy.rules, name, None)
-        if cfg is None or not getattr(cfg, "enabled", True):
+        if not spec.idle_jobs or cfg is None or not getattr(cfg, "enabled", True):
             continue
-        stale, umax = columns(specs[name].window(cfg, policy))
+        stale, umax = columns(spec.window(cfg, policy))
         with np.errstate(invalid="ignore"):
             out.append(~np.asarray(stale, dtype=bool) & (np.asarray(umax, dtype=float) < cfg.util_max))
     return out

@@ -1180,12 +1180,13 @@ class _Replay:
         terminated by the idle-interactive rule is not measured by the idle-allocation threshold, a knob it never
         reads); the idle-allocation rule's for any other way in."""
         from gpu_cost.core import registry
-        from gpu_cost.perceive.live import IDLE_RULES
 
         p = self.policy
-        name = rule if rule in IDLE_RULES and getattr(p.rules, rule, None) is not None else "idle_allocation"
-        cfg = getattr(p.rules, name)
-        return registry.rules()[name].window(cfg, p), float(cfg.util_max)
+        spec = registry.rules().get(rule)
+        if spec is None or not spec.idle_jobs or getattr(p.rules, rule, None) is None:
+            rule, spec = "idle_allocation", registry.rules()["idle_allocation"]
+        cfg = getattr(p.rules, rule)
+        return spec.window(cfg, p), float(cfg.util_max)
 
     def _kill(self, d: Decision, t: float) -> dict[str, Any]:
         p = self.policy

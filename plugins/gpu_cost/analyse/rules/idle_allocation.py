@@ -74,7 +74,7 @@ def why(f: Finding) -> str:
 
 SPEC = RuleSpec(
     "idle_allocation", config=IdleAllocationRule, rank=20, target="job", title="a running job whose GPUs are all idle",
-    label="Idle allocations", why=why, window=lambda cfg, policy: cfg.window,
+    label="Idle allocations", why=why, window=lambda cfg, policy: cfg.window, idle_jobs=True,
     doc="A running job whose allocated GPUs all stay idle for the whole window (after ``min_runtime``); "
         "inference services are only advised.",
     example="""

@@ -55,7 +55,7 @@ def why(f: Finding) -> str:
 
 SPEC = RuleSpec(
     "idle_interactive", config=IdleInteractiveRule, rank=40, target="job", title="an interactive session whose GPUs are idle",
-    label="Idle interactive sessions", why=why, window=lambda cfg, policy: cfg.window,
+    label="Idle interactive sessions", why=why, window=lambda cfg, policy: cfg.window, idle_jobs=True,
     doc="An interactive session (salloc, srun --pty, a notebook; see ``interactive:``) whose GPUs all stay idle for "
         "the whole window, hours rather than minutes; its own gentler ladder.",
     example="""
