@@ -61,6 +61,11 @@ def test_columns_are_read_once_and_never_changed(policy) -> None:  # type: ignor
     # a snapshot built with another frame reads that frame's columns
     other = dataclasses.replace(snap, gpus=snap.gpus.assign(stale=True))
     assert other.columns().get("stale", bool).all() and not snap.columns().get("stale", bool).all()
+    # the cluster's own GPUs: all but those attributed outside the scheduler, read once, read-only
+    outside = dataclasses.replace(snap, gpus=snap.gpus.assign(attribution=["outside"] + ["slurm"] * (len(snap.gpus) - 1)))
+    assert outside.columns().ours().tolist() == [False] + [True] * (len(snap.gpus) - 1)
+    assert outside.outside_count() == 1 and snap.columns().ours().all() and snap.outside_count() == 0
+    assert outside.columns().ours() is outside.columns().ours() and not outside.columns().ours().flags.writeable
     with pytest.raises(KeyError, match="no aggregates for a 123s window"):
         snap.columns(123.0)
     with pytest.raises(KeyError):

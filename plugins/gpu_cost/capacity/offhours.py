@@ -252,9 +252,7 @@ def cluster_utilisation(snapshot: Snapshot, window_s: float) -> float | None:
         g = snapshot.columns(window_s)
     except KeyError:
         g = snapshot.columns()
-    mine = ~g.get("stale", bool)
-    if "attribution" in g:
-        mine &= g.get("attribution", object) != "outside"
+    mine = ~g.get("stale", bool) & g.ours()
     if not mine.any():
         return None
     return float(np.nan_to_num(g.get("util_mean", float)[mine], nan=0.0).mean())

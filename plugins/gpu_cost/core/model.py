@@ -442,6 +442,22 @@ class GpuColumns:
         """True when there are no GPU rows (or no columns), as the frame says it."""
         return bool(self._frame.empty)
 
+    def ours(self) -> Any:
+        """Return which rows are the cluster's GPUs, as a read-only boolean array: all but those attributed ``outside``
+        (a host outside the scheduler, :func:`gpu_cost.perceive.correlate.attribute`: an inference server or a
+        workstation the same Prometheus scrapes), which no count, average or warning of the cluster's takes in."""
+        found = self._arrays.get(("attribution", "ours"))
+        if found is None:
+            if "attribution" in self:
+                found = self.get("attribution", object) != "outside"
+            else:
+                import numpy as np
+
+                found = np.ones(len(self), dtype=bool)
+            found.flags.writeable = False
+            self._arrays[("attribution", "ours")] = found
+        return found
+
     def get(self, name: str, dtype: Any = None) -> Any:
         """Return column ``name`` as a read-only array of ``dtype`` (KeyError when the frame lacks it)."""
         key = (name, dtype)
@@ -538,9 +554,9 @@ class Snapshot:
 
     def outside_count(self) -> int:
         """Return how many GPU rows are outside the scheduler (attributed ``outside``): read, judged by nothing."""
-        if not len(self.gpus) or "attribution" not in self.gpus:
+        if not len(self.gpus):
             return 0
-        return int(self.columns().get("attribution", object).tolist().count("outside"))
+        return len(self.gpus) - int(self.columns().ours().sum())
 
     @classmethod
     def gpu_count_of_json(cls, text: str) -> int:

@@ -117,16 +117,13 @@ def memory_warning(snap: Snapshot) -> list[str]:
     """Return the run's warning when the fresh GPUs of the cluster, or of some of its hosts, report no framebuffer
     memory used (an exporter without ``DCGM_FI_DEV_FB_USED``; a reading of 0 is a reading): a blind spot, not a
     degradation (every rule still reads utilisation)."""
-    g = snap.gpus
+    g = snap.columns()
     if not len(g) or "mem_max_mib" not in g:
         return []
-    ours = ~g["stale"].to_numpy(dtype=bool)
-    if "attribution" in g:
-        ours &= g["attribution"].to_numpy(dtype=object) != "outside"
+    ours = ~g.get("stale", bool) & g.ours()
     if not ours.any():
         return []
-    unread = pd.Series(np.isnan(g["mem_max_mib"].to_numpy(dtype=float)[ours])).groupby(
-        g["host"].to_numpy(dtype=object)[ours]).all()
+    unread = pd.Series(np.isnan(g.get("mem_max_mib", float)[ours])).groupby(g.get("host", object)[ours]).all()
     blind = sorted(map(str, unread.index[unread.to_numpy(dtype=bool)]))
     if not blind:
         return []

@@ -96,13 +96,12 @@ def usage_columns(snapshot: Snapshot, policy: Policy, interval_s: float | None =
     if g.empty:
         return {**{k: [] for k in USAGE_KEYS}, "ts": snapshot.ts, "interval_s": interval}
     c = _columns(snapshot, policy)
-    if "attribution" in g:
-        # a GPU outside the scheduler (an inference server the same Prometheus scrapes) is not the cluster's
-        mine = snapshot.columns().get("attribution", object) != "outside"
-        if not mine.all():
-            c = {k: v[mine] for k, v in c.items()}
-            if not mine.any():
-                return {**{k: [] for k in USAGE_KEYS}, "ts": snapshot.ts, "interval_s": interval}
+    # a GPU outside the scheduler (an inference server the same Prometheus scrapes) is not the cluster's
+    mine = snapshot.columns().ours()
+    if not mine.all():
+        c = {k: v[mine] for k, v in c.items()}
+        if not mine.any():
+            return {**{k: [] for k in USAGE_KEYS}, "ts": snapshot.ts, "interval_s": interval}
     n = len(c["host"])
     jobs = {j.job_id: j for j in snapshot.running_jobs()}
     # each GPU's owner: the running job its row names (none: no owner, not allocated)
