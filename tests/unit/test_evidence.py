@@ -339,6 +339,42 @@ def test_logs_are_read_for_jobs_idle_over_the_idle_rules_own_window() -> None:
     assert [f.job_id for f in run_rules(snap, p, names=["idle_allocation"])] == ["1", "2", "3"]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_every_job_an_idle_rule_finds_had_its_node_checked_and_its_log_read(seed: int) -> None:
+    """Over random fleets and random policies from the tune space's knobs (the zombie window, which is the snapshot's
+    primary one; the idle-allocation window and threshold; the idle-interactive threshold): every job the idle rules
+    find is one whose node the sweep inspected first (``idle_job_hosts``) and whose log it read (``log_candidates``)."""
+    rng = np.random.default_rng(seed)
+    zombie, window = rng.choice(["10m", "15m", "30m"]), rng.choice(["15m", "30m", "1h"])
+    alloc, inter = int(rng.choice([2, 5, 8])), int(rng.choice([5, 10]))
+    p = parse_policy(f"rules: {{zombie: {{window: {zombie}}}, idle_allocation: {{window: {window}, util_max: {alloc}}},\n"
+                     f"        idle_interactive: {{util_max: {inter}}}}}\n"
+                     "evidence: {job_log: {max_jobs_per_sweep: 1000}}\n", "<test>")
+    times = np.arange(NOW - p.sweep.lookback + 60, NOW + 1, 60.0)
+    n = 32
+    # each GPU: busy until a random moment, then at a random low level (some under each threshold, some not)
+    until = NOW - 60 * rng.choice([5, 12, 17, 20, 25, 28, 45, 70, 100, 150, 240], n) - rng.uniform(0, 120, n)
+    low = rng.choice([0.3, 1.5, 3.0, 6.0, 9.0, 40.0], n)
+    util = np.where(times[None, :] <= until[:, None], 90.0, low[:, None])
+    hosts = np.array([f"g{i // 4}" for i in range(n)], dtype=object)
+    idx = np.arange(n) % 4
+    jobs = tuple(Job(job_id=str(k), user="u", start_ts=NOW - 6 * 3600, nodes=(f"g{k // 2}",),
+                     gpu_alloc=((f"g{k // 2}", tuple(range(2 * (k % 2), 2 * (k % 2) + 2))),), batch=bool(rng.random() < 0.6))
+                 for k in range(n // 2))
+    snap = from_matrix(policy=p, now=NOW, source="test", hosts=hosts, gpus=idx,
+                       uuids=np.array([f"GPU-{i}" for i in range(n)], dtype=object),
+                       models=np.array(["a100"] * n, dtype=object), mem_total=np.full(n, 81920.0), times=times,
+                       util=util, mem=np.full(util.shape, 2000.0), power=None,
+                       job=np.full(util.shape, "", dtype=object), jobs=jobs, processes=(),
+                       nodes=tuple(Node(f"g{h}", state="mixed", gpus_total=4, gpus_alloc=4) for h in range(n // 4)))
+    found = run_rules(snap, p, names=["idle_allocation", "idle_interactive"])
+    checked = set(live.idle_job_hosts(snap.gpus, jobs, p, snap.windows))
+    read = {j.job_id for j in live.log_candidates(snap, p)}
+    for f in found:
+        assert set(f.nodes) <= checked, (f.rule, f.job_id, zombie, window, alloc, inter)
+        assert f.job_id in read, (f.rule, f.job_id, zombie, window, alloc, inter)
+
+
 def test_log_reading_is_capped_and_can_be_disabled() -> None:
     p = parse_policy("evidence: {job_log: {max_jobs_per_sweep: 1}}\n", "<test>")
     assert [j.job_id for j in live.log_candidates(_snapshot(p), p)] == ["1"]
