@@ -405,10 +405,13 @@ class RollingWindows:
     :param util: utilisation, already :func:`clean`; edits to it must be followed by :meth:`refresh`.
     :param mem: framebuffer used, already :func:`clean`.
     :param busy_util: the busy level of :func:`lookback_stats`.
+    :param power: the GPUs' power draw (any float type; a trace's ``power_w``), averaged over a window as
+        :func:`window_stats` averages it; no running sums (the window is short), so an edit needs no refresh.
     """
 
-    def __init__(self, times: np.ndarray, util: np.ndarray, mem: np.ndarray, busy_util: float) -> None:
-        self.times, self.util, self.mem, self.busy_util = times, util, mem, busy_util
+    def __init__(self, times: np.ndarray, util: np.ndarray, mem: np.ndarray, busy_util: float,
+                 power: np.ndarray | None = None) -> None:
+        self.times, self.util, self.mem, self.busy_util, self.power = times, util, mem, busy_util, power
         shape = (util.shape[0], util.shape[1] + 1)
         self._n = np.zeros(shape, dtype=np.int32)
         self._sum = np.zeros(shape)
@@ -457,12 +460,20 @@ class RollingWindows:
             "util_max": np.fmax.reduce(self.util[:, wlo:upto], axis=1) if upto > wlo else nan.copy(),
             "mem_min_mib": np.fmin.reduce(self.mem[:, wlo:upto], axis=1) if upto > wlo else nan.copy(),
             "mem_max_mib": np.fmax.reduce(self.mem[:, wlo:upto], axis=1) if upto > wlo else nan.copy(),
-            "power_w": nan.copy(),
+            "power_w": self._power(wlo, upto) if upto > wlo and self.power is not None else nan.copy(),
             "n_samples": n.astype(np.int64),
             "expected_samples": np.full(n_g, expected, dtype=np.int64),
             "last_ts": last_ts,
             "stale": (n < min_sample_ratio * expected) | ~(now - np.nan_to_num(last_ts, nan=-np.inf) <= max_staleness_s),
         }
+
+    def _power(self, wlo: int, upto: int) -> np.ndarray:
+        """Each GPU's mean power over the columns ``wlo:upto`` (NaN where none was read), summed in double precision."""
+        assert self.power is not None
+        p = self.power[:, wlo:upto]
+        valid = ~np.isnan(p)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.add.reduce(p, axis=1, where=valid, dtype=np.float64) / np.count_nonzero(valid, axis=1)
 
     def lookback(self, times: np.ndarray, now: float, lookback_s: float, busy_util: float) -> dict[str, np.ndarray]:
         """Return :func:`lookback_stats` for the columns of ``times`` (a slice of this matrix's)."""

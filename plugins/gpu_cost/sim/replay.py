@@ -19,7 +19,8 @@ escalation ladder and the savings ledger; only the executor differs — one that
 (:class:`_TraceEffects`), in trace time.
 
 Simulated effects: a kill (``terminate``, ``kill``, ``cancel``, ``kill_process``) frees the
-allocation from the kill on — its GPUs read idle and empty, the job leaves the running set — and
+allocation from the kill on — its GPUs read idle and empty, with no power (a trace's ``power_w`` is read as a
+live sweep reads DCGM's: above ``evidence.power_active_w``, progress), the job leaves the running set — and
 frees ``GPUs x (would-have-ended - kill)`` GPU-hours (``reclaimed_gpu_hours``). A kill is *false*
 when the killed GPUs were active (utilisation at or above the rule's idle threshold) within the
 rule window before the kill or at any time after it in the trace. Other actions (notices, demote,
@@ -86,7 +87,7 @@ JOBS_ONLY_NOTE = ("jobs-only trace: it has no GPU samples, so no rule can see an
 
 # -- reading traces --------------------------------------------------------------------------
 #: sample columns a replay reads (others are left on disk: a 10 M-row trace must fit in memory)
-REPLAY_SAMPLE_COLUMNS = (*SAMPLE_COLUMNS, "job_id", "pid", "user", "model")
+REPLAY_SAMPLE_COLUMNS = (*SAMPLE_COLUMNS, "job_id", "pid", "user", "model", "power_w")
 #: the samples' text columns, read as categoricals: the replay only ever factorises them
 TEXT_COLUMNS = ("host", "job_id", "user", "model")
 
@@ -240,8 +241,8 @@ def _read_trace(samples: str | Path | None, jobs: str | Path, logs: str | Path |
                               str(samples))], jdf, ldf, notes
 
 
-#: the dense matrices a replay reads; a simulated kill edits the first four: each replay gets its own copy of those
-_MATRICES = ("util", "mem", "job_code", "pid", "times", "hosts", "gpu_idx", "uuids", "mem_total", "models",
+#: the dense matrices a replay reads; a simulated kill edits the first five: each replay gets its own copy of those
+_MATRICES = ("util", "mem", "job_code", "pid", "power", "times", "hosts", "gpu_idx", "uuids", "mem_total", "models",
              "job_names", "pid_start", "user", "user_names")
 
 
@@ -584,6 +585,14 @@ class _Replay:
             self.res.notes.append(f"the samples measure no GPU memory (mem_used_mib empty): {MEMORY_NOT_MEASURED}")
         self.util, self.mem = clean(fill(util), fill(mem))
         del util, mem
+        self.power = None
+        if "power_w" in s.columns:
+            # read as a live sweep reads DCGM's (a draw over an idle GPU's is progress); single precision: a week of
+            # 1,000 GPUs is 40 MB, not 80, and a watt needs no more
+            watts = pd.to_numeric(take("power_w"), errors="coerce").to_numpy(dtype=np.float32)
+            if not np.isnan(watts).all():
+                self.power = fill(watts, np.float32)
+            del watts
         self.job_names = np.array([""], dtype=object)
         if "job_id" in s.columns:
             # the names are sorted and always hold the missing label "": it is code 0, as unlabelled cells
@@ -638,7 +647,7 @@ class _Replay:
         assert prepared.matrices is not None
         for k in _MATRICES:
             value = prepared.matrices[k]
-            setattr(self, k, value.copy() if k in _MATRICES[:4] and value is not None else value)
+            setattr(self, k, value.copy() if k in _MATRICES[:5] and value is not None else value)
         self.res.notes.extend(prepared.notes)
         self.idle_measure = prepared.idle_measure
 
@@ -846,7 +855,7 @@ class _Replay:
         from gpu_cost.perceive.aggregate import RollingWindows
 
         # the lookback slides along the trace: its sums run along it once, each sweep reads them
-        self.rolling = RollingWindows(self.times, self.util, self.mem, p.sweep.busy_util)
+        self.rolling = RollingWindows(self.times, self.util, self.mem, p.sweep.busy_util, power=self.power)
         starts = np.array([a.start for a in self.allocs.values()])
         ends = np.array([a.end for a in self.allocs.values()])
         alloc_list = list(self.allocs.values())
@@ -861,7 +870,8 @@ class _Replay:
                 snap = from_matrix(
                     policy=p, now=t, source="replay", hosts=self.hosts, gpus=self.gpu_idx, uuids=self.uuids,
                     models=self.models, mem_total=self.mem_total, times=self.times[lo:hi], util=self.util[:, lo:hi],
-                    mem=self.mem[:, lo:hi], power=None, job=self._labels(slice(None), slice(max(lo, hi - 1), hi)), jobs=jobs,
+                    mem=self.mem[:, lo:hi], power=None,  # the running sums read the trace's power
+                    job=self._labels(slice(None), slice(max(lo, hi - 1), hi)), jobs=jobs,
                     processes=self._procs_at(hi - 1, running) if hi > lo else [], nodes=(), rolling=self.rolling,
                     recorded=self.recorded, managed=self.managed, doubtful=self.doubtful,
                 )
@@ -1238,6 +1248,8 @@ class _Replay:
             self.job_code[r, kc:ec[i]] = 0
             if self.pid is not None:
                 self.pid[r, kc:ec[i]] = 0
+            if self.power is not None:
+                self.power[r, kc:ec[i]] = np.nan  # no reading of the freed GPU's draw: no sign of progress
         self.rolling.refresh(rows)  # the freed GPUs read idle from the kill on
         freed = float(np.sum(np.maximum(0.0, ends - t)) / 3600.0)
         self.res.reclaimed_gpu_hours += freed

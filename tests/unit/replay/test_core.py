@@ -13,6 +13,7 @@ import pytest
 from gpu_cost.cli.commands.simtrace import write_scenario_trace, write_sim_trace
 from gpu_cost.config.loader import load_policy, parse_policy
 from gpu_cost.core.errors import TraceError
+from gpu_cost.core.model import KILL_ACTIONS
 from gpu_cost.sim.replay import (
     JOBS_ONLY_NOTE,
     normalise_jobs,
@@ -106,6 +107,20 @@ def test_a_kill_is_judged_false_by_the_rule_that_made_it(tmp_path: Path, util_ma
     assert [(a["action"], a["rule"], a["target"]) for a in res.actions if a["action"] == "terminate"] == [
         ("terminate", "idle_interactive", "job:301")]
     assert res.kills == 1 and res.false_kills == 0 and res.false_kill_targets == []
+
+
+@pytest.mark.parametrize(("watts", "killed"), [(200.0, False), (70.0, True)], ids=["drawing-200W", "drawing-70W"])
+def test_a_gpu_drawing_power_is_progress_in_a_replay_as_live(truth_trace: Path, policy, watts: float,  # type: ignore[no-untyped-def]
+                                                               killed: bool) -> None:
+    """The trace's ``power_w`` is read as a live sweep reads DCGM's: job 103, idle at a low utilisation but drawing
+    200 W (over the 150 W of an idle GPU), shows progress and is not ended; at 70 W it is. The replay read no power
+    before, and ended it either way, while the live sweep it stands for spared it."""
+    s = pd.read_parquet(truth_trace / "samples.parquet")
+    s.loc[s["job_id"].astype(str) == "103", "power_w"] = watts
+    s.to_parquet(truth_trace.parent / f"power-{watts:g}.parquet")
+    res = replay_files(truth_trace.parent / f"power-{watts:g}.parquet", truth_trace / "jobs.csv", policy)
+    assert ("job:103" in {a["target"] for a in res.actions if a["action"] in KILL_ACTIONS}) is killed
+    assert res.false_kills == 0
 
 
 def test_generated_trace_with_ground_truth(tmp_path: Path, policy) -> None:  # type: ignore[no-untyped-def]
