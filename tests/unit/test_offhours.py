@@ -444,3 +444,31 @@ def test_bad_offhours_keys_name_the_file_and_path(tmp_path) -> None:
         with pytest.raises(PolicyError, match=where.replace(".", r"\.")) as exc:
             load_policy(str(path))
         assert "p.yaml" in str(exc.value)
+
+
+def test_a_node_is_idle_over_the_off_hours_window_not_over_the_sweeps_shorter_one() -> None:
+    """``offhours.window`` is what idle means to the plan: the cluster's utilisation gate and each node's GPUs are
+    read over it, whatever windows the rules judge by. With a 90-minute window (no rule's), a node whose GPU ran
+    40 minutes ago outside any job is not idle. The snapshot held no 90-minute aggregates: the gate fell back to
+    the sweep's primary 15 minutes, each node was read over them, and the node went down."""
+    import numpy as np
+
+    from gpu_cost.perceive.snapshot import from_matrix, rule_windows
+
+    p = policy(warm_reserve_nodes=0, min_up=0, window=5400.0)
+    assert 5400.0 in rule_windows(p)[1]
+    times = NIGHT - 60.0 * np.arange(180)[::-1]  # three hours of samples, one a minute
+    util = np.zeros((8, len(times)))
+    util[4, (times > NIGHT - 2400) & (times <= NIGHT - 1800)] = 80.0  # gpu02's first GPU, 40 to 30 minutes ago
+    nodes = [Node(name=h, state="idle", gpus_total=4, gpus_alloc=0, gpu_model="a100", partitions=("batch",))
+             for h in ("gpu01", "gpu02")]
+    hosts = np.array(["gpu01"] * 4 + ["gpu02"] * 4, dtype=object)
+    s = from_matrix(policy=p, now=NIGHT, source="test", hosts=hosts, gpus=np.tile(np.arange(4), 2),
+                    uuids=np.array([f"GPU-{i}" for i in range(8)], dtype=object), models=np.full(8, "a100", dtype=object),
+                    mem_total=np.full(8, 81920.0), times=times, util=util, mem=np.zeros_like(util),
+                    power=np.full_like(util, 60.0), job=np.full((8, 1), "", dtype=object), jobs=(), processes=(),
+                    nodes=nodes)
+    plan = plan_power(s, p, NIGHT)
+    assert [c.node for c in plan.down] == ["gpu01"]
+    assert plan.skipped["gpu02"] == "a GPU was busy in the window"
+    assert plan.cluster_util == pytest.approx(80.0 * 10 / 90 / 8, abs=0.01)  # ten busy minutes of one GPU in eight

@@ -13,7 +13,7 @@ pending work fits in the GPUs left up, and the forecast demand for the next ``wa
 in the nodes that stay up. Degraded data (stale GPUs, missing metrics) never powers anything down.
 
 *Which.* Only idle nodes (Slurm state ``idle`` with no flag, no GPU allocated, no running job, no
-GPU process, every GPU seen idle), never excluded nodes or partitions, never a node a protection
+GPU process, every GPU seen idle over ``offhours.window``), never excluded nodes or partitions, never a node a protection
 names (``match: {nodes: [gpu-a*]}``, any level: the hourly run asks no one, so ``approval`` too
 keeps it up) nor one a protected job runs on or holds, always leaving a warm reserve of idle nodes
 per partition, most power-hungry first, at most ``max_nodes_per_run``; more than
@@ -62,7 +62,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpu_cost.config.schema import OffhoursConfig, Policy, Protection, Window
 from gpu_cost.core.errors import PolicyError
-from gpu_cost.core.model import Job, Node, Snapshot
+from gpu_cost.core.model import GpuColumns, Job, Node, Snapshot
 from gpu_cost.decide.protections import job_protection, node_protection
 
 logger = logging.getLogger(__name__)
@@ -238,20 +238,31 @@ def _excluded(n: Node, cfg: OffhoursConfig) -> str | None:
     return None
 
 
-def cluster_utilisation(snapshot: Snapshot, window_s: float) -> float | None:
-    """Return the mean GPU utilisation % of the cluster's fresh GPUs over ``window_s`` (None without data).
+def over_window(snapshot: Snapshot, cfg: OffhoursConfig) -> GpuColumns | None:
+    """Return the snapshot's GPU columns over ``offhours.window``, what idle means to the plan (every source's snapshot
+    aggregates it: :func:`gpu_cost.perceive.snapshot.rule_windows`); None when there are no GPU rows or a snapshot
+    holds no aggregates for it: no GPU metrics, never another window's read as if they were."""
+    if snapshot.gpus.empty:
+        return None
+    try:
+        return snapshot.columns(cfg.window)
+    except KeyError:
+        logger.warning("the snapshot has no aggregates over offhours.window (%gs): no GPU metrics for the plan",
+                       cfg.window)
+        return None
+
+
+def cluster_utilisation(snapshot: Snapshot, cfg: OffhoursConfig) -> float | None:
+    """Return the mean GPU utilisation % of the cluster's fresh GPUs over ``offhours.window`` (None without data).
 
     GPUs outside the scheduler (attributed ``outside``: an inference server or a workstation the same Prometheus
     scrapes) are not the cluster's, as :meth:`~gpu_cost.core.model.Snapshot.gpu_count` does not count them: idle,
     they would lower the cluster's figure under ``offhours.util_max`` while its own GPUs are busy."""
     import numpy as np
 
-    if snapshot.gpus.empty:
+    g = over_window(snapshot, cfg)
+    if g is None:
         return None
-    try:
-        g = snapshot.columns(window_s)
-    except KeyError:
-        g = snapshot.columns()
     mine = ~g.get("stale", bool) & g.ours()
     if not mine.any():
         return None
@@ -260,28 +271,34 @@ def cluster_utilisation(snapshot: Snapshot, window_s: float) -> float | None:
 
 @dataclass(frozen=True)
 class _GpuFacts:
-    """What the GPU metrics say about one node (its rows of the snapshot's GPU frame, summarised)."""
+    """What the GPU metrics say about one node over ``offhours.window`` (its rows of the snapshot, summarised)."""
 
     rows: int
     stale: bool
     util_max: float
     mem_max_mib: float
+    #: the GPUs' draw over the sweep's primary window (the recent draw), summed
     power_w: float | None
 
 
-def _gpu_facts(gpus: Any) -> dict[str, _GpuFacts]:
-    """Return the GPU frame summarised per host, in one pass over its rows (a plan looks at every node)."""
-    if gpus.empty:
+def _gpu_facts(snapshot: Snapshot, cfg: OffhoursConfig) -> dict[str, _GpuFacts]:
+    """Return the GPU rows summarised per host over ``offhours.window``, in one pass (a plan looks at every node)."""
+    import numpy as np
+
+    g = over_window(snapshot, cfg)
+    if g is None:
         return {}
-    n = len(gpus)
+    n = len(g)
 
     def col(name: str, fill: float) -> list[float]:
-        return gpus[name].to_numpy(dtype=float, na_value=fill).tolist() if name in gpus.columns else [fill] * n
+        return np.nan_to_num(g.get(name, float), nan=fill).tolist() if name in g else [fill] * n
 
-    stale = gpus["stale"].astype(bool).tolist() if "stale" in gpus.columns else [False] * n
-    util, mem, power = col("util_max", 100.0), col("mem_max_mib", 0.0), col("power_w", math.nan)
+    stale = g.get("stale", bool).tolist() if "stale" in g else [False] * n
+    util, mem = col("util_max", 100.0), col("mem_max_mib", 0.0)
+    power = g.get("power_w", float).tolist() if "power_w" in g else [math.nan] * n
     acc: dict[str, list[Any]] = {}
-    for host, st, u, m, pw in zip(gpus["host"].astype(str).tolist(), stale, util, mem, power, strict=True):
+    for host, st, u, m, pw in zip([str(h) for h in g.get("host", object).tolist()], stale, util, mem, power,
+                                  strict=True):
         a = acc.get(host)
         if a is None:
             acc[host] = [1, st, u, m, None if math.isnan(pw) else pw]
@@ -298,7 +315,7 @@ def _gpu_facts(gpus: Any) -> dict[str, _GpuFacts]:
 def node_power(snapshot: Snapshot, node: Node, cfg: OffhoursConfig) -> tuple[float, str]:
     """Return (idle watts, basis): DCGM power of the node's GPUs, else the node's, else the policy's
     figure for its node type (``offhours.node_types``), else the policy default."""
-    return _node_power(_gpu_facts(snapshot.gpus).get(node.name), node, cfg)
+    return _node_power(_gpu_facts(snapshot, cfg).get(node.name), node, cfg)
 
 
 def _node_power(facts: _GpuFacts | None, node: Node, cfg: OffhoursConfig) -> tuple[float, str]:
@@ -342,7 +359,7 @@ def plan_power(snapshot: Snapshot, policy: Policy, now: float, *, forecast_gpus:
     window = in_window(cfg, now) and cfg.enabled
     inside = window or by_forecast
     local = local_time(cfg, now)
-    util = cluster_utilisation(snapshot, cfg.window)
+    util = cluster_utilisation(snapshot, cfg)
     nodes = list(snapshot.nodes)
     plan = PowerPlan(now=now, in_window=window, local_time=local.isoformat(timespec="minutes"), cluster_util=util,
                      forecast_gpus=forecast_gpus, lull_gpus=lull_gpus if by_forecast else None)
@@ -477,7 +494,7 @@ def _select(snapshot: Snapshot, policy: Policy, wanted: set[str] | None, *, cap_
     busy_hosts = {h for j in running for h in j.nodes} | {h for j in running for h, _ in j.gpu_alloc}
     proc_hosts = {p.host for p in snapshot.processes}
     held = _jobs_by_host(snapshot)
-    facts = _gpu_facts(snapshot.gpus)
+    facts = _gpu_facts(snapshot, cfg)
     out = _Selection()
     candidates: list[tuple[Node, float, str, Protection | None]] = []
     idle_up: dict[str, list[str]] = {}

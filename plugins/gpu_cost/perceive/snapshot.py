@@ -25,11 +25,14 @@ from gpu_cost.perceive.correlate import attribute, sight_problems, some, unseen_
 
 
 def rule_windows(policy: Policy) -> tuple[float, list[float]]:
-    """Return the primary window (the first registered rule's: zombie's) and the other windows the rules need."""
+    """Return the primary window (the first registered rule's: zombie's) and the other windows the rules need, and
+    ``offhours.window``: what idle means to the off-hours plan (its utilisation gate, each node's GPUs), read from the
+    sweep's snapshot (:func:`gpu_cost.capacity.offhours.plan_power`)."""
     from gpu_cost.core import registry
 
     windows = [spec.window(cfg, policy) for name, spec in registry.rules().items()
                if (cfg := getattr(policy.rules, name, None)) is not None]
+    windows.append(policy.offhours.window)
     primary, others = windows[0], set(windows[1:])
     return primary, sorted(w for w in others if abs(w - primary) > 1e-6 and w > 0)
 
