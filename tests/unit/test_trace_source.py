@@ -67,6 +67,15 @@ def test_text_columns_read_as_categories_keep_their_text(tmp_path) -> None:  # t
     assert pq["job_id"].tolist()[0] == "101" and pq["job_id"].isna().tolist() == [False, True]
 
 
+def test_power_is_read_in_single_precision_where_asked(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A replay reads the samples' watts as float32 (a week's column is 40 MB, not 80); other columns, and NaN, stay."""
+    pd.DataFrame({"ts": [1, 2], "host": ["a", "a"], "gpu": [0, 0], "util": [5.0, 7.5], "mem_used_mib": [1.0, 2.0],
+                  "power_w": [61.5, None]}).to_parquet(tmp_path / "s.parquet")
+    df = trace.read_table(tmp_path / "s.parquet", "samples", single=("power_w",))
+    assert df["power_w"].dtype == np.float32 and df["util"].dtype == np.float64
+    assert df["power_w"].tolist()[0] == 61.5 and np.isnan(df["power_w"].tolist()[1])
+
+
 # -- measures written with their units, and columns in the wrong scale ------------------------------------------
 def _numeric_samples(rng) -> pd.DataFrame:  # type: ignore[no-untyped-def]
     n = int(rng.integers(5, 200))

@@ -351,13 +351,17 @@ def _chart_buckets(times: np.ndarray, util: np.ndarray, *, now: float, lookback:
 
 #: chart text by the bytes of its rounded row: most GPUs show the same few charts sweep after sweep
 _CHART_TEXT: dict[bytes, str] = {}
+#: the most charts any cache of them holds (this one, and the parsed charts and sparklines of
+#: :mod:`gpu_cost.perceive.snapshot`): a sweep of 1,000 GPUs shows at most 1,000, and a week's replay sees
+#: hundreds of thousands, a few hundred bytes each, that it never reads again
+CHART_CACHE = 16_384
 
 
 def chart_text(maxima: np.ndarray) -> list[str]:
     """Return each row of bucket maxima as the chart column's text: ``"0,0,85,,0"`` (empty: no data)."""
     with np.errstate(invalid="ignore"):
         rounded = np.where(np.isnan(maxima), -1.0, np.rint(maxima)).astype(np.int64)  # rint: round()'s half-even
-    if len(_CHART_TEXT) > 100_000:
+    if len(_CHART_TEXT) > CHART_CACHE:
         _CHART_TEXT.clear()
     out = []
     for row in rounded:

@@ -14,6 +14,7 @@ from gpu_cost.core.model import GpuProcess, Job, Node, Snapshot
 from gpu_cost.core.perf import gc_paused
 from gpu_cost.core.redact import redact_all
 from gpu_cost.perceive.aggregate import (
+    CHART_CACHE,
     RollingWindows,
     clean,
     extra_window,
@@ -145,7 +146,7 @@ def sparkline(charts: Sequence[str]) -> str:
     return _sparkline(tuple(charts))
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=CHART_CACHE)
 def _sparkline(charts: tuple[str, ...]) -> str:
     """:func:`sparkline` of a tuple (most jobs' GPUs repeat a few charts: a sweep draws each set once)."""
     rows = [chart_values(c) for c in charts if c]
@@ -156,7 +157,7 @@ def _sparkline(charts: tuple[str, ...]) -> str:
     return "".join("·" if top < 0 else _BARS[min(len(_BARS) - 1, int(top / 100 * len(_BARS)))] for top in tops)
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=CHART_CACHE)
 def chart_values(text: str) -> tuple[float, ...]:
     """Return a chart column's bucket values, -1 for a bucket with no data (``"0,,85"`` → ``(0, -1, 85)``), each
     text parsed once: most GPUs repeat a few charts, sweep after sweep."""

@@ -237,7 +237,8 @@ def _read_trace(samples: str | Path | None, jobs: str | Path, logs: str | Path |
     ldf = read_logs(logs) if logs else None
     if not samples:
         return None, jdf, ldf, notes
-    return [normalise_samples(read_table(samples, "samples", REPLAY_SAMPLE_COLUMNS, categories=TEXT_COLUMNS),
+    return [normalise_samples(read_table(samples, "samples", REPLAY_SAMPLE_COLUMNS, categories=TEXT_COLUMNS,
+                                         single=("power_w",)),
                               str(samples))], jdf, ldf, notes
 
 
