@@ -239,6 +239,29 @@ def test_the_trace_source_refuses_a_jobs_file_in_another_time_zone() -> None:
         trace.snapshot(_policy(), now, samples, jobs.assign(start_ts=starts + 8 * 3600, end_ts=starts + 11 * 3600))
 
 
+def test_the_trace_source_takes_a_job_at_its_first_label_when_its_start_is_earlier() -> None:
+    """Job 100's GPU is labelled from 9 minutes ago, idle since; the jobs file says it started 5 h ago (its submit
+    time). Read so, its idle GPU was an idle allocation past any warm-up; taken at its first label, a step before
+    it, the job is 10 minutes old, younger than the rule's window. Job 101, labelled from the samples' first, is
+    left as the file says."""
+    from gpu_cost.analyse.rules import run_rules
+
+    now = 1_800_000_000.0
+    ts = np.arange(now - 3 * 3600, now + 1, 60.0)
+    samples = pd.concat([
+        pd.DataFrame({"ts": ts, "host": "g1", "gpu": 0, "util": 0.0, "mem_used_mib": 30_000.0,
+                      "job_id": np.where(ts > now - 600, "100", "")}),
+        pd.DataFrame({"ts": ts, "host": "g1", "gpu": 1, "util": 90.0, "mem_used_mib": 30_000.0, "job_id": "101"}),
+    ], ignore_index=True)
+    jobs = pd.DataFrame({"job_id": ["100", "101"], "user": "ann", "start_ts": [now - 5 * 3600, now - 6 * 3600],
+                         "end_ts": np.nan, "gpus": 1, "gpu_ids": ["g1:0", "g1:1"]})
+    snap = trace.snapshot(_policy(), now, samples, jobs)
+    assert {j.job_id: j.start_ts for j in snap.jobs} == {"100": now - 600, "101": now - 6 * 3600}
+    assert not [f for f in run_rules(snap, _policy()) if f.job_id == "100"]
+    agreed = trace.snapshot(_policy(), now, samples, jobs.assign(start_ts=[now - 600] * 2))
+    assert [j.start_ts for j in agreed.jobs] == [now - 600] * 2  # a start the samples agree with is as written
+
+
 def test_slurm_json_s_zero_times_read_as_not_known_and_an_end_before_its_start_is_refused(tmp_path: Path) -> None:
     """sacct --json writes 0 for a time not known yet: a pending job's start, a running job's end. Read as 1970, the
     pending job would run forever holding GPUs no source places, and the running one would have ended before it

@@ -21,6 +21,7 @@ import pandas as pd
 
 from gpu_cost.core.errors import TraceError
 from gpu_cost.core.model import Job, labels_from_comment
+from gpu_cost.core.timeutil import format_duration
 
 logger = logging.getLogger(__name__)
 
@@ -285,6 +286,47 @@ def check_job_clock(jobs: pd.DataFrame, spans: Mapping[str, tuple[float, float]]
             f"{len(offsets)} starts and ends agree). "
             "The jobs file looks written in another time zone (sacct prints local time without its offset): "
             "write its times in UTC, or in ISO 8601 with their offset")
+
+
+def labelled_starts(jobs: pd.DataFrame, spans: Mapping[str, tuple[float, float]], first_ts: float,
+                    step: float) -> tuple[pd.DataFrame, str | None]:
+    """Return ``jobs`` with each start the samples contradict moved to the job's first label, and a note (None: none).
+
+    ``spans``: per job label, the first and last sample time the exporter labels a GPU with it. A job's label
+    appears within a scrape of its start (the prolog writes the exporter's job mapping), so a ``start_ts`` more
+    than two steps before the job's first labelled sample, inside the samples' span, is not when it took its
+    GPUs: a submit time written as the start, a queue wait counted in. Read so, the job would run on GPUs it did
+    not hold yet, idle, with its warm-up (``min_runtime``) long past, and be found idle, escalated and ended for
+    time it spent queued. Such a start is taken a step before its first labelled sample, the latest the samples
+    allow: the job is younger, never older, than the file says. A requeued job's later runs start after its
+    first label, and are left as written. (:func:`check_job_clock` refuses every job off by one offset first.)
+    """
+    if not spans or "start_ts" not in jobs.columns or not len(jobs):
+        return jobs, None
+    edge = 2 * step
+    ids = jobs["job_id"].astype(str).tolist()
+    starts = jobs["start_ts"].to_numpy(dtype=float)
+    moved: dict[str, float] = {}
+    new = starts.copy()
+    for i, (jid, start) in enumerate(zip(ids, starts.tolist(), strict=True)):
+        span = spans.get(jid)
+        if span is None or start != start:
+            continue
+        first = span[0]
+        if first > first_ts + edge and first - start > edge:
+            new[i] = first - step
+            moved[jid] = max(moved.get(jid, 0.0), first - step - start)
+    if not moved:
+        return jobs, None
+    from gpu_cost.perceive.correlate import some
+
+    out = jobs.assign(start_ts=new)
+    out.attrs = dict(jobs.attrs)
+    worst = max(moved, key=lambda j: moved[j])
+    note = (f"{len(moved)} job(s) start in the jobs file before the samples first label their GPUs with them "
+            f"({some(sorted(moved), 3)}; {worst} by {format_duration(moved[worst])}): each is taken to start a "
+            "sample before its first label, as the samples say; its start_ts may be its submit time")
+    return out, note
 
 
 def label_spans(samples: pd.DataFrame) -> dict[str, tuple[float, float]]:
@@ -656,7 +698,11 @@ def snapshot(policy: Any, now: float, samples: str | Path | pd.DataFrame, jobs: 
     names = named_hosts(j)
     s = s.assign(host=scheduler_names(s["host"], j, names))
     if len(s):
-        check_job_clock(j, label_spans(s), float(s["ts"].min()), float(s["ts"].max()), policy.sweep.sample_interval)
+        spans = label_spans(s)
+        check_job_clock(j, spans, float(s["ts"].min()), float(s["ts"].max()), policy.sweep.sample_interval)
+        j, moved = labelled_starts(j, spans, float(s["ts"].min()), policy.sweep.sample_interval)
+        if moved:
+            logger.warning("%s", moved)
     window = s[(s["ts"] > now - policy.sweep.lookback) & (s["ts"] <= now)]
     problems = [] if len(window) else [f"trace has no samples in the {policy.sweep.lookback:g}s before {now:g}"]
     doubtful = numbering(s, j, now, policy)

@@ -63,6 +63,7 @@ from gpu_cost.perceive.trace import (
     SAMPLE_COLUMNS,
     _epoch_col,
     check_job_clock,
+    labelled_starts,
     managed_hosts,
     normalise_jobs,
     normalise_samples,
@@ -427,8 +428,13 @@ class _Replay:
             policy = dataclasses.replace(policy, sweep=sweep_cfg)
             object.__setattr__(policy, "source", src)
         self.policy = policy
+        spans = self._label_spans()
         if not isinstance(samples, PreparedTrace):  # a prepared trace was checked once, for all its replays
-            check_job_clock(jobs, self._label_spans(), float(times[0]), float(times[-1]), self.dt)
+            check_job_clock(jobs, spans, float(times[0]), float(times[-1]), self.dt)
+        jobs, moved = labelled_starts(jobs, spans, float(times[0]), self.dt)
+        if moved:
+            res.notes.append(moved)
+        del spans
         #: host -> its sampled GPU indices; the jobs' gpu_ids that name a sampled node's GPU no sample shows
         self.host_gpus: dict[str, set[int]] = {}
         for h, g in self.row_of:

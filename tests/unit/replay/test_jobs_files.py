@@ -12,6 +12,7 @@ from gpu_cost.core.errors import TraceError
 from gpu_cost.sim.replay import (
     replay_files,
 )
+from tests.unit.replay.support import _kill_targets
 
 
 def test_a_requeued_job_is_each_of_its_runs(truth_trace: Path, policy) -> None:  # type: ignore[no-untyped-def]
@@ -92,6 +93,29 @@ def test_a_jobs_file_in_another_time_zone_is_refused_and_a_skewed_one_is_not(tru
     skew = float(rng.uniform(-300, 300))
     jobs.assign(**{c: jobs[c] + skew for c in times}).to_csv(near := truth_trace.parent / f"skew-{seed}.csv", index=False)
     assert replay_files(truth_trace / "samples.parquet", near, policy).sweeps > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_start_before_the_samples_first_label_the_job_is_taken_at_its_first_label(truth_trace: Path, policy,
+                                                                                    seed: int) -> None:  # type: ignore[no-untyped-def]
+    """A jobs file whose ``start_ts`` is hours before the job held its GPUs (its submit time written as its start, a
+    queue wait counted in) made the replay see the job running on GPUs it did not hold yet, idle, with its warm-up
+    long past: a training job busy from its real start was notified, escalated to its manager and demoted (with a
+    longer shift, terminated: a false kill no live sweep, reading Slurm's start, would make). Each job's start is
+    the samples' word when they label its GPUs later than the file says: the kills are the trace's as written."""
+    rng = np.random.default_rng(seed)
+    jobs = pd.read_csv(truth_trace / "jobs.csv", dtype={"job_id": str})
+    early = {jid: float(rng.uniform(3, 10)) * 3600 for jid in ("101", "103", "106")}
+    jobs["start_ts"] = [float(s) - early.get(j, 0.0) for j, s in zip(jobs["job_id"], jobs["start_ts"], strict=True)]
+    jobs.to_csv(path := truth_trace.parent / f"early-{seed}.csv", index=False)
+    res = replay_files(truth_trace / "samples.parquet", path, policy)
+    truth = replay_files(truth_trace / "samples.parquet", truth_trace / "jobs.csv", policy)
+    assert _kill_targets(res.to_dict()) == _kill_targets(truth.to_dict()) == {"proc:g1:10102", "job:103"}
+    assert res.false_kills == 0
+    assert not [a for a in res.actions if a["job_id"] == "101"]  # busy from its real start: nothing at all
+    assert {a["action"] for a in res.actions if a["job_id"] == "106"} <= {"advise"}
+    note = next(n for n in res.notes if "first label" in n)
+    assert "3 job(s)" in note and "101" in note
 
 
 @pytest.mark.parametrize("seed", range(3))
