@@ -262,6 +262,44 @@ def test_the_trace_source_takes_a_job_at_its_first_label_when_its_start_is_earli
     assert [j.start_ts for j in agreed.jobs] == [now - 600] * 2  # a start the samples agree with is as written
 
 
+@pytest.mark.parametrize("seed", range(25))
+def test_a_start_moves_only_later_and_only_where_the_samples_contradict_it(seed: int) -> None:
+    """Random jobs files against random label spans (a step of 15 s to 5 min): a start is moved only when the job's
+    first label lies more than two steps after it and after the samples' first time, and then to a step before
+    that label; every other row (no label, labelled from the samples' first time, within two steps of its label, a
+    requeued run after its label, no start) is as written, and the note counts the jobs moved."""
+    rng = np.random.default_rng(seed)
+    step = float(rng.choice([15.0, 30.0, 60.0, 300.0]))
+    first_ts = 1_800_000_000.0
+    n = int(rng.integers(1, 40))
+    ids = [str(int(x)) for x in rng.integers(100, 100 + max(2, n // 2), n)]  # some ids repeat: requeued runs
+    starts = first_ts + rng.uniform(-6, 30, n) * 3600
+    starts[rng.random(n) < 0.1] = np.nan
+    spans = {}
+    for jid in set(ids):
+        if rng.random() < 0.8:
+            a = first_ts if rng.random() < 0.2 else first_ts + float(rng.uniform(0, 30)) * 3600
+            spans[jid] = (a, a + 3600.0)
+    jobs = pd.DataFrame({"job_id": ids, "user": "u", "start_ts": starts})
+    jobs.attrs["source"] = "jobs.csv"
+    out, note = trace.labelled_starts(jobs, spans, first_ts, step)
+    moved = set()
+    for jid, before, after in zip(ids, starts, out["start_ts"], strict=True):
+        if before != before:
+            assert after != after
+            continue
+        first = spans.get(jid, (None,))[0]
+        if first is not None and first > first_ts + 2 * step and first - before > 2 * step:
+            assert after == first - step > before
+            moved.add(jid)
+        else:
+            assert after == before
+    assert out.attrs["source"] == "jobs.csv" and jobs["start_ts"].equals(pd.Series(starts))  # the input is not changed
+    assert (note is None) == (not moved)
+    if moved:
+        assert note.startswith(f"{len(moved)} job(s) start in the jobs file before the samples first label")
+
+
 def test_slurm_json_s_zero_times_read_as_not_known_and_an_end_before_its_start_is_refused(tmp_path: Path) -> None:
     """sacct --json writes 0 for a time not known yet: a pending job's start, a running job's end. Read as 1970, the
     pending job would run forever holding GPUs no source places, and the running one would have ended before it
