@@ -23,7 +23,7 @@ from gpu_cost.decide import answers
 from gpu_cost.decide.engine import Plan, decide, track_of
 from gpu_cost.learn import verifier
 from gpu_cost.perceive import shards
-from gpu_cost.perceive.snapshot import memory_warning
+from gpu_cost.perceive.snapshot import disagreement_warning, memory_warning, unseen_gpu_warning
 from gpu_cost.report.usage import record_usage
 
 logger = logging.getLogger(__name__)
@@ -237,9 +237,11 @@ def advance_dry_run(decisions: Sequence[Decision], store: AuditStore, now: float
 
 
 def run_warnings(snap: Snapshot, usage: Mapping[str, Any]) -> list[str]:
-    """Return the run's problems that do not degrade it: the usage's cadence warnings (:func:`record_usage`) and
-    the framebuffer not measured (:func:`gpu_cost.perceive.snapshot.memory_warning`)."""
-    return [*usage["warnings"], *memory_warning(snap)]
+    """Return the run's problems that do not degrade it: the usage's cadence warnings (:func:`record_usage`), the
+    framebuffer not measured (:func:`gpu_cost.perceive.snapshot.memory_warning`), jobs' GPUs no series shows
+    (:func:`gpu_cost.perceive.snapshot.unseen_gpu_warning`) and the GPUs the sources disagree on
+    (:func:`gpu_cost.perceive.snapshot.disagreement_warning`)."""
+    return [*usage["warnings"], *memory_warning(snap), *unseen_gpu_warning(snap), *disagreement_warning(snap)]
 
 
 def run_once(policy: Policy, now: float, store: AuditStore, run_id: str | None = None, source: str | None = None,

@@ -138,6 +138,41 @@ def memory_warning(snap: Snapshot) -> list[str]:
             f"{MEMORY_NOT_MEASURED}; the report counts no GPU-hour held by a zombie there"]
 
 
+def unseen_gpu_warning(snap: Snapshot) -> list[str]:
+    """Return the run's warning when running jobs hold GPUs (the scheduler's allocation) that no series shows on hosts
+    whose other GPUs report: a GPU fallen off the bus, an exporter that skips one. Each such job is judged by no rule
+    (no data, no action) and nobody was told. A blind spot, not a degradation: one dead GPU would otherwise stop
+    every reclaim on the cluster until it is replaced. A node no series shows at all degrades the run instead
+    (:func:`gpu_cost.perceive.correlate.sight_problems`)."""
+    g = snap.columns()
+    if not len(g) or "host" not in g or "gpu" not in g:
+        return []
+    hosts = [str(h) for h in g.get("host", object).tolist()]
+    seen = set(zip(hosts, g.get("gpu", np.int64).tolist(), strict=True))
+    reporting = set(hosts)
+    missing = sorted((h, i, job.job_id) for job in snap.running_jobs() for h, i in job.gpu_keys()
+                     if h in reporting and (h, i) not in seen)
+    if not missing:
+        return []
+    shown = some([f"{h}:{i} (job {j})" for h, i, j in missing], 3)
+    return [f"{len(missing)} GPU(s) that running jobs hold show no series on hosts whose other GPUs report ({shown}): "
+            "those jobs are judged by no rule. A GPU the exporter stopped showing may have failed (nvidia-smi on the "
+            "node; Xid 79 in its kernel log: fallen off the bus), or the exporter numbers it otherwise than Slurm"]
+
+
+def disagreement_warning(snap: Snapshot) -> list[str]:
+    """Return the run's warning naming the GPUs the sources disagree on (:func:`gpu_cost.perceive.correlate.attribute`:
+    two jobs claim one, a label or a job's processes on a GPU Slurm allocates to none, a process of an ended job on a
+    running job's GPU). The snapshot lists them instead of guessing; the run says so, where an operator reads it."""
+    if not snap.disagreements:
+        return []
+    first = sorted(snap.disagreements, key=lambda d: (d.host, d.gpu))
+    shown = "; ".join(f"{d.host}:{d.gpu}: {d.what}" for d in first[:2])
+    more = f"; and {len(first) - 2} more" if len(first) > 2 else ""
+    return [f"the scheduler, the exporter's labels and the GPU processes disagree on {len(first)} GPU(s) "
+            f"({shown}{more})"]
+
+
 _BARS = "▁▂▃▄▅▆▇█"
 
 
