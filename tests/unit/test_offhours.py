@@ -472,3 +472,43 @@ def test_a_node_is_idle_over_the_off_hours_window_not_over_the_sweeps_shorter_on
     assert [c.node for c in plan.down] == ["gpu01"]
     assert plan.skipped["gpu02"] == "a GPU was busy in the window"
     assert plan.cluster_util == pytest.approx(80.0 * 10 / 90 / 8, abs=0.01)  # ten busy minutes of one GPU in eight
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_over_random_windows_a_node_goes_down_only_when_idle_over_all_of_it(seed: int) -> None:
+    """Random off-hours windows (10 minutes to 3 hours, a rule's or not) over random nodes, each with one GPU busy for a
+    random spell in the last four hours, or never: a node goes down exactly when its spell ended before the window
+    began, and the plan's utilisation is the mean over that window of every GPU's samples."""
+    import numpy as np
+
+    from gpu_cost.perceive.snapshot import from_matrix
+
+    rng = np.random.default_rng(seed)
+    window = float(rng.choice([600.0, 900.0, 1800.0, 3600.0, 5400.0, 7200.0, 10800.0]))
+    p = policy(warm_reserve_nodes=0, min_up=0, window=window, util_max=100.0, max_nodes_per_run=100)
+    n_nodes = int(rng.integers(2, 7))
+    times = NIGHT - 60.0 * np.arange(300)[::-1]  # five hours, one sample a minute
+    util = np.zeros((4 * n_nodes, len(times)))
+    busy_until = {}
+    for k in range(n_nodes):
+        if rng.random() < 0.25:
+            continue  # idle all along
+        end = NIGHT - float(rng.integers(0, 240)) * 60.0
+        start = end - float(rng.integers(1, 30)) * 60.0
+        util[4 * k + int(rng.integers(0, 4)), (times > start) & (times <= end)] = 80.0
+        busy_until[f"gpu{k:02d}"] = end
+    names = [f"gpu{k:02d}" for k in range(n_nodes)]
+    nodes = [Node(name=h, state="idle", gpus_total=4, gpus_alloc=0, gpu_model="a100", partitions=("batch",))
+             for h in names]
+    n = 4 * n_nodes
+    s = from_matrix(policy=p, now=NIGHT, source="test", hosts=np.repeat(np.array(names, dtype=object), 4),
+                    gpus=np.tile(np.arange(4), n_nodes), uuids=np.array([f"GPU-{i}" for i in range(n)], dtype=object),
+                    models=np.full(n, "a100", dtype=object), mem_total=np.full(n, 81920.0), times=times, util=util,
+                    mem=np.zeros_like(util), power=np.full_like(util, 60.0), job=np.full((n, 1), "", dtype=object),
+                    jobs=(), processes=(), nodes=nodes)
+    plan = plan_power(s, p, NIGHT)
+    want = sorted(h for h in names if busy_until.get(h, -np.inf) <= NIGHT - window)
+    assert sorted(c.node for c in plan.down) == want
+    assert all(plan.skipped[h] == "a GPU was busy in the window" for h in names if h not in want)
+    in_window = times > NIGHT - window
+    assert plan.cluster_util == pytest.approx(float(util[:, in_window].mean()), abs=1e-9)
