@@ -247,6 +247,9 @@ def _whole_names(texts: list[str]) -> list[str] | None:
 CLOCK_OFF_MIN_S = 1800.0
 #: how closely the jobs must agree on the offset (labels appear and vanish within a scrape or a prolog's minutes)
 CLOCK_AGREE_S = 600.0
+#: sample steps within which an exporter's job label appears after a job's start (or vanishes after its end): a
+#: scrape, and the one after it; a start or an end further off the label is not where the job held its GPUs
+LABEL_EDGE_STEPS = 2
 
 
 def check_job_clock(jobs: pd.DataFrame, spans: Mapping[str, tuple[float, float]], first_ts: float, last_ts: float,
@@ -262,7 +265,7 @@ def check_job_clock(jobs: pd.DataFrame, spans: Mapping[str, tuple[float, float]]
     """
     if not spans or "start_ts" not in jobs.columns:
         return
-    edge = 2 * step
+    edge = LABEL_EDGE_STEPS * step
     offsets: list[float] = []
     ends = jobs["end_ts"] if "end_ts" in jobs.columns else pd.Series(math.nan, index=jobs.index)
     for jid, start, end in zip(jobs["job_id"].astype(str), jobs["start_ts"], ends, strict=True):
@@ -303,7 +306,7 @@ def labelled_starts(jobs: pd.DataFrame, spans: Mapping[str, tuple[float, float]]
     """
     if not spans or "start_ts" not in jobs.columns or not len(jobs):
         return jobs, None
-    edge = 2 * step
+    edge = LABEL_EDGE_STEPS * step
     ids = jobs["job_id"].astype(str).tolist()
     starts = jobs["start_ts"].to_numpy(dtype=float)
     moved: dict[str, float] = {}
